@@ -1,0 +1,1 @@
+"""spec-auditor: statistical audits of LLM inference providers."""

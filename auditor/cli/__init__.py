@@ -1,0 +1,49 @@
+"""The `auditor` command line (Typer + rich).
+
+Each command area lives in its own module under ``auditor.cli`` and exposes
+``register(app: typer.Typer) -> None``; this root only collects them. Heavy
+imports (torch, transformers, streamlit) happen inside command functions so
+that ``auditor --help`` stays fast and audits can run without a GPU stack.
+
+Exit codes (see ``auditor check``): 0 PASS, 1 deviation found,
+2 INCONCLUSIVE, 3 usage/config/connection error.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="auditor",
+    help="Audit LLM inference providers: original precision? strict speculative verification?",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+#: Command modules, in help order. Each defines ``register(app)``.
+COMMAND_MODULES = (
+    "check",  # check, report, demo
+    "serve",  # serve (provider simulator)
+    "models",  # models pull|list
+    "reference",  # reference generate|score
+    "probe",  # probe, providers, suites, debug
+    "db",  # db upgrade|downgrade|current
+    "dashboard",  # dashboard
+    "schedule",  # schedule add|list|remove|run, feed
+    "calibrate",  # calibrate, plan
+)
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"auditor.cli.{_name}").register(app)
+
+
+def main() -> None:
+    """Console-script entry point for ``auditor``."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
