@@ -29,7 +29,8 @@ COMMAND_MODULES = (
     "serve",  # serve (provider simulator)
     "models",  # models pull|list
     "reference",  # reference generate|score
-    "probe",  # probe, providers, suites, debug
+    "probe",  # providers, suites, debug
+    "run",  # probe (probes-only run, resumable)
     "db",  # db upgrade|downgrade|current
     "dashboard",  # dashboard
     "schedule",  # schedule add|list|remove|run, feed
