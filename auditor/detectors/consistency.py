@@ -1,0 +1,158 @@
+"""Self-consistency detectors: the provider's samples vs the provider's *own* reported logprobs.
+
+No reference model is needed. They catch relaxed verification where no reference can be run, and
+flag providers whose logprobs contradict their samples.
+
+Sampling (``self-gof``, ``self-argmax``, ``self-tail``): the sampling tests of ``sampling.py``
+with the reported distribution in place of the reference. Only top_logprobs are known, so the
+distribution is the listed support plus one tail bucket holding the unlisted mass 1 − Σ listed.
+This is conservative, not biased: the randomized PIT treats the tail bucket as a block (exactly
+uniform under H0 when the list is the provider's top-M), the argmax is the top listed token, and
+the tail of ``self-tail`` is the unlisted mass when the listed tokens do not reach top-p. Used
+only at T = 1 (reported logprobs are raw in most engines, e.g. vLLM's default ``logprobs-mode``;
+at T = 1 raw and processed coincide), at positions whose list is trusted (see
+``UNTRUSTED_LOGPROB_ANOMALIES``); listed masses slightly above 1 (≤ 1e-3, rounding) are
+renormalised.
+
+Greedy (``self-greedy``): at T = 0 the emitted token should be the provider's own reported top-1.
+A contradiction with gap g = logp_top1 − logp_emitted (reported; when the emitted token is not
+listed and its logprob not reported, bounded below by the smaller of the last listed logprob and
+log(1 − Σ listed)) above the noise band is clear evidence that the decode path differs from the
+path that reports logprobs → DECODING_NONCOMPLIANT (relaxed acceptance is a sampling-time
+behaviour and cannot cause it). Same exact binomial test as ``greedy-match``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
+from .greedy import GREEDY_TEMPERATURE_MAX, MIN_HONEST_CLEAR_RATE, clear_mismatch_test
+from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
+from .sampling import TAIL_TOP_P, SamplingView, _rank_of, argmax_result, gof_result, tail_result
+
+__all__ = ["provider_view", "self_gof", "self_argmax", "self_tail", "self_greedy"]
+
+_T1_TOL = 1e-6
+
+
+def provider_view(batch: EvidenceBatch) -> SamplingView:
+    """View of the batch's T = 1 positions under the provider's own reported top_logprobs."""
+    mask = (
+        (np.abs(batch.temperatures - 1.0) <= _T1_TOL)
+        & batch.provider_trusted
+        & (batch.provider_listed >= 1)
+        & (batch.token_ids >= 0)
+    )
+    idx = np.flatnonzero(mask)
+    probs = np.exp(batch.provider_top_logprobs[idx])  # -inf padding -> 0
+    s = probs.sum(1, keepdims=True)
+    probs = np.where(s > 1.0, probs / np.maximum(s, 1e-300), probs)
+    ranks = _rank_of(batch.provider_top_ids[idx], batch.token_ids[idx])
+    return SamplingView(idx.astype(np.int64), probs, ranks, "provider")
+
+
+def _view_or_none(batch: EvidenceBatch, name: str) -> tuple[SamplingView | None, DetectorResult | None]:
+    view = provider_view(batch)
+    if len(view) < MIN_POSITIONS:
+        return None, not_run(
+            name, f"too few T=1 positions with trusted provider top_logprobs ({len(view)} < {MIN_POSITIONS})", n=len(view)
+        )
+    return view, None
+
+
+def self_gof(batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, name="self-gof") -> DetectorResult:
+    """Randomized-PIT Cramér–von Mises test against the provider's own logprobs."""
+    view, nr = _view_or_none(batch, name)
+    return nr or gof_result(batch, view, name, rng, n_evidence)
+
+
+def self_argmax(batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, name="self-argmax") -> DetectorResult:
+    """Over-emission of the provider's own reported top-1 token."""
+    view, nr = _view_or_none(batch, name)
+    return nr or argmax_result(batch, view, name, rng, n_evidence)
+
+
+def self_tail(
+    batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, top_p: float = TAIL_TOP_P, name="self-tail"
+) -> DetectorResult:
+    """Deficit of emissions outside the provider's own reported top-p nucleus."""
+    view, nr = _view_or_none(batch, name)
+    return nr or tail_result(batch, view, name, rng, n_evidence, top_p)
+
+
+def self_greedy(
+    batch: EvidenceBatch,
+    floor: NoiseFloor | None = None,
+    *,
+    rng=0,
+    n_evidence: int = 10,
+    name: str = "self-greedy",
+) -> DetectorResult:
+    """Greedy consistency: T = 0 emitted token vs the provider's own reported top-1.
+
+    Returns:
+        DetectorResult: statistic = clear-contradiction count, p_value = exact one-sided binomial
+        against max(floor.clear_mismatch_rate, MIN_HONEST_CLEAR_RATE), effect = clear-contradiction
+        rate (Wilson CI), details = {agreement, n_contradiction, n_near_tie, band, r0, p_randomized}.
+    """
+    mask = (
+        (batch.temperatures <= GREEDY_TEMPERATURE_MAX)
+        & batch.provider_trusted
+        & (batch.provider_listed >= 1)
+        & (batch.token_ids >= 0)
+    )
+    n = int(mask.sum())
+    if n < MIN_POSITIONS:
+        return not_run(name, f"too few greedy positions with trusted provider top_logprobs ({n} < {MIN_POSITIONS})", n=n)
+    idx = np.flatnonzero(mask)
+    ids = batch.provider_top_ids[idx]
+    lps = batch.provider_top_logprobs[idx]
+    tok = batch.token_ids[idx]
+    lp1 = lps[:, 0]
+    lp_tok = batch.provider_token_logprobs[idx].copy()
+    # unknown emitted logprob and not listed: p(tok) <= min(p_last_listed, 1 - Σ listed)
+    last = np.where(np.isfinite(lps), lps, np.inf).min(1)
+    rest = np.clip(1.0 - np.exp(lps).sum(1), 1e-300, 1.0)
+    bound = np.minimum(last, np.log(rest))
+    lp_tok = np.where(np.isnan(lp_tok), bound, lp_tok)
+    contra = tok != ids[:, 0]
+    gap = np.where(contra, np.maximum(lp1 - lp_tok, 0.0), 0.0)
+    band = floor.margin_band if floor is not None else DEFAULT_MARGIN_BAND
+    r0 = max(floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE)
+    t = clear_mismatch_test(contra, gap, band, r0, rng)
+    clear = t.pop("clear")
+    order = np.lexsort((-gap, ~clear))
+    evidence = []
+    for j in order[:n_evidence]:
+        if not contra[j]:
+            break
+        evidence.append(
+            batch.evidence_row(
+                int(idx[j]),
+                provider_top1=int(ids[j, 0]),
+                gap=float(gap[j]),
+                margin=float(gap[j]),
+                clear=bool(clear[j]),
+            )
+        )
+    return DetectorResult(
+        name=name,
+        statistic=float(t["k"]),
+        p_value=t["p_value"],
+        effect=t["rate"],
+        effect_ci=t["ci"],
+        n=n,
+        evidence=evidence,
+        reason=None if floor is not None else f"no noise floor: default band {DEFAULT_MARGIN_BAND} nats",
+        details={
+            "agreement": float(1.0 - contra.mean()),
+            "n_contradiction": int(contra.sum()),
+            "n_near_tie": t["near"],
+            "n_clear": t["k"],
+            "band": float(band),
+            "r0": float(r0),
+            "p_randomized": t["p_randomized"],
+            "n_prompts": int(np.unique(batch.prompt_ids[idx]).size),
+        },
+    )

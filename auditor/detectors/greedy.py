@@ -1,0 +1,143 @@
+"""Greedy-match detector (temperature 0): the provider's token vs the reference argmax.
+
+With teacher forcing at the provider's own prefixes every greedy position is a trial, not only
+the positions before the first divergence. A mismatch is classified by its *gap*
+g = log p_ref(argmax) − log p_ref(provider token) (nats; equal to the top-1 margin
+logp1 − logp2 when the provider emitted the runner-up):
+- g <= band (the noise floor's numeric-noise band): a near-tie, expected from honest GPUs
+  (reduction order, bf16) — counted, reported, not evidence;
+- g > band: a clear mismatch — evidence that the served model differs.
+Test: one-sided exact binomial test (scipy.stats.binomtest) of the clear-mismatch count against
+the honest clear-mismatch rate r0 = max(floor.clear_mismatch_rate, MIN_HONEST_CLEAR_RATE).
+Effect: clear-mismatch rate with a Wilson 95% CI. References: DiFR (Karvonen et al. 2025) for
+token matching against a trusted reference; vLLM docs on batch non-invariance for near-ties.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
+from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
+from .stats import as_rng
+
+__all__ = ["greedy_match", "clear_mismatch_test", "MIN_HONEST_CLEAR_RATE", "GREEDY_TEMPERATURE_MAX"]
+
+#: Floor on the honest clear-mismatch rate used as the binomial null (calibrations often say ~0).
+MIN_HONEST_CLEAR_RATE = 1e-3
+#: Positions with a requested temperature at or below this count as greedy.
+GREEDY_TEMPERATURE_MAX = 1e-6
+
+
+def clear_mismatch_test(
+    mismatch: np.ndarray,
+    gap: np.ndarray,
+    band: float,
+    r0: float,
+    rng: np.random.Generator | int | None = 0,
+) -> dict:
+    """Count clear mismatches and test them against the honest rate r0.
+
+    Args:
+        mismatch: [n] bool, token differs from the argmax.
+        gap: [n] float nats, log p(argmax) − log p(token) (0 where matching).
+        band: near-tie band (nats).
+        r0: honest clear-mismatch rate under H0, in (0, 1).
+        rng: generator/seed for the randomized p-value (calibration only).
+
+    Returns:
+        dict with k (clear count), n, near (near-tie count), p_value (exact binomial, one-sided
+        greater; conservative), p_randomized (exactly uniform under H0), rate, ci (Wilson 95%).
+    """
+    n = int(mismatch.size)
+    clear = mismatch & (gap > band)
+    k = int(clear.sum())
+    res = stats.binomtest(k, n, r0, alternative="greater")
+    ci = res.proportion_ci(confidence_level=0.95, method="wilson")
+    v = float(as_rng(rng).random())
+    p_rand = float(stats.binom.sf(k, n, r0) + v * stats.binom.pmf(k, n, r0))
+    return {
+        "k": k,
+        "n": n,
+        "near": int((mismatch & ~clear).sum()),
+        "p_value": float(res.pvalue),
+        "p_randomized": min(1.0, p_rand),
+        "rate": k / n if n else float("nan"),
+        "ci": (float(ci.low), float(ci.high)),
+        "clear": clear,
+    }
+
+
+def greedy_match(
+    batch: EvidenceBatch,
+    floor: NoiseFloor | None = None,
+    *,
+    n_evidence: int = 10,
+    rng: np.random.Generator | int | None = 0,
+    name: str = "greedy-match",
+) -> DetectorResult:
+    """Greedy-match detector on the batch's temperature-0 positions (needs a reference).
+
+    Args:
+        batch: evidence; uses positions with temperature <= GREEDY_TEMPERATURE_MAX, an aligned
+            token and a reference row.
+        floor: noise floor (band and honest rate); without one DEFAULT_MARGIN_BAND and
+            MIN_HONEST_CLEAR_RATE are used (stated in ``reason``).
+        n_evidence: how many strongest positions to list.
+        rng: seed/generator for the randomized p-value in ``details``.
+
+    Returns:
+        DetectorResult: statistic = clear-mismatch count, p_value = exact one-sided binomial,
+        effect = clear-mismatch rate (Wilson CI), details = {match_rate (top-1 agreement),
+        n_mismatch, n_near_tie, band, r0, p_randomized}.
+    """
+    if not batch.has_reference:
+        return not_run(name, "no reference distribution available")
+    mask = (batch.temperatures <= GREEDY_TEMPERATURE_MAX) & (batch.token_ids >= 0) & (batch.ref_top_ids[:, 0] >= 0)
+    n = int(mask.sum())
+    if n < MIN_POSITIONS:
+        return not_run(name, f"too few greedy positions with a reference ({n} < {MIN_POSITIONS})", n=n)
+    idx = np.flatnonzero(mask)
+    tok = batch.token_ids[idx]
+    top_ids = batch.ref_top_ids[idx]
+    top_lp = batch.ref_top_logprobs[idx]
+    lp1 = top_lp[:, 0]
+    lp_tok = batch.ref_token_logprobs[idx].copy()
+    # unknown token logprob (outside the top-K, no full row): bound it by the K-th listed value
+    last = np.where(np.isfinite(top_lp), top_lp, np.inf).min(1)
+    lp_tok = np.where(np.isnan(lp_tok), last, lp_tok)
+    mismatch = tok != top_ids[:, 0]
+    gap = np.where(mismatch, np.maximum(lp1 - lp_tok, 0.0), 0.0)
+    band = floor.margin_band if floor is not None else DEFAULT_MARGIN_BAND
+    r0 = max(floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE)
+    t = clear_mismatch_test(mismatch, gap, band, r0, rng)
+    clear = t.pop("clear")
+    order = np.lexsort((-gap, ~clear))  # clear first, then by gap descending
+    evidence = []
+    for j in order[:n_evidence]:
+        if not mismatch[j]:
+            break
+        i = int(idx[j])
+        evidence.append(batch.evidence_row(i, gap=float(gap[j]), margin=float(gap[j]), clear=bool(clear[j])))
+    match_rate = float(1.0 - mismatch.mean())
+    return DetectorResult(
+        name=name,
+        statistic=float(t["k"]),
+        p_value=t["p_value"],
+        effect=t["rate"],
+        effect_ci=t["ci"],
+        n=n,
+        evidence=evidence,
+        reason=None if floor is not None else f"no noise floor: default band {DEFAULT_MARGIN_BAND} nats",
+        details={
+            "match_rate": match_rate,
+            "n_mismatch": int(mismatch.sum()),
+            "n_near_tie": t["near"],
+            "n_clear": t["k"],
+            "band": float(band),
+            "r0": float(r0),
+            "p_randomized": t["p_randomized"],
+            "n_prompts": int(np.unique(batch.prompt_ids[idx]).size),
+        },
+    )

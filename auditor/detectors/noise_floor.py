@@ -1,0 +1,304 @@
+"""The honest noise floor: how far an *honest* deployment of the same model is from the reference.
+
+Honest providers do not reproduce the reference bit for bit: bf16 instead of fp32, other kernels,
+other reduction orders (vLLM documents batch non-invariance). The floor measures, on real
+positions, the detectors' own statistics between the reference and such honest variants
+(``compute_noise_floor(ref_rows, honest_rows)``) so that the tests compare a provider with that
+measured spread instead of with an assumed zero. The pipeline computes it once per
+(model revision, variant set) and caches the JSON (:meth:`NoiseFloor.to_json`).
+
+What it records:
+- ``margin_band`` (nats): the numeric-noise band for greedy decisions. Two tokens whose reference
+  log-probabilities differ by less than the band may honestly swap places; a mismatch with a larger
+  gap is "clear". Band = max(MIN_MARGIN_BAND, BAND_SAFETY × the ``band_quantile`` quantile of
+  |Δ(logp1 − logp2)|), the change of the reference's top-1/top-2 gap under the honest variant.
+- ``clear_mismatch_rate``: the fraction of positions at which an honest variant's argmax differs
+  from the reference's by more than the band (the honest rate the greedy tests test against).
+- ``kl[M]``: for a provider listing its top-M alternatives, the per-position bucketed
+  KL(reference || honest) (see ``stats.bucketed_kl``) — mean, sd, quantiles — and the
+  variance components of y = log(KL + LOG_KL_EPS) grouped by prompt, which the
+  logprob-divergence test uses as its null distribution. With several honest variants, each M
+  keeps the variant with the largest mean y (the most lenient null), and the band the largest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.special import logsumexp
+
+from .stats import VarianceComponents, bucketed_kl, variance_components
+
+__all__ = [
+    "NoiseFloor",
+    "KLFloor",
+    "compute_noise_floor",
+    "LOG_KL_EPS",
+    "MIN_MARGIN_BAND",
+    "DEFAULT_MARGIN_BAND",
+    "BAND_SAFETY",
+    "DEFAULT_TOP_M",
+]
+
+#: y = log(KL + LOG_KL_EPS) (nats) is the per-position statistic of the logprob test.
+LOG_KL_EPS = 1e-6
+#: The greedy near-tie band never goes below this (nats), even when the variant is bit-identical.
+MIN_MARGIN_BAND = 0.05
+#: Near-tie band (nats) used when no noise floor has been computed for the model (conservative).
+DEFAULT_MARGIN_BAND = 0.5
+#: Multiplier on the measured |Δmargin| quantile (covers hardware we did not measure).
+BAND_SAFETY = 1.5
+#: Provider top_logprobs widths for which KL floors are computed.
+DEFAULT_TOP_M = (1, 2, 3, 5, 10, 20)
+
+_QUANTILES = (0.5, 0.9, 0.99, 0.999)
+
+
+@dataclass
+class KLFloor:
+    """Null distribution of the bucketed KL for providers listing M alternatives.
+
+    Attributes:
+        m: provider top_logprobs width simulated.
+        variant: name of the honest variant kept (largest mean y).
+        mean_kl, sd_kl: mean and sd of per-position KL (nats).
+        quantiles: {"0.5": ..., "0.9": ..., ...} per-position KL quantiles (nats).
+        mean_abs_dlogprob: mean |Δlogprob| of listed tokens (nats).
+        log_kl: variance components of y = log(KL + LOG_KL_EPS) by prompt
+            (keys mean, sigma_w2, sigma_b2, n, n_groups, sum_ng2).
+    """
+
+    m: int
+    variant: str
+    mean_kl: float
+    sd_kl: float
+    quantiles: dict[str, float]
+    mean_abs_dlogprob: float
+    log_kl: dict[str, float]
+
+    @property
+    def components(self) -> VarianceComponents:
+        return VarianceComponents.from_dict(self.log_kl)
+
+
+@dataclass
+class NoiseFloor:
+    """Per-model honest-noise record; JSON-serialisable (:meth:`to_json` / :meth:`from_json`).
+
+    Attributes:
+        model: model name / revision it was measured on (free text, for the cache key and reports).
+        variants: names of the honest variants compared with the reference (e.g. ["bf16", "noisy"]).
+        n_positions, n_prompts: sample size behind it.
+        margin_band: greedy near-tie band (nats).
+        margin_delta_quantiles: quantiles of |Δ(logp1 − logp2)| (nats), max over variants.
+        honest_flip_rate: fraction of positions whose honest argmax differs from the reference's.
+        clear_mismatch_rate: fraction whose honest argmax differs by a gap above the band.
+        kl: {str(M): KLFloor}.
+        eps: LOG_KL_EPS used.
+        meta: free-form provenance (dtype names, suite, code version).
+    """
+
+    model: str | None
+    variants: list[str]
+    n_positions: int
+    n_prompts: int
+    margin_band: float
+    margin_delta_quantiles: dict[str, float]
+    honest_flip_rate: float
+    clear_mismatch_rate: float
+    kl: dict[str, KLFloor]
+    eps: float = LOG_KL_EPS
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -------------------------------------------------------------- queries
+    def available_m(self) -> list[int]:
+        """Provider widths M with a KL floor, ascending."""
+        return sorted(int(k) for k in self.kl)
+
+    def choose_m(self, listed: int) -> int | None:
+        """Largest floor width M <= ``listed`` (None when even the smallest is larger)."""
+        ok = [m for m in self.available_m() if m <= listed]
+        return max(ok) if ok else None
+
+    def kl_floor(self, m: int) -> KLFloor:
+        """The KL floor for width m.
+
+        Raises:
+            KeyError: if no floor was computed for that width (see :meth:`available_m`).
+        """
+        try:
+            return self.kl[str(int(m))]
+        except KeyError:
+            raise KeyError(f"no KL floor for top_logprobs width {m}; computed for {self.available_m()}") from None
+
+    # -------------------------------------------------------------- serialisation
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> NoiseFloor:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: naming the missing field when the record is incomplete.
+        """
+        required = ("variants", "n_positions", "n_prompts", "margin_band", "kl")
+        for k in required:
+            if k not in d:
+                raise ValueError(f"noise floor record lacks field {k!r}; recompute it with compute_noise_floor")
+        kl = {str(k): (v if isinstance(v, KLFloor) else KLFloor(**v)) for k, v in d["kl"].items()}
+        return cls(
+            model=d.get("model"),
+            variants=list(d["variants"]),
+            n_positions=int(d["n_positions"]),
+            n_prompts=int(d["n_prompts"]),
+            margin_band=float(d["margin_band"]),
+            margin_delta_quantiles=dict(d.get("margin_delta_quantiles") or {}),
+            honest_flip_rate=float(d.get("honest_flip_rate", 0.0)),
+            clear_mismatch_rate=float(d.get("clear_mismatch_rate", 0.0)),
+            kl=kl,
+            eps=float(d.get("eps", LOG_KL_EPS)),
+            meta=dict(d.get("meta") or {}),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, s: str) -> NoiseFloor:
+        return cls.from_dict(json.loads(s))
+
+
+def _log_softmax_rows(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x - logsumexp(x, axis=1, keepdims=True)
+
+
+def _top_m(lp: np.ndarray, m: int) -> np.ndarray:
+    """[N, m] ids of the m largest entries per row, sorted descending."""
+    m = min(m, lp.shape[1])
+    idx = np.argpartition(-lp, m - 1, axis=1)[:, :m]
+    vals = np.take_along_axis(lp, idx, 1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    return np.take_along_axis(idx, order, 1)
+
+
+def compute_noise_floor(
+    ref_rows: np.ndarray,
+    honest_rows: np.ndarray | Sequence[np.ndarray],
+    *,
+    prompt_ids: Sequence | np.ndarray | None = None,
+    variant_names: Sequence[str] | None = None,
+    top_m: Sequence[int] = DEFAULT_TOP_M,
+    band_quantile: float = 0.999,
+    band_safety: float = BAND_SAFETY,
+    model: str | None = None,
+    meta: dict | None = None,
+) -> NoiseFloor:
+    """Measure the honest noise floor from teacher-forced reference rows and honest-variant rows.
+
+    Args:
+        ref_rows: [N, V] float logits or log-probs of the reference (e.g. fp32) at N positions.
+        honest_rows: [N, V] (one variant) or a sequence of [N, V] arrays (several variants, e.g.
+            bf16 and a noisy-kernel run) at the *same* positions. Rows are log-softmax-normalised
+            here, so logits are fine.
+        prompt_ids: [N] prompt label per position. Positions of one prompt are dependent; the
+            floor's between-prompt variance is what keeps the logprob test calibrated, so pass it.
+            When None every position counts as its own prompt (independence assumed).
+        variant_names: names of the variants (default "variant0", ...).
+        top_m: provider top_logprobs widths M to compute KL floors for.
+        band_quantile: quantile of |Δ(logp1 − logp2)| that defines the near-tie band.
+        band_safety: multiplier on that quantile (see BAND_SAFETY).
+        model, meta: provenance stored in the record.
+
+    Returns:
+        A :class:`NoiseFloor`.
+
+    Raises:
+        ValueError: on shape mismatches, non-finite rows, N < 2, or a bad quantile.
+    """
+    ref = np.asarray(ref_rows)
+    if ref.ndim != 2 or ref.shape[0] < 2 or ref.shape[1] < 2:
+        raise ValueError(f"ref_rows must be [N>=2, V>=2] logits or log-probs, got shape {ref.shape}")
+    variants = [honest_rows] if isinstance(honest_rows, np.ndarray) and np.ndim(honest_rows) == 2 else list(honest_rows)
+    if not variants:
+        raise ValueError("honest_rows must hold at least one [N, V] variant")
+    names = list(variant_names) if variant_names is not None else [f"variant{i}" for i in range(len(variants))]
+    if len(names) != len(variants):
+        raise ValueError(f"variant_names has {len(names)} names for {len(variants)} variants")
+    if not 0.5 < band_quantile <= 1.0:
+        raise ValueError(f"band_quantile must be in (0.5, 1], got {band_quantile}")
+    n, v = ref.shape
+    groups = np.arange(n) if prompt_ids is None else np.asarray([str(p) for p in np.asarray(prompt_ids, object).reshape(-1)])
+    if groups.size != n:
+        raise ValueError(f"prompt_ids has {groups.size} entries, ref_rows {n} rows")
+    ref_lp = _log_softmax_rows(ref)
+    if not np.all(np.isfinite(ref_lp.max(1))):
+        raise ValueError("ref_rows contains a row without finite values")
+    ref_top2 = _top_m(ref_lp, 2)
+    rows = np.arange(n)
+    ref_margin = ref_lp[rows, ref_top2[:, 0]] - ref_lp[rows, ref_top2[:, 1]]
+
+    band_raw = 0.0
+    dq: dict[str, float] = {}
+    per_variant_flip: list[tuple[np.ndarray, np.ndarray]] = []
+    kl_by_m: dict[str, KLFloor] = {}
+    for name, hv in zip(names, variants):
+        h = np.asarray(hv)
+        if h.shape != ref.shape:
+            raise ValueError(f"honest variant {name!r} has shape {h.shape}, reference {ref.shape}")
+        h_lp = _log_softmax_rows(h)
+        if not np.all(np.isfinite(h_lp.max(1))):
+            raise ValueError(f"honest variant {name!r} contains a row without finite values")
+        h_margin = h_lp[rows, ref_top2[:, 0]] - h_lp[rows, ref_top2[:, 1]]
+        delta = np.abs(np.nan_to_num(ref_margin - h_margin, nan=0.0, posinf=0.0, neginf=0.0))
+        band_raw = max(band_raw, float(np.quantile(delta, band_quantile)))
+        for q in _QUANTILES:
+            dq[str(q)] = max(dq.get(str(q), 0.0), float(np.quantile(delta, q)))
+        h_arg = h_lp.argmax(1)
+        flip = h_arg != ref_top2[:, 0]
+        gap = ref_lp[rows, ref_top2[:, 0]] - ref_lp[rows, h_arg]
+        per_variant_flip.append((flip, gap))
+        for m in top_m:
+            m = int(m)
+            if m < 1 or m > v:
+                continue
+            ids = _top_m(h_lp, m)
+            prov = np.take_along_axis(h_lp, ids, 1)
+            rlp = np.take_along_axis(ref_lp, ids, 1)
+            kl, mad, _ = bucketed_kl(rlp, prov)
+            y = np.log(kl + LOG_KL_EPS)
+            vc = variance_components(y, groups)
+            rec = KLFloor(
+                m=m,
+                variant=name,
+                mean_kl=float(kl.mean()),
+                sd_kl=float(kl.std(ddof=1)),
+                quantiles={str(q): float(np.quantile(kl, q)) for q in _QUANTILES},
+                mean_abs_dlogprob=float(np.nanmean(mad)) if np.any(~np.isnan(mad)) else 0.0,
+                log_kl=vc.to_dict(),
+            )
+            prev = kl_by_m.get(str(m))
+            if prev is None or rec.log_kl["mean"] > prev.log_kl["mean"]:
+                kl_by_m[str(m)] = rec
+    band = max(MIN_MARGIN_BAND, band_safety * band_raw)
+    flip_rate = max(float(f.mean()) for f, _ in per_variant_flip)
+    clear_rate = max(float((f & (g > band)).mean()) for f, g in per_variant_flip)
+    return NoiseFloor(
+        model=model,
+        variants=names,
+        n_positions=int(n),
+        n_prompts=int(np.unique(groups).size),
+        margin_band=float(band),
+        margin_delta_quantiles=dq,
+        honest_flip_rate=flip_rate,
+        clear_mismatch_rate=clear_rate,
+        kl=kl_by_m,
+        eps=LOG_KL_EPS,
+        meta=dict(meta or {}),
+    )

@@ -1,0 +1,333 @@
+"""Pure statistical helpers shared by the detectors (numpy/scipy only, no I/O).
+
+Everything here works on plain numpy arrays so that it can be unit-tested in closed form and
+vectorised over many simulated audits. Units: probabilities in [0, 1], log-probabilities and KL in
+nats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+
+__all__ = [
+    "holm",
+    "wilson_ci",
+    "garwood_ci",
+    "poisson_binomial_pmf",
+    "poisson_binomial_test",
+    "VarianceComponents",
+    "variance_components",
+    "mean_variance_under",
+    "bucketed_kl",
+    "randomized_pit",
+    "as_rng",
+]
+
+#: Above this many trials the Poisson-binomial tail uses the refined normal approximation
+#: (Volkova 1996) instead of the exact O(n^2) recursion.
+EXACT_POISSON_BINOMIAL_MAX_N = 5000
+
+#: Probability given to an empty bucket of the provider's distribution in :func:`bucketed_kl`
+#: (a reported tail of exactly 0 would otherwise make KL infinite). Bounds one bucket's
+#: contribution to r * log(r / 1e-8) <= 18.4 r nats.
+KL_PROB_FLOOR = 1e-8
+
+
+def as_rng(rng: np.random.Generator | int | None) -> np.random.Generator:
+    """Return a numpy Generator; ints seed it (default seeds make audits reproducible)."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    return np.random.default_rng(rng)
+
+
+def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Holm (1979) step-down adjusted p-values.
+
+    Args:
+        p_values: [m] float p-values; NaN entries (detectors that did not run) are ignored and
+            stay NaN, and do not count towards the family size m.
+
+    Returns:
+        [m] float64 adjusted p-values, monotone in the order of the raw p-values, capped at 1.
+        Reject H_i at family-wise level alpha iff adjusted_i <= alpha.
+
+    Raises:
+        ValueError: if a p-value lies outside [0, 1].
+    """
+    p = np.asarray(p_values, dtype=np.float64).reshape(-1)
+    out = np.full(p.shape, np.nan)
+    ok = ~np.isnan(p)
+    if np.any((p[ok] < 0) | (p[ok] > 1)):
+        raise ValueError(f"p_values must lie in [0, 1]; got {p[ok].tolist()}")
+    idx = np.flatnonzero(ok)
+    m = idx.size
+    if m == 0:
+        return out
+    order = idx[np.argsort(p[idx], kind="stable")]
+    scaled = (m - np.arange(m)) * p[order]
+    adj = np.minimum(np.maximum.accumulate(scaled), 1.0)
+    out[order] = adj
+    return out
+
+
+def wilson_ci(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion k/n (nan, nan when n == 0)."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    z = stats.norm.ppf(0.5 + confidence / 2)
+    ph = k / n
+    den = 1 + z * z / n
+    centre = (ph + z * z / (2 * n)) / den
+    half = z * np.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n)) / den
+    return (float(max(0.0, centre - half)), float(min(1.0, centre + half)))
+
+
+def garwood_ci(count: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Garwood) confidence interval for a Poisson mean given an observed count."""
+    a = 1 - confidence
+    lo = 0.0 if count == 0 else stats.chi2.ppf(a / 2, 2 * count) / 2
+    hi = stats.chi2.ppf(1 - a / 2, 2 * count + 2) / 2
+    return (float(lo), float(hi))
+
+
+def poisson_binomial_pmf(p: np.ndarray) -> np.ndarray:
+    """Exact pmf of S = sum of independent Bernoulli(p_i).
+
+    Args:
+        p: [n] float success probabilities in [0, 1].
+
+    Returns:
+        [n+1] float64, pmf[s] = P(S = s). O(n^2) recursion, numerically stable (sums of
+        non-negative terms).
+    """
+    p = np.clip(np.asarray(p, dtype=np.float64).reshape(-1), 0.0, 1.0)
+    pmf = np.zeros(p.size + 1)
+    pmf[0] = 1.0
+    for i, pi in enumerate(p):
+        # pmf over 0..i+1 after adding trial i
+        pmf[1 : i + 2] = pmf[1 : i + 2] * (1 - pi) + pmf[0 : i + 1] * pi
+        pmf[0] *= 1 - pi
+    return pmf
+
+
+def _refined_normal_cdf(x: np.ndarray | float, mu: float, sigma: float, gamma: float):
+    """Refined normal approximation to a Poisson-binomial CDF at (continuity-corrected) x."""
+    z = (np.asarray(x, dtype=np.float64) - mu) / sigma
+    val = stats.norm.cdf(z) + gamma * (1 - z * z) * stats.norm.pdf(z) / 6
+    return np.clip(val, 0.0, 1.0)
+
+
+def poisson_binomial_test(
+    p: np.ndarray,
+    observed: int,
+    alternative: str,
+    rng: np.random.Generator | int | None = None,
+) -> tuple[float, float]:
+    """One-sided test of an observed count of successes against independent Bernoulli(p_i).
+
+    Args:
+        p: [n] float per-trial success probabilities under H0.
+        observed: the observed number of successes S.
+        alternative: "greater" (too many successes) or "less" (too few).
+        rng: generator or seed for the randomized p-value.
+
+    Returns:
+        (p_exact, p_randomized): p_exact = P(S' >= s) (or <= s) — conservative, used for
+        decisions; p_randomized = P(S' > s) + V P(S' = s), V ~ U(0,1) — exactly Uniform(0,1)
+        under H0 (used for calibration checks). Exact recursion up to
+        ``EXACT_POISSON_BINOMIAL_MAX_N`` trials, refined normal approximation beyond.
+
+    Raises:
+        ValueError: on an unknown ``alternative``.
+    """
+    if alternative not in ("greater", "less"):
+        raise ValueError(f"alternative must be 'greater' or 'less', got {alternative!r}")
+    p = np.clip(np.asarray(p, dtype=np.float64).reshape(-1), 0.0, 1.0)
+    n = p.size
+    s = int(observed)
+    v = float(as_rng(rng).random())
+    if n == 0:
+        return (1.0, v)
+    if n <= EXACT_POISSON_BINOMIAL_MAX_N:
+        pmf = poisson_binomial_pmf(p)
+        cdf = np.cumsum(pmf)
+        s_c = min(max(s, 0), n)
+        at = pmf[s_c] if 0 <= s <= n else 0.0
+        if alternative == "greater":
+            above = float(max(0.0, 1.0 - cdf[s_c])) if s >= 0 else 1.0
+            if s > n:
+                above = 0.0
+        else:
+            above = float(cdf[s_c - 1]) if s_c >= 1 else 0.0  # P(S < s)
+            if s > n:
+                above, at = 1.0, 0.0
+    else:
+        mu = p.sum()
+        var = (p * (1 - p)).sum()
+        sigma = max(np.sqrt(var), 1e-12)
+        gamma = float((p * (1 - p) * (1 - 2 * p)).sum() / sigma**3)
+        cdf_s = float(_refined_normal_cdf(s + 0.5, mu, sigma, gamma))
+        cdf_sm1 = float(_refined_normal_cdf(s - 0.5, mu, sigma, gamma))
+        at = max(0.0, cdf_s - cdf_sm1)
+        above = 1.0 - cdf_s if alternative == "greater" else cdf_sm1
+    p_exact = float(min(1.0, above + at))
+    p_rand = float(min(1.0, above + v * at))
+    return (p_exact, p_rand)
+
+
+class VarianceComponents:
+    """One-way random-effects summary of a per-position statistic grouped by prompt.
+
+    y_ij = mu + b_i + e_ij, Var(b) = sigma_b2 (between prompts), Var(e) = sigma_w2 (within).
+    Estimated with the unbalanced ANOVA (method-of-moments) estimator, sigma_b2 clipped at 0.
+    """
+
+    __slots__ = ("mean", "sigma_w2", "sigma_b2", "n", "n_groups", "sum_ng2")
+
+    def __init__(self, mean: float, sigma_w2: float, sigma_b2: float, n: int, n_groups: int, sum_ng2: float):
+        self.mean = float(mean)
+        self.sigma_w2 = float(sigma_w2)
+        self.sigma_b2 = float(sigma_b2)
+        self.n = int(n)
+        self.n_groups = int(n_groups)
+        self.sum_ng2 = float(sum_ng2)
+
+    def var_of_mean(self) -> float:
+        """Variance of this sample's position-weighted mean under the fitted model."""
+        return mean_variance_under(self.sigma_w2, self.sigma_b2, self.n, self.sum_ng2)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> VarianceComponents:
+        return cls(**{k: d[k] for k in cls.__slots__})
+
+
+def mean_variance_under(sigma_w2: float, sigma_b2: float, n: int, sum_ng2: float) -> float:
+    """Var of the position-weighted mean of n positions in groups with sum of squared sizes sum_ng2.
+
+    Var(ȳ) = (sigma_b2 * Σ n_g² + sigma_w2 * n) / n².
+    """
+    if n <= 0:
+        return float("nan")
+    return float((sigma_b2 * sum_ng2 + sigma_w2 * n) / (n * n))
+
+
+def variance_components(y: np.ndarray, groups: np.ndarray) -> VarianceComponents:
+    """Fit :class:`VarianceComponents` to y [n] float grouped by groups [n] (any hashable labels).
+
+    Raises:
+        ValueError: if y and groups differ in length or y is empty.
+    """
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    groups = np.asarray(groups).reshape(-1)
+    if y.size != groups.size:
+        raise ValueError(f"y ({y.size}) and groups ({groups.size}) must have the same length")
+    if y.size == 0:
+        raise ValueError("variance_components needs at least one value")
+    _, inv = np.unique(groups, return_inverse=True)
+    ng = np.bincount(inv).astype(np.float64)
+    sums = np.bincount(inv, weights=y)
+    gmeans = sums / ng
+    n = y.size
+    g = ng.size
+    mean = y.mean()
+    ssw = float(((y - gmeans[inv]) ** 2).sum())
+    ssb = float((ng * (gmeans - mean) ** 2).sum())
+    msw = ssw / (n - g) if n > g else float(np.var(y, ddof=1) if n > 1 else 0.0)
+    if g > 1:
+        msb = ssb / (g - 1)
+        n0 = (n - (ng**2).sum() / n) / (g - 1)
+        sb2 = max(0.0, (msb - msw) / n0) if n0 > 0 else 0.0
+    else:
+        sb2 = 0.0
+    return VarianceComponents(mean, msw, sb2, n, g, float((ng**2).sum()))
+
+
+def bucketed_kl(
+    ref_lp: np.ndarray,
+    prov_lp: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """KL(reference || provider) on the provider's listed support plus one tail bucket.
+
+    The vocabulary is partitioned into the tokens the provider listed (and whose reference
+    log-probability is known) and one "everything else" bucket; both distributions are mapped
+    onto that partition, so the result is a proper KL between coarse-grained distributions and,
+    by the data-processing inequality, a lower bound on the full-vocabulary KL(p_ref || p_prov).
+    Listed tokens with an unknown reference log-probability (NaN) are merged into the tail on
+    both sides. Empty provider buckets get ``KL_PROB_FLOOR`` (then renormalised).
+
+    Args:
+        ref_lp: [N, M] float reference log-probabilities (nats) at the provider's listed token ids;
+            NaN where unknown (e.g. outside the reference top-K without a full row).
+        prov_lp: [N, M] float provider-reported log-probabilities, -inf for padding.
+
+    Returns:
+        (kl [N] float64 nats, mean_abs_dlogprob [N] float64 nats — mean |Δlogprob| over listed
+        tokens with both values known (NaN if none), n_known [N] int64).
+    """
+    ref_lp = np.asarray(ref_lp, dtype=np.float64)
+    prov_lp = np.asarray(prov_lp, dtype=np.float64)
+    if ref_lp.shape != prov_lp.shape or ref_lp.ndim != 2:
+        raise ValueError(f"ref_lp {ref_lp.shape} and prov_lp {prov_lp.shape} must both be [N, M]")
+    known = np.isfinite(prov_lp) & ~np.isnan(ref_lp)
+    r = np.where(known, np.exp(np.where(known, ref_lp, -np.inf)), 0.0)
+    q = np.where(known, np.exp(np.where(known, prov_lp, -np.inf)), 0.0)
+    r_tail = np.clip(1.0 - r.sum(1), 0.0, 1.0)
+    q_tail = np.clip(1.0 - q.sum(1), 0.0, 1.0)
+    R = np.concatenate([r, r_tail[:, None]], axis=1)
+    Q = np.concatenate([q, q_tail[:, None]], axis=1)
+    R = R / np.maximum(R.sum(1, keepdims=True), 1e-300)
+    Q = np.maximum(Q, KL_PROB_FLOOR)
+    Q = Q / Q.sum(1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(R > 0, R * (np.log(np.where(R > 0, R, 1.0)) - np.log(Q)), 0.0)
+    kl = np.maximum(terms.sum(1), 0.0)
+    n_known = known.sum(1)
+    dl = np.where(known, np.abs(np.where(known, prov_lp - ref_lp, 0.0)), 0.0).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mad = np.where(n_known > 0, dl / np.maximum(n_known, 1), np.nan)
+    return kl, mad, n_known.astype(np.int64)
+
+
+def randomized_pit(
+    top_probs: np.ndarray,
+    token_rank: np.ndarray,
+    rng: np.random.Generator | int | None = None,
+) -> np.ndarray:
+    """Randomized probability integral transform of emitted tokens, tokens ordered by p descending.
+
+    U = F(x-) + V p(x), V ~ U(0,1), where F(x-) is the total probability of the tokens ranked
+    above x. Small U = one of the most probable tokens was emitted. Only the top-K list is needed:
+    when x is outside the list, U = S_K + V (1 - S_K) with S_K the listed mass — given that the
+    token fell in the unlisted tail, the exact U is uniform on [S_K, 1], so this substitute keeps
+    U exactly Uniform(0, 1) under H0 (it only loses resolution inside the tail). Under H0 the
+    U's of a sequentially sampled continuation are i.i.d. Uniform(0, 1) (Rosenblatt 1952;
+    Diebold, Gunther & Tay 1998; Czado, Gneiting & Held 2009 for the randomized discrete PIT).
+
+    Args:
+        top_probs: [N, K] float probabilities of the top-K tokens, sorted descending (0 padding).
+        token_rank: [N] int rank of the emitted token in that list, -1 when not listed.
+        rng: generator or seed for V.
+
+    Returns:
+        [N] float64 U values in [0, 1].
+    """
+    top_probs = np.asarray(top_probs, dtype=np.float64)
+    token_rank = np.asarray(token_rank).astype(np.int64).reshape(-1)
+    n, k = top_probs.shape
+    v = as_rng(rng).random(n)
+    cum = np.concatenate([np.zeros((n, 1)), np.cumsum(top_probs, axis=1)], axis=1)  # [N, K+1]
+    s_k = np.minimum(cum[:, -1], 1.0)
+    listed = token_rank >= 0
+    r = np.clip(token_rank, 0, max(k - 1, 0))
+    rows = np.arange(n)
+    f_below = cum[rows, r]
+    px = top_probs[rows, r] if k > 0 else np.zeros(n)
+    u_listed = f_below + v * px
+    u_tail = s_k + v * (1.0 - s_k)
+    return np.clip(np.where(listed, u_listed, u_tail), 0.0, 1.0)

@@ -1,0 +1,677 @@
+"""Read-only query functions behind the dashboard, the Atom feed and verdict-change alerts.
+
+Every function takes an open SQLAlchemy :class:`~sqlalchemy.orm.Session` (see
+:func:`auditor.store.db.open_store`), never writes, and returns plain Python data (lists of
+dicts of ``str``/``int``/``float``/``bool``/``None``/timezone-aware ``datetime``) so the
+Streamlit app can cache results with ``st.cache_data`` (values must be picklable) and tests can
+compare them directly.
+
+Units follow the store: durations in seconds (``*_s``), money in USD, token counts in tokens,
+KL divergences in nats. Figures that a run did not measure are ``None`` — never ``0`` — so a
+missing measurement is never mistaken for a perfect one.
+
+Run statistics come from ``audit_runs.summary`` (JSON written by the ``check`` pipeline). Keys
+read here (all optional): ``tokens_per_s`` (tokens/s, completion tokens over wall time),
+``ttft_median_s``, ``tpot_median_s`` (s), ``mean_kl`` (nats, mean per-token KL(reference ‖
+provider) over logprob probes), ``noise_floor`` (nats, the same statistic between two honest
+reference runs), ``clear_mismatch_rate`` (fraction of greedy positions where the provider token
+differs from the reference top-1 while the reference margin exceeds the clear-mismatch
+threshold) and ``tokens_per_chunk`` (histogram ``{"k": count}`` or list of per-chunk counts).
+
+Evidence items (``detector_results.evidence``, a JSON list of dicts) are rendered by the
+dashboard; the token-level form it highlights is::
+
+    {"probe_key": "arith-03#0", "position": 12, "context": "text before the token",
+     "provider_token": " 7", "reference_top": [[" 8", -0.05], [" 7", -3.1], ...],
+     "margin": 3.05}
+
+(``margin`` in nats: reference top-1 log-probability minus the runner-up's). Any other dict is
+shown as a key/value table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import func, inspect, select
+from sqlalchemy.orm import Session
+
+from auditor.store.models import (
+    Alert,
+    AuditRun,
+    CalibrationResult,
+    DetectorResultRow,
+    NormalizedToken,
+    Probe,
+    ProbeAttempt,
+    Schedule,
+    VerdictRow,
+)
+
+__all__ = [
+    "VERDICTS",
+    "SUMMARY_KEYS",
+    "has_schema",
+    "count_runs",
+    "filter_options",
+    "provider_overview",
+    "speed_fidelity_points",
+    "provider_history",
+    "verdict_changes",
+    "list_runs",
+    "run_detail",
+    "probe_detail",
+    "tokens_per_chunk_histogram",
+    "calibration_table",
+    "recent_alerts",
+    "list_schedules",
+]
+
+#: The verdict vocabulary (docs/ARCHITECTURE.md, "detectors"), in display order.
+VERDICTS = (
+    "PASS",
+    "QUANTIZATION",
+    "RELAXED_VERIFICATION",
+    "SUBSTITUTION",
+    "DECODING_NONCOMPLIANT",
+    "INCONCLUSIVE",
+)
+
+#: Summary keys copied into overview/history/scatter rows (None when absent or not a number).
+SUMMARY_KEYS = (
+    "tokens_per_s",
+    "ttft_median_s",
+    "tpot_median_s",
+    "mean_kl",
+    "noise_floor",
+    "clear_mismatch_rate",
+)
+
+#: Tables the dashboard needs before it can show anything.
+_REQUIRED_TABLES = ("audit_runs", "detector_results", "verdicts", "probes")
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _num(value: Any) -> float | None:
+    """A finite float, or None for missing/non-numeric/NaN/inf values."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    if f != f or f in (float("inf"), float("-inf")):
+        return None
+    return f
+
+
+def _as_utc_start(value: dt.date | dt.datetime | None) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    return dt.datetime.combine(value, dt.time.min, tzinfo=dt.UTC)
+
+
+def _as_utc_end(value: dt.date | dt.datetime | None) -> dt.datetime | None:
+    """Exclusive upper bound: a date means "through the end of that day"."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    return dt.datetime.combine(value + dt.timedelta(days=1), dt.time.min, tzinfo=dt.UTC)
+
+
+def _run_filters(
+    stmt: Any,
+    *,
+    providers: Sequence[str] | None = None,
+    models: Sequence[str] | None = None,
+    suites: Sequence[str] | None = None,
+    since: dt.date | dt.datetime | None = None,
+    until: dt.date | dt.datetime | None = None,
+) -> Any:
+    stmt = stmt.where(AuditRun.kind != "calibration")
+    if providers:
+        stmt = stmt.where(AuditRun.provider_name.in_(list(providers)))
+    if models:
+        stmt = stmt.where(AuditRun.model.in_(list(models)))
+    if suites:
+        stmt = stmt.where(AuditRun.suite.in_(list(suites)))
+    lo, hi = _as_utc_start(since), _as_utc_end(until)
+    if lo is not None:
+        stmt = stmt.where(AuditRun.started_at >= lo)
+    if hi is not None:
+        stmt = stmt.where(AuditRun.started_at < hi)
+    return stmt
+
+
+def _summary_figures(summary: Any) -> dict[str, float | None]:
+    s = summary if isinstance(summary, dict) else {}
+    return {k: _num(s.get(k)) for k in SUMMARY_KEYS}
+
+
+def _run_row(run: AuditRun) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "run_id": run.id,
+        "provider_name": run.provider_name,
+        "model": run.model,
+        "kind": run.kind,
+        "suite": run.suite,
+        "suite_version": run.suite_version,
+        "status": run.status,
+        "verdict": run.verdict,
+        "verdict_reason": run.verdict_reason,
+        "alpha": run.alpha,
+        "budget_tokens": run.budget_tokens,
+        "prompt_tokens": run.prompt_tokens or 0,
+        "completion_tokens": run.completion_tokens or 0,
+        "tokens": (run.prompt_tokens or 0) + (run.completion_tokens or 0),
+        "cost_usd": float(run.cost_usd or 0.0),
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+    }
+    row.update(_summary_figures(run.summary))
+    return row
+
+
+def _detector_row(d: DetectorResultRow) -> dict[str, Any]:
+    return {
+        "name": d.name,
+        "statistic": _num(d.statistic),
+        "p_value": _num(d.p_value),
+        "p_adjusted": _num(d.p_adjusted),
+        "effect": _num(d.effect),
+        "effect_ci_low": _num(d.effect_ci_low),
+        "effect_ci_high": _num(d.effect_ci_high),
+        "n": d.n,
+        "ran": bool(d.ran),
+        "reason": d.reason,
+        "evidence": list(d.evidence or []),
+    }
+
+
+def _detectors_by_run(session: Session, run_ids: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
+    ids = list(run_ids)
+    out: dict[str, list[dict[str, Any]]] = {rid: [] for rid in ids}
+    if not ids:
+        return out
+    rows = session.scalars(
+        select(DetectorResultRow)
+        .where(DetectorResultRow.run_id.in_(ids))
+        .order_by(DetectorResultRow.run_id, DetectorResultRow.id)
+    )
+    for d in rows:
+        out[d.run_id].append(_detector_row(d))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# public queries
+# ---------------------------------------------------------------------------------------------
+
+
+def has_schema(session: Session) -> bool:
+    """True when the audit tables exist (False for a fresh, never-migrated database)."""
+    insp = inspect(session.get_bind())
+    return all(insp.has_table(t) for t in _REQUIRED_TABLES)
+
+
+def count_runs(session: Session) -> int:
+    """Number of non-calibration runs (0 for an empty or unmigrated database)."""
+    if not has_schema(session):
+        return 0
+    return int(
+        session.scalar(select(func.count()).select_from(AuditRun).where(AuditRun.kind != "calibration"))
+        or 0
+    )
+
+
+def filter_options(session: Session) -> dict[str, Any]:
+    """Values for the dashboard filters.
+
+    Returns:
+        ``{"providers": [str], "models": [str], "suites": [str], "first": datetime | None,
+        "last": datetime | None}`` over non-calibration runs (sorted, ``None`` values dropped).
+    """
+    base = select(AuditRun).where(AuditRun.kind != "calibration")
+
+    def distinct(col: Any) -> list[str]:
+        sub = base.with_only_columns(col).distinct()
+        return sorted(v for v in session.scalars(sub) if v is not None)
+
+    first, last = session.execute(
+        select(func.min(AuditRun.started_at), func.max(AuditRun.started_at)).where(
+            AuditRun.kind != "calibration"
+        )
+    ).one()
+    # min/max bypass the column type on some backends: normalise to aware UTC.
+    first = _coerce_dt(first)
+    last = _coerce_dt(last)
+    return {
+        "providers": distinct(AuditRun.provider_name),
+        "models": distinct(AuditRun.model),
+        "suites": distinct(AuditRun.suite),
+        "first": first,
+        "last": last,
+    }
+
+
+def _coerce_dt(value: Any) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC)
+
+
+def provider_overview(
+    session: Session,
+    *,
+    models: Sequence[str] | None = None,
+    suites: Sequence[str] | None = None,
+    since: dt.date | dt.datetime | None = None,
+    until: dt.date | dt.datetime | None = None,
+) -> list[dict[str, Any]]:
+    """One row per (provider, model) over the runs matching the filters.
+
+    Each row: ``provider_name``, ``model``, ``n_runs``, ``tokens`` and ``cost_usd`` (sums over all
+    matching runs: what watching this provider cost), ``last_status``/``last_started_at`` (the
+    newest run of any status), and, from the newest run that has a verdict: ``run_id``,
+    ``verdict``, ``verdict_reason``, ``started_at``, ``suite``, the :data:`SUMMARY_KEYS` figures
+    and ``detectors`` (list of ``{"name", "p_value", "p_adjusted", "ran", ...}``). Providers
+    without any verdict yet have ``verdict=None`` and the figures of their newest run.
+
+    Rows are sorted by provider name, then model.
+    """
+    runs = list(
+        session.scalars(
+            _run_filters(select(AuditRun), models=models, suites=suites, since=since, until=until).order_by(
+                AuditRun.started_at, AuditRun.id
+            )
+        )
+    )
+    groups: dict[tuple[str, str | None], list[AuditRun]] = {}
+    for r in runs:
+        groups.setdefault((r.provider_name, r.model), []).append(r)
+
+    rows: list[dict[str, Any]] = []
+    chosen: dict[tuple[str, str | None], AuditRun] = {}
+    for key, rs in groups.items():
+        with_verdict = [r for r in rs if r.verdict]
+        chosen[key] = with_verdict[-1] if with_verdict else rs[-1]
+    detectors = _detectors_by_run(session, (r.id for r in chosen.values()))
+    for key, rs in groups.items():
+        latest = chosen[key]
+        row = _run_row(latest)
+        newest = rs[-1]
+        row.update(
+            {
+                "n_runs": len(rs),
+                "tokens": sum((r.prompt_tokens or 0) + (r.completion_tokens or 0) for r in rs),
+                "cost_usd": float(sum(r.cost_usd or 0.0 for r in rs)),
+                "last_status": newest.status,
+                "last_started_at": newest.started_at,
+                "detectors": [
+                    {k: d[k] for k in ("name", "p_value", "p_adjusted", "ran", "n")}
+                    for d in detectors.get(latest.id, [])
+                ],
+            }
+        )
+        rows.append(row)
+    rows.sort(key=lambda r: (r["provider_name"], r["model"] or ""))
+    return rows
+
+
+def speed_fidelity_points(
+    session: Session,
+    *,
+    models: Sequence[str] | None = None,
+    suites: Sequence[str] | None = None,
+    since: dt.date | dt.datetime | None = None,
+    until: dt.date | dt.datetime | None = None,
+    latest_only: bool = True,
+) -> list[dict[str, Any]]:
+    """Points for the speed-vs-fidelity scatter: one per run with a verdict.
+
+    Each point has ``provider_name``, ``model``, ``run_id``, ``verdict``, ``started_at`` and the
+    :data:`SUMMARY_KEYS` figures (``tokens_per_s`` against ``mean_kl``/``clear_mismatch_rate``).
+    With ``latest_only`` only the newest verdict run of each (provider, model) is returned.
+    Runs without ``tokens_per_s`` are kept (the caller decides what it can plot).
+    """
+    stmt = _run_filters(
+        select(AuditRun).where(AuditRun.verdict.is_not(None)),
+        models=models,
+        suites=suites,
+        since=since,
+        until=until,
+    ).order_by(AuditRun.started_at, AuditRun.id)
+    runs = list(session.scalars(stmt))
+    if latest_only:
+        newest: dict[tuple[str, str | None], AuditRun] = {}
+        for r in runs:
+            newest[(r.provider_name, r.model)] = r
+        runs = sorted(newest.values(), key=lambda r: (r.provider_name, r.model or ""))
+    return [_run_row(r) for r in runs]
+
+
+def provider_history(session: Session, provider_name: str, *, limit: int = 500) -> list[dict[str, Any]]:
+    """Runs of one provider, oldest first, with verdict changes marked.
+
+    Each row is a run row (see :func:`list_runs`) plus ``changed_from``: the previous verdict when
+    this run's verdict differs from the last earlier run that had one, else ``None`` (the first
+    verdict is not a change). At most the newest ``limit`` runs are returned.
+    """
+    stmt = (
+        select(AuditRun)
+        .where(AuditRun.provider_name == provider_name, AuditRun.kind != "calibration")
+        .order_by(AuditRun.started_at.desc(), AuditRun.id.desc())
+        .limit(limit)
+    )
+    runs = list(reversed(list(session.scalars(stmt))))
+    rows: list[dict[str, Any]] = []
+    previous: str | None = None
+    for r in runs:
+        row = _run_row(r)
+        row["changed_from"] = None
+        if r.verdict:
+            if previous is not None and r.verdict != previous:
+                row["changed_from"] = previous
+            previous = r.verdict
+        rows.append(row)
+    return rows
+
+
+def verdict_changes(
+    session: Session, *, provider_name: str | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Every verdict change (a run whose verdict differs from the provider's previous verdict).
+
+    Returns newest first: ``{"provider_name", "model", "run_id", "previous_verdict", "verdict",
+    "verdict_reason", "started_at", "finished_at"}``. Runs without a verdict (running, failed)
+    are skipped: they neither change nor reset the previous verdict.
+    """
+    stmt = select(AuditRun).where(AuditRun.verdict.is_not(None), AuditRun.kind != "calibration")
+    if provider_name:
+        stmt = stmt.where(AuditRun.provider_name == provider_name)
+    stmt = stmt.order_by(AuditRun.provider_name, AuditRun.started_at, AuditRun.id)
+    changes: list[dict[str, Any]] = []
+    previous: dict[str, str] = {}
+    for r in session.scalars(stmt):
+        prev = previous.get(r.provider_name)
+        if prev is not None and prev != r.verdict:
+            changes.append(
+                {
+                    "provider_name": r.provider_name,
+                    "model": r.model,
+                    "run_id": r.id,
+                    "previous_verdict": prev,
+                    "verdict": r.verdict,
+                    "verdict_reason": r.verdict_reason,
+                    "started_at": r.started_at,
+                    "finished_at": r.finished_at,
+                }
+            )
+        previous[r.provider_name] = r.verdict  # type: ignore[assignment]
+    changes.sort(key=lambda c: (c["started_at"], c["run_id"]), reverse=True)
+    return changes[:limit] if limit else changes
+
+
+def list_runs(
+    session: Session,
+    *,
+    provider_name: str | None = None,
+    include_calibration: bool = False,
+    limit: int = 200,
+) -> list[dict[str, Any]]:
+    """Runs, newest first: ``run_id``, ``provider_name``, ``model``, ``kind``, ``suite``,
+    ``status``, ``verdict``, ``verdict_reason``, token counts, ``cost_usd`` (USD),
+    ``started_at``/``finished_at`` and the :data:`SUMMARY_KEYS` figures."""
+    stmt = select(AuditRun)
+    if not include_calibration:
+        stmt = stmt.where(AuditRun.kind != "calibration")
+    if provider_name:
+        stmt = stmt.where(AuditRun.provider_name == provider_name)
+    stmt = stmt.order_by(AuditRun.started_at.desc(), AuditRun.id.desc()).limit(limit)
+    return [_run_row(r) for r in session.scalars(stmt)]
+
+
+def tokens_per_chunk_histogram(session: Session, run_id: str) -> dict[int, int]:
+    """Histogram of tokens per streamed chunk over a run's attempts (speculation fingerprint).
+
+    A server that emits whole accepted drafts per SSE chunk shows mass at 2..k+1; plain
+    decoding shows (almost) only 1. Read from ``probe_attempts.tokens_per_chunk``; falls back to
+    ``audit_runs.summary["tokens_per_chunk"]`` (a ``{"k": count}`` histogram or a list of
+    per-chunk counts). Returns ``{tokens_in_chunk: number_of_chunks}``, empty when the run has no
+    stream timing.
+    """
+    counts: Counter[int] = Counter()
+    for lst in session.scalars(
+        select(ProbeAttempt.tokens_per_chunk).where(
+            ProbeAttempt.run_id == run_id, ProbeAttempt.tokens_per_chunk.is_not(None)
+        )
+    ):
+        for v in lst or []:
+            n = _num(v)
+            if n is not None and n >= 0:
+                counts[int(n)] += 1
+    if not counts:
+        summary = session.scalar(select(AuditRun.summary).where(AuditRun.id == run_id)) or {}
+        hist = summary.get("tokens_per_chunk") if isinstance(summary, dict) else None
+        if isinstance(hist, dict):
+            for k, v in hist.items():
+                kk, vv = _num(k), _num(v)
+                if kk is not None and vv is not None and vv > 0:
+                    counts[int(kk)] += int(vv)
+        elif isinstance(hist, list):
+            for v in hist:
+                n = _num(v)
+                if n is not None and n >= 0:
+                    counts[int(n)] += 1
+    return dict(sorted(counts.items()))
+
+
+def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
+    """Everything the run-detail page shows, or None when ``run_id`` is unknown.
+
+    Returns the run row (see :func:`list_runs`) plus ``config_snapshot``, ``reference_model``,
+    ``reference_revision``, ``reference_dtype``, ``code_version``, ``summary`` (raw JSON),
+    ``detectors`` (every stored detector result with ``statistic``, ``p_value``, ``p_adjusted``,
+    ``effect`` and CI, ``n``, ``ran``, ``reason`` and ``evidence``), ``verdict_details`` (the
+    ``verdicts.details`` JSON), ``strongest`` (name of the detector with the smallest adjusted
+    p-value among those that ran and have evidence, else None), ``probes`` (``id``,
+    ``probe_key``, ``mode``, ``workload``, ``status``, ``n_attempts``, ``anomalies``) and
+    ``tokens_per_chunk`` (see :func:`tokens_per_chunk_histogram`).
+    """
+    run = session.get(AuditRun, run_id)
+    if run is None:
+        return None
+    row = _run_row(run)
+    row.update(
+        {
+            "config_snapshot": run.config_snapshot or {},
+            "reference_model": run.reference_model,
+            "reference_revision": run.reference_revision,
+            "reference_dtype": run.reference_dtype,
+            "code_version": run.code_version,
+            "summary": run.summary or {},
+        }
+    )
+    detectors = _detectors_by_run(session, [run_id])[run_id]
+    row["detectors"] = detectors
+    vrow = session.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))
+    row["verdict_details"] = (vrow.details or {}) if vrow else {}
+    if vrow and not row["verdict_reason"]:
+        row["verdict_reason"] = vrow.reason
+
+    def p_key(d: dict[str, Any]) -> float:
+        p = d["p_adjusted"] if d["p_adjusted"] is not None else d["p_value"]
+        return p if p is not None else 2.0
+
+    candidates = [d for d in detectors if d["ran"] and d["evidence"]]
+    row["strongest"] = min(candidates, key=p_key)["name"] if candidates else None
+    row["probes"] = [
+        {
+            "id": p.id,
+            "probe_key": p.probe_key,
+            "mode": p.mode,
+            "workload": p.workload,
+            "status": p.status,
+            "n_attempts": p.n_attempts,
+            "anomalies": list(p.anomalies or []),
+        }
+        for p in session.scalars(select(Probe).where(Probe.run_id == run_id).order_by(Probe.id))
+    ]
+    row["tokens_per_chunk"] = tokens_per_chunk_histogram(session, run_id)
+    return row
+
+
+def probe_detail(
+    session: Session,
+    probe_id: int | None = None,
+    *,
+    run_id: str | None = None,
+    probe_key: str | None = None,
+    max_tokens: int = 2000,
+) -> dict[str, Any] | None:
+    """One probe with its raw request, every attempt's raw response and normalized tokens.
+
+    Address it by ``probe_id`` or by ``(run_id, probe_key)``. Returns None when not found, else
+    ``{"id", "run_id", "probe_key", "mode", "workload", "status", "text", "finish_reason",
+    "anomalies", "usage", "request_json", "attempts": [{"attempt_no", "http_status", "error",
+    "latency_s", "ttft_s", "response_text", "tokens_per_chunk"}], "tokens": [{"position",
+    "token", "logprob", "top_logprobs", "ref_token_id", "anomalies"}]}`` (at most
+    ``max_tokens`` tokens).
+    """
+    if probe_id is not None:
+        probe = session.get(Probe, probe_id)
+    elif run_id is not None and probe_key is not None:
+        probe = session.scalar(select(Probe).where(Probe.run_id == run_id, Probe.probe_key == probe_key))
+    else:
+        raise ValueError("probe_detail needs probe_id, or run_id and probe_key")
+    if probe is None:
+        return None
+    attempts = session.scalars(
+        select(ProbeAttempt).where(ProbeAttempt.probe_id == probe.id).order_by(ProbeAttempt.attempt_no)
+    )
+    tokens = session.scalars(
+        select(NormalizedToken)
+        .where(NormalizedToken.probe_id == probe.id)
+        .order_by(NormalizedToken.position)
+        .limit(max_tokens)
+    )
+    return {
+        "id": probe.id,
+        "run_id": probe.run_id,
+        "probe_key": probe.probe_key,
+        "mode": probe.mode,
+        "workload": probe.workload,
+        "status": probe.status,
+        "text": probe.text,
+        "finish_reason": probe.finish_reason,
+        "anomalies": list(probe.anomalies or []),
+        "usage": probe.usage,
+        "request_json": probe.request_json or {},
+        "attempts": [
+            {
+                "attempt_no": a.attempt_no,
+                "http_status": a.http_status,
+                "error": a.error,
+                "latency_s": _num(a.latency_s),
+                "ttft_s": _num(a.ttft_s),
+                "response_text": a.response_text,
+                "tokens_per_chunk": list(a.tokens_per_chunk or []),
+            }
+            for a in attempts
+        ],
+        "tokens": [
+            {
+                "position": t.position,
+                "token": t.token,
+                "logprob": _num(t.logprob),
+                "top_logprobs": list(t.top_logprobs or []),
+                "ref_token_id": t.ref_token_id,
+                "anomalies": list(t.anomalies or []),
+            }
+            for t in tokens
+        ],
+    }
+
+
+def calibration_table(session: Session) -> list[dict[str, Any]]:
+    """Rows of ``calibration_results``: ``model``, ``profile``, ``budget_tokens``, ``audits``,
+    ``rejection_rate`` with ``ci_low``/``ci_high``, ``cause_correct_rate``, ``created_at``;
+    sorted by model, profile, budget."""
+    if not inspect(session.get_bind()).has_table("calibration_results"):
+        return []
+    rows = session.scalars(
+        select(CalibrationResult).order_by(
+            CalibrationResult.model, CalibrationResult.profile, CalibrationResult.budget_tokens
+        )
+    )
+    return [
+        {
+            "model": c.model,
+            "profile": c.profile,
+            "budget_tokens": c.budget_tokens,
+            "audits": c.audits,
+            "rejection_rate": _num(c.rejection_rate),
+            "ci_low": _num(c.ci_low),
+            "ci_high": _num(c.ci_high),
+            "cause_correct_rate": _num(c.cause_correct_rate),
+            "created_at": c.created_at,
+        }
+        for c in rows
+    ]
+
+
+def recent_alerts(session: Session, *, limit: int = 50) -> list[dict[str, Any]]:
+    """Newest alerts first: ``id``, ``provider_name``, ``run_id``, ``previous_verdict``,
+    ``verdict``, ``message``, ``created_at``, ``delivered``, ``webhook_status``."""
+    if not inspect(session.get_bind()).has_table("alerts"):
+        return []
+    rows = session.scalars(select(Alert).order_by(Alert.created_at.desc(), Alert.id.desc()).limit(limit))
+    return [
+        {
+            "id": a.id,
+            "provider_name": a.provider_name,
+            "run_id": a.run_id,
+            "previous_verdict": a.previous_verdict,
+            "verdict": a.verdict,
+            "message": a.message,
+            "created_at": a.created_at,
+            "delivered": bool(a.delivered),
+            "webhook_status": a.webhook_status,
+        }
+        for a in rows
+    ]
+
+
+def list_schedules(session: Session) -> list[dict[str, Any]]:
+    """Rows of ``schedules`` ordered by id: ``id``, ``provider_name``, ``every_seconds`` (s),
+    ``suite``, ``budget_tokens``, ``enabled``, ``created_at``, ``last_run_at``, ``next_run_at``."""
+    if not inspect(session.get_bind()).has_table("schedules"):
+        return []
+    return [
+        {
+            "id": s.id,
+            "provider_name": s.provider_name,
+            "every_seconds": s.every_seconds,
+            "suite": s.suite,
+            "budget_tokens": s.budget_tokens,
+            "enabled": bool(s.enabled),
+            "created_at": s.created_at,
+            "last_run_at": s.last_run_at,
+            "next_run_at": s.next_run_at,
+        }
+        for s in session.scalars(select(Schedule).order_by(Schedule.id))
+    ]

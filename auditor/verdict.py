@@ -1,0 +1,504 @@
+"""Verdict: Holm across one audit's detectors, then decision rules that name the cause.
+
+``decide_verdict(results, alpha)`` returns a :class:`Verdict` — one of PASS, QUANTIZATION,
+RELAXED_VERIFICATION, SUBSTITUTION, DECODING_NONCOMPLIANT, INCONCLUSIVE — with a one-line reason
+and JSON-able details. The rules (also in docs/detectors.md), applied in order, where "rejects"
+means the detector ran and its Holm-adjusted p-value is <= alpha:
+
+0. No detector ran → INCONCLUSIVE (with the budget that would suffice).
+1. ``self-greedy`` rejects (T=0 tokens contradict the provider's own reported top-1 by more than
+   the noise band) and ``logprob-divergence`` does not → DECODING_NONCOMPLIANT. Never
+   RELAXED_VERIFICATION: relaxed acceptance is a sampling-time behaviour, greedy verification
+   stays exact.
+2. ``logprob-divergence`` rejects → SUBSTITUTION when the divergence is far outside any
+   quantization (mean bucketed KL >= SUBSTITUTION_MIN_MEAN_KL *and* reported top-1 agreement
+   <= SUBSTITUTION_MAX_TOP1_AGREEMENT), else QUANTIZATION.
+3. ``greedy-match`` rejects → DECODING_NONCOMPLIANT when the provider's logprobs were tested and
+   match the reference (logprob-divergence ran, did not reject, ratio to floor <=
+   LOGPROBS_CONSISTENT_MAX_RATIO): the served tokens are not the argmax of the distribution it
+   reports. Otherwise SUBSTITUTION when the clear-mismatch rate >=
+   SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE, else QUANTIZATION.
+4. A sampling test rejects (reference ``sampling-*`` or, without a reference, ``self-*``):
+   a. argmax over-emission rejects and the argmax was emitted at >= GREEDY_SERVED_MIN_ARGMAX_RATE
+      of sampled positions → DECODING_NONCOMPLIANT (sampling request served greedily).
+   b. tail deficit rejects and the tail is missing (observed/expected <= TAIL_MISSING_MAX_RATIO)
+      or the deficit per position >= TRUNCATION_SHAPE_RATIO × the argmax excess per position
+      (the mass went away from the tail, not towards the drafts) → DECODING_NONCOMPLIANT
+      (truncated sampling nobody asked for).
+   c. argmax over-emission rejects (tail intact or only partly thinned) → RELAXED_VERIFICATION.
+   d. only the PIT (or a partial tail) rejects: RELAXED_VERIFICATION when the provider's logprobs
+      are consistent with the reference or a self-test rejects (the samples do not follow the
+      distribution the provider reports) or the argmax excess is positive; otherwise
+      QUANTIZATION (the sampled distribution differs and nothing points at acceptance).
+5. Nothing rejects → PASS when at least one detector that ran had the power
+   (DEFAULT_POWER against its target effect, POWER_TARGETS) at its sample size; else INCONCLUSIVE
+   with the smallest budget (tokens of that detector's probe mode) that would have sufficed.
+Every other rejecting detector is listed under details["findings"] with its implication.
+The substitution/shape thresholds are named constants to be calibrated on the simulator's
+``substituted``, ``relaxed-threshold`` and truncation profiles (issue 7).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+from scipy import stats
+
+from auditor.detectors.base import DetectorResult
+from auditor.detectors.noise_floor import NoiseFloor
+from auditor.detectors.stats import holm
+
+__all__ = [
+    "VerdictKind",
+    "Verdict",
+    "EXIT_CODES",
+    "apply_holm",
+    "decide_verdict",
+    "required_positions",
+    "holm",
+    "SUBSTITUTION_MIN_MEAN_KL",
+    "SUBSTITUTION_MAX_TOP1_AGREEMENT",
+    "SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE",
+    "LOGPROBS_CONSISTENT_MAX_RATIO",
+    "GREEDY_SERVED_MIN_ARGMAX_RATE",
+    "TAIL_MISSING_MAX_RATIO",
+    "TRUNCATION_SHAPE_RATIO",
+    "DEFAULT_ALPHA",
+    "DEFAULT_POWER",
+    "POWER_TARGETS",
+]
+
+
+class VerdictKind(StrEnum):
+    PASS = "PASS"
+    QUANTIZATION = "QUANTIZATION"
+    RELAXED_VERIFICATION = "RELAXED_VERIFICATION"
+    SUBSTITUTION = "SUBSTITUTION"
+    DECODING_NONCOMPLIANT = "DECODING_NONCOMPLIANT"
+    INCONCLUSIVE = "INCONCLUSIVE"
+
+
+#: CLI exit codes (issue 5): 0 PASS, 1 a deviation, 2 INCONCLUSIVE (3 = usage errors, CLI's own).
+EXIT_CODES = {
+    VerdictKind.PASS: 0,
+    VerdictKind.QUANTIZATION: 1,
+    VerdictKind.RELAXED_VERIFICATION: 1,
+    VerdictKind.SUBSTITUTION: 1,
+    VerdictKind.DECODING_NONCOMPLIANT: 1,
+    VerdictKind.INCONCLUSIVE: 2,
+}
+
+DEFAULT_ALPHA = 0.05
+DEFAULT_POWER = 0.8
+
+#: Mean bucketed KL (nats/position) beyond which a logprob divergence is a different model.
+SUBSTITUTION_MIN_MEAN_KL = 0.3
+#: ... together with the provider's reported top-1 agreeing with the reference argmax at most this often.
+SUBSTITUTION_MAX_TOP1_AGREEMENT = 0.6
+#: Greedy-only audits: clear-mismatch rate at or above which the cause is substitution.
+SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE = 0.35
+#: Reported logprobs "match the reference" when logprob-divergence did not reject and its mean
+#: KL is at most this multiple of the honest floor's.
+LOGPROBS_CONSISTENT_MAX_RATIO = 2.0
+#: Argmax emitted at least this often at T > 0 → the request was served greedily.
+GREEDY_SERVED_MIN_ARGMAX_RATE = 0.97
+#: Tail observed/expected at or below this → the tail is missing (truncated sampling).
+TAIL_MISSING_MAX_RATIO = 0.25
+#: Tail deficit per position >= this × argmax excess per position → truncation, not acceptance.
+#: (Truncation moves the tail's mass to all nucleus tokens pro rata, so the argmax gains at most
+#: the deficit; relaxed acceptance moves mass from every non-draft token to the draft, so the
+#: argmax gains much more than the tail loses.)
+TRUNCATION_SHAPE_RATIO = 0.8
+
+#: Target effects behind the INCONCLUSIVE power calculation (what an audit should be able to see).
+POWER_TARGETS = {
+    "clear_mismatch_rate": 0.03,  # greedy-match / self-greedy: 3% clear mismatches (int8-like)
+    "kl_ratio": 3.0,  # logprob-divergence: geometric-mean KL 3x the honest floor
+    "argmax_excess": 0.05,  # sampling-/self-argmax: +0.05 argmax emissions per position
+    "tail_ratio": 0.0,  # sampling-/self-tail: the tail entirely missing
+}
+
+_MODE = {
+    "greedy-match": "greedy",
+    "self-greedy": "greedy",
+    "logprob-divergence": "logprob",
+    "sampling-gof": "sampling",
+    "sampling-argmax": "sampling",
+    "sampling-tail": "sampling",
+    "self-gof": "sampling",
+    "self-argmax": "sampling",
+    "self-tail": "sampling",
+}
+
+
+@dataclass
+class Verdict:
+    """An audit's outcome.
+
+    Attributes:
+        verdict: a VerdictKind value (str).
+        reason: one sentence naming the deciding detector(s) and numbers.
+        details: JSON-able: alpha, detectors (name → ran, p, p_adjusted, effect, n, rejects),
+            findings (every rejecting detector with its implication), power (per detector:
+            required positions, adequate), suggested_budget_tokens (INCONCLUSIVE), rule (which
+            rule decided).
+        results: the DetectorResults with ``p_adjusted`` filled in (not serialised in details).
+    """
+
+    verdict: str
+    reason: str
+    details: dict
+    results: list[DetectorResult] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[VerdictKind(self.verdict)]
+
+
+def apply_holm(results: Sequence[DetectorResult]) -> list[DetectorResult]:
+    """Copies of results with ``p_adjusted`` = Holm across the detectors that ran (None otherwise)."""
+    ps = [r.p_value if (r.ran and r.p_value is not None and not math.isnan(r.p_value)) else math.nan for r in results]
+    adj = holm(ps)
+    return [r.with_adjusted(None if math.isnan(a) else float(a)) for r, a in zip(results, adj)]
+
+
+# --------------------------------------------------------------------------- power
+def _greedy_required(r0: float, r1: float, alpha: float, power: float, n_max: int = 1_000_000) -> int | None:
+    """Smallest n at which the exact one-sided binomial test (level alpha, null r0) has >= power at r1."""
+    if r1 <= r0:
+        return None
+
+    def pw(n: np.ndarray) -> np.ndarray:
+        c = stats.binom.isf(alpha, n, r0) + 1  # smallest k with P(X >= k | r0) <= alpha
+        return stats.binom.sf(c - 1, n, r1)
+
+    grid = np.unique(np.geomspace(1, n_max, 200).astype(np.int64))
+    ok = np.flatnonzero(pw(grid) >= power)
+    if not ok.size:
+        return None
+    hi = int(grid[ok[0]])
+    lo = int(grid[ok[0] - 1]) if ok[0] > 0 else 1
+    n = np.arange(lo, hi + 1)
+    ok2 = np.flatnonzero(pw(n) >= power)
+    return int(n[ok2[0]]) if ok2.size else hi
+
+
+def required_positions(
+    result: DetectorResult,
+    *,
+    alpha_test: float,
+    power: float = DEFAULT_POWER,
+    floor: NoiseFloor | None = None,
+) -> int | None:
+    """Positions this detector needs for ``power`` against its POWER_TARGETS effect at level alpha_test.
+
+    Simple normal/binomial calculations (one-sided): greedy tests — exact binomial against the
+    honest rate r0 vs target rate; logprob — z-test on mean log-KL with the floor's variance
+    components at the audit's prompt size; argmax — z-test with the audit's mean p(1−p);
+    tail — n with P(no tail emission | H0) <= alpha_test, i.e. n >= −ln(alpha_test)/mean τ.
+    Returns None when no calculation applies (e.g. the omnibus PIT tests) or inputs are missing.
+    """
+    d = result.details or {}
+    name = result.name
+    za = stats.norm.isf(alpha_test)
+    zb = stats.norm.ppf(power)
+    if name in ("greedy-match", "self-greedy"):
+        r0 = float(d.get("r0", 1e-3))
+        return _greedy_required(r0, max(POWER_TARGETS["clear_mismatch_rate"], 2 * r0), alpha_test, power)
+    if name == "logprob-divergence":
+        if floor is None or "m" not in d:
+            return None
+        vc = floor.kl_floor(int(d["m"])).components
+        per_prompt = max(1.0, result.n / max(1, int(d.get("n_prompts", 1))))
+        var = vc.sigma_w2 + vc.sigma_b2 * per_prompt
+        shift = math.log(POWER_TARGETS["kl_ratio"])
+        return int(math.ceil((za + zb) ** 2 * var / shift**2))
+    if name in ("sampling-argmax", "self-argmax"):
+        if not result.ran or result.n <= 0:
+            return None
+        er = float(d.get("expected_rate", 0.5))
+        var = max(er * (1 - er), 0.05)  # conservative stand-in for mean p(1-p)
+        return int(math.ceil((za + zb) ** 2 * var / POWER_TARGETS["argmax_excess"] ** 2))
+    if name in ("sampling-tail", "self-tail"):
+        tau = float(d.get("mean_tail_mass", 0.0) or 0.0)
+        if tau <= 0:
+            return None
+        return int(math.ceil(-math.log(alpha_test) / tau))
+    return None
+
+
+# --------------------------------------------------------------------------- decision
+def _pick(by: dict[str, DetectorResult], *names: str) -> DetectorResult | None:
+    for k in names:
+        r = by.get(k)
+        if r is not None and r.ran:
+            return r
+    return None
+
+
+def decide_verdict(
+    results: Sequence[DetectorResult],
+    alpha: float = DEFAULT_ALPHA,
+    *,
+    floor: NoiseFloor | None = None,
+    power: float = DEFAULT_POWER,
+) -> Verdict:
+    """Apply Holm at family-wise level ``alpha`` across the detectors that ran, then the rules above.
+
+    Args:
+        results: one audit's DetectorResults (from ``auditor.detectors.run_detectors``).
+        alpha: overall (family-wise) significance level, in (0, 1).
+        floor: the noise floor, used for the logprob power calculation.
+        power: target power for the PASS/INCONCLUSIVE adequacy check.
+
+    Returns:
+        Verdict (``results`` carries the Holm-adjusted copies).
+
+    Raises:
+        ValueError: if alpha or power is outside (0, 1), or two results share a name.
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if not 0 < power < 1:
+        raise ValueError(f"power must be in (0, 1), got {power}")
+    names = [r.name for r in results]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate detector names in results: {names}")
+    adj = apply_holm(results)
+    by = {r.name: r for r in adj}
+    ran = [r for r in adj if r.ran and r.p_adjusted is not None]
+
+    def rejects(name: str) -> bool:
+        r = by.get(name)
+        return bool(r is not None and r.ran and r.p_adjusted is not None and r.p_adjusted <= alpha)
+
+    def det(r: DetectorResult) -> dict:
+        return {
+            "ran": r.ran,
+            "p_value": _f(r.p_value),
+            "p_adjusted": _f(r.p_adjusted),
+            "statistic": _f(r.statistic),
+            "effect": _f(r.effect),
+            "effect_ci": [_f(r.effect_ci[0]), _f(r.effect_ci[1])] if r.effect_ci else None,
+            "n": r.n,
+            "rejects": rejects(r.name),
+            "reason": r.reason,
+        }
+
+    details: dict = {
+        "alpha": alpha,
+        "n_tests": len(ran),
+        "detectors": {r.name: det(r) for r in adj},
+        "ran": [r.name for r in ran],
+        "not_run": {r.name: r.reason for r in adj if not r.ran},
+    }
+    details["findings"] = [
+        {"detector": r.name, "p_adjusted": r.p_adjusted, "implication": _IMPLICATION.get(r.name, "")}
+        for r in ran
+        if rejects(r.name)
+    ]
+
+    def out(kind: VerdictKind, reason: str, rule: str) -> Verdict:
+        details["rule"] = rule
+        return Verdict(str(kind), reason, _json(details), adj)
+
+    if not ran:
+        budget = _budget(adj, alpha, power, floor, details, n_tests=1)
+        return out(
+            VerdictKind.INCONCLUSIVE,
+            "no detector had enough usable positions" + (f"; about {budget} tokens would suffice" if budget else ""),
+            "0-nothing-ran",
+        )
+
+    lp = by.get("logprob-divergence")
+    lp_sig = rejects("logprob-divergence")
+    lp_ratio = (lp.details or {}).get("ratio_to_floor") if lp is not None and lp.ran else None
+    lp_consistent = bool(lp is not None and lp.ran and not lp_sig and lp_ratio is not None and lp_ratio <= LOGPROBS_CONSISTENT_MAX_RATIO)
+    details["logprobs_consistent"] = lp_consistent
+
+    # 1. greedy tokens contradict the provider's own reported top-1
+    if rejects("self-greedy") and not lp_sig:
+        r = by["self-greedy"]
+        return out(
+            VerdictKind.DECODING_NONCOMPLIANT,
+            f"at temperature 0 the emitted token contradicts the provider's own reported top-1 at "
+            f"{int(r.statistic)} of {r.n} positions by more than the {r.details.get('band', float('nan')):.3g}-nat "
+            f"noise band (self-greedy p_adj={r.p_adjusted:.3g})",
+            "1-self-greedy",
+        )
+    # 2. reported distribution diverges from the reference
+    if lp_sig:
+        d = lp.details
+        kl, top1 = lp.effect, d.get("top1_agreement", 1.0)
+        if kl >= SUBSTITUTION_MIN_MEAN_KL and top1 <= SUBSTITUTION_MAX_TOP1_AGREEMENT:
+            return out(
+                VerdictKind.SUBSTITUTION,
+                f"reported logprobs diverge far beyond quantization: mean KL {kl:.3g} nats "
+                f"({d.get('ratio_to_floor', float('nan')):.3g}x the honest floor), reported top-1 agrees with the "
+                f"reference argmax at only {top1:.0%} of positions (logprob-divergence p_adj={lp.p_adjusted:.3g})",
+                "2-logprob-substitution",
+            )
+        return out(
+            VerdictKind.QUANTIZATION,
+            f"reported logprobs diverge from the reference beyond the honest noise floor: mean KL {kl:.3g} nats, "
+            f"{d.get('ratio_to_floor', float('nan')):.3g}x the floor, top-1 agreement {top1:.0%} "
+            f"(logprob-divergence p_adj={lp.p_adjusted:.3g})",
+            "2-logprob-quantization",
+        )
+    # 3. greedy clear mismatches against the reference
+    if rejects("greedy-match"):
+        g = by["greedy-match"]
+        rate = g.effect
+        if lp_consistent:
+            return out(
+                VerdictKind.DECODING_NONCOMPLIANT,
+                f"greedy tokens differ clearly from the reference argmax at {rate:.1%} of positions while the "
+                f"provider's reported logprobs match the reference ({lp_ratio:.3g}x the floor): the served tokens "
+                f"are not the argmax of the distribution it reports (greedy-match p_adj={g.p_adjusted:.3g})",
+                "3-greedy-decode-path",
+            )
+        kind = VerdictKind.SUBSTITUTION if rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE else VerdictKind.QUANTIZATION
+        return out(
+            kind,
+            f"greedy tokens differ clearly (beyond the {g.details.get('band', float('nan')):.3g}-nat noise band) from "
+            f"the reference argmax at {rate:.1%} of {g.n} positions (greedy-match p_adj={g.p_adjusted:.3g})"
+            + ("; a rate this high means a different model" if kind == VerdictKind.SUBSTITUTION else ""),
+            "3-greedy-" + ("substitution" if kind == VerdictKind.SUBSTITUTION else "quantization"),
+        )
+    # 4. sampling
+    arg_names, tail_names, gof_names = ("sampling-argmax", "self-argmax"), ("sampling-tail", "self-tail"), ("sampling-gof", "self-gof")
+    arg_sig = any(rejects(k) for k in arg_names)
+    tail_sig = any(rejects(k) for k in tail_names)
+    gof_sig = any(rejects(k) for k in gof_names)
+    if arg_sig or tail_sig or gof_sig:
+        a = _pick(by, *arg_names)
+        t = _pick(by, *tail_names)
+        excess = float((a.details or {}).get("excess_per_position", 0.0)) if a is not None else 0.0
+        arate = float((a.details or {}).get("argmax_rate", 0.0)) if a is not None else 0.0
+        tratio = float((t.details or {}).get("tail_ratio", 1.0)) if t is not None else 1.0
+        deficit = float((t.details or {}).get("deficit_per_position", 0.0)) if t is not None else 0.0
+        details["shape"] = {
+            "argmax_excess_per_position": excess,
+            "argmax_rate": arate,
+            "tail_ratio": tratio,
+            "tail_deficit_per_position": deficit,
+        }
+        if arg_sig and arate >= GREEDY_SERVED_MIN_ARGMAX_RATE:
+            return out(
+                VerdictKind.DECODING_NONCOMPLIANT,
+                f"sampling requests were served greedily: the argmax was emitted at {arate:.1%} of sampled "
+                f"positions ({_pstr(by, arg_names)})",
+                "4a-greedy-served",
+            )
+        if tail_sig and (tratio <= TAIL_MISSING_MAX_RATIO or deficit >= TRUNCATION_SHAPE_RATIO * max(excess, 0.0)):
+            return out(
+                VerdictKind.DECODING_NONCOMPLIANT,
+                f"sampled tokens follow a truncated distribution nobody asked for: only {tratio:.0%} of the "
+                f"expected low-probability-tail emissions (deficit {deficit:.3g}/position vs argmax excess "
+                f"{excess:.3g}/position; {_pstr(by, tail_names)})",
+                "4b-truncated",
+            )
+        if arg_sig:
+            return out(
+                VerdictKind.RELAXED_VERIFICATION,
+                f"sampled tokens over-emit the argmax by {excess:.3g} per position (rate {arate:.1%}) with the "
+                f"tail {'intact' if tratio > 0.8 else 'only partly thinned'} ({tratio:.0%} of expected): the "
+                f"signature of lossy speculative acceptance ({_pstr(by, arg_names)})",
+                "4c-relaxed",
+            )
+        self_sig = any(rejects(k) for k in ("self-gof", "self-argmax", "self-tail"))
+        if lp_consistent or self_sig or excess > 0:
+            return out(
+                VerdictKind.RELAXED_VERIFICATION,
+                "sampled tokens do not follow the distribution the provider reports "
+                f"({_pstr(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position",
+                "4d-relaxed",
+            )
+        return out(
+            VerdictKind.QUANTIZATION,
+            f"sampled tokens do not follow the reference distribution ({_pstr(by, gof_names + tail_names)}) and no "
+            "logprobs were available to tell more; no over-emission of the argmax",
+            "4d-quantization",
+        )
+    # 5. nothing rejects
+    budget = _budget(adj, alpha, power, floor, details, n_tests=len(ran))
+    adequate = [k for k, v in details["power"].items() if v.get("adequate")]
+    if adequate:
+        return out(
+            VerdictKind.PASS,
+            f"no detector rejects at family-wise alpha={alpha} ({len(ran)} tests, Holm); adequately powered: "
+            + ", ".join(adequate),
+            "5-pass",
+        )
+    return out(
+        VerdictKind.INCONCLUSIVE,
+        f"no detector rejects, but none had {power:.0%} power for its target effect at this budget"
+        + (f"; about {budget} tokens would suffice" if budget else ""),
+        "5-underpowered",
+    )
+
+
+def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
+    """Fill details['power'] and details['suggested_budget_tokens']; return the latter."""
+    alpha_test = alpha / max(1, n_tests)
+    pw: dict[str, dict] = {}
+    for r in adj:
+        req = required_positions(r, alpha_test=alpha_test, power=power, floor=floor) if r.ran else None
+        if req is None and not r.ran:
+            req = _required_default(r.name, alpha_test, power)
+        if req is None:
+            continue
+        pw[r.name] = {"required_positions": req, "n": r.n, "adequate": bool(r.ran and r.n >= req), "mode": _MODE.get(r.name)}
+    details["power"] = pw
+    reqs = [v["required_positions"] for v in pw.values()]
+    details["suggested_budget_tokens"] = min(reqs) if reqs else None
+    return details["suggested_budget_tokens"]
+
+
+def _required_default(name: str, alpha_test: float, power: float) -> int | None:
+    """Budget guess for a detector that did not run (no data to plug in)."""
+    if name in ("greedy-match", "self-greedy"):
+        return _greedy_required(1e-3, POWER_TARGETS["clear_mismatch_rate"], alpha_test, power)
+    if name in ("sampling-argmax", "self-argmax"):
+        za, zb = stats.norm.isf(alpha_test), stats.norm.ppf(power)
+        return int(math.ceil((za + zb) ** 2 * 0.2 / POWER_TARGETS["argmax_excess"] ** 2))
+    return None
+
+
+_IMPLICATION = {
+    "greedy-match": "greedy tokens differ from the reference (model changed, or decode path differs)",
+    "logprob-divergence": "reported distribution differs from the reference (quantization or substitution)",
+    "sampling-gof": "sampled tokens do not follow the reference distribution",
+    "sampling-argmax": "argmax over-emitted (relaxed acceptance, or greedy serving)",
+    "sampling-tail": "low-probability tail under-emitted (truncated sampling)",
+    "self-gof": "sampled tokens do not follow the provider's own reported distribution",
+    "self-argmax": "own top-1 over-emitted (relaxed acceptance)",
+    "self-tail": "own tail under-emitted (truncated sampling)",
+    "self-greedy": "greedy tokens contradict own reported top-1 (decode path differs)",
+}
+
+
+def _pstr(by, names) -> str:
+    parts = []
+    for k in names:
+        r = by.get(k)
+        if r is not None and r.ran and r.p_adjusted is not None:
+            parts.append(f"{k} p_adj={r.p_adjusted:.3g}")
+    return ", ".join(parts)
+
+
+def _f(x) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _json(x):
+    from auditor.detectors.base import _json_safe
+
+    return _json_safe(x)

@@ -1,0 +1,140 @@
+"""Benchmark: requests/s of ``probes.client.ProbeClient`` against a trivial local endpoint.
+
+    python benchmarks/client.py [--requests 3000] [--concurrency 64] [--stream] [--json]
+
+A minimal ASGI app (no model, a fixed chat-completion body or a 4-chunk SSE stream) runs under
+uvicorn in a separate process on 127.0.0.1; the client sends ``--requests`` requests with
+``--concurrency`` in flight through the full path (payload encoding, semaphore, tenacity,
+timing, parsing, records) and the figure printed is completed requests per second of wall time.
+Target (issue 4): ≥ 300 requests/s at concurrency 64, so the client is never the bottleneck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_BODY = json.dumps(
+    {
+        "id": "bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+    }
+).encode()
+_CHUNK = {"id": "b", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+_STREAM = ("".join(f"data: {json.dumps(_CHUNK)}\n\n" for _ in range(4)) + "data: [DONE]\n\n").encode()
+
+
+async def app(scope, receive, send):  # noqa: ANN001 - ASGI signature
+    """ASGI app: POST .../chat/completions → fixed body (or SSE when the request asks to stream)."""
+    if scope["type"] != "http":
+        return
+    body = b""
+    more = True
+    while more:
+        msg = await receive()
+        body += msg.get("body", b"")
+        more = msg.get("more_body", False)
+    stream = b'"stream": true' in body or b'"stream":true' in body
+    payload = _STREAM if stream else _BODY
+    ctype = b"text/event-stream" if stream else b"application/json"
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", ctype), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _serve(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="httptools", loop="auto")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_up(port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"benchmark server did not start on port {port} within {timeout_s}s")
+
+
+async def _run(port: int, n: int, concurrency: int, stream: bool) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from probes.client import ProbeClient
+    from probes.config import ProviderConfig
+
+    cfg = ProviderConfig.model_validate(
+        {
+            "name": "bench",
+            "base_url": f"http://127.0.0.1:{port}/v1",
+            "model": "m",
+            "rate_limits": {"concurrency": concurrency},
+            "timeout_s": 30,
+        }
+    )
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0.0}
+    if stream:
+        payload["stream"] = True
+    async with ProbeClient(cfg) as client:
+        # warm-up: open the connection pool
+        async for _ in client.map((f"w{i}", payload) for i in range(concurrency)):
+            pass
+        ok = 0
+        t0 = time.perf_counter()
+        async for r in client.map((f"r{i}", payload) for i in range(n)):
+            ok += r.success
+        wall = time.perf_counter() - t0
+    return {"requests": n, "ok": ok, "concurrency": concurrency, "stream": stream, "wall_s": round(wall, 3), "requests_per_s": round(n / wall, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--stream", action="store_true", help="SSE responses (4 chunks each)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve is not None:
+        _serve(args.serve)
+        return 0
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        _wait_up(port)
+        res = asyncio.run(_run(port, args.requests, args.concurrency, args.stream))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(
+            f"client: {res['requests_per_s']:.0f} requests/s ({res['ok']}/{res['requests']} ok, concurrency {res['concurrency']}, "
+            f"{'stream' if res['stream'] else 'plain'}, {res['wall_s']:.2f}s) — target >= 300"
+        )
+    return 0 if res["ok"] == res["requests"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Dashboard pages; each module exposes ``render(db_url: str, filters: Filters) -> None``."""

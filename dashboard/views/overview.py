@@ -1,0 +1,141 @@
+"""Providers overview: one row per provider/model with the latest verdict and key figures."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter
+from typing import Any
+
+import streamlit as st
+
+from dashboard import data
+from dashboard.render import (
+    escape_md,
+    fmt_dt,
+    fmt_ms,
+    fmt_num,
+    fmt_p,
+    fmt_pct,
+    fmt_tokens,
+    fmt_usd,
+    md_code,
+    md_table,
+    verdict_badge,
+)
+from dashboard.views.common import Filters
+
+#: Fixed columns before and after the per-detector p-value columns.
+HEAD = ["Provider", "Model", "Verdict", "Date (UTC)"]
+TAIL = [
+    "Greedy clear mismatch",
+    "Mean KL, nats (× noise floor)",
+    "Tokens/s",
+    "TTFT / TPOT p50",
+    "Tokens",
+    "USD",
+]
+
+
+def detector_names(rows: list[dict[str, Any]]) -> list[str]:
+    """Detector names present in ``rows``, in first-seen order."""
+    names: list[str] = []
+    for r in rows:
+        for d in r["detectors"]:
+            if d["name"] not in names:
+                names.append(d["name"])
+    return names
+
+
+def _p_cell(detectors: list[dict[str, Any]], name: str) -> str:
+    for d in detectors:
+        if d["name"] == name:
+            if not d["ran"]:
+                return "not run"
+            p = d["p_adjusted"] if d["p_adjusted"] is not None else d["p_value"]
+            text = fmt_p(p)
+            return f"**{text}**" if p is not None and p < 0.01 else text
+    return "—"
+
+
+def _kl_cell(kl: Any, floor: Any) -> str:
+    if kl is None:
+        return "—"
+    if floor:
+        return f"{fmt_num(kl)} ({kl / floor:.1f}×)"
+    return fmt_num(kl)
+
+
+def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Headers and markdown cells of the overview table (provider text escaped).
+
+    One p-value column per detector (Holm-adjusted, bold below 0.01)."""
+    names = detector_names(rows)
+    headers = HEAD + [f"p {escape_md(n)}" for n in names] + TAIL
+    out = []
+    for r in rows:
+        date = fmt_dt(r["started_at"]).removesuffix(" UTC")
+        if r["last_status"] not in ("completed", None) and r["last_started_at"] != r["started_at"]:
+            date += f" (newest run {escape_md(r['last_status'])})"
+        out.append(
+            [
+                f"**{escape_md(r['provider_name'])}**",
+                escape_md(r["model"] or "—"),
+                verdict_badge(r["verdict"]),
+                date,
+                *[_p_cell(r["detectors"], n) for n in names],
+                fmt_pct(r["clear_mismatch_rate"]),
+                _kl_cell(r["mean_kl"], r["noise_floor"]),
+                fmt_num(r["tokens_per_s"], 4),
+                f"{fmt_ms(r['ttft_median_s'])} / {fmt_ms(r['tpot_median_s'])}",
+                fmt_tokens(r["tokens"]),
+                escape_md(fmt_usd(r["cost_usd"])),
+            ]
+        )
+    return headers, out
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    cols = [
+        "provider_name", "model", "verdict", "run_id", "started_at", "clear_mismatch_rate", "mean_kl",
+        "noise_floor", "tokens", "cost_usd", "ttft_median_s", "tpot_median_s", "tokens_per_s", "n_runs",
+    ]  # fmt: skip
+    w = csv.writer(buf)
+    w.writerow(cols + ["detector_p_adjusted"])
+    for r in rows:
+        det = ";".join(f"{d['name']}={d['p_adjusted']}" for d in r["detectors"])
+        w.writerow([r.get(c) for c in cols] + [det])
+    return buf.getvalue()
+
+
+def render(db_url: str, filters: Filters) -> None:
+    """Draw the Providers page."""
+    st.header("Providers")
+    st.caption(
+        "Latest verdict per provider and model, with the figures behind it. p-values are "
+        "Holm-adjusted across detectors; KL is per token in nats against the reference model, "
+        "shown next to the honest-vs-honest noise floor. Tokens and USD are summed over the runs "
+        "in the selected period."
+    )
+    rows = data.query(db_url, "provider_overview", **filters.kwargs())
+    if not rows:
+        st.info("No runs match the filters. Widen the date range or clear the model/suite filters.")
+        return
+    counts = Counter(r["verdict"] or "no verdict" for r in rows)
+    st.markdown(
+        f"**{len(rows)} provider/model pairs** — "
+        + " · ".join(f"{verdict_badge(v) if v != 'no verdict' else 'no verdict'} × {n}" for v, n in sorted(counts.items()))
+    )
+    headers, cells = overview_table(rows)
+    st.markdown(md_table(headers, cells, align=["l"] * 4 + ["r"] * (len(headers) - 4)))
+    st.markdown("**Why**")
+    for r in rows:
+        reason = r["verdict_reason"] or ("no verdict yet" if not r["verdict"] else "")
+        st.markdown(
+            f"- **{escape_md(r['provider_name'])}** ({escape_md(r['model'] or '—')}), run "
+            f"{md_code(r['run_id'])}: {verdict_badge(r['verdict'])} {escape_md(reason, max_len=400)}"
+        )
+    st.download_button(
+        "Download as CSV", _csv(rows), file_name="providers.csv", mime="text/csv", key="dl_overview"
+    )

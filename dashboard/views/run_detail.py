@@ -1,0 +1,294 @@
+"""Run detail: every detector, the strongest evidence at token level, raw responses, chunk sizes."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboard import data
+from dashboard.render import (
+    escape_md,
+    fmt_dt,
+    fmt_ms,
+    fmt_num,
+    fmt_p,
+    fmt_pct,
+    fmt_tokens,
+    fmt_usd,
+    md_code,
+    md_table,
+    verdict_badge,
+    visible_token,
+)
+from dashboard.views.common import Filters, init_from_query, sync_query
+
+#: Longest raw response shown inline (characters); longer ones are cut with a note.
+MAX_RAW_CHARS = 200_000
+#: Evidence items rendered per detector.
+MAX_EVIDENCE = 5
+
+
+def _get(item: dict[str, Any], *names: str) -> Any:
+    for n in names:
+        if n in item and item[n] is not None:
+            return item[n]
+    return None
+
+
+def token_evidence_md(item: dict[str, Any]) -> str | None:
+    """Markdown for one token-level evidence item (see ``auditor.store.dashboard_queries``), or
+    None when the item is not token-level. The provider token is highlighted; the reference
+    top-5 is a table with log-probabilities (nats), probabilities and the top-1 margin."""
+    tok = _get(item, "provider_token", "token")
+    top = _get(item, "reference_top", "reference_top5", "ref_top")
+    if tok is None or not isinstance(top, list):
+        return None
+    lines = []
+    where = []
+    if item.get("probe_key") is not None:
+        where.append(f"probe {md_code(item['probe_key'])}")
+    if item.get("position") is not None:
+        where.append(f"position {escape_md(item['position'])}")
+    if where:
+        lines.append("**" + ", ".join(where) + "**")
+    context = str(_get(item, "context") or "")
+    tail = ("…" + context[-160:]) if len(context) > 160 else context
+    lines.append(
+        f"{escape_md(tail)} :red-background[**{escape_md(visible_token(tok))}**]"
+        "  ← token the provider emitted"
+    )
+    margin = _get(item, "margin", "ref_margin")
+    extra = []
+    if margin is not None:
+        extra.append(f"reference margin (top-1 − top-2): **{fmt_num(margin)} nats**")
+    for key, label in (("kl", "KL at this position"), ("logprob", "provider logprob")):
+        if item.get(key) is not None:
+            extra.append(f"{label}: {fmt_num(item[key])} nats")
+    if extra:
+        lines.append("; ".join(extra))
+    rows = []
+    found = False
+    for rank, entry in enumerate(top[:5], start=1):
+        if isinstance(entry, dict):
+            t, lp = entry.get("token"), entry.get("logprob")
+        elif isinstance(entry, list | tuple) and entry:
+            t, lp = entry[0], (entry[1] if len(entry) > 1 else None)
+        else:
+            continue
+        note = ""
+        if t == tok:
+            note = "← provider's token"
+            found = True
+        elif rank == 1:
+            note = "reference top-1"
+        try:
+            prob = fmt_pct(math.exp(float(lp))) if lp is not None else "—"
+        except (TypeError, ValueError, OverflowError):
+            prob = "—"
+        rows.append([str(rank), escape_md(visible_token(t)), fmt_num(lp), prob, note])
+    table = md_table(["Rank", "Reference token", "logprob (nats)", "prob", ""], rows, align=["r", "l", "r", "r", "l"])
+    if not found:
+        lines.append("The provider's token is **not in the reference top-5**.")
+    return "\n\n".join(lines) + "\n\n" + table
+
+
+def generic_evidence_md(item: Any) -> str:
+    """A key/value markdown table for an evidence item of any other shape (values escaped)."""
+    if not isinstance(item, dict):
+        return escape_md(json.dumps(item, default=str), max_len=500)
+    rows = [[escape_md(k), escape_md(json.dumps(v, default=str), max_len=300)] for k, v in item.items()]
+    return md_table(["Field", "Value"], rows)
+
+
+def _raw_probe(db_url: str, run_id: str, probe_key: str, key: str) -> None:
+    """Raw request/response of one probe inside an expander (one click away)."""
+    with st.expander(f"Raw response of probe {escape_md(probe_key)}", expanded=False, key=f"exp_{key}"):
+        detail = data.query(db_url, "probe_detail", run_id=run_id, probe_key=probe_key)
+        if detail is None:
+            st.write("This probe is not stored in the run.")
+            return
+        _probe_body(detail)
+
+
+def _probe_body(detail: dict[str, Any]) -> None:
+    st.markdown(
+        f"mode {escape_md(detail['mode'] or '—')} · status {escape_md(detail['status'])} · "
+        f"finish {escape_md(detail['finish_reason'] or '—')} · anomalies "
+        f"{escape_md(', '.join(map(str, detail['anomalies'])) or 'none')}"
+    )
+    st.markdown("**Request**")
+    st.code(json.dumps(detail["request_json"], indent=2, default=str), language="json")
+    for a in detail["attempts"]:
+        st.markdown(
+            f"**Attempt {a['attempt_no']}** — HTTP {escape_md(a['http_status'] if a['http_status'] is not None else '—')}, "
+            f"latency {fmt_ms(a['latency_s'])}, TTFT {fmt_ms(a['ttft_s'])}"
+            + (f", error: {escape_md(a['error'], max_len=300)}" if a["error"] else "")
+        )
+        raw = a["response_text"] or ""
+        if len(raw) > MAX_RAW_CHARS:
+            st.caption(f"Showing the first {MAX_RAW_CHARS:,} of {len(raw):,} characters.")
+            raw = raw[:MAX_RAW_CHARS]
+        st.code(raw or "(empty body)", language="json" if raw.lstrip().startswith("{") else None)
+    if detail["tokens"]:
+        st.markdown("**Normalized tokens**")
+        st.markdown(
+            md_table(
+                ["Pos", "Token", "logprob", "Ref id", "Anomalies"],
+                [
+                    [str(t["position"]), escape_md(visible_token(t["token"])), fmt_num(t["logprob"]),
+                     escape_md(t["ref_token_id"] if t["ref_token_id"] is not None else "unaligned"),
+                     escape_md(", ".join(map(str, t["anomalies"])))]
+                    for t in detail["tokens"][:300]
+                ],  # fmt: skip
+                align=["r", "l", "r", "r", "l"],
+            )
+        )
+
+
+def chunk_histogram(hist: dict[int, int]) -> alt.Chart:
+    """Bar chart of streamed chunks by number of tokens they carried."""
+    df = pd.DataFrame({"tokens_in_chunk": [str(k) for k in hist], "chunks": list(hist.values())})
+    return (
+        alt.Chart(df)
+        .mark_bar(color="#4c78a8")
+        .encode(
+            x=alt.X("tokens_in_chunk:O", title="Tokens per stream chunk", sort=None),
+            y=alt.Y("chunks:Q", title="Chunks"),
+            tooltip=["tokens_in_chunk:O", "chunks:Q"],
+        )
+        .properties(height=240)
+    )
+
+
+def render(db_url: str, filters: Filters) -> None:
+    """Draw the Run detail page."""
+    st.header("Run detail")
+    runs = data.query(db_url, "list_runs", limit=500)
+    if not runs:
+        st.info("No runs yet.")
+        return
+    labels = {
+        r["run_id"]: f"{fmt_dt(r['started_at'])} · {r['provider_name']} · {r['verdict'] or r['status']} · {r['run_id']}"
+        for r in runs
+    }
+    init_from_query("run", list(labels))
+    run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="run")
+    sync_query("run", run_id)
+    d = data.query(db_url, "run_detail", run_id)
+    if d is None:
+        st.warning("This run no longer exists.")
+        return
+
+    st.markdown(
+        f"### {verdict_badge(d['verdict'])} {escape_md(d['provider_name'])} · {escape_md(d['model'] or '—')}"
+    )
+    if d["verdict_reason"]:
+        st.markdown(escape_md(d["verdict_reason"], max_len=2000))
+    elif d["status"] != "completed":
+        st.markdown(f"Run status: **{escape_md(d['status'])}** — no verdict.")
+    facts = [
+        ["Run", md_code(d["run_id"], in_table=True)],
+        ["Status", escape_md(d["status"])],
+        ["Started / finished", f"{fmt_dt(d['started_at'])} / {fmt_dt(d['finished_at'])}"],
+        ["Suite", escape_md(f"{d['suite'] or '—'} v{d['suite_version'] or '?'}")],
+        ["Reference", escape_md(f"{d['reference_model'] or '—'} @ {d['reference_revision'] or '?'} ({d['reference_dtype'] or '?'})")],
+        ["Tokens (prompt + completion)", f"{fmt_tokens(d['prompt_tokens'])} + {fmt_tokens(d['completion_tokens'])}"],
+        ["Budget", fmt_tokens(d["budget_tokens"]) + " tokens" if d["budget_tokens"] else "—"],
+        ["Cost", escape_md(fmt_usd(d["cost_usd"]))],
+        ["alpha", fmt_num(d["alpha"])],
+        ["Throughput / TTFT p50 / TPOT p50", f"{fmt_num(d['tokens_per_s'], 4)} tokens/s / {fmt_ms(d['ttft_median_s'])} / {fmt_ms(d['tpot_median_s'])}"],
+        ["Mean KL / noise floor", f"{fmt_num(d['mean_kl'])} / {fmt_num(d['noise_floor'])} nats"],
+        ["Greedy clear-mismatch rate", fmt_pct(d["clear_mismatch_rate"])],
+    ]  # fmt: skip
+    st.markdown(md_table(["", "Value"], facts))
+
+    st.subheader("Detectors")
+    if not d["detectors"]:
+        st.info("No detector results stored for this run.")
+    else:
+        rows = []
+        for det in d["detectors"]:
+            ci = (
+                f" [{fmt_num(det['effect_ci_low'])}, {fmt_num(det['effect_ci_high'])}]"
+                if det["effect_ci_low"] is not None and det["effect_ci_high"] is not None
+                else ""
+            )
+            rows.append(
+                [
+                    f"**{escape_md(det['name'])}**" + (" ★" if det["name"] == d["strongest"] else ""),
+                    "yes" if det["ran"] else "no",
+                    fmt_num(det["statistic"], 4),
+                    fmt_p(det["p_value"]),
+                    fmt_p(det["p_adjusted"]),
+                    fmt_num(det["effect"]) + ci,
+                    fmt_tokens(det["n"]),
+                    escape_md(det["reason"] or "", max_len=200),
+                ]
+            )
+        st.markdown(
+            md_table(
+                ["Detector", "Ran", "Statistic", "p", "p (Holm)", "Effect [95% CI]", "n", "Note"],
+                rows,
+                align=["l", "c", "r", "r", "r", "r", "r", "l"],
+            )
+        )
+
+    st.subheader("Strongest evidence")
+    strongest = next((det for det in d["detectors"] if det["name"] == d["strongest"]), None)
+    if strongest is None:
+        st.markdown("No detector recorded token-level evidence for this run.")
+    else:
+        st.markdown(
+            f"From **{escape_md(strongest['name'])}** (p Holm-adjusted "
+            f"{fmt_p(strongest['p_adjusted'] if strongest['p_adjusted'] is not None else strongest['p_value'])}), "
+            f"{len(strongest['evidence'])} item(s):"
+        )
+        for i, item in enumerate(strongest["evidence"][:MAX_EVIDENCE]):
+            with st.container(border=True):
+                md = token_evidence_md(item) if isinstance(item, dict) else None
+                st.markdown(md if md is not None else generic_evidence_md(item))
+                if isinstance(item, dict) and item.get("probe_key"):
+                    _raw_probe(db_url, d["run_id"], str(item["probe_key"]), f"ev{i}")
+
+    st.subheader("Speculation fingerprint")
+    hist = d["tokens_per_chunk"]
+    if not hist:
+        st.markdown("No stream timing was recorded for this run (non-streamed probes), so there is no chunk histogram.")
+    else:
+        total = sum(hist.values())
+        mean = sum(k * v for k, v in hist.items()) / total
+        multi = sum(v for k, v in hist.items() if k > 1) / total
+        st.markdown(
+            f"{fmt_tokens(total)} stream chunks; mean **{mean:.2f} tokens per chunk**; "
+            f"{fmt_pct(multi)} of chunks carry more than one token. Plain decoding sends one token "
+            "per chunk; speculative decoding sends each round's accepted drafts at once."
+        )
+        st.altair_chart(chunk_histogram(hist), width="stretch")
+
+    st.subheader("Probes")
+    probes = d["probes"]
+    if not probes:
+        st.markdown("No probes stored.")
+        return
+    st.markdown(
+        f"{len(probes)} probes: "
+        + ", ".join(
+            f"{n} {escape_md(s)}"
+            for s, n in sorted({p["status"]: sum(q["status"] == p["status"] for q in probes) for p in probes}.items())
+        )
+    )
+    plabels = {
+        p["id"]: f"{p['probe_key']} · {p['mode'] or '—'} · {p['status']}"
+        + (f" · {', '.join(map(str, p['anomalies']))}" if p["anomalies"] else "")
+        for p in probes
+    }
+    pid = st.selectbox("Probe", list(plabels), format_func=plabels.get, key="probe_select")
+    with st.expander("Raw request and response", expanded=False, key="exp_probe"):
+        detail = data.query(db_url, "probe_detail", pid)
+        if detail is not None:
+            _probe_body(detail)

@@ -1,0 +1,474 @@
+"""Provider configuration: which OpenAI-compatible endpoint to audit, and how to talk to it.
+
+File format (TOML, read with :mod:`tomllib`): one table per provider under ``providers``,
+keyed by the provider's name (kebab-case)::
+
+    # providers.toml
+    [providers.local-sim]
+    base_url = "http://127.0.0.1:8000/v1"     # the part before /chat/completions
+    model = "smollm2-135m-instruct"
+    api = "chat"                               # or "completions" (legacy /v1/completions)
+    api_key_env = "LOCAL_SIM_API_KEY"          # the NAME of an env var; never the key itself
+    reference = "smollm2-135m-instruct"        # HF id, local path, or the bundled default
+    timeout_s = 60
+    extra_body = { top_p = 1.0 }
+    headers = { "X-Team" = "audits" }
+
+    [providers.local-sim.capabilities]         # `auditor providers probe NAME --write` fills this
+    max_top_logprobs = 20
+    n = true
+    seed = true
+    echo = false
+    streaming = true
+    logprobs = true
+
+    [providers.local-sim.rate_limits]
+    requests_per_s = 20
+    concurrency = 8
+
+    [providers.local-sim.pricing]
+    usd_per_1m_input = 0.10
+    usd_per_1m_output = 0.30
+
+The ``[providers.NAME]`` form was chosen over ``[[providers]]`` arrays because names must be
+unique and a table key makes a duplicate a TOML syntax error instead of a silent override.
+
+Where the file is found (first hit wins): the explicit ``path`` (CLI ``--config PATH``), else
+``./providers.toml``, else ``<platformdirs user config dir>/spec-auditor/providers.toml``.
+
+Secrets: a provider's API key is read from the environment variable named by ``api_key_env``
+(:meth:`ProviderConfig.resolve_api_key`) at request time. It is never a config field, never
+written to a file, the database, a log or a report; :meth:`ProviderConfig.safe_dump` is the
+snapshot to persist (sensitive-looking header values are redacted there too).
+
+Errors: every problem (missing file, TOML syntax, a pydantic validation failure) raises
+:class:`ConfigError` whose message names the file, the dotted field path and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "DEFAULT_REFERENCE",
+    "APP_NAME",
+    "ConfigError",
+    "Capabilities",
+    "RateLimits",
+    "Pricing",
+    "RetryPolicy",
+    "ProviderConfig",
+    "find_config_path",
+    "user_config_path",
+    "load_providers",
+    "get_provider",
+    "write_capabilities",
+    "EXAMPLE_PROVIDERS_TOML",
+]
+
+#: The bundled reference model (see ``reference.models.DEFAULT_MODEL``; duplicated here because
+#: ``probes`` never imports ``reference``).
+DEFAULT_REFERENCE = "smollm2-135m-instruct"
+#: Application name used for the platformdirs user config directory.
+APP_NAME = "spec-auditor"
+#: File name looked up in the working directory and the user config directory.
+PROVIDERS_FILE = "providers.toml"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SENSITIVE_HEADER_RE = re.compile(r"(auth|key|token|secret|cookie|password)", re.IGNORECASE)
+
+
+class ConfigError(ValueError):
+    """A provider configuration problem; the message names the file, the field and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Capabilities(_Strict):
+    """What the endpoint supports. Declared by hand or discovered by ``auditor providers probe``."""
+
+    max_top_logprobs: int = Field(5, ge=0, le=100)
+    """Largest ``top_logprobs`` (chat) / ``logprobs`` (completions) the endpoint accepts; requests
+    ask for ``min(probe.top_logprobs, max_top_logprobs)`` alternatives per token. OpenAI: 20 for
+    chat, 5 for legacy completions."""
+
+    logprobs: bool = True
+    """Whether the endpoint returns logprobs at all. Without them only greedy-match and
+    sampling detectors can run."""
+
+    n: bool = False
+    """Whether ``n > 1`` (several choices per request) is honoured."""
+
+    seed: bool = False
+    """Whether a ``seed`` field is accepted and makes sampling reproducible."""
+
+    echo: bool = False
+    """Whether ``echo = true`` returns prompt-token logprobs (legacy completions only)."""
+
+    streaming: bool = True
+    """Whether ``stream = true`` (server-sent events) works; streaming gives TTFT and chunk timing."""
+
+
+class RateLimits(_Strict):
+    """Client-side limits the probe client enforces for this provider."""
+
+    requests_per_s: float | None = Field(None, gt=0)
+    """Maximum request starts per second (retries included); ``None`` = unlimited."""
+
+    concurrency: int = Field(8, ge=1, le=1024)
+    """Maximum requests in flight at once."""
+
+
+class Pricing(_Strict):
+    """List prices, used for the spend ledger and budgets (USD)."""
+
+    usd_per_1m_input: float = Field(0.0, ge=0)
+    """USD per one million prompt (input) tokens."""
+
+    usd_per_1m_output: float = Field(0.0, ge=0)
+    """USD per one million completion (output) tokens."""
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """Cost in USD of ``prompt_tokens`` input and ``completion_tokens`` output tokens."""
+        return (prompt_tokens * self.usd_per_1m_input + completion_tokens * self.usd_per_1m_output) / 1e6
+
+
+class RetryPolicy(_Strict):
+    """Retries on 429/5xx/timeouts/connection errors/truncated or malformed bodies (tenacity)."""
+
+    max_attempts: int = Field(4, ge=1, le=20)
+    """Total attempts per request, the first included."""
+
+    backoff_initial_s: float = Field(0.5, ge=0)
+    """First backoff wait in seconds; doubles each retry (with jitter)."""
+
+    backoff_max_s: float = Field(30.0, ge=0)
+    """Upper bound on one exponential backoff wait, seconds."""
+
+    max_retry_after_s: float = Field(120.0, ge=0)
+    """Upper bound on honouring a server's ``Retry-After`` header, seconds."""
+
+    retry_malformed: bool = True
+    """Also retry a 2xx whose body is not valid JSON or a stream cut before ``[DONE]``."""
+
+
+class ProviderConfig(_Strict):
+    """One OpenAI-compatible provider endpoint and how to audit it."""
+
+    name: str
+    """Provider name (kebab-case), the key of its ``[providers.NAME]`` table."""
+
+    base_url: str
+    """API root up to and including ``/v1``, e.g. ``https://api.example.com/v1``; the client
+    appends ``/chat/completions`` or ``/completions``."""
+
+    model: str
+    """Model id sent in the request body's ``model`` field."""
+
+    api: Literal["chat", "completions"] = "chat"
+    """Wire API: ``chat`` (``/v1/chat/completions``) or ``completions`` (legacy ``/v1/completions``)."""
+
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key (sent as ``Authorization: Bearer``).
+    ``None`` for endpoints without auth. The key itself never appears in the config."""
+
+    reference: str = DEFAULT_REFERENCE
+    """Reference model the provider is compared against: a Hugging Face id, a local directory,
+    or the bundled default ``smollm2-135m-instruct``."""
+
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    """Declared or discovered capabilities (``auditor providers probe NAME --write``)."""
+
+    rate_limits: RateLimits = Field(default_factory=RateLimits)
+    """Client-side request rate and concurrency limits."""
+
+    pricing: Pricing = Field(default_factory=Pricing)
+    """USD prices per 1M input/output tokens."""
+
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    """Retry and backoff policy."""
+
+    timeout_s: float = Field(60.0, gt=0)
+    """Per-request wall-clock deadline in seconds (whole response, streamed or not)."""
+
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    """Extra JSON fields merged into every request body (e.g. ``{ top_k = -1 }``). They override
+    the probe's own fields, so use with care."""
+
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Extra HTTP headers. ``Authorization`` is refused here: use ``api_key_env``."""
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError("use letters, digits, '.', '_' or '-' (e.g. 'my-provider')")
+        return v
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, v: str) -> str:
+        v = v.strip()
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must start with http:// or https:// and name a host, e.g. 'http://127.0.0.1:8000/v1'")
+        for suffix in ("/chat/completions", "/completions"):
+            if v.rstrip("/").endswith(suffix):
+                raise ValueError(f"give the API root without '{suffix}' (e.g. '.../v1')")
+        return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_key_env(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v):
+            raise ValueError(
+                "must be the NAME of an environment variable (e.g. 'OPENAI_API_KEY'), not the key itself"
+            )
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _check_headers(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if k.lower() in ("authorization", "proxy-authorization"):
+                raise ValueError(f"header '{k}' is not allowed in a file; put the key in an env var named by api_key_env")
+        return v
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _finite_timeout(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number of seconds")
+        return v
+
+    @model_validator(mode="after")
+    def _check_api_caps(self) -> ProviderConfig:
+        if self.capabilities.echo and self.api != "completions":
+            raise ValueError("capabilities.echo needs api = 'completions' (chat has no echo); set echo = false")
+        return self
+
+    # -- behaviour -------------------------------------------------------------------------
+    def endpoint_url(self) -> str:
+        """Full request URL: ``base_url`` + ``/chat/completions`` or ``/completions``."""
+        return self.base_url + ("/chat/completions" if self.api == "chat" else "/completions")
+
+    def resolve_api_key(self, environ: dict[str, str] | None = None) -> str | None:
+        """Read the API key from the env var named by ``api_key_env``.
+
+        Returns ``None`` when ``api_key_env`` is unset. Raises :class:`ConfigError` when the
+        variable is named but empty or missing (the fix: export it).
+        """
+        if self.api_key_env is None:
+            return None
+        env = os.environ if environ is None else environ
+        key = env.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"provider '{self.name}': api_key_env = '{self.api_key_env}' but that environment "
+                f"variable is not set. Fix: export {self.api_key_env}=<your key> (or remove api_key_env "
+                "for an endpoint without auth)."
+            )
+        return key
+
+    def safe_dump(self) -> dict[str, Any]:
+        """JSON-ready snapshot for the database/report: no key, sensitive header values redacted."""
+        d = self.model_dump(mode="json")
+        d["headers"] = {k: ("[REDACTED]" if _SENSITIVE_HEADER_RE.search(k) else v) for k, v in self.headers.items()}
+        return d
+
+
+# -- locating and loading -------------------------------------------------------------------
+
+def user_config_path() -> Path:
+    """``<user config dir>/spec-auditor/providers.toml`` (platformdirs; may not exist)."""
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir(APP_NAME)) / PROVIDERS_FILE
+
+
+def find_config_path(path: str | os.PathLike[str] | None = None) -> Path | None:
+    """Locate the providers file: ``path`` if given, else ``./providers.toml``, else the user dir.
+
+    Returns ``None`` when no file exists and no ``path`` was given.
+    Raises :class:`ConfigError` when an explicit ``path`` does not exist.
+    """
+    if path is not None:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise ConfigError(f"{p}: no such providers file. Fix: check the --config path, or create it (see `auditor providers list --example`).")
+        return p
+    for cand in (Path.cwd() / PROVIDERS_FILE, user_config_path()):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _fix_hint(err: dict[str, Any]) -> str:
+    typ = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    if typ == "missing":
+        return "add this field"
+    if typ == "extra_forbidden":
+        return "remove it or fix its spelling (unknown field)"
+    if typ == "literal_error":
+        return f"use one of {ctx.get('expected', 'the allowed values')}"
+    if typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return "use a value in the allowed range"
+    if typ.endswith("_type") or typ.endswith("_parsing"):
+        return f"give a value of the right type ({typ.replace('_parsing', '').replace('_type', '')})"
+    if typ == "value_error":
+        return "see the message"
+    return "correct the value"
+
+
+def _format_validation_error(file: str, prefix: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in (prefix, *err.get("loc", ())) if x != "")
+        msg = err.get("msg", "invalid")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        got = err.get("input")
+        got_s = "" if err.get("type") == "missing" or isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{file}: {loc}: {msg}{got_s}. Fix: {_fix_hint(err)}.")
+    return "\n".join(lines)
+
+
+def parse_providers(data: dict[str, Any], source: str = "<providers>") -> dict[str, ProviderConfig]:
+    """Validate an already-parsed TOML document (``{"providers": {NAME: {...}}}``).
+
+    Returns ``{name: ProviderConfig}`` in file order. Raises :class:`ConfigError`.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a TOML table at the top level.")
+    unknown = set(data) - {"providers"}
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown top-level key(s) {sorted(unknown)}. Fix: put each provider in a "
+            "[providers.NAME] table."
+        )
+    provs = data.get("providers", {})
+    if isinstance(provs, list):
+        raise ConfigError(
+            f"{source}: providers is an array ([[providers]]); this file format uses one table per "
+            "provider. Fix: write [providers.NAME] instead of [[providers]] with name = \"NAME\"."
+        )
+    if not isinstance(provs, dict):
+        raise ConfigError(f"{source}: 'providers' must be a table of [providers.NAME] tables.")
+    out: dict[str, ProviderConfig] = {}
+    problems: list[str] = []
+    for name, body in provs.items():
+        if not isinstance(body, dict):
+            problems.append(f"{source}: providers.{name}: expected a table. Fix: write [providers.{name}] with its fields below.")
+            continue
+        body = dict(body)
+        if "name" in body and body["name"] != name:
+            problems.append(
+                f"{source}: providers.{name}.name: '{body['name']}' differs from the table key. Fix: drop the name field (the key is the name)."
+            )
+            continue
+        body["name"] = name
+        if "api_key" in body:
+            problems.append(
+                f"{source}: providers.{name}.api_key: API keys must not be stored in files. Fix: remove it, "
+                f"export the key in an env var and set api_key_env = \"THAT_VAR\"."
+            )
+            continue
+        try:
+            out[name] = ProviderConfig.model_validate(body)
+        except ValidationError as exc:
+            problems.append(_format_validation_error(source, f"providers.{name}", exc))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return out
+
+
+def load_providers(path: str | os.PathLike[str] | None = None) -> dict[str, ProviderConfig]:
+    """Load every provider from the providers file (see the module docstring for the search order).
+
+    Returns ``{}`` when no file exists and ``path`` is ``None``.
+    Raises :class:`ConfigError` (missing explicit file, TOML syntax, invalid fields).
+    """
+    p = find_config_path(path)
+    if p is None:
+        return {}
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: TOML syntax error: {exc}. Fix: correct the syntax at that line.") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc}.") from None
+    return parse_providers(data, str(p))
+
+
+def get_provider(name: str, path: str | os.PathLike[str] | None = None) -> ProviderConfig:
+    """Return provider ``name`` from the providers file. Raises :class:`ConfigError` if absent."""
+    provs = load_providers(path)
+    if name in provs:
+        return provs[name]
+    where = find_config_path(path)
+    if where is None:
+        raise ConfigError(
+            f"no providers file found (looked for --config, ./{PROVIDERS_FILE}, {user_config_path()}). "
+            f"Fix: create one with a [providers.{name}] table (see `auditor providers list --example`)."
+        )
+    known = ", ".join(provs) or "none"
+    raise ConfigError(f"{where}: no provider named '{name}' (known: {known}). Fix: add [providers.{name}] or use a known name.")
+
+
+def write_capabilities(name: str, caps: Capabilities, path: str | os.PathLike[str] | None = None) -> Path:
+    """Write discovered ``caps`` into ``[providers.NAME.capabilities]`` of the providers file.
+
+    The file is re-serialized with ``tomli_w`` (comments are not preserved). Returns the path.
+    Raises :class:`ConfigError` when the file or provider is missing.
+    """
+    import tomli_w
+
+    p = find_config_path(path)
+    if p is None:
+        raise ConfigError("no providers file to write to. Fix: pass --config PATH or create ./providers.toml.")
+    data = tomllib.loads(p.read_text(encoding="utf-8"))
+    provs = data.get("providers", {})
+    if name not in provs:
+        raise ConfigError(f"{p}: no provider named '{name}'.")
+    provs[name]["capabilities"] = caps.model_dump()
+    parse_providers(data, str(p))  # never write an invalid file
+    p.write_text(tomli_w.dumps(data), encoding="utf-8")
+    return p
+
+
+EXAMPLE_PROVIDERS_TOML = '''\
+# spec-auditor providers file. One [providers.NAME] table per endpoint.
+[providers.local-sim]
+base_url = "http://127.0.0.1:8000/v1"
+model = "smollm2-135m-instruct"
+api = "chat"
+# api_key_env = "MY_PROVIDER_API_KEY"   # name of the env var holding the key
+reference = "smollm2-135m-instruct"
+timeout_s = 60
+
+[providers.local-sim.capabilities]
+max_top_logprobs = 20
+n = true
+seed = true
+streaming = true
+logprobs = true
+
+[providers.local-sim.rate_limits]
+requests_per_s = 50
+concurrency = 8
+
+[providers.local-sim.pricing]
+usd_per_1m_input = 0.0
+usd_per_1m_output = 0.0
+'''

@@ -1,0 +1,150 @@
+"""Discover a provider's capabilities by asking (``auditor providers probe NAME``).
+
+Small requests (a few tokens each, ~8 requests in all), each answering one question:
+
+- ``logprobs`` / ``max_top_logprobs``: ask 20 alternatives, fall back to 5, then to logprobs
+  without alternatives; the cap is the largest number of alternatives actually returned;
+- ``n``: ``n = 2`` returns two choices;
+- ``seed``: two ``T = 1`` requests with the same seed return the same text;
+- ``echo`` (completions only): ``echo = true`` returns prompt-token logprobs;
+- ``streaming``: ``stream = true`` returns a well-formed SSE stream ending in ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from probes.client import ProbeClient, ProbeResult
+from probes.config import Capabilities, ProviderConfig
+from probes.normalize import normalize_response
+
+__all__ = ["CapabilityCheck", "DiscoveryReport", "discover_capabilities"]
+
+_PROMPT = "Count from one to ten: one, two,"
+
+
+@dataclass(frozen=True)
+class CapabilityCheck:
+    """One question asked of the provider and its answer."""
+
+    name: str
+    supported: bool
+    value: Any
+    detail: str
+    http_status: int | None = None
+
+
+@dataclass
+class DiscoveryReport:
+    """Every check, and the :class:`Capabilities` they imply."""
+
+    provider: str
+    checks: list[CapabilityCheck] = field(default_factory=list)
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    requests: int = 0
+
+
+def _base(config: ProviderConfig, **kw: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": config.model, "max_tokens": 4, "temperature": 0.0}
+    if config.api == "chat":
+        body["messages"] = [{"role": "user", "content": _PROMPT}]
+    else:
+        body["prompt"] = _PROMPT
+    body.update(config.extra_body)
+    body.update(kw)
+    return body
+
+
+def _max_alts(config: ProviderConfig, res: ProbeResult) -> tuple[bool, int]:
+    """(logprobs came back?, largest number of alternatives at any position)."""
+    if not res.success:
+        return False, 0
+    norm = normalize_response(config.api, res.request, response_text=res.response_text, stream=res.stream)
+    if not norm.tokens:
+        return False, 0
+    return True, max(len(t.top_logprobs) for t in norm.tokens)
+
+
+async def discover_capabilities(
+    config: ProviderConfig,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    api_key: str | None = None,
+) -> DiscoveryReport:
+    """Ask ``config``'s endpoint what it supports. Network errors become unsupported checks.
+
+    Raises ``ConfigError`` only when ``api_key_env`` names an unset variable.
+    """
+    rep = DiscoveryReport(provider=config.name)
+    cfg = config.model_copy(update={"retry": config.retry.model_copy(update={"max_attempts": 2, "backoff_max_s": 2.0})})
+    chat = config.api == "chat"
+    async with ProbeClient(cfg, transport=transport, api_key=api_key) as client:
+
+        async def ask(body: dict[str, Any]) -> ProbeResult:
+            rep.requests += 1
+            return await client.send(body, key="discover", stream=bool(body.get("stream")))
+
+        # logprobs and the alternatives cap
+        lp_ok, cap, status, note = False, 0, None, ""
+        for k in (20, 5):
+            body = _base(cfg, logprobs=True, top_logprobs=k) if chat else _base(cfg, logprobs=k)
+            res = await ask(body)
+            status = res.http_status
+            ok, n_alt = _max_alts(cfg, res)
+            if ok:
+                lp_ok, cap = True, min(n_alt, k)
+                note = f"asked {k}, got up to {n_alt}"
+                break
+            note = res.error or "no logprobs returned"
+        if not lp_ok:
+            body = _base(cfg, logprobs=True) if chat else _base(cfg, logprobs=0)
+            res = await ask(body)
+            ok, _ = _max_alts(cfg, res)
+            if ok:
+                lp_ok, cap, note = True, 0, "logprobs without alternatives only"
+            status = res.http_status
+        rep.checks.append(CapabilityCheck("logprobs", lp_ok, lp_ok, note, status))
+        rep.checks.append(CapabilityCheck("max_top_logprobs", cap > 0, cap, note, status))
+
+        # n > 1
+        res = await ask(_base(cfg, n=2, temperature=1.0))
+        n_choices = len(res.json.get("choices", [])) if res.success and isinstance(res.json, dict) else 0
+        rep.checks.append(CapabilityCheck("n", n_choices >= 2, n_choices, res.error or f"{n_choices} choices for n=2", res.http_status))
+
+        # seed
+        body = _base(cfg, temperature=1.0, seed=12345, max_tokens=12)
+        a, b = await ask(body), await ask(body)
+        seed_ok = a.success and b.success and a.text == b.text
+        detail = (a.error or b.error) or ("same text for the same seed" if seed_ok else "different texts for the same seed")
+        rep.checks.append(CapabilityCheck("seed", bool(seed_ok), bool(seed_ok), detail, b.http_status))
+
+        # echo (legacy completions only)
+        if chat:
+            rep.checks.append(CapabilityCheck("echo", False, False, "chat API has no echo", None))
+            echo_ok = False
+        else:
+            body = _base(cfg, echo=True, logprobs=1, max_tokens=1)
+            res = await ask(body)
+            norm = normalize_response("completions", body, response_text=res.response_text) if res.success else None
+            echo_ok = bool(norm and norm.prompt_tokens and "echo_ignored" not in norm.anomalies)
+            det = res.error or (f"{len(norm.prompt_tokens)} prompt tokens with logprobs" if echo_ok else "prompt logprobs missing")
+            rep.checks.append(CapabilityCheck("echo", echo_ok, echo_ok, det, res.http_status))
+
+        # streaming
+        res = await ask(_base(cfg, stream=True))
+        st_ok = res.success
+        det = res.error or (f"TTFT {res.ttft_s:.3f}s, {len(res.tokens_per_chunk)} chunks" if res.ttft_s is not None else "stream ok")
+        rep.checks.append(CapabilityCheck("streaming", st_ok, st_ok, det, res.http_status))
+
+    rep.capabilities = Capabilities(
+        max_top_logprobs=cap,
+        logprobs=lp_ok,
+        n=n_choices >= 2,
+        seed=bool(seed_ok),
+        echo=echo_ok,
+        streaming=st_ok,
+    )
+    return rep

@@ -1,0 +1,291 @@
+"""Simulator profiles: declarative recipes for how the provider simulator serves the model.
+
+A profile names exactly one way of serving the reference model: honestly (three numerically
+different but statistically faithful variants), with a quantized target, with a lossy speculative
+verification rule, with a substituted model, or with a decode path that does not honour the
+requested decoding. Every detector is judged against these: honest profiles must never be accused
+(false-accusation rate), the others must be named (power, cause).
+
+Sources for each degradation are in ``../shared/REFERENCES.md`` ("Lossy behaviours to simulate"):
+SGLang's ``--speculative-accept-threshold-single/acc``; Medusa / vLLM V0 typical acceptance;
+greedy verification of sampling requests (a real engine bug class); weight-only RTN quantization
+(int8 per output channel, int4 group-wise) and vLLM's online fp8 (E4M3, per-tensor scale
+amax/448, ``lm_head`` left unquantized).
+
+The profile is operator-visible only (``auditor serve --expose-profile``); normal responses never
+reveal it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Profile families (what is changed) and the verdict the auditor should reach on each.
+FAMILIES = ("honest", "quantized", "relaxed", "substituted", "noncompliant")
+VERIFIERS = ("strict", "relaxed-threshold", "typical-acceptance", "greedy-verify", "decode-noncompliant")
+WEIGHT_QUANT = (None, "int8", "int4", "fp8")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One serving recipe (frozen; derive variants with :meth:`with_overrides`).
+
+    Attributes:
+        name: kebab-case profile name (CLI ``--profile``).
+        summary: one line for ``--list-profiles``.
+        family: ``honest`` | ``quantized`` | ``relaxed`` | ``substituted`` | ``noncompliant``.
+        expected_verdict: the verdict a correct auditor reaches (PASS, QUANTIZATION,
+            RELAXED_VERIFICATION, SUBSTITUTION, DECODING_NONCOMPLIANT); used by calibration.
+        dtype: weights/activations dtype of the served model (``float32`` | ``bfloat16``).
+        weight_quant: weight-only quantization of the decoder's linear layers (``int8`` per output
+            channel symmetric; ``int4`` group-wise affine; ``fp8`` E4M3 per-tensor) or None.
+        group_size: int4 group size (elements along the input dimension; 32..128).
+        logit_noise: std (nats) of the kernel/batch-order noise added to every logit (honest-noisy).
+            0 disables. The noise is seeded per request and position (see ``engine.NoisyLogitsModel``).
+        verifier: speculative verification rule: ``strict`` (Leviathan et al. 2023, lossless),
+            ``relaxed-threshold`` (SGLang), ``typical-acceptance`` (Medusa / vLLM V0),
+            ``greedy-verify`` (sampling verified greedily), ``decode-noncompliant`` (greedy requests
+            emit the 2nd-ranked token at a seeded rate, logprobs true).
+        accept_threshold_single: SGLang ``s``: a draft with p(d) >= s is always accepted.
+        accept_threshold_acc: SGLang ``a``: otherwise accepted with probability min(1, p(d)/a).
+        typical_epsilon: typical acceptance hard threshold epsilon (0.09).
+        typical_delta: typical acceptance entropy factor delta (0.3).
+        greedy_flip_rate: decode-noncompliant: probability that a greedy position emits the
+            2nd-ranked token instead of the argmax.
+        forced_top_p: truncated-sampling: the engine's own top-p applied to sampling requests
+            (effective top_p = min(requested, forced_top_p)). None = honour the request.
+        forced_top_k: likewise for top-k (effective = forced_top_k when the request has none).
+        substitute_layers: substituted: keep only these decoder layer indices of the target (a
+            cheaper, different model served under the same name). None = the full model.
+        default_drafter: drafter spec used when ``--drafter`` is not given (``ngram``, ``self:L``,
+            ``none``).
+        draft_fallback: for lossy verifiers, what stands in when the drafter proposes nothing:
+            ``ideal`` = an ideal draft head whose q equals p (the verifier draws the draft from p
+            at no cost; strict verification of such a draft is lossless, so the profile's bias is
+            exactly its acceptance rule), or ``none`` (plain sampling step).
+    """
+
+    name: str
+    summary: str
+    family: str
+    expected_verdict: str
+    dtype: str = "float32"
+    weight_quant: str | None = None
+    group_size: int = 64
+    logit_noise: float = 0.0
+    verifier: str = "strict"
+    accept_threshold_single: float = 0.5
+    accept_threshold_acc: float = 1.0
+    typical_epsilon: float = 0.09
+    typical_delta: float = 0.3
+    greedy_flip_rate: float = 0.0
+    forced_top_p: float | None = None
+    forced_top_k: int | None = None
+    substitute_layers: tuple[int, ...] | None = None
+    default_drafter: str = "ngram"
+    draft_fallback: str = "ideal"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"profile {self.name!r}: family={self.family!r} must be one of {FAMILIES}")
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"profile {self.name!r}: verifier={self.verifier!r} must be one of {VERIFIERS}")
+        if self.weight_quant not in WEIGHT_QUANT:
+            raise ValueError(f"profile {self.name!r}: weight_quant={self.weight_quant!r} must be one of {WEIGHT_QUANT}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"profile {self.name!r}: dtype={self.dtype!r} must be float32 or bfloat16")
+        if not (32 <= self.group_size <= 128):
+            raise ValueError(f"profile {self.name!r}: group_size={self.group_size} must be in 32..128")
+        if not (0.0 < self.accept_threshold_single <= 1.0) or not (0.0 < self.accept_threshold_acc <= 1.0):
+            raise ValueError(
+                f"profile {self.name!r}: accept thresholds must be in (0, 1] "
+                f"(got single={self.accept_threshold_single}, acc={self.accept_threshold_acc})"
+            )
+        if not (0.0 <= self.greedy_flip_rate <= 1.0):
+            raise ValueError(f"profile {self.name!r}: greedy_flip_rate={self.greedy_flip_rate} must be in [0, 1]")
+        if self.forced_top_p is not None and not (0.0 < self.forced_top_p <= 1.0):
+            raise ValueError(f"profile {self.name!r}: forced_top_p={self.forced_top_p} must be in (0, 1]")
+        if self.logit_noise < 0:
+            raise ValueError(f"profile {self.name!r}: logit_noise={self.logit_noise} must be >= 0")
+        if self.draft_fallback not in ("ideal", "none"):
+            raise ValueError(f"profile {self.name!r}: draft_fallback={self.draft_fallback!r} must be ideal or none")
+
+    @property
+    def honest(self) -> bool:
+        """True for profiles that must never be accused."""
+        return self.family == "honest"
+
+    @property
+    def lossy_verifier(self) -> bool:
+        """True when the verification rule is not the lossless one."""
+        return self.verifier != "strict"
+
+    def with_overrides(self, **kwargs: Any) -> Profile:
+        """Return a copy with some fields replaced (``None`` values are ignored).
+
+        Raises:
+            ValueError: an unknown field name, or an invalid value (see ``__post_init__``).
+        """
+        names = {f.name for f in dataclasses.fields(self)}
+        bad = sorted(set(kwargs) - names)
+        if bad:
+            raise ValueError(f"unknown profile field(s) {bad}; known: {sorted(names)}")
+        return dataclasses.replace(self, **{k: v for k, v in kwargs.items() if v is not None})
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field (operator view)."""
+        d = dataclasses.asdict(self)
+        if d.get("substitute_layers") is not None:
+            d["substitute_layers"] = list(d["substitute_layers"])
+        return d
+
+
+def _spread_layers(n_total: int, n_keep: int) -> tuple[int, ...]:
+    """Evenly spaced layer indices including the first and the last (layer pruning)."""
+    if n_keep >= n_total:
+        return tuple(range(n_total))
+    if n_keep == 1:
+        return (0,)
+    return tuple(sorted({round(i * (n_total - 1) / (n_keep - 1)) for i in range(n_keep)}))
+
+
+#: The default substitution for the 30-layer default model: keep 15 evenly spaced layers
+#: (a half-depth pruned model; "the target with many layers removed").
+SUBSTITUTE_KEEP_DEFAULT = 15
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in [
+        Profile(
+            "honest-fp32",
+            "The reference model in float32, strict (lossless) speculative verification.",
+            "honest",
+            "PASS",
+        ),
+        Profile(
+            "honest-bf16",
+            "The model in bfloat16 (weights and activations); logprobs from it; strict verification.",
+            "honest",
+            "PASS",
+            dtype="bfloat16",
+        ),
+        Profile(
+            "honest-noisy",
+            "float32 with per-request batch-order/kernel noise on the logits (std 0.02 nats, below "
+            "fp32-vs-bf16 differences): greedy near-ties can flip as on real GPUs; strict verification.",
+            "honest",
+            "PASS",
+            logit_noise=0.02,
+        ),
+        Profile(
+            "int8",
+            "Weight-only int8 of the decoder linears, symmetric per output channel (RTN, scale=max|w|/127).",
+            "quantized",
+            "QUANTIZATION",
+            weight_quant="int8",
+        ),
+        Profile(
+            "int4",
+            "Weight-only int4 of the decoder linears, group-wise affine (group 64, min/max RTN).",
+            "quantized",
+            "QUANTIZATION",
+            weight_quant="int4",
+        ),
+        Profile(
+            "fp8",
+            "Weight-only fp8 E4M3 of the decoder linears, per-tensor scale amax/448; lm_head unquantized "
+            "(vLLM online fp8).",
+            "quantized",
+            "QUANTIZATION",
+            weight_quant="fp8",
+        ),
+        Profile(
+            "relaxed-threshold",
+            "SGLang relaxed acceptance: emit draft d if p(d) >= s (0.5) else w.p. min(1, p(d)/a) (a=1.0).",
+            "relaxed",
+            "RELAXED_VERIFICATION",
+            verifier="relaxed-threshold",
+        ),
+        Profile(
+            "typical-acceptance",
+            "Medusa/vLLM-V0 typical acceptance: accept d iff p(d) > min(0.09, 0.3*exp(-H(p))); "
+            "rejection emits argmax p.",
+            "relaxed",
+            "RELAXED_VERIFICATION",
+            verifier="typical-acceptance",
+        ),
+        Profile(
+            "greedy-verify",
+            "Sampling requests verified greedily: every emitted token is the argmax whatever the temperature.",
+            "relaxed",
+            "RELAXED_VERIFICATION",
+            verifier="greedy-verify",
+        ),
+        Profile(
+            "substituted",
+            f"A cheaper model behind the same name: the target pruned to {SUBSTITUTE_KEEP_DEFAULT} evenly "
+            "spaced decoder layers.",
+            "substituted",
+            "SUBSTITUTION",
+            substitute_layers=(),  # resolved against the model's depth at load time
+        ),
+        Profile(
+            "decode-noncompliant",
+            "Greedy requests emit the 2nd-ranked token at 10% of positions (seeded) while reporting the "
+            "true logprobs.",
+            "noncompliant",
+            "DECODING_NONCOMPLIANT",
+            verifier="decode-noncompliant",
+            greedy_flip_rate=0.10,
+        ),
+        Profile(
+            "truncated-sampling",
+            "The engine silently applies its own top_p=0.8 to sampling requests (top_p=1 asked); "
+            "the low-probability tail is missing.",
+            "noncompliant",
+            "DECODING_NONCOMPLIANT",
+            forced_top_p=0.8,
+        ),
+    ]
+}
+
+
+def list_profiles() -> list[Profile]:
+    """All built-in profiles in display order."""
+    return list(PROFILES.values())
+
+
+def get_profile(name: str, **overrides: Any) -> Profile:
+    """Look up a built-in profile by name and apply overrides (``None`` values ignored).
+
+    Raises:
+        KeyError: unknown profile name (message lists the known names).
+        ValueError: invalid override.
+    """
+    try:
+        base = PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown profile {name!r}; choose one of: {', '.join(PROFILES)}") from None
+    return base.with_overrides(**overrides) if overrides else base
+
+
+def resolve_substitute_layers(profile: Profile, n_total: int) -> tuple[int, ...] | None:
+    """Concrete layer indices to keep for a substituted profile on a model with ``n_total`` layers.
+
+    ``substitute_layers == ()`` means the default: ``min(SUBSTITUTE_KEEP_DEFAULT, n_total//2)``
+    evenly spaced layers (at least 1). Returns None when the profile keeps the full model.
+
+    Raises:
+        ValueError: an index outside ``0..n_total-1``.
+    """
+    if profile.substitute_layers is None:
+        return None
+    if len(profile.substitute_layers) == 0:
+        return _spread_layers(n_total, max(1, min(SUBSTITUTE_KEEP_DEFAULT, n_total // 2)))
+    bad = [i for i in profile.substitute_layers if not (0 <= i < n_total)]
+    if bad:
+        raise ValueError(f"substitute_layers {bad} outside 0..{n_total - 1}")
+    return tuple(sorted(set(profile.substitute_layers)))

@@ -1,0 +1,95 @@
+"""Shared fixtures.
+
+- ``tiny_lm``: a tiny randomly initialised Llama (2 layers, hidden 64, vocab 49152) wrapped as a
+  ``LoadedModel`` with the real SmolLM2 tokenizer, so other areas can run real text through a
+  model in milliseconds. Deterministic (seeded init); logits are scaled up (``initializer_range``)
+  so that greedy decoding is not dominated by near-ties.
+- ``tiny_draft_lm``: a second tiny model (different seed, same tokenizer) usable as a draft model.
+- ``real_lm``: session fixture that pulls (converts once) and loads the default SmolLM2-135M-Instruct.
+  Tests using it must be marked ``@pytest.mark.real_model``.
+- ``make_tiny_model(vocab_size, seed, ...)``: helper to build tiny causal LMs from a config.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def make_tiny_model(
+    vocab_size: int = 49152,
+    seed: int = 0,
+    hidden_size: int = 64,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    initializer_range: float = 0.3,
+    dtype: torch.dtype = torch.float32,
+    eos_token_id: int | None = 2,
+):
+    """A tiny random ``LlamaForCausalLM`` built from a config (no download), in eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        initializer_range=initializer_range,
+        bos_token_id=1 if vocab_size > 2 else None,
+        eos_token_id=eos_token_id,
+        pad_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).to(dtype)
+    model.eval()
+    model.generation_config.eos_token_id = eos_token_id
+    return model
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The real SmolLM2-135M-Instruct tokenizer (from the converted default model dir)."""
+    from transformers import AutoTokenizer
+
+    from reference.models import pull_default_model
+
+    return AutoTokenizer.from_pretrained(str(pull_default_model()))
+
+
+def _wrap(model, tokenizer, name):
+    from reference.models import LoadedModel
+
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        path=f"<{name}>",
+        revision=name,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(smollm2_tokenizer):
+    """Tiny random Llama (2 layers, hidden 64, vocab 49152) + real SmolLM2 tokenizer, as a LoadedModel."""
+    return _wrap(make_tiny_model(seed=0), smollm2_tokenizer, "tiny-llama-seed0")
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_lm(smollm2_tokenizer):
+    """A second tiny random Llama (1 layer, different seed) sharing the tokenizer: a draft model."""
+    return _wrap(make_tiny_model(seed=1, n_layers=1), smollm2_tokenizer, "tiny-llama-seed1")
+
+
+@pytest.fixture(scope="session")
+def real_lm():
+    """The default SmolLM2-135M-Instruct (float32, CPU), pulled and converted once per machine."""
+    from reference.models import load_model
+
+    return load_model()

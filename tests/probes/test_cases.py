@@ -1,0 +1,62 @@
+"""Every provider-response case in ../shared/cases/normalizer/ must normalize to its expected outcome."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from probes.normalize import ANOMALY_KINDS, normalize_response
+
+CASES_DIR = Path(__file__).parents[2].parent / "shared" / "cases" / "normalizer"
+CASE_FILES = sorted(CASES_DIR.glob("*.json")) if CASES_DIR.is_dir() else []
+
+pytestmark = pytest.mark.skipif(not CASE_FILES, reason=f"shared cases not found at {CASES_DIR}")
+
+
+def _normalize(case: dict):
+    return normalize_response(
+        case["api"],
+        case.get("request"),
+        response=case.get("response"),
+        response_text=case.get("response_text"),
+        stream=bool(case.get("stream")),
+    )
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=[p.stem for p in CASE_FILES])
+def test_normalizer_case(path: Path) -> None:
+    case = json.loads(path.read_text(encoding="utf-8"))
+    exp = case["expect"]
+    out = _normalize(case)
+
+    if "n_tokens" in exp:
+        assert out.n_tokens == exp["n_tokens"]
+    assert out.text == exp["text"]
+    if "token_bytes" in exp:
+        want = [None if b is None else bytes(b) for b in exp["token_bytes"]]
+        assert out.token_bytes == want
+    if "logprobs" in exp:
+        got = out.logprobs
+        assert len(got) == len(exp["logprobs"])
+        for g, w in zip(got, exp["logprobs"]):
+            if w is None:
+                assert g is None
+            else:
+                assert g is not None and math.isclose(g, w, rel_tol=0, abs_tol=1e-12)
+    found = set(out.anomalies)
+    for kind in exp.get("anomalies_include", []):
+        assert kind in found, f"missing anomaly {kind}; got {sorted(found)}"
+    for kind in exp.get("anomalies_exclude", []):
+        assert kind not in found, f"unexpected anomaly {kind}; got {sorted(found)}"
+    if "anomalies_exact" in exp:
+        assert found == set(exp["anomalies_exact"]), out.anomaly_details
+    # invariants: known vocabulary, JSON-safe finite numbers, logprobs never positive
+    assert found <= set(ANOMALY_KINDS)
+    for t in out.tokens:
+        assert t.logprob is None or (math.isfinite(t.logprob) and t.logprob <= 1e-6)
+        for _, _, v in t.top_logprobs:
+            assert v is None or (math.isfinite(v) and v > -9999)
+    json.loads(out.model_dump_json())

@@ -1,0 +1,71 @@
+"""logits_to_probs (vLLM order) and exact inverse-CDF sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from reference.sampling import SamplingParams, logits_to_probs, sample_from
+
+
+def test_temperature_zero_is_one_hot_argmax():
+    logits = torch.tensor([[1.0, 3.0, 2.0], [5.0, 5.0, 1.0]])
+    p = logits_to_probs(logits, temperature=0.0)
+    assert torch.equal(p, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+
+
+def test_temperature_scales_logits():
+    logits = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)
+    p = logits_to_probs(logits, temperature=0.5, dtype=torch.float64)
+    assert torch.allclose(p, torch.softmax(logits / 0.5, -1), atol=1e-15)
+
+
+def test_top_k_then_top_p():
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64))
+    assert torch.allclose(
+        logits_to_probs(logits, 1.0, top_k=2, dtype=torch.float64), torch.tensor([4 / 7, 3 / 7, 0, 0], dtype=torch.float64)
+    )
+    # top_p = 0.6: 0.4 alone < 0.6, keep 0.4+0.3 = 0.7
+    assert torch.allclose(
+        logits_to_probs(logits, 1.0, top_p=0.6, dtype=torch.float64), torch.tensor([4 / 7, 3 / 7, 0, 0], dtype=torch.float64)
+    )
+    # top_p tiny keeps the top token only
+    assert torch.equal(logits_to_probs(logits, 1.0, top_p=1e-6), torch.tensor([1.0, 0, 0, 0]))
+    # top_k applied before top_p: with top_k=3 renormalised [4/9,3/9,2/9], top_p=0.7 keeps 2 tokens
+    p = logits_to_probs(logits, 1.0, top_k=3, top_p=0.7, dtype=torch.float64)
+    assert torch.allclose(p, torch.tensor([4 / 7, 3 / 7, 0, 0], dtype=torch.float64))
+
+
+def test_top_k_keeps_boundary_ties():
+    logits = torch.tensor([2.0, 1.0, 1.0, 0.0])
+    p = logits_to_probs(logits, 1.0, top_k=2)
+    assert (p > 0).tolist() == [True, True, True, False]
+
+
+def test_neg_inf_logits_and_errors():
+    logits = torch.tensor([float("-inf"), 0.0, float("-inf")])
+    assert torch.equal(logits_to_probs(logits, 0.7), torch.tensor([0.0, 1.0, 0.0]))
+    with pytest.raises(ValueError, match="no finite"):
+        logits_to_probs(torch.full((3,), float("-inf")), 1.0)
+    with pytest.raises(ValueError, match="temperature"):
+        logits_to_probs(logits, -1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        logits_to_probs(logits, 1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(1.0, 0, 1.5)
+
+
+def test_sample_from_never_draws_zero_mass_and_matches_law():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    g = torch.Generator().manual_seed(123)
+    draws = np.array([sample_from(probs, g) for _ in range(4000)])
+    assert set(np.unique(draws)) <= {1, 3, 4}
+    obs = np.array([(draws == i).sum() for i in (1, 3, 4)])
+    p = stats.chisquare(obs, 4000 * np.array([0.5, 0.3, 0.2])).pvalue
+    assert p > 1e-3
+    # unnormalised input is fine
+    assert sample_from(torch.tensor([0.0, 0.0, 7.0]), g) == 2
+    with pytest.raises(ValueError):
+        sample_from(torch.zeros(3), g)
