@@ -89,6 +89,7 @@ def build_feed(
         if c.get("verdict_reason"):
             lines.append(f"Reason: {c['verdict_reason']}")
         ET.SubElement(entry, q("summary"), type="text").text = _clean("\n".join(lines))
+    ET.indent(feed)
     body = ET.tostring(feed, encoding="unicode")
     return '<?xml version="1.0" encoding="utf-8"?>\n' + body + "\n"
 

@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,6 +303,7 @@ def _prepare_run(
     run_id: str | None,
     resume: bool,
     kind: str,
+    retry_failed: bool = False,
 ) -> tuple[str, bool]:
     """Create or reopen the run and insert every planned probe (one transaction). Returns
     ``(run_id, resumed)``."""
@@ -353,6 +355,8 @@ def _prepare_run(
                 run.suite, run.suite_version = suite.name, suite.version
             if not run.config_snapshot:
                 run.config_snapshot = q.json_safe(q.redact_secrets(snapshot))
+        if retry_failed and resumed:
+            q.reset_failed_probes(s, run.id)
         # Refuse to mix configurations: stored requests must equal the rebuilt ones.
         stored = {p.probe_key: p.request_json for p in q.list_probes(s, run.id)}
         for key, req in stored.items():
@@ -393,6 +397,7 @@ async def run_probes_async(
     sleep: Callable[[float], Any] | None = None,
     console: Any | None = None,
     on_start: Callable[[str, bool], None] | None = None,
+    retry_failed: bool = False,
 ) -> str:
     """Async core of :func:`run_probes` (same arguments); returns the run id.
 
@@ -407,7 +412,7 @@ async def run_probes_async(
     secrets = [api_key] if api_key else []
     plan = plan_suite(suite)
     payloads = {it.probe_key: build_payload(config.api, it.probe, config, sample=it.sample, stream=stream) for it in plan}
-    rid, resumed = _prepare_run(store, config, suite, plan, payloads, run_id, resume, kind)
+    rid, resumed = _prepare_run(store, config, suite, plan, payloads, run_id, resume, kind, retry_failed)
     if on_start is not None:
         on_start(rid, resumed)
 
@@ -426,7 +431,8 @@ async def run_probes_async(
     pricing = config.pricing
     max_top = config.capabilities.max_top_logprobs
 
-    def finalize(s: Any, key: str, rec: Any) -> None:
+    def finalize(s: Any, key: str, rec: Any) -> str:
+        """Mark the probe done/failed from its final attempt ``rec`` (same transaction)."""
         pid = probe_ids[key]
         if rec.error is None:
             req = payloads[key]
@@ -444,15 +450,12 @@ async def run_probes_async(
             pt = int(usage.get("prompt_tokens") or 0)
             ct = int(usage.get("completion_tokens") or len(tokens))
             q.add_run_usage(s, rid, pt, ct, pricing.cost_usd(pt, ct))
-            state.ok += 1
-        else:
-            q.mark_probe_done(s, pid, status="failed", anomalies=[rec.error_kind or "error"])
-            state.failed += 1
-        state.done += 1
-        finalized.add(key)
+            return "done"
+        q.mark_probe_done(s, pid, status="failed", anomalies=[rec.error_kind or "error"])
+        return "failed"
 
-    def on_attempt(key: str, rec: Any) -> None:
-        final = rec.error is None or not rec.retryable or rec.attempt_no >= n_max
+    def persist(key: str, rec: Any, final: bool) -> str | None:
+        """Writer thread: store one attempt (and finish the probe when ``final``) in one transaction."""
         with store.session() as s:
             q.add_probe_attempt(
                 s,
@@ -468,11 +471,34 @@ async def run_probes_async(
                 chunk_gaps_s=list(rec.chunk_gaps_s) if rec.ttft_s is not None or rec.chunk_gaps_s else None,
                 tokens_per_chunk=list(rec.tokens_per_chunk) if rec.tokens_per_chunk else None,
             )
-            if final:
-                finalize(s, key, rec)
+            return finalize(s, key, rec) if final else None
+
+    def finalize_only(key: str, rec: Any) -> str:
+        with store.session() as s:
+            return finalize(s, key, rec)
+
+    def count_outcome(key: str, outcome: str | None) -> None:
+        if outcome is None:
+            return
+        finalized.add(key)
+        state.done += 1
+        if outcome == "done":
+            state.ok += 1
+        else:
+            state.failed += 1
+
+    # All database writes happen on one writer thread, so the event loop keeps reading other
+    # responses (TTFT and chunk timing stay accurate) and SQLite sees a single writer. The client
+    # awaits on_attempt before its next try or backoff, so attempts are stored in order.
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="auditor-db-writer")
+
+    async def on_attempt(key: str, rec: Any) -> None:
+        final = rec.error is None or not rec.retryable or rec.attempt_no >= n_max
+        outcome = await asyncio.get_running_loop().run_in_executor(writer, persist, key, rec, final)
         state.attempts += 1
         if rec.attempt_no > 1:
             state.retries += 1
+        count_outcome(key, outcome)
 
     bar: Any = None
     task_id: Any = None
@@ -521,11 +547,9 @@ async def run_probes_async(
                     except asyncio.QueueEmpty:
                         return
                     result = await client.send(payloads[key], key=key, on_attempt=on_attempt)
-                    if key not in finalized:  # safety net: the client stopped retrying early
-                        with store.session() as s:
-                            last = result.attempts[-1] if result.attempts else None
-                            if last is not None:
-                                finalize(s, key, last)
+                    if key not in finalized and result.attempts:  # safety net: the client stopped early
+                        outcome = await asyncio.get_running_loop().run_in_executor(writer, finalize_only, key, result.attempts[-1])
+                        count_outcome(key, outcome)
                     report()
 
             n_workers = max(1, min(config.rate_limits.concurrency, len(pending) or 1))
@@ -542,6 +566,7 @@ async def run_probes_async(
         status = "interrupted"
         raise
     finally:
+        writer.shutdown(wait=True)  # a write in progress completes (or fails) as one transaction
         if sigterm:
             loop.remove_signal_handler(signal.SIGTERM)
         if bar is not None:
@@ -550,6 +575,8 @@ async def run_probes_async(
             counts = q.probe_counts(s, rid)
             if status == "completed" and counts.get("pending", 0):
                 status = "interrupted"
+            elif status == "completed" and counts.get("failed", 0) and not counts.get("done", 0):
+                status = "failed"  # nothing succeeded: wrong URL, key or model; fix and --retry-failed
             run = q.get_run(s, rid)
             summary = dict(run.summary or {})
             summary.pop("runner", None)
@@ -582,7 +609,11 @@ def run_probes(
             :class:`RunProgress` after each probe, or ``None``/``False``.
         **kwargs: ``kind`` ('probe'|'audit'), ``transport`` (httpx transport, tests),
             ``api_key``, ``concurrency``, ``max_attempts``, ``stream``, ``sleep``, ``console``,
-            ``on_start(run_id, resumed)`` (called once the run and its probes are stored).
+            ``on_start(run_id, resumed)`` (called once the run and its probes are stored),
+            ``retry_failed`` (when resuming, put ``failed`` probes back to ``pending``).
+
+    Run status at the end: ``completed`` (no probe pending), ``failed`` (every probe failed,
+    e.g. a wrong URL or key), ``interrupted`` (cancelled; resumable).
 
     Raises:
         probes.config.ConfigError: the API key env var is missing.

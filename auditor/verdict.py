@@ -30,9 +30,12 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
       are consistent with the reference or a self-test rejects (the samples do not follow the
       distribution the provider reports) or the argmax excess is positive; otherwise
       QUANTIZATION (the sampled distribution differs and nothing points at acceptance).
-5. Nothing rejects → PASS when at least one detector that ran had the power
-   (DEFAULT_POWER against its target effect, POWER_TARGETS) at its sample size; else INCONCLUSIVE
-   with the smallest budget (tokens of that detector's probe mode) that would have sufficed.
+5. Nothing rejects → PASS when every power family that ran (POWER_FAMILIES: model = greedy-match
+   or logprob-divergence; acceptance = sampling-/self-argmax; truncation = sampling-/self-tail;
+   decode-path = self-greedy) has a detector with DEFAULT_POWER against its target effect
+   (POWER_TARGETS) at the audit's sample size (Bonferroni level alpha/m, m = tests that ran);
+   else INCONCLUSIVE with the extra tokens that would suffice. Families that did not run are
+   named as "not tested" in the reason (a provider is audited with what it offers).
 Every other rejecting detector is listed under details["findings"] with its implication.
 The substitution/shape thresholds are named constants to be calibrated on the simulator's
 ``substituted``, ``relaxed-threshold`` and truncation profiles (issue 7).
@@ -70,6 +73,7 @@ __all__ = [
     "DEFAULT_ALPHA",
     "DEFAULT_POWER",
     "POWER_TARGETS",
+    "POWER_FAMILIES",
 ]
 
 
@@ -118,7 +122,7 @@ TRUNCATION_SHAPE_RATIO = 0.8
 POWER_TARGETS = {
     "clear_mismatch_rate": 0.03,  # greedy-match / self-greedy: 3% clear mismatches (int8-like)
     "kl_ratio": 3.0,  # logprob-divergence: geometric-mean KL 3x the honest floor
-    "argmax_excess": 0.05,  # sampling-/self-argmax: +0.05 argmax emissions per position
+    "argmax_excess": 0.08,  # sampling-/self-argmax: +0.08 argmax emissions per position
     "tail_ratio": 0.0,  # sampling-/self-tail: the tail entirely missing
 }
 
@@ -220,8 +224,11 @@ def required_positions(
     if name in ("sampling-argmax", "self-argmax"):
         if not result.ran or result.n <= 0:
             return None
-        er = float(d.get("expected_rate", 0.5))
-        var = max(er * (1 - er), 0.05)  # conservative stand-in for mean p(1-p)
+        var = d.get("var_per_position")
+        if var is None:
+            er = float(d.get("expected_rate", 0.5))
+            var = er * (1 - er)  # upper bound on mean p(1-p)
+        var = max(float(var), 0.05)
         return int(math.ceil((za + zb) ** 2 * var / POWER_TARGETS["argmax_excess"] ** 2))
     if name in ("sampling-tail", "self-tail"):
         tau = float(d.get("mean_tail_mass", 0.0) or 0.0)
@@ -426,24 +433,39 @@ def decide_verdict(
         )
     # 5. nothing rejects
     budget = _budget(adj, alpha, power, floor, details, n_tests=len(ran))
-    adequate = [k for k, v in details["power"].items() if v.get("adequate")]
-    if adequate:
+    fams = details["power_families"]
+    tested = {f: v for f, v in fams.items() if v["ran"]}
+    weak = [f for f, v in tested.items() if not v["adequate"]]
+    if tested and not weak:
         return out(
             VerdictKind.PASS,
-            f"no detector rejects at family-wise alpha={alpha} ({len(ran)} tests, Holm); adequately powered: "
-            + ", ".join(adequate),
+            f"no detector rejects at family-wise alpha={alpha} ({len(ran)} tests, Holm), with {power:.0%} power "
+            f"for the target effects in: {', '.join(tested)}"
+            + (f"; not tested: {', '.join(f for f in fams if f not in tested)}" if len(tested) < len(fams) else ""),
             "5-pass",
         )
     return out(
         VerdictKind.INCONCLUSIVE,
-        f"no detector rejects, but none had {power:.0%} power for its target effect at this budget"
-        + (f"; about {budget} tokens would suffice" if budget else ""),
+        f"no detector rejects, but the audit lacks {power:.0%} power for the target effect in: "
+        + (", ".join(weak) if weak else "any family")
+        + (f"; about {budget} more tokens would suffice" if budget else ""),
         "5-underpowered",
     )
 
 
+#: Power families: PASS needs, for every family that ran, one adequately powered detector.
+POWER_FAMILIES = {
+    "model": ("greedy-match", "logprob-divergence"),
+    "acceptance": ("sampling-argmax", "self-argmax"),
+    "truncation": ("sampling-tail", "self-tail"),
+    "decode-path": ("self-greedy",),
+}
+
+
 def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
-    """Fill details['power'] and details['suggested_budget_tokens']; return the latter."""
+    """Fill details['power'], details['power_families'] and details['suggested_budget_tokens']
+    (extra tokens that would make every tested family adequate — or, when nothing ran, the
+    smallest budget for a greedy or sampling audit); return the latter."""
     alpha_test = alpha / max(1, n_tests)
     pw: dict[str, dict] = {}
     for r in adj:
@@ -454,9 +476,27 @@ def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
             continue
         pw[r.name] = {"required_positions": req, "n": r.n, "adequate": bool(r.ran and r.n >= req), "mode": _MODE.get(r.name)}
     details["power"] = pw
-    reqs = [v["required_positions"] for v in pw.values()]
-    details["suggested_budget_tokens"] = min(reqs) if reqs else None
-    return details["suggested_budget_tokens"]
+    ran_names = {r.name for r in adj if r.ran}
+    fams: dict[str, dict] = {}
+    for fam, members in POWER_FAMILIES.items():
+        ran_m = [m for m in members if m in ran_names and m in pw]
+        with_req = [m for m in members if m in pw]
+        missing = [max(0, pw[m]["required_positions"] - (pw[m]["n"] if m in ran_m else 0)) for m in with_req]
+        fams[fam] = {
+            "ran": any(m in ran_names for m in members),
+            "adequate": any(pw[m]["adequate"] for m in ran_m),
+            "missing_positions": min(missing) if missing else None,
+        }
+    details["power_families"] = fams
+    tested = [f for f, v in fams.items() if v["ran"]]
+    if tested:
+        extra = [fams[f]["missing_positions"] or 0 for f in tested if not fams[f]["adequate"]]
+        budget = int(sum(extra)) if extra else None
+    else:
+        reqs = [v["required_positions"] for v in pw.values()]
+        budget = min(reqs) if reqs else None
+    details["suggested_budget_tokens"] = budget
+    return budget
 
 
 def _required_default(name: str, alpha_test: float, power: float) -> int | None:

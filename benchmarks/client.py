@@ -75,7 +75,7 @@ def _wait_up(port: int, timeout_s: float = 20.0) -> None:
     raise RuntimeError(f"benchmark server did not start on port {port} within {timeout_s}s")
 
 
-async def _run(port: int, n: int, concurrency: int, stream: bool) -> dict:
+async def _run(port: int, n: int, concurrency: int, stream: bool, server_pid: int = 0) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from probes.client import ProbeClient
     from probes.config import ProviderConfig
@@ -97,11 +97,35 @@ async def _run(port: int, n: int, concurrency: int, stream: bool) -> dict:
         async for _ in client.map((f"w{i}", payload) for i in range(concurrency)):
             pass
         ok = 0
+        srv0 = _proc_cpu_s(server_pid)
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         async for r in client.map((f"r{i}", payload) for i in range(n)):
             ok += r.success
         wall = time.perf_counter() - t0
-    return {"requests": n, "ok": ok, "concurrency": concurrency, "stream": stream, "wall_s": round(wall, 3), "requests_per_s": round(n / wall, 1)}
+        cpu = time.process_time() - cpu0
+        srv = _proc_cpu_s(server_pid) - srv0
+    return {
+        "requests": n,
+        "ok": ok,
+        "concurrency": concurrency,
+        "stream": stream,
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(n / wall, 1),
+        "client_cpu_ms_per_request": round(1000 * cpu / n, 3),
+        "server_cpu_ms_per_request": round(1000 * srv / n, 3) if srv > 0 else None,
+        "requests_per_client_cpu_s": round(n / cpu, 1) if cpu > 0 else None,
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of process ``pid`` in seconds (Linux /proc; 0.0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         _wait_up(port)
-        res = asyncio.run(_run(port, args.requests, args.concurrency, args.stream))
+        res = asyncio.run(_run(port, args.requests, args.concurrency, args.stream, server.pid))
     finally:
         server.terminate()
         try:
@@ -132,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"client: {res['requests_per_s']:.0f} requests/s ({res['ok']}/{res['requests']} ok, concurrency {res['concurrency']}, "
             f"{'stream' if res['stream'] else 'plain'}, {res['wall_s']:.2f}s) — target >= 300"
+        )
+        print(
+            f"  client CPU {res['client_cpu_ms_per_request']} ms/request (= {res['requests_per_client_cpu_s']} requests per client CPU-second), "
+            f"server CPU {res['server_cpu_ms_per_request']} ms/request, load average {res['loadavg_1m']:.1f} on {os.cpu_count()} CPUs"
         )
     return 0 if res["ok"] == res["requests"] else 1
 

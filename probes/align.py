@@ -174,7 +174,7 @@ class AlignmentResult:
         return bool(self.spans) and all(r is not None for r in self.ref_token_ids)
 
 
-_CACHE: "weakref.WeakKeyDictionary[Any, ByteVocab]" = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[Any, ByteVocab] = weakref.WeakKeyDictionary()
 
 
 def _byte_vocab(tokenizer: Any) -> ByteVocab:

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import inspect
 import json
 import math
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -246,6 +248,9 @@ def parse_response(api: str, status: int | None, body: str | bytes | None, *, st
 
     if stream:
         events, done, err = parse_sse(body)
+        if not events and not done and err is None and body.lstrip().startswith("{"):
+            # the server ignored stream=true and answered with a plain JSON body
+            return parse_response(api, status, body, stream=False)
         if err is not None:
             return ParsedResponse(False, events, "malformed_json", f"malformed_json: {err}", True)
         for ev in events:
@@ -404,9 +409,15 @@ class RateLimiter:
     previous one and sleeps until it. Bursts are not allowed (bucket of one).
     """
 
-    def __init__(self, rate: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rate: float | None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+    ) -> None:
         self.interval = 0.0 if not rate else 1.0 / float(rate)
         self._clock = clock
+        self._sleep = sleep or asyncio.sleep
         self._next = 0.0
 
     async def acquire(self) -> None:
@@ -418,10 +429,16 @@ class RateLimiter:
         self._next = slot + self.interval
         delay = slot - now
         if delay > 0:
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
 
 
 # -- the client -----------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _shared_ssl_context() -> ssl.SSLContext:
+    # one verified context for every shard (loading the CA bundle costs ~50 ms each time)
+    return httpx.create_ssl_context()
+
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
@@ -476,11 +493,11 @@ class ProbeClient:
             for _ in range(k):
                 self._slots.put_nowait(i)
         # Per-phase timeouts at the deadline; the whole-request deadline is asyncio.timeout below.
-        ssl_ctx = httpx.create_ssl_context() if transport is None and self.url.startswith("https:") else None
+        ssl_ctx = _shared_ssl_context() if transport is None else True
         self._shards = [
             httpx.AsyncClient(
                 transport=transport,
-                verify=ssl_ctx if ssl_ctx is not None else True,
+                verify=ssl_ctx,
                 limits=httpx.Limits(max_connections=k, max_keepalive_connections=k),
                 timeout=httpx.Timeout(config.timeout_s),
                 headers=self._headers,
@@ -516,7 +533,7 @@ class ProbeClient:
     def _should_retry(self, rec: AttemptRecord) -> bool:
         return rec.retryable
 
-    async def _attempt(self, key: str, payload: bytes, stream: bool, attempt_no: int, api: str) -> AttemptRecord:
+    async def _attempt(self, key: str, payload: bytes, stream: bool, attempt_no: int, api: str) -> tuple[AttemptRecord, ParsedResponse | None]:
         await self._limiter.acquire()
         shard = await self._slots.get()
         http = self._shards[shard]
@@ -564,13 +581,14 @@ class ProbeClient:
         finally:
             self._slots.put_nowait(shard)
 
-        body = "".join(body_parts) if body_parts else None
+        body = self._scrub("".join(body_parts)) if body_parts else None
         if transport_error is not None:
             kind, err = transport_error
             if stream and status is not None and 200 <= status < 300 and body:
                 kind, err = "truncated_stream", f"truncated_stream: {err}"
             retryable = kind in RETRYABLE_KINDS or (kind in MALFORMED_KINDS and self.config.retry.retry_malformed)
             parsed_ok = False
+            pr = None
         else:
             pr = parse_response(api, status, body, stream=stream)
             kind, err, parsed_ok = pr.error_kind, pr.error, pr.ok
@@ -582,14 +600,14 @@ class ProbeClient:
             http_status=status,
             error=None if parsed_ok else self._scrub(err),
             error_kind=None if parsed_ok else kind,
-            response_text=self._scrub(body),
+            response_text=body,
             ttft_s=(arrivals[0] - t0) if arrivals else None,
             chunk_gaps_s=tuple(b - a for a, b in zip(arrivals, arrivals[1:])),
             tokens_per_chunk=tuple(tpc),
             retry_after_s=retry_after,
             retryable=(not parsed_ok) and retryable,
         )
-        return rec
+        return rec, pr
 
     async def send(
         self,
@@ -609,10 +627,16 @@ class ProbeClient:
         blob = json.dumps(payload, allow_nan=False).encode()
         cb = on_attempt if on_attempt is not None else self._on_attempt
         attempts: list[AttemptRecord] = []
+        parsed: list[ParsedResponse | None] = [None]
 
         async def one() -> AttemptRecord:
-            rec = await self._attempt_with(cb, key, blob, do_stream, len(attempts) + 1, api)
+            rec, pr = await self._attempt(key, blob, do_stream, len(attempts) + 1, api)
+            parsed[0] = pr
             attempts.append(rec)
+            if cb is not None:
+                out = cb(key, rec)
+                if inspect.isawaitable(out):
+                    await out
             return rec
 
         retrying = tenacity.AsyncRetrying(
@@ -625,7 +649,7 @@ class ProbeClient:
         )
         last: AttemptRecord = await retrying(one)
         finished = _utcnow()
-        pr = parse_response(api, last.http_status, last.response_text, stream=do_stream) if last.error is None else None
+        pr = parsed[0] if last.error is None else None
         return ProbeResult(
             key=key,
             request=payload,
@@ -647,14 +671,6 @@ class ProbeClient:
             finish_reason=pr.finish_reason if pr is not None else None,
             usage=pr.usage if pr is not None else None,
         )
-
-    async def _attempt_with(self, cb: OnAttempt | None, key: str, blob: bytes, stream: bool, n: int, api: str) -> AttemptRecord:
-        rec = await self._attempt(key, blob, stream, n, api)
-        if cb is not None:
-            out = cb(key, rec)
-            if inspect.isawaitable(out):
-                await out
-        return rec
 
     async def run_probe(
         self,

@@ -319,7 +319,13 @@ def _fix_hint(err: dict[str, Any]) -> str:
     if typ == "missing":
         return "add this field"
     if typ == "extra_forbidden":
-        return "remove it or fix its spelling (unknown field)"
+        import difflib
+
+        names = {f for m in (ProviderConfig, Capabilities, RateLimits, Pricing, RetryPolicy) for f in m.model_fields}
+        loc = err.get("loc") or ("",)
+        close = difflib.get_close_matches(str(loc[-1]), sorted(names), n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return f"remove it or fix its spelling (unknown field{hint})"
     if typ == "literal_error":
         return f"use one of {ctx.get('expected', 'the allowed values')}"
     if typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):

@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -533,6 +532,8 @@ def normalize_response(
     body: Any = response
     events: list[Any] | None = None
     if body is None and response_text is not None:
+        if stream and response_text.lstrip().startswith("{") and "data:" not in response_text[:64]:
+            stream = False  # the server ignored stream=true and answered with a plain JSON body
         if stream:
             events = []
             done = False

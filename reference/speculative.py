@@ -106,8 +106,8 @@ class AdaptiveK:
         k_max: int,
         draft_cost_prior: float = 0.0,
         alpha_prior: float = 0.6,
-        prior_strength: float = 2.0,
-        decay: float = 0.85,
+        prior_strength: float = 1.0,
+        decay: float = 0.9,
         fwd_slope_prior: float = 0.1,
     ):
         self.k_max = int(k_max)
@@ -294,10 +294,11 @@ def speculative_generate(
     def emit(new: list[int], logits_rows: torch.Tensor) -> bool:
         """Append tokens; return True when generation is finished."""
         nonlocal finish, stop_id
-        rounds.append(len(new))
         shown: list[int] = []
         done = False
+        used = 0
         for j, t in enumerate(new):
+            used += 1
             if t in eos:
                 finish, stop_id, done = "stop", t, True
                 break
@@ -308,6 +309,7 @@ def speculative_generate(
             if len(out) >= max_new_tokens:
                 finish, done = "length", True
                 break
+        rounds.append(used)  # tokens this forward produced that count (up to EOS / max_new_tokens)
         if on_round is not None and shown:
             on_round(shown)
         return done

@@ -83,15 +83,34 @@ def register(app: typer.Typer) -> None:
         env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
         shown = "localhost" if host in _LOOPBACK else host
         console.print(f"dashboard: http://{shown}:{port}/  (database {redact_url(url)}; Ctrl+C to stop)")
-        proc = subprocess.Popen(streamlit_command(host=host, port=port), env=env)
-        try:
-            rc = proc.wait()
-        except KeyboardInterrupt:
-            proc.terminate()
-            try:
-                rc = proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = proc.wait()
-            rc = 0
+        rc = run_child(streamlit_command(host=host, port=port), env=env)
         raise typer.Exit(rc)
+
+
+def run_child(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` until it exits; SIGTERM/SIGINT to this process are forwarded to the child
+    (so stopping ``auditor dashboard`` never leaves an orphaned Streamlit server)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum: int, _frame: object) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if proc.poll() is None:  # pragma: no cover - only if wait itself failed
+            proc.kill()
+            proc.wait()
+    # Streamlit exits with -15/143 after a forwarded SIGTERM: a normal stop, not an error.
+    return 0 if rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGINT) else rc

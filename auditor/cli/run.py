@@ -7,8 +7,8 @@ Sends every request of the suite to the provider with bounded concurrency and re
 each attempt as it arrives, normalizes the responses, and prints a summary (probes ok/failed,
 attempts, retries, tokens, USD). Without ``--resume`` or ``--new`` it continues the newest
 unfinished run of the same provider and suite, if any. Exit codes: 0 all probes finished
-(some may have failed after retries), 3 usage/config/database error, 130 interrupted (resume
-with ``--resume RUN_ID``).
+(some may have failed after retries), 3 usage/config/database error or no probe succeeded,
+130 interrupted (resume with ``--resume RUN_ID``; ``--retry-failed`` also resends failed probes).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
         concurrency: int | None = typer.Option(None, "--concurrency", min=1, help="Override rate_limits.concurrency."),
         max_attempts: int | None = typer.Option(None, "--max-attempts", min=1, help="Override retry.max_attempts."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (stderr)."),
+        retry_failed: bool = typer.Option(False, "--retry-failed", help="When resuming, also resend probes that failed after all retries."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Probes-only run: send a suite to a provider, store every attempt, print a summary."""
@@ -94,6 +95,7 @@ def register(app: typer.Typer) -> None:
                 max_attempts=max_attempts,
                 console=err,
                 on_start=on_start,
+                retry_failed=retry_failed,
             )
         except RunnerError as exc:
             err.print(f"error: {exc}", markup=False, highlight=False)
@@ -114,3 +116,12 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(summary.to_dict(), indent=2))
         else:
             render_summary(summary, Console())
+        if summary.status == "failed":
+            err.print(
+                f"error: no probe succeeded ({', '.join(f'{k}={v}' for k, v in sorted(summary.error_kinds.items()))}). "
+                f"Fix the provider's base_url/model/key, then: auditor probe --provider {cfg.name} --suite {suite} "
+                f"--resume {run_id} --retry-failed",
+                markup=False,
+                highlight=False,
+            )
+            raise typer.Exit(3)

@@ -29,8 +29,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import logsumexp
-
 from .stats import VarianceComponents, bucketed_kl, variance_components
 
 __all__ = [
@@ -176,7 +174,9 @@ class NoiseFloor:
 
 def _log_softmax_rows(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
-    return x - logsumexp(x, axis=1, keepdims=True)
+    mx = np.max(np.where(np.isfinite(x), x, -np.inf), axis=1, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    return x - (mx + np.log(np.exp(x - mx).sum(1, keepdims=True)))
 
 
 def _top_m(lp: np.ndarray, m: int) -> np.ndarray:
@@ -257,9 +257,10 @@ def compute_noise_floor(
             raise ValueError(f"honest variant {name!r} contains a row without finite values")
         h_margin = h_lp[rows, ref_top2[:, 0]] - h_lp[rows, ref_top2[:, 1]]
         delta = np.abs(np.nan_to_num(ref_margin - h_margin, nan=0.0, posinf=0.0, neginf=0.0))
-        band_raw = max(band_raw, float(np.quantile(delta, band_quantile)))
-        for q in _QUANTILES:
-            dq[str(q)] = max(dq.get(str(q), 0.0), float(np.quantile(delta, q)))
+        qs = np.quantile(delta, (band_quantile,) + _QUANTILES)
+        band_raw = max(band_raw, float(qs[0]))
+        for q, val in zip(_QUANTILES, qs[1:]):
+            dq[str(q)] = max(dq.get(str(q), 0.0), float(val))
         h_arg = h_lp.argmax(1)
         flip = h_arg != ref_top2[:, 0]
         gap = ref_lp[rows, ref_top2[:, 0]] - ref_lp[rows, h_arg]
@@ -279,7 +280,7 @@ def compute_noise_floor(
                 variant=name,
                 mean_kl=float(kl.mean()),
                 sd_kl=float(kl.std(ddof=1)),
-                quantiles={str(q): float(np.quantile(kl, q)) for q in _QUANTILES},
+                quantiles={str(q): float(val) for q, val in zip(_QUANTILES, np.quantile(kl, _QUANTILES))},
                 mean_abs_dlogprob=float(np.nanmean(mad)) if np.any(~np.isnan(mad)) else 0.0,
                 log_kl=vc.to_dict(),
             )

@@ -38,7 +38,7 @@ from scipy import stats
 from scipy.special import logsumexp
 
 from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
-from .stats import as_rng, garwood_ci, poisson_binomial_test, randomized_pit
+from .stats import garwood_ci, poisson_binomial_test, randomized_pit
 
 __all__ = [
     "SamplingView",
@@ -272,6 +272,7 @@ def argmax_result(batch, view, name, rng, n_evidence) -> DetectorResult:
             "argmax_rate": t["argmax_rate"],
             "expected_rate": t["expected_rate"],
             "excess_per_position": t["effect"],
+            "var_per_position": t["sd"] ** 2 / max(1, len(view)),
             "p_randomized": t["p_randomized"],
             "source": view.source,
             "n_prompts": _n_prompts(batch, view),

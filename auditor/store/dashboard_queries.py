@@ -18,15 +18,15 @@ reference runs), ``clear_mismatch_rate`` (fraction of greedy positions where the
 differs from the reference top-1 while the reference margin exceeds the clear-mismatch
 threshold) and ``tokens_per_chunk`` (histogram ``{"k": count}`` or list of per-chunk counts).
 
-Evidence items (``detector_results.evidence``, a JSON list of dicts) are rendered by the
-dashboard; the token-level form it highlights is::
-
-    {"probe_key": "arith-03#0", "position": 12, "context": "text before the token",
-     "provider_token": " 7", "reference_top": [[" 8", -0.05], [" 7", -3.1], ...],
-     "margin": 3.05}
-
-(``margin`` in nats: reference top-1 log-probability minus the runner-up's). Any other dict is
-shown as a key/value table.
+Evidence items (``detector_results.evidence``, a JSON list of dicts written by
+``auditor.detectors``: ``prompt_id``, ``position``, ``token_id``, ``token``, ``ref_top5`` as
+``[[reference token id, logprob], ...]``, ``ref_margin`` (nats, reference top-1 minus top-2),
+``provider_top5``, ``kl``, ...) are returned by :func:`run_detail` with an added ``_view`` dict
+resolving what the dashboard shows: the probe (``probe_id``, ``probe_key``), the text before
+the position (``context``), the emitted token's text (``token_text``) and ``id_text`` — reference
+token id → text, learned from the stored normalized tokens (``normalized_tokens.ref_token_id``)
+of runs with the same reference model. Ids never emitted by any provider stay unresolved (the
+dashboard then shows the id) unless the evidence carries ``ref_top5_tokens`` itself.
 """
 
 from __future__ import annotations
@@ -517,6 +517,7 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
         p = d["p_adjusted"] if d["p_adjusted"] is not None else d["p_value"]
         return p if p is not None else 2.0
 
+    _resolve_evidence(session, run, detectors)
     candidates = [d for d in detectors if d["ran"] and d["evidence"]]
     row["strongest"] = min(candidates, key=p_key)["name"] if candidates else None
     row["probes"] = [
@@ -533,6 +534,84 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     ]
     row["tokens_per_chunk"] = tokens_per_chunk_histogram(session, run_id)
     return row
+
+
+#: Evidence items per detector that get a ``_view`` (the dashboard shows the first few).
+MAX_RESOLVED_EVIDENCE = 10
+#: Tokens of context shown before an evidence position.
+CONTEXT_TOKENS = 24
+
+
+def _find_probe(probes: dict[str, int], prompt_id: Any) -> tuple[int | None, str | None]:
+    if prompt_id is None:
+        return None, None
+    key = str(prompt_id)
+    if key in probes:
+        return probes[key], key
+    for k, pid in probes.items():
+        if k.startswith(key + "#"):
+            return pid, k
+    return None, None
+
+
+def _ids_of(entries: Any) -> list[int]:
+    out = []
+    for e in entries or []:
+        if isinstance(e, list | tuple) and e and isinstance(e[0], int) and not isinstance(e[0], bool):
+            out.append(e[0])
+    return out
+
+
+def _resolve_evidence(session: Session, run: AuditRun, detectors: list[dict[str, Any]]) -> None:
+    """Add ``_view`` (probe, context text, token text, id→text map) to the first evidence items."""
+    items = [
+        ev for d in detectors for ev in d["evidence"][:MAX_RESOLVED_EVIDENCE] if isinstance(ev, dict)
+    ]
+    if not items:
+        return
+    probes = {
+        k: i for i, k in session.execute(select(Probe.id, Probe.probe_key).where(Probe.run_id == run.id))
+    }
+    ids: set[int] = set()
+    for ev in items:
+        ids.update(_ids_of(ev.get("ref_top5")))
+        ids.update(_ids_of(ev.get("provider_top5")))
+        if isinstance(ev.get("token_id"), int):
+            ids.add(ev["token_id"])
+    id_text: dict[int, str] = {}
+    if ids:
+        stmt = (
+            select(NormalizedToken.ref_token_id, NormalizedToken.token)
+            .join(Probe, Probe.id == NormalizedToken.probe_id)
+            .join(AuditRun, AuditRun.id == Probe.run_id)
+            .where(NormalizedToken.ref_token_id.in_(sorted(ids)))
+        )
+        if run.reference_model is not None:
+            stmt = stmt.where(AuditRun.reference_model == run.reference_model)
+        for tid, text in session.execute(stmt):
+            id_text.setdefault(int(tid), text)
+    for ev in items:
+        probe_id, probe_key = _find_probe(probes, ev.get("prompt_id", ev.get("probe_key")))
+        view: dict[str, Any] = {"probe_id": probe_id, "probe_key": probe_key, "context": None, "token_text": None}
+        pos = ev.get("position")
+        if probe_id is not None and isinstance(pos, int) and not isinstance(pos, bool):
+            toks = dict(
+                session.execute(
+                    select(NormalizedToken.position, NormalizedToken.token).where(
+                        NormalizedToken.probe_id == probe_id,
+                        NormalizedToken.position >= pos - CONTEXT_TOKENS,
+                        NormalizedToken.position <= pos,
+                    )
+                ).all()
+            )
+            view["context"] = "".join(toks[p] for p in sorted(toks) if p < pos)
+            view["token_text"] = toks.get(pos)
+        view["id_text"] = {
+            i: id_text[i]
+            for i in _ids_of(ev.get("ref_top5")) + _ids_of(ev.get("provider_top5")) + [ev.get("token_id")]
+            if isinstance(i, int) and i in id_text
+        }
+        ev["_view"] = view
 
 
 def probe_detail(

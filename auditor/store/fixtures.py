@@ -24,6 +24,7 @@ import datetime as dt
 import json
 import random
 import re
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -183,6 +184,11 @@ def seed_demo(
     elif now.tzinfo is None:
         now = now.replace(tzinfo=dt.UTC)
     out: dict[str, Any] = {"providers": [], "runs": {}, "latest_verdicts": {}, "changes": []}
+    vocab: dict[str, int] = {}
+
+    def tid(text: str) -> int:
+        """A made-up reference token id per token text (stands in for the tokenizer)."""
+        return vocab.setdefault(text, 1000 + len(vocab))
     for p_index, (name, prof) in enumerate(DEMO_PROVIDERS.items()):
         provider = Provider(
             name=name,
@@ -201,7 +207,7 @@ def seed_demo(
         n_runs = len(prof["verdicts"])
         for r_index, verdict in enumerate(prof["verdicts"]):
             started = now - dt.timedelta(days=runs_every_days * (n_runs - 1 - r_index), minutes=7 * p_index)
-            run_id = _seed_run(session, rng, provider, name, prof, verdict, started)
+            run_id = _seed_run(session, rng, tid, provider, name, prof, verdict, started)
             out["runs"][name].append(run_id)
             if verdict is not None:
                 if previous is not None and verdict != previous:
@@ -238,6 +244,7 @@ def seed_demo(
 def _seed_run(
     session: Session,
     rng: random.Random,
+    tid: Callable[[str], int],
     provider: Provider,
     name: str,
     prof: dict[str, Any],
@@ -292,16 +299,22 @@ def _seed_run(
             tokens = tokens[:swap_at] + [swap] + tokens[swap_at + 1 :]
             margin = round(rng.uniform(2.4, 5.0), 3)
             top1 = -round(rng.uniform(0.01, 0.08), 4)
-            ref_top = [[ref_tok, top1], [tokens[swap_at], round(top1 - margin, 4)]]
-            ref_top += [[alt, round(top1 - margin - 0.5 * (k + 1), 4)] for k, alt in enumerate(_ALT[:3])]
+            ref_top5 = [[tid(ref_tok), top1], [tid(swap), round(top1 - margin, 4)]]
+            ref_top5 += [[tid(alt), round(top1 - margin - 0.5 * (k + 1), 4)] for k, alt in enumerate(_ALT[:3])]
             evidence_tokens.append(
                 {
-                    "probe_key": f"{pid}-01#0",
+                    "prompt_id": f"{pid}-01#0",
                     "position": swap_at,
-                    "context": "".join(tokens[:swap_at]),
-                    "provider_token": tokens[swap_at],
-                    "reference_top": ref_top,
+                    "token_id": tid(swap),
+                    "token": swap,
+                    "ref_top5": ref_top5,
+                    "ref_margin": margin,
+                    "ref_token_logprob": round(top1 - margin, 4),
+                    "provider_top5": [[tid(swap), -0.02], [tid(ref_tok), -4.1]],
+                    "provider_token_logprob": -0.02,
+                    "gap": margin,
                     "margin": margin,
+                    "clear": True,
                 }
             )
         logprobs = [round(-abs(rng.gauss(0.05, 0.08)), 4) for _ in tokens]
@@ -369,7 +382,7 @@ def _seed_run(
                     token_bytes=tok.encode(),
                     logprob=lp,
                     top_logprobs=top if mode == "logprob" else [],
-                    ref_token_id=1000 + pos if pos != swap_at else None,
+                    ref_token_id=tid(tok),
                     anomalies=[],
                 )
             )
@@ -405,17 +418,20 @@ def _seed_run(
     p_self = rng.uniform(0.1, 0.9)
     kl_evidence = []
     if quant:
-        for k in range(3):
-            pos = rng.randint(1, 5)
+        for pos in sorted(rng.sample(range(1, 12), 3)):
             top1 = -round(rng.uniform(0.2, 0.6), 3)
+            story = _split_tokens(_PROMPTS[3][2])
+            ref_top5 = [[tid(story[pos]), top1]] + [[tid(t), round(top1 - 0.7 * (i + 1), 3)] for i, t in enumerate(_ALT[:4])]
             kl_evidence.append(
                 {
-                    "probe_key": "story-01#0",
+                    "prompt_id": "story-01#0",
                     "position": pos,
+                    "token_id": tid(story[pos]),
+                    "token": story[pos],
+                    "ref_top5": ref_top5,
+                    "ref_margin": 0.7,
+                    "provider_top5": [[tid(story[pos]), round(top1 + 0.25, 3)], [tid(_ALT[0]), round(top1 - 1.6, 3)]],
                     "kl": round(rng.uniform(0.15, 0.4), 4),
-                    "context": "".join(_split_tokens(_PROMPTS[3][2])[:pos]),
-                    "provider_token": _split_tokens(_PROMPTS[3][2])[pos],
-                    "reference_top": [[t, round(top1 - 0.7 * i, 3)] for i, t in enumerate(_ALT[:5])],
                     "margin": 0.7,
                 }
             )

@@ -435,6 +435,18 @@ def add_planned_probes(s: Session, run_id: str, planned: Iterable[PlannedProbe |
     return n
 
 
+def reset_failed_probes(s: Session, run_id: str) -> int:
+    """Put a run's ``failed`` probes back to ``pending`` (their attempts are kept; new attempts
+    continue the numbering). Returns how many were reset."""
+    res = s.execute(
+        update(Probe)
+        .where(Probe.run_id == run_id, Probe.status == "failed")
+        .values(status="pending", completed_at=None, anomalies=[], text=None, finish_reason=None, usage=None)
+        .execution_options(synchronize_session="fetch")
+    )
+    return int(res.rowcount or 0)
+
+
 def get_probe(s: Session, run_id: str, probe_key: str) -> Probe | None:
     """The probe ``probe_key`` of run ``run_id``, or None."""
     return s.scalar(select(Probe).where(Probe.run_id == run_id, Probe.probe_key == probe_key))

@@ -97,8 +97,13 @@ def first_screen(state: str, detail: str, db_display: str) -> None:
     st.caption(f"Database: {escape_md(db_display)} (state: {state})")
 
 
-def verdict_color_scale() -> Any:
-    """Altair colour scale mapping verdicts to the badge hues."""
+def verdict_color_scale(present: Any = None) -> Any:
+    """Altair colour scale mapping verdicts to the badge hues (only those ``present``, when
+    given, so the legend lists what is on the chart; unknown verdicts are grey-blue)."""
     import altair as alt
 
-    return alt.Scale(domain=list(VERDICT_HEX), range=list(VERDICT_HEX.values()))
+    names = list(VERDICT_HEX)
+    if present is not None:
+        seen = [v for v in dict.fromkeys(present) if v]
+        names = [v for v in names if v in seen] + [v for v in seen if v not in VERDICT_HEX]
+    return alt.Scale(domain=names, range=[VERDICT_HEX.get(v, "#4c78a8") for v in names])

@@ -46,7 +46,7 @@ def history_chart(rows: list[dict[str, Any]], stat: str) -> alt.LayerChart | Non
     line = base.mark_line(color="#888").encode(y=alt.Y("value:Q", title=STATS[stat]))
     dots = base.mark_circle(size=140).encode(
         y="value:Q",
-        color=alt.Color("verdict:N", scale=verdict_color_scale(), title="Verdict"),
+        color=alt.Color("verdict:N", scale=verdict_color_scale(df["verdict"]), title="Verdict", legend=alt.Legend(orient="bottom")),
         tooltip=["date:N", "verdict:N", "run_id:N", alt.Tooltip("value:Q", format=".4g", title=STATS[stat])],
     )
     layers = [line, dots]
@@ -59,7 +59,9 @@ def history_chart(rows: list[dict[str, Any]], stat: str) -> alt.LayerChart | Non
         cdf = pd.DataFrame(changes)
         layers.append(alt.Chart(cdf).mark_rule(color="#c62828", strokeDash=[4, 3]).encode(x="time:T"))
         layers.append(
-            alt.Chart(cdf).mark_text(align="left", dx=4, dy=-150, color="#c62828").encode(x="time:T", text="label:N")
+            alt.Chart(cdf)
+            .mark_text(align="left", dx=4, baseline="top", color="#c62828")
+            .encode(x="time:T", y=alt.value(2), text="label:N")
         )
     return alt.layer(*layers).properties(height=340)
 

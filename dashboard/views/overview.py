@@ -32,8 +32,7 @@ TAIL = [
     "Mean KL, nats (× noise floor)",
     "Tokens/s",
     "TTFT / TPOT p50",
-    "Tokens",
-    "USD",
+    "Spent (tokens · USD)",
 ]
 
 
@@ -74,7 +73,7 @@ def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
     headers = HEAD + [f"p {escape_md(n)}" for n in names] + TAIL
     out = []
     for r in rows:
-        date = fmt_dt(r["started_at"]).removesuffix(" UTC")
+        date = fmt_dt(r["started_at"]).removesuffix(" UTC").replace(" ", "\u00a0")
         if r["last_status"] not in ("completed", None) and r["last_started_at"] != r["started_at"]:
             date += f" (newest run {escape_md(r['last_status'])})"
         out.append(
@@ -88,8 +87,7 @@ def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
                 _kl_cell(r["mean_kl"], r["noise_floor"]),
                 fmt_num(r["tokens_per_s"], 4),
                 f"{fmt_ms(r['ttft_median_s'])} / {fmt_ms(r['tpot_median_s'])}",
-                fmt_tokens(r["tokens"]),
-                escape_md(fmt_usd(r["cost_usd"])),
+                f"{fmt_tokens(r['tokens'])} · {escape_md(fmt_usd(r['cost_usd']))}",
             ]
         )
     return headers, out

@@ -40,57 +40,87 @@ def _get(item: dict[str, Any], *names: str) -> Any:
     return None
 
 
+def _entry(entry: Any) -> tuple[Any, Any]:
+    """``(token id or text, logprob)`` of one top-k entry ``[id|text, logprob]`` or dict."""
+    if isinstance(entry, dict):
+        return _get(entry, "token_id", "id", "token"), entry.get("logprob")
+    if isinstance(entry, list | tuple) and entry:
+        return entry[0], (entry[1] if len(entry) > 1 else None)
+    return None, None
+
+
+def _token_label(tok: Any, id_text: dict[int, str], text: str | None = None) -> str:
+    """Markdown for a token: its visible text when known (escaped), else ``id N``."""
+    if text is None and isinstance(tok, str):
+        text = tok
+    if text is None and isinstance(tok, int) and tok in id_text:
+        text = id_text[tok]
+    if text is not None:
+        return escape_md(visible_token(text))
+    return f"id {escape_md(tok)}" if tok is not None else "—"
+
+
 def token_evidence_md(item: dict[str, Any]) -> str | None:
-    """Markdown for one token-level evidence item (see ``auditor.store.dashboard_queries``), or
-    None when the item is not token-level. The provider token is highlighted; the reference
-    top-5 is a table with log-probabilities (nats), probabilities and the top-1 margin."""
-    tok = _get(item, "provider_token", "token")
-    top = _get(item, "reference_top", "reference_top5", "ref_top")
-    if tok is None or not isinstance(top, list):
+    """Markdown for one token-level evidence item, or None when it is not token-level.
+
+    Reads the ``auditor.detectors`` evidence format (``token_id``/``token``, ``ref_top5`` as
+    ``[[id, logprob], ...]`` with optional ``ref_top5_tokens`` texts, ``ref_margin``, ``kl``,
+    ...) plus the ``_view`` added by ``dashboard_queries.run_detail`` (context text, id→text).
+    The emitted token is highlighted after its context; the reference top-5 is a table with
+    log-probabilities (nats), probabilities, and the provider's token marked.
+    """
+    top = _get(item, "ref_top5", "reference_top", "ref_top")
+    tok_id = item.get("token_id")
+    tok_text = _get(item, "token", "provider_token")
+    if not isinstance(top, list) or (tok_id is None and tok_text is None):
         return None
+    view = item.get("_view") or {}
+    id_text: dict[int, str] = dict(view.get("id_text") or {})
+    if tok_text is None:
+        tok_text = view.get("token_text")
+    if isinstance(tok_id, int) and tok_text is not None:
+        id_text.setdefault(tok_id, str(tok_text))
+    texts = item.get("ref_top5_tokens") if isinstance(item.get("ref_top5_tokens"), list) else None
+
     lines = []
     where = []
-    if item.get("probe_key") is not None:
-        where.append(f"probe {md_code(item['probe_key'])}")
+    probe = view.get("probe_key") or _get(item, "prompt_id", "probe_key")
+    if probe is not None:
+        where.append(f"probe {md_code(probe)}")
     if item.get("position") is not None:
         where.append(f"position {escape_md(item['position'])}")
     if where:
         lines.append("**" + ", ".join(where) + "**")
-    context = str(_get(item, "context") or "")
+    context = str(_get(view, "context") or _get(item, "context") or "")
     tail = ("…" + context[-160:]) if len(context) > 160 else context
-    lines.append(
-        f"{escape_md(tail)} :red-background[**{escape_md(visible_token(tok))}**]"
-        "  ← token the provider emitted"
-    )
-    margin = _get(item, "margin", "ref_margin")
+    shown = _token_label(tok_id if tok_text is None else tok_text, id_text)
+    lines.append(f"{escape_md(tail)} :red-background[**{shown}**]  ← token the provider emitted")
     extra = []
+    margin = _get(item, "ref_margin", "margin")
     if margin is not None:
         extra.append(f"reference margin (top-1 − top-2): **{fmt_num(margin)} nats**")
-    for key, label in (("kl", "KL at this position"), ("logprob", "provider logprob")):
-        if item.get(key) is not None:
-            extra.append(f"{label}: {fmt_num(item[key])} nats")
+    if item.get("ref_token_logprob") is not None:
+        extra.append(f"reference logprob of the provider's token: {fmt_num(item['ref_token_logprob'])} nats")
+    if item.get("kl") is not None:
+        extra.append(f"KL at this position: {fmt_num(item['kl'])} nats")
+    if item.get("clear") is True:
+        extra.append("**clear mismatch**")
     if extra:
         lines.append("; ".join(extra))
+
     rows = []
     found = False
     for rank, entry in enumerate(top[:5], start=1):
-        if isinstance(entry, dict):
-            t, lp = entry.get("token"), entry.get("logprob")
-        elif isinstance(entry, list | tuple) and entry:
-            t, lp = entry[0], (entry[1] if len(entry) > 1 else None)
-        else:
-            continue
-        note = ""
-        if t == tok:
-            note = "← provider's token"
-            found = True
-        elif rank == 1:
-            note = "reference top-1"
+        t, lp = _entry(entry)
+        text = texts[rank - 1] if texts and rank - 1 < len(texts) and isinstance(texts[rank - 1], str) else None
+        is_provider = (tok_id is not None and t == tok_id) or (tok_id is None and t == tok_text)
+        found = found or is_provider
+        note = "← provider's token" if is_provider else ("reference top-1" if rank == 1 else "")
         try:
             prob = fmt_pct(math.exp(float(lp))) if lp is not None else "—"
         except (TypeError, ValueError, OverflowError):
             prob = "—"
-        rows.append([str(rank), escape_md(visible_token(t)), fmt_num(lp), prob, note])
+        rows.append([str(rank), _token_label(t, id_text, text), fmt_num(lp), prob, note])
     table = md_table(["Rank", "Reference token", "logprob (nats)", "prob", ""], rows, align=["r", "l", "r", "r", "l"])
     if not found:
         lines.append("The provider's token is **not in the reference top-5**.")
@@ -101,14 +131,16 @@ def generic_evidence_md(item: Any) -> str:
     """A key/value markdown table for an evidence item of any other shape (values escaped)."""
     if not isinstance(item, dict):
         return escape_md(json.dumps(item, default=str), max_len=500)
-    rows = [[escape_md(k), escape_md(json.dumps(v, default=str), max_len=300)] for k, v in item.items()]
+    rows = [
+        [escape_md(k), escape_md(json.dumps(v, default=str), max_len=300)] for k, v in item.items() if k != "_view"
+    ]
     return md_table(["Field", "Value"], rows)
 
 
-def _raw_probe(db_url: str, run_id: str, probe_key: str, key: str) -> None:
+def _raw_probe(db_url: str, probe_id: int, probe_key: str, key: str) -> None:
     """Raw request/response of one probe inside an expander (one click away)."""
     with st.expander(f"Raw response of probe {escape_md(probe_key)}", expanded=False, key=f"exp_{key}"):
-        detail = data.query(db_url, "probe_detail", run_id=run_id, probe_key=probe_key)
+        detail = data.query(db_url, "probe_detail", probe_id)
         if detail is None:
             st.write("This probe is not stored in the run.")
             return
@@ -157,7 +189,7 @@ def chunk_histogram(hist: dict[int, int]) -> alt.Chart:
         alt.Chart(df)
         .mark_bar(color="#4c78a8")
         .encode(
-            x=alt.X("tokens_in_chunk:O", title="Tokens per stream chunk", sort=None),
+            x=alt.X("tokens_in_chunk:O", title="Tokens per stream chunk", sort=None, axis=alt.Axis(labelAngle=0)),
             y=alt.Y("chunks:Q", title="Chunks"),
             tooltip=["tokens_in_chunk:O", "chunks:Q"],
         )
@@ -252,8 +284,9 @@ def render(db_url: str, filters: Filters) -> None:
             with st.container(border=True):
                 md = token_evidence_md(item) if isinstance(item, dict) else None
                 st.markdown(md if md is not None else generic_evidence_md(item))
-                if isinstance(item, dict) and item.get("probe_key"):
-                    _raw_probe(db_url, d["run_id"], str(item["probe_key"]), f"ev{i}")
+                view = item.get("_view") if isinstance(item, dict) else None
+                if view and view.get("probe_id") is not None:
+                    _raw_probe(db_url, view["probe_id"], str(view["probe_key"]), f"ev{i}")
 
     st.subheader("Speculation fingerprint")
     hist = d["tokens_per_chunk"]

@@ -41,10 +41,15 @@ def scatter_chart(df: pd.DataFrame, metric: str, noise_floor: float | None) -> a
     """Altair scatter (one circle per point, labelled with the provider) plus a noise-floor rule."""
     title = METRICS[metric][0]
     base = alt.Chart(df)
+    # Head-room on the right so the provider labels of the least faithful points stay visible.
+    x_max = max([float(df[metric].max()), noise_floor or 0.0]) * 1.3 or 1.0
+    y_max = float(df["tokens_per_s"].max()) * 1.1 or 1.0
     points = base.mark_circle(size=260, opacity=0.85).encode(
-        x=alt.X(f"{metric}:Q", title=title, scale=alt.Scale(zero=True)),
-        y=alt.Y("tokens_per_s:Q", title="Throughput (tokens/s) — higher is faster", scale=alt.Scale(zero=True)),
-        color=alt.Color("verdict:N", scale=verdict_color_scale(), title="Verdict"),
+        x=alt.X(f"{metric}:Q", title=title, scale=alt.Scale(domain=[0, x_max], nice=False)),
+        y=alt.Y("tokens_per_s:Q", title="Throughput (tokens/s) — higher is faster", scale=alt.Scale(domain=[0, y_max])),
+        color=alt.Color(
+            "verdict:N", scale=verdict_color_scale(df["verdict"]), title="Verdict", legend=alt.Legend(orient="bottom")
+        ),
         tooltip=["provider:N", "model:N", "verdict:N", "date:N", "run_id:N",
                  alt.Tooltip("tokens_per_s:Q", format=".1f"), alt.Tooltip(f"{metric}:Q", format=".4g")],
     )  # fmt: skip

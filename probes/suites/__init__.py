@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
@@ -144,7 +144,7 @@ def list_suites() -> list[str]:
     return sorted(names, key=lambda n: (n != "default", n))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_suite(name: str = "default") -> Suite:
     """Load and validate suite ``name`` from the package data. Raises :class:`SuiteError`."""
     res = _data_dir() / f"{name}.json"

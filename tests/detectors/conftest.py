@@ -30,7 +30,7 @@ V = 48
 K_REF = 20
 
 
-def dirichlet_logprobs(rng, n_prompts, length, v=V, alpha_range=(0.03, 1.0)):
+def dirichlet_logprobs(rng, n_prompts, length, v=V, alpha_range=(0.01, 0.5)):
     """[n_prompts*length, v] float64 log-probs, Dirichlet(alpha_g) rows with alpha_g per prompt."""
     la = rng.uniform(np.log(alpha_range[0]), np.log(alpha_range[1]), size=n_prompts)
     alpha = np.repeat(np.exp(la), length)[:, None] * np.ones((1, v))
@@ -192,3 +192,17 @@ def synth():
         make_floor=make_floor,
         audit=audit,
     )
+
+
+def bulk_batch(rng, n_audits, g, length, *, profile="honest-exact", temperature=1.0, m_provider=5, **kw):
+    """One EvidenceBatch holding n_audits audits of g prompts x length positions (sliced per audit)."""
+    ref = dirichlet_logprobs(rng, n_audits * g, length)
+    served = served_rows(rng, ref, profile, **kw)
+    tok = emit(rng, served, temperature, profile, first_positions(n_audits * g, length), **kw)
+    b = make_batch(rng, ref, served, tok, temperature, prompt_labels(n_audits * g, length), m_provider=m_provider)
+    return b, ref, served, tok
+
+
+def audit_slices(n_audits, g, length):
+    step = g * length
+    return [slice(a * step, (a + 1) * step) for a in range(n_audits)]

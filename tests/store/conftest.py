@@ -134,12 +134,13 @@ def make_fault_app(state: FaultServer, seed: int = 0):
     lock = threading.Lock()
 
     async def chat(request: Request):
-        payload = await request.json()
-        state.headers_seen.append({k.lower(): v for k, v in request.headers.items()})
+        # count the request before reading its body: a client that gave up still sent it
         with lock:
             fault = rng.random() < state.fault_rate
             kind = rng.choice(["429", "500", "slow", "truncated", "malformed"]) if fault else "ok"
         state.bump(kind)
+        state.headers_seen.append({k.lower(): v for k, v in request.headers.items()})
+        payload = await request.json()
         if state.delay_s:
             await asyncio.sleep(state.delay_s)
         stream = bool(payload.get("stream"))

@@ -34,7 +34,7 @@ from probes.suites import Probe, Suite
 from .conftest import _completion_tokens  # noqa: TID252 - test helper next to this file
 
 REPO = Path(__file__).resolve().parents[2]
-FAULTS = {"fault_rate": 0.2, "slow_s": 1.2}
+FAULTS = {"fault_rate": 0.2, "slow_s": 2.3}  # slow = past the 2 s client timeout
 
 
 def make_suite(n_requests: int, name: str = "store-test") -> Suite:
@@ -75,7 +75,7 @@ def make_config(base_url: str, *, key_env: str | None = None, concurrency: int =
         capabilities=Capabilities(max_top_logprobs=5, seed=True, streaming=True),
         rate_limits=RateLimits(concurrency=concurrency),
         retry=RetryPolicy(max_attempts=10, backoff_initial_s=0.01, backoff_max_s=0.05, max_retry_after_s=0.1),
-        timeout_s=1.0,
+        timeout_s=2.0,
         pricing=Pricing(usd_per_1m_input=1.0, usd_per_1m_output=2.0),
     )
 
@@ -244,7 +244,7 @@ base_url = "{base_url}"
 model = "tiny"
 api = "chat"
 api_key_env = "FAULT_SIM_KEY"
-timeout_s = 1.0
+timeout_s = 2.0
 [providers.fault-sim.capabilities]
 max_top_logprobs = 5
 seed = true
@@ -361,7 +361,7 @@ def test_fault_run_on_postgres(fault_server, pg_url, monkeypatch):
         _check_attempt_invariants(store, rid)
         summ = summarize_run(store, rid)
         assert summ.status == "completed" and summ.probes_ok == 40
-        assert summ.attempts == sum(fault_server.counts.values())
+        assert summ.attempts == sum(fault_server.counts.values()), (summ.error_kinds, summ.http_status_counts, fault_server.counts)
         with store.session() as s:
             assert sorted(p.probe_key for p in q.list_probes(s, rid)) == sorted(it.probe_key for it in plan_suite(suite))
     finally:

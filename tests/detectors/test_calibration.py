@@ -1,0 +1,143 @@
+"""CALIBRATION: under simulated nulls each detector's p-values are uniform and its rejection rate
+at alpha = 0.05 is at most 0.07 (500 seeded audits per detector).
+
+Count detectors (greedy, argmax, tail) have discrete statistics: their reported exact p-value is
+conservative by construction, so uniformity is checked on the randomized p-value they also report
+(``details['p_randomized']``, exactly uniform under H0), the rejection rate on the reported one,
+and p_value >= p_randomized everywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from auditor.detectors import run_detectors
+from auditor.detectors.consistency import self_argmax, self_gof, self_greedy, self_tail
+from auditor.detectors.greedy import greedy_match
+from auditor.detectors.logprob import logprob_divergence
+from auditor.detectors.noise_floor import compute_noise_floor
+from auditor.detectors.sampling import sampling_argmax, sampling_gof, sampling_tail
+from auditor.verdict import VerdictKind, decide_verdict
+
+N_AUDITS = 500
+ALPHA = 0.05
+MAX_REJECTION = 0.07
+KS_MIN_P = 0.01
+
+
+def check_calibrated(name, p, p_rand):
+    p, p_rand = np.asarray(p), np.asarray(p_rand)
+    assert np.all(np.isfinite(p)), name
+    rate = float(np.mean(p <= ALPHA))
+    ks = stats.kstest(p_rand, "uniform").pvalue
+    assert rate <= MAX_REJECTION, f"{name}: rejection rate {rate:.3f} under H0"
+    assert ks > KS_MIN_P, f"{name}: p-values not uniform (KS p={ks:.3g})"
+    assert np.all(p >= p_rand - 1e-12), f"{name}: reported p below the randomized one"
+    return rate, ks
+
+
+def run_null(fn, batch, slices, floor_for=None, seed=0):
+    p, pr = [], []
+    for a, sl in enumerate(slices):
+        r = fn(batch.subset(sl), None if floor_for is None else floor_for(a), rng=np.random.default_rng(seed + a), n_evidence=0)
+        assert r.ran, r.reason
+        p.append(r.p_value)
+        pr.append(r.details.get("p_randomized", r.p_value))
+    return p, pr
+
+
+@pytest.fixture(scope="module")
+def sampled_null():
+    """Provider samples exactly from the reference at T=1 and reports its own top-5."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location("_synth_cal", pathlib.Path(__file__).with_name("conftest.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = np.random.default_rng(20240601)
+    g, L = 8, 25
+    b, *_ = mod.bulk_batch(rng, N_AUDITS, g, L, profile="honest-exact", temperature=1.0)
+    return mod, b, mod.audit_slices(N_AUDITS, g, L)
+
+
+@pytest.mark.parametrize("fn", [sampling_gof, sampling_argmax, sampling_tail], ids=lambda f: f.__name__)
+def test_reference_sampling_tests_calibrated(sampled_null, fn):
+    _, b, slices = sampled_null
+    check_calibrated(fn.__name__, *run_null(fn, b, slices, seed=1))
+
+
+@pytest.mark.parametrize("fn", [self_gof, self_argmax, self_tail], ids=lambda f: f.__name__)
+def test_self_sampling_tests_calibrated(sampled_null, fn):
+    # the provider's own distribution is far from the reference (sigma 0.3 logit noise) but it
+    # samples from what it reports: the self tests must stay calibrated
+    mod, _, _ = sampled_null
+    rng = np.random.default_rng(7)
+    g, L = 8, 25
+    b, *_ = mod.bulk_batch(rng, N_AUDITS, g, L, profile="quantized", sigma_q=0.3, temperature=1.0)
+    check_calibrated(fn.__name__, *run_null(fn, b, mod.audit_slices(N_AUDITS, g, L), seed=2))
+
+
+def test_logprob_divergence_calibrated_with_fresh_floors(sampled_null):
+    """Honest provider = reference + N(0, 0.02) logit noise; each audit gets its own floor measured
+    on independent prompts with the same honest variant (so the floor's own error is part of H0)."""
+    mod, _, _ = sampled_null
+    rng = np.random.default_rng(11)
+    g, L, gf = 10, 20, 30
+    b, *_ = mod.bulk_batch(rng, N_AUDITS, g, L, profile="honest-noisy", sigma_honest=0.02, temperature=0.0)
+    fref = mod.dirichlet_logprobs(rng, N_AUDITS * gf, L)
+    fhon = mod.normalise(fref + rng.normal(0, 0.02, fref.shape))
+    fpid = mod.prompt_labels(gf, L, "f")
+    step = gf * L
+
+    def floor_for(a):
+        sl = slice(a * step, (a + 1) * step)
+        return compute_noise_floor(fref[sl], fhon[sl], prompt_ids=fpid, top_m=(5,))
+
+    check_calibrated("logprob-divergence", *run_null(logprob_divergence, b, mod.audit_slices(N_AUDITS, g, L), floor_for, seed=3))
+
+
+def _boundary_greedy_batch(mod, rng, r0, g, L, self_report):
+    """Greedy world at the boundary of H0: a clear mismatch (least likely token) with prob. r0."""
+    ref = mod.dirichlet_logprobs(rng, N_AUDITS * g, L)
+    tok = ref.argmax(1)
+    hit = rng.random(tok.size) < r0
+    tok = np.where(hit, ref.argmin(1), tok)
+    return mod.make_batch(rng, ref, ref, tok, 0.0, mod.prompt_labels(N_AUDITS * g, L), m_provider=5 if self_report else 0)
+
+
+@pytest.mark.parametrize("fn", [greedy_match, self_greedy], ids=lambda f: f.__name__)
+def test_greedy_tests_calibrated_at_the_honest_rate(sampled_null, fn):
+    mod, _, _ = sampled_null
+    rng = np.random.default_rng(13)
+    g, L, r0 = 4, 25, 0.02
+    b = _boundary_greedy_batch(mod, rng, r0, g, L, self_report=True)
+    fl = mod.make_floor(rng, n_prompts=10, length=10, top_m=(5,))
+    fl.clear_mismatch_rate = r0  # the honest clear rate this world has
+    check_calibrated(fn.__name__, *run_null(fn, b, mod.audit_slices(N_AUDITS, g, L), lambda a: fl, seed=4))
+
+
+def test_greedy_match_rarely_rejects_honest_noise(sampled_null):
+    mod, _, _ = sampled_null
+    rng = np.random.default_rng(17)
+    g, L = 4, 25
+    b, *_ = mod.bulk_batch(rng, N_AUDITS, g, L, profile="honest-noisy", sigma_honest=0.02, temperature=0.0)
+    fl = mod.make_floor(rng, n_prompts=60, length=20, sigma_honest=0.02, top_m=(5,))
+    p, _ = run_null(greedy_match, b, mod.audit_slices(N_AUDITS, g, L), lambda a: fl, seed=5)
+    assert np.mean(np.asarray(p) <= ALPHA) <= MAX_REJECTION
+
+
+def test_whole_audit_false_accusation_rate(sampled_null):
+    """Honest (bf16-like) provider, every detector + Holm + verdict: deviations named <= 7%."""
+    mod, _, _ = sampled_null
+    rng = np.random.default_rng(19)
+    fl = mod.make_floor(rng, n_prompts=80, length=24, sigma_honest=0.02, top_m=(5,))
+    n = 200
+    accused = 0
+    for a in range(n):
+        b = mod.audit(rng, "honest-noisy", sigma_honest=0.02, n_greedy=3, n_sampling=6)
+        v = decide_verdict(run_detectors(b, fl, seed=a), floor=fl)
+        accused += v.verdict not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE)
+    assert accused / n <= MAX_REJECTION, f"false-accusation rate {accused / n:.3f}"

@@ -1,0 +1,270 @@
+"""The speculative loop on tiny models: greedy equality, limits, callbacks, logprobs, the law at T>0."""
+
+from __future__ import annotations
+
+import itertools
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from reference.drafters import DraftModelDrafter, NgramDrafter, ScriptedDrafter, SelfDrafter, SequenceDrafter
+from reference.sampling import sample_from
+from reference.speculative import AdaptiveK, autoregressive_generate, speculative_generate
+from reference.verify import VerifyResult, rejection_dist
+
+from ..conftest import make_tiny_model
+
+PROMPT_TEXT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run faster (and steadier on a shared 2-core box) on one thread."""
+    with one_thread():
+        yield
+
+
+@contextmanager
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tiny_lm):
+    return tiny_lm.tokenizer(PROMPT_TEXT)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_lm, prompt_ids):
+    return autoregressive_generate(tiny_lm, prompt_ids, max_new_tokens=40, eos_token_ids=[])
+
+
+def test_plain_baseline_stats(plain):
+    assert len(plain.token_ids) == 40 and plain.finish_reason == "length"
+    assert plain.rounds == [1] * 40 and plain.accept_counts == [40]
+    assert plain.mean_accepted_length == 1.0 and plain.tokens_per_s > 0 and plain.text
+
+
+def test_plain_matches_full_recompute_argmax(tiny_lm, prompt_ids, plain):
+    seq = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(10):
+            seq.append(int(tiny_lm.model(torch.tensor([seq])).logits[0, -1].argmax()))
+    assert plain.token_ids[:10] == seq[len(prompt_ids) :]
+
+
+def _drafters(tiny_lm, tiny_draft_lm, prompt_ids, plain):
+    wrong = list(prompt_ids) + [(t + 1) if i % 3 == 1 else t for i, t in enumerate(plain.token_ids)]
+    return {
+        "ngram": NgramDrafter(1, 3),
+        "self:1": SelfDrafter(tiny_lm, 1),
+        "draft-model": DraftModelDrafter(tiny_draft_lm),
+        "oracle": SequenceDrafter(list(prompt_ids) + plain.token_ids),
+        "corrupted": SequenceDrafter(wrong),
+    }
+
+
+@pytest.mark.parametrize(("k", "adaptive"), [(4, False), (2, True)])
+def test_greedy_speculative_equals_plain_tiny(tiny_lm, tiny_draft_lm, prompt_ids, plain, k, adaptive):
+    for name, d in _drafters(tiny_lm, tiny_draft_lm, prompt_ids, plain).items():
+        res = speculative_generate(
+            tiny_lm, prompt_ids, drafter=d, k=k, max_new_tokens=40, eos_token_ids=[], adaptive_k=adaptive
+        )
+        assert res.token_ids == plain.token_ids, name
+        assert sum(res.rounds) == 40 and len(res.rounds) == sum(res.accept_counts)
+        assert len(res.accept_counts) == k + 1
+        assert all(1 <= r <= k + 1 for r in res.rounds)
+        if name == "oracle" and not adaptive:
+            assert res.accept_counts[k] >= (40 // (k + 1)) - 1  # every round fully accepted
+            assert res.acceptance_rate == 1.0
+
+
+def test_oracle_drafts_cut_forward_count(tiny_lm, prompt_ids, plain):
+    res = speculative_generate(
+        tiny_lm, prompt_ids, drafter=SequenceDrafter(list(prompt_ids) + plain.token_ids), k=4,
+        max_new_tokens=40, eos_token_ids=[], adaptive_k=False,
+    )
+    assert len(res.rounds) == 8 and res.mean_accepted_length == 5.0
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 7])
+def test_never_exceeds_max_new_tokens(tiny_lm, prompt_ids, plain, max_new):
+    d = SequenceDrafter(list(prompt_ids) + plain.token_ids)
+    res = speculative_generate(tiny_lm, prompt_ids, drafter=d, k=4, max_new_tokens=max_new, eos_token_ids=[])
+    assert res.token_ids == plain.token_ids[:max_new] and res.finish_reason == "length"
+
+
+def test_eos_stops_and_is_excluded(tiny_lm, prompt_ids, plain):
+    eos = plain.token_ids[6]
+    first = plain.token_ids.index(eos)
+    d = SequenceDrafter(list(prompt_ids) + plain.token_ids)
+    seen: list[list[int]] = []
+    res = speculative_generate(
+        tiny_lm, prompt_ids, drafter=d, k=4, max_new_tokens=40, eos_token_ids=[eos], on_round=seen.append,
+        adaptive_k=False,
+    )
+    assert res.finish_reason == "stop" and res.stop_token_id == eos
+    assert res.token_ids == plain.token_ids[:first]
+    assert sum(seen, []) == res.token_ids
+    assert sum(res.rounds) == first + 1  # the EOS was emitted by the last round
+
+
+def test_on_round_streams_each_round(tiny_lm, prompt_ids, plain):
+    chunks: list[list[int]] = []
+    res = speculative_generate(
+        tiny_lm, prompt_ids, drafter=SequenceDrafter(list(prompt_ids) + plain.token_ids), k=3,
+        max_new_tokens=20, eos_token_ids=[], on_round=chunks.append, adaptive_k=False,
+    )
+    assert [len(c) for c in chunks] == res.rounds
+    assert sum(chunks, []) == res.token_ids
+
+
+def test_return_logprobs_are_raw_target_rows(tiny_lm, prompt_ids):
+    res = speculative_generate(
+        tiny_lm, prompt_ids, drafter=NgramDrafter(1, 3), k=3, max_new_tokens=12, temperature=0.8, top_k=20,
+        seed=0, eos_token_ids=[], return_logprobs=True,
+    )
+    assert res.logprobs.shape == (12, tiny_lm.model.config.vocab_size) and res.logprobs.dtype == torch.float32
+    with torch.no_grad():
+        full = torch.log_softmax(tiny_lm.model(torch.tensor([list(prompt_ids) + res.token_ids])).logits[0].float(), -1)
+    ref = full[len(prompt_ids) - 1 : -1]
+    assert torch.allclose(res.logprobs, ref, atol=1e-4)
+    # the sampled tokens lie inside top-k of the raw distribution
+    chosen_rank = (ref > ref.gather(1, torch.tensor(res.token_ids)[:, None])).sum(-1)
+    assert (chosen_rank < 20).all()
+
+
+def test_sampling_is_seeded(tiny_lm, tiny_draft_lm, prompt_ids):
+    kw = dict(k=3, max_new_tokens=15, temperature=1.0, top_p=0.95, eos_token_ids=[])
+    a = speculative_generate(tiny_lm, prompt_ids, drafter=DraftModelDrafter(tiny_draft_lm), seed=5, **kw)
+    b = speculative_generate(tiny_lm, prompt_ids, drafter=DraftModelDrafter(tiny_draft_lm), seed=5, **kw)
+    c = speculative_generate(tiny_lm, prompt_ids, drafter=DraftModelDrafter(tiny_draft_lm), seed=6, **kw)
+    assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
+
+
+def test_verifier_plug_sees_every_step(tiny_lm, prompt_ids, plain):
+    calls = []
+
+    class RejectAll:
+        def verify(self, p, q, draft_ids, generator, greedy):
+            calls.append(int(draft_ids.numel()))
+            return VerifyResult(0, int(p[0].argmax()))
+
+    res = speculative_generate(
+        tiny_lm, prompt_ids, drafter=NgramDrafter(1, 3), k=4, max_new_tokens=20, eos_token_ids=[],
+        verifier=RejectAll(), adaptive_k=False,
+    )
+    assert res.token_ids == plain.token_ids[:20]  # greedy argmax either way
+    assert len(calls) == 20 and res.accept_counts[0] == 20
+    assert res.n_accepted == 0 and res.n_drafted == sum(calls)
+
+    class Liar:
+        def verify(self, p, q, draft_ids, generator, greedy):
+            return VerifyResult(int(draft_ids.numel()) + 1, 0)
+
+    with pytest.raises(RuntimeError, match="n_accepted"):
+        speculative_generate(tiny_lm, prompt_ids, drafter=NgramDrafter(1, 3), max_new_tokens=5, verifier=Liar())
+
+
+def test_bad_arguments(tiny_lm):
+    with pytest.raises(ValueError, match="input_ids"):
+        speculative_generate(tiny_lm, [], drafter=None)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        speculative_generate(tiny_lm, [1, 2], drafter=None, max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        speculative_generate(tiny_lm, [1, 2], drafter=None, temperature=-1)
+    with pytest.raises(ValueError, match="k="):
+        speculative_generate(tiny_lm, [1, 2], drafter=NgramDrafter(), k=-1)
+
+
+def test_single_token_prompt_and_empty_drafts(tiny_lm):
+    res = speculative_generate(tiny_lm, [42], drafter=ScriptedDrafter([]), max_new_tokens=4, eos_token_ids=[])
+    ref = autoregressive_generate(tiny_lm, [42], max_new_tokens=4, eos_token_ids=[])
+    assert res.token_ids == ref.token_ids and res.n_drafted == 0
+
+
+def test_adaptive_k_cost_model():
+    a = AdaptiveK(k_max=6, draft_cost_prior=0.0)
+    for _ in range(30):
+        a.observe_accept(0, 4)  # drafts always rejected
+    assert a.truncate(6) == 0 and a.plan(6) == 0
+    for _ in range(30):
+        a.observe_accept(4, 4)  # drafts always accepted
+    assert a.truncate(6) == 6
+    expensive = AdaptiveK(k_max=6, draft_cost_prior=1.0)
+    for _ in range(30):
+        expensive.observe_accept(2, 4)
+    assert expensive.plan(6) == 0  # drafting as costly as a target step never pays at a ~ 0.6
+    assert a.plan(0) == 0
+
+
+# ---- the output law at temperature > 0: chi-square over seeded draws on tiny small-vocab models ----
+VSMALL = 6
+PROMPT_SMALL = [0, 1, 2]
+
+
+def _tiny_small(seed):
+    return make_tiny_model(
+        vocab_size=VSMALL, seed=seed, hidden_size=16, n_layers=1, n_heads=2, n_kv_heads=1,
+        initializer_range=1.0, eos_token_id=None,
+    )
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    tgt, drf = _tiny_small(3), _tiny_small(4)
+    seqs = list(itertools.product(range(VSMALL), repeat=3))
+    with torch.no_grad():
+        x = torch.tensor([PROMPT_SMALL + list(s) for s in seqs])
+        lp = torch.log_softmax(tgt(x).logits.double(), -1)
+        n = len(PROMPT_SMALL)
+        ll = sum(lp[:, n - 1 + j].gather(1, x[:, n + j : n + j + 1]).squeeze(1) for j in range(3))
+    return tgt, drf, seqs, ll.exp().numpy()
+
+
+class BrokenThreshold:
+    """Deliberately lossy: accept iff p(d) >= 0.3 (no u draw); otherwise the strict residual."""
+
+    def verify(self, p, q, draft_ids, generator, greedy):
+        for i, d in enumerate(draft_ids.tolist()):
+            if float(p[i, d]) >= 0.3:
+                continue
+            return VerifyResult(i, sample_from(rejection_dist(p[i], None if q is None else q[i], d), generator))
+        return VerifyResult(int(draft_ids.numel()), sample_from(p[-1], generator))
+
+
+def _chisquare_pvalue(small_pair, verifier, n_draws):
+    tgt, drf, seqs, exact = small_pair
+    index = {s: i for i, s in enumerate(seqs)}
+    counts = np.zeros(len(seqs))
+    drafter = DraftModelDrafter(drf)
+    with one_thread():
+        for s in range(n_draws):
+            r = speculative_generate(
+                tgt, PROMPT_SMALL, drafter=drafter, k=2, max_new_tokens=3, temperature=1.0, seed=s,
+                eos_token_ids=[], adaptive_k=False, verifier=verifier,
+            )
+            counts[index[tuple(r.token_ids)]] += 1
+    expected = exact * n_draws
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    return stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+def test_chisquare_strict_sampling_matches_target_law(small_pair):
+    """Joint law of 3 tokens (k=2: first round exercises accept, residual and bonus rows) equals p."""
+    assert abs(small_pair[3].sum() - 1) < 1e-9
+    assert _chisquare_pvalue(small_pair, None, 800) > 1e-3
+
+
+def test_chisquare_rejects_broken_acceptance_rule(small_pair):
+    assert _chisquare_pvalue(small_pair, BrokenThreshold(), 300) < 1e-3
