@@ -618,7 +618,10 @@ def run_probes(
     Raises:
         probes.config.ConfigError: the API key env var is missing.
         RunnerError: the run cannot be resumed (see message).
-        KeyboardInterrupt: on Ctrl-C, after marking the run ``interrupted``.
+        KeyboardInterrupt: on Ctrl-C or SIGTERM, after marking the run ``interrupted``.
     """
-    return asyncio.run(run_probes_async(store, provider_config, suite, run_id, resume, progress, **kwargs))
+    try:
+        return asyncio.run(run_probes_async(store, provider_config, suite, run_id, resume, progress, **kwargs))
+    except asyncio.CancelledError:  # SIGTERM cancelled the run (already marked interrupted)
+        raise KeyboardInterrupt("run cancelled") from None
 

@@ -56,24 +56,24 @@ from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
 
 __all__ = [
-    "VerdictKind",
-    "Verdict",
-    "EXIT_CODES",
-    "apply_holm",
-    "decide_verdict",
-    "required_positions",
-    "holm",
-    "SUBSTITUTION_MIN_MEAN_KL",
-    "SUBSTITUTION_MAX_TOP1_AGREEMENT",
-    "SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE",
-    "LOGPROBS_CONSISTENT_MAX_RATIO",
-    "GREEDY_SERVED_MIN_ARGMAX_RATE",
-    "TAIL_MISSING_MAX_RATIO",
-    "TRUNCATION_SHAPE_RATIO",
     "DEFAULT_ALPHA",
     "DEFAULT_POWER",
-    "POWER_TARGETS",
+    "EXIT_CODES",
+    "GREEDY_SERVED_MIN_ARGMAX_RATE",
+    "LOGPROBS_CONSISTENT_MAX_RATIO",
     "POWER_FAMILIES",
+    "POWER_TARGETS",
+    "SUBSTITUTION_MAX_TOP1_AGREEMENT",
+    "SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE",
+    "SUBSTITUTION_MIN_MEAN_KL",
+    "TAIL_MISSING_MAX_RATIO",
+    "TRUNCATION_SHAPE_RATIO",
+    "Verdict",
+    "VerdictKind",
+    "apply_holm",
+    "decide_verdict",
+    "holm",
+    "required_positions",
 ]
 
 
@@ -165,13 +165,23 @@ class Verdict:
 
 def apply_holm(results: Sequence[DetectorResult]) -> list[DetectorResult]:
     """Copies of results with ``p_adjusted`` = Holm across the detectors that ran (None otherwise)."""
-    ps = [r.p_value if (r.ran and r.p_value is not None and not math.isnan(r.p_value)) else math.nan for r in results]
+    ps = [
+        r.p_value
+        if (r.ran and r.p_value is not None and not math.isnan(r.p_value))
+        else math.nan
+        for r in results
+    ]
     adj = holm(ps)
-    return [r.with_adjusted(None if math.isnan(a) else float(a)) for r, a in zip(results, adj)]
+    return [
+        r.with_adjusted(None if math.isnan(a) else float(a))
+        for r, a in zip(results, adj)
+    ]
 
 
 # --------------------------------------------------------------------------- power
-def _greedy_required(r0: float, r1: float, alpha: float, power: float, n_max: int = 1_000_000) -> int | None:
+def _greedy_required(
+    r0: float, r1: float, alpha: float, power: float, n_max: int = 1_000_000
+) -> int | None:
     """Smallest n at which the exact one-sided binomial test (level alpha, null r0) has >= power at r1."""
     if r1 <= r0:
         return None
@@ -212,7 +222,9 @@ def required_positions(
     zb = stats.norm.ppf(power)
     if name in ("greedy-match", "self-greedy"):
         r0 = float(d.get("r0", 1e-3))
-        return _greedy_required(r0, max(POWER_TARGETS["clear_mismatch_rate"], 2 * r0), alpha_test, power)
+        return _greedy_required(
+            r0, max(POWER_TARGETS["clear_mismatch_rate"], 2 * r0), alpha_test, power
+        )
     if name == "logprob-divergence":
         if floor is None or "m" not in d:
             return None
@@ -220,7 +232,7 @@ def required_positions(
         per_prompt = max(1.0, result.n / max(1, int(d.get("n_prompts", 1))))
         var = vc.sigma_w2 + vc.sigma_b2 * per_prompt
         shift = math.log(POWER_TARGETS["kl_ratio"])
-        return int(math.ceil((za + zb) ** 2 * var / shift**2))
+        return math.ceil((za + zb) ** 2 * var / shift**2)
     if name in ("sampling-argmax", "self-argmax"):
         if not result.ran or result.n <= 0:
             return None
@@ -229,12 +241,12 @@ def required_positions(
             er = float(d.get("expected_rate", 0.5))
             var = er * (1 - er)  # upper bound on mean p(1-p)
         var = max(float(var), 0.05)
-        return int(math.ceil((za + zb) ** 2 * var / POWER_TARGETS["argmax_excess"] ** 2))
+        return math.ceil((za + zb) ** 2 * var / POWER_TARGETS["argmax_excess"] ** 2)
     if name in ("sampling-tail", "self-tail"):
         tau = float(d.get("mean_tail_mass", 0.0) or 0.0)
         if tau <= 0:
             return None
-        return int(math.ceil(-math.log(alpha_test) / tau))
+        return math.ceil(-math.log(alpha_test) / tau)
     return None
 
 
@@ -281,7 +293,12 @@ def decide_verdict(
 
     def rejects(name: str) -> bool:
         r = by.get(name)
-        return bool(r is not None and r.ran and r.p_adjusted is not None and r.p_adjusted <= alpha)
+        return bool(
+            r is not None
+            and r.ran
+            and r.p_adjusted is not None
+            and r.p_adjusted <= alpha
+        )
 
     def det(r: DetectorResult) -> dict:
         return {
@@ -290,7 +307,9 @@ def decide_verdict(
             "p_adjusted": _f(r.p_adjusted),
             "statistic": _f(r.statistic),
             "effect": _f(r.effect),
-            "effect_ci": [_f(r.effect_ci[0]), _f(r.effect_ci[1])] if r.effect_ci else None,
+            "effect_ci": [_f(r.effect_ci[0]), _f(r.effect_ci[1])]
+            if r.effect_ci
+            else None,
             "n": r.n,
             "rejects": rejects(r.name),
             "reason": r.reason,
@@ -304,7 +323,11 @@ def decide_verdict(
         "not_run": {r.name: r.reason for r in adj if not r.ran},
     }
     details["findings"] = [
-        {"detector": r.name, "p_adjusted": r.p_adjusted, "implication": _IMPLICATION.get(r.name, "")}
+        {
+            "detector": r.name,
+            "p_adjusted": r.p_adjusted,
+            "implication": _IMPLICATION.get(r.name, ""),
+        }
         for r in ran
         if rejects(r.name)
     ]
@@ -317,14 +340,23 @@ def decide_verdict(
         budget = _budget(adj, alpha, power, floor, details, n_tests=1)
         return out(
             VerdictKind.INCONCLUSIVE,
-            "no detector had enough usable positions" + (f"; about {budget} tokens would suffice" if budget else ""),
+            "no detector had enough usable positions"
+            + (f"; about {budget} tokens would suffice" if budget else ""),
             "0-nothing-ran",
         )
 
     lp = by.get("logprob-divergence")
     lp_sig = rejects("logprob-divergence")
-    lp_ratio = (lp.details or {}).get("ratio_to_floor") if lp is not None and lp.ran else None
-    lp_consistent = bool(lp is not None and lp.ran and not lp_sig and lp_ratio is not None and lp_ratio <= LOGPROBS_CONSISTENT_MAX_RATIO)
+    lp_ratio = (
+        (lp.details or {}).get("ratio_to_floor") if lp is not None and lp.ran else None
+    )
+    lp_consistent = bool(
+        lp is not None
+        and lp.ran
+        and not lp_sig
+        and lp_ratio is not None
+        and lp_ratio <= LOGPROBS_CONSISTENT_MAX_RATIO
+    )
     details["logprobs_consistent"] = lp_consistent
 
     # 1. greedy tokens contradict the provider's own reported top-1
@@ -368,26 +400,51 @@ def decide_verdict(
                 f"are not the argmax of the distribution it reports (greedy-match p_adj={g.p_adjusted:.3g})",
                 "3-greedy-decode-path",
             )
-        kind = VerdictKind.SUBSTITUTION if rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE else VerdictKind.QUANTIZATION
+        kind = (
+            VerdictKind.SUBSTITUTION
+            if rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE
+            else VerdictKind.QUANTIZATION
+        )
         return out(
             kind,
             f"greedy tokens differ clearly (beyond the {g.details.get('band', float('nan')):.3g}-nat noise band) from "
             f"the reference argmax at {rate:.1%} of {g.n} positions (greedy-match p_adj={g.p_adjusted:.3g})"
-            + ("; a rate this high means a different model" if kind == VerdictKind.SUBSTITUTION else ""),
-            "3-greedy-" + ("substitution" if kind == VerdictKind.SUBSTITUTION else "quantization"),
+            + (
+                "; a rate this high means a different model"
+                if kind == VerdictKind.SUBSTITUTION
+                else ""
+            ),
+            "3-greedy-"
+            + ("substitution" if kind == VerdictKind.SUBSTITUTION else "quantization"),
         )
     # 4. sampling
-    arg_names, tail_names, gof_names = ("sampling-argmax", "self-argmax"), ("sampling-tail", "self-tail"), ("sampling-gof", "self-gof")
+    arg_names, tail_names, gof_names = (
+        ("sampling-argmax", "self-argmax"),
+        ("sampling-tail", "self-tail"),
+        ("sampling-gof", "self-gof"),
+    )
     arg_sig = any(rejects(k) for k in arg_names)
     tail_sig = any(rejects(k) for k in tail_names)
     gof_sig = any(rejects(k) for k in gof_names)
     if arg_sig or tail_sig or gof_sig:
         a = _pick(by, *arg_names)
         t = _pick(by, *tail_names)
-        excess = float((a.details or {}).get("excess_per_position", 0.0)) if a is not None else 0.0
-        arate = float((a.details or {}).get("argmax_rate", 0.0)) if a is not None else 0.0
-        tratio = float((t.details or {}).get("tail_ratio", 1.0)) if t is not None else 1.0
-        deficit = float((t.details or {}).get("deficit_per_position", 0.0)) if t is not None else 0.0
+        excess = (
+            float((a.details or {}).get("excess_per_position", 0.0))
+            if a is not None
+            else 0.0
+        )
+        arate = (
+            float((a.details or {}).get("argmax_rate", 0.0)) if a is not None else 0.0
+        )
+        tratio = (
+            float((t.details or {}).get("tail_ratio", 1.0)) if t is not None else 1.0
+        )
+        deficit = (
+            float((t.details or {}).get("deficit_per_position", 0.0))
+            if t is not None
+            else 0.0
+        )
         details["shape"] = {
             "argmax_excess_per_position": excess,
             "argmax_rate": arate,
@@ -401,7 +458,10 @@ def decide_verdict(
                 f"positions ({_pstr(by, arg_names)})",
                 "4a-greedy-served",
             )
-        if tail_sig and (tratio <= TAIL_MISSING_MAX_RATIO or deficit >= TRUNCATION_SHAPE_RATIO * max(excess, 0.0)):
+        if tail_sig and (
+            tratio <= TAIL_MISSING_MAX_RATIO
+            or deficit >= TRUNCATION_SHAPE_RATIO * max(excess, 0.0)
+        ):
             return out(
                 VerdictKind.DECODING_NONCOMPLIANT,
                 f"sampled tokens follow a truncated distribution nobody asked for: only {tratio:.0%} of the "
@@ -441,7 +501,11 @@ def decide_verdict(
             VerdictKind.PASS,
             f"no detector rejects at family-wise alpha={alpha} ({len(ran)} tests, Holm), with {power:.0%} power "
             f"for the target effects in: {', '.join(tested)}"
-            + (f"; not tested: {', '.join(f for f in fams if f not in tested)}" if len(tested) < len(fams) else ""),
+            + (
+                f"; not tested: {', '.join(f for f in fams if f not in tested)}"
+                if len(tested) < len(fams)
+                else ""
+            ),
             "5-pass",
         )
     return out(
@@ -469,19 +533,31 @@ def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
     alpha_test = alpha / max(1, n_tests)
     pw: dict[str, dict] = {}
     for r in adj:
-        req = required_positions(r, alpha_test=alpha_test, power=power, floor=floor) if r.ran else None
+        req = (
+            required_positions(r, alpha_test=alpha_test, power=power, floor=floor)
+            if r.ran
+            else None
+        )
         if req is None and not r.ran:
             req = _required_default(r.name, alpha_test, power)
         if req is None:
             continue
-        pw[r.name] = {"required_positions": req, "n": r.n, "adequate": bool(r.ran and r.n >= req), "mode": _MODE.get(r.name)}
+        pw[r.name] = {
+            "required_positions": req,
+            "n": r.n,
+            "adequate": bool(r.ran and r.n >= req),
+            "mode": _MODE.get(r.name),
+        }
     details["power"] = pw
     ran_names = {r.name for r in adj if r.ran}
     fams: dict[str, dict] = {}
     for fam, members in POWER_FAMILIES.items():
         ran_m = [m for m in members if m in ran_names and m in pw]
         with_req = [m for m in members if m in pw]
-        missing = [max(0, pw[m]["required_positions"] - (pw[m]["n"] if m in ran_m else 0)) for m in with_req]
+        missing = [
+            max(0, pw[m]["required_positions"] - (pw[m]["n"] if m in ran_m else 0))
+            for m in with_req
+        ]
         fams[fam] = {
             "ran": any(m in ran_names for m in members),
             "adequate": any(pw[m]["adequate"] for m in ran_m),
@@ -490,7 +566,9 @@ def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
     details["power_families"] = fams
     tested = [f for f, v in fams.items() if v["ran"]]
     if tested:
-        extra = [fams[f]["missing_positions"] or 0 for f in tested if not fams[f]["adequate"]]
+        extra = [
+            fams[f]["missing_positions"] or 0 for f in tested if not fams[f]["adequate"]
+        ]
         budget = int(sum(extra)) if extra else None
     else:
         reqs = [v["required_positions"] for v in pw.values()]
@@ -502,10 +580,12 @@ def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
 def _required_default(name: str, alpha_test: float, power: float) -> int | None:
     """Budget guess for a detector that did not run (no data to plug in)."""
     if name in ("greedy-match", "self-greedy"):
-        return _greedy_required(1e-3, POWER_TARGETS["clear_mismatch_rate"], alpha_test, power)
+        return _greedy_required(
+            1e-3, POWER_TARGETS["clear_mismatch_rate"], alpha_test, power
+        )
     if name in ("sampling-argmax", "self-argmax"):
         za, zb = stats.norm.isf(alpha_test), stats.norm.ppf(power)
-        return int(math.ceil((za + zb) ** 2 * 0.2 / POWER_TARGETS["argmax_excess"] ** 2))
+        return math.ceil((za + zb) ** 2 * 0.2 / POWER_TARGETS["argmax_excess"] ** 2)
     return None
 
 

@@ -474,7 +474,7 @@ class ProbeClient:
         self.config = config
         self.url = config.endpoint_url()
         self._key = api_key if api_key is not None else config.resolve_api_key()
-        self._headers = {"Content-Type": "application/json", "Accept": "application/json", **config.headers}
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream", **config.headers}
         if self._key:
             self._headers["Authorization"] = f"Bearer {self._key}"
         conc = config.rate_limits.concurrency
@@ -486,7 +486,8 @@ class ProbeClient:
         # encode/httpx#3215, encode/httpcore#1035), so the connections are sharded over small
         # pools. A slot queue bounds total concurrency and keeps each shard within its own
         # connection limit, so no request ever queues inside httpcore.
-        n_shards = max(1, math.ceil(conc / _CONNS_PER_SHARD))
+        # (A caller-supplied transport owns its own pool: one shard then.)
+        n_shards = 1 if transport is not None else max(1, math.ceil(conc / _CONNS_PER_SHARD))
         self._slots: asyncio.Queue[int] = asyncio.Queue()
         per = [conc // n_shards + (1 if i < conc % n_shards else 0) for i in range(n_shards)]
         for i, k in enumerate(per):

@@ -1,11 +1,12 @@
 """Discover a provider's capabilities by asking (``auditor providers probe NAME``).
 
-Small requests (a few tokens each, ~8 requests in all), each answering one question:
+Small requests (a few tokens each, ~9 requests in all), each answering one question:
 
 - ``logprobs`` / ``max_top_logprobs``: ask 20 alternatives, fall back to 5, then to logprobs
   without alternatives; the cap is the largest number of alternatives actually returned;
 - ``n``: ``n = 2`` returns two choices;
-- ``seed``: two ``T = 1`` requests with the same seed return the same text;
+- ``seed``: two ``T = 1`` requests with the same seed return the same text, a third with another
+  seed returns another text;
 - ``echo`` (completions only): ``echo = true`` returns prompt-token logprobs;
 - ``streaming``: ``stream = true`` returns a well-formed SSE stream ending in ``[DONE]``.
 """
@@ -24,6 +25,7 @@ from probes.normalize import normalize_response
 __all__ = ["CapabilityCheck", "DiscoveryReport", "discover_capabilities"]
 
 _PROMPT = "Count from one to ten: one, two,"
+_RANDOM_PROMPT = "Write a list of ten random, unrelated words."
 
 
 @dataclass(frozen=True)
@@ -115,10 +117,25 @@ async def discover_capabilities(
         rep.checks.append(CapabilityCheck("n", n_choices >= 2, n_choices, res.error or f"{n_choices} choices for n=2", res.http_status))
 
         # seed
-        body = _base(cfg, temperature=1.0, seed=12345, max_tokens=12)
+        # same seed → same text, and another seed → another text (else the seed is not what decides)
+        body = _base(cfg, temperature=1.0, seed=12345, max_tokens=16)
+        if chat:
+            body["messages"] = [{"role": "user", "content": _RANDOM_PROMPT}]
+        else:
+            body["prompt"] = _RANDOM_PROMPT
         a, b = await ask(body), await ask(body)
-        seed_ok = a.success and b.success and a.text == b.text
-        detail = (a.error or b.error) or ("same text for the same seed" if seed_ok else "different texts for the same seed")
+        c = await ask({**body, "seed": 54321})
+        same = a.success and b.success and a.text == b.text
+        differs = c.success and c.text != a.text
+        seed_ok = same and differs
+        if a.error or b.error or c.error:
+            detail = a.error or b.error or c.error or ""
+        elif not same:
+            detail = "different texts for the same seed"
+        elif not differs:
+            detail = "same text for different seeds at T=1 (seed not observable)"
+        else:
+            detail = "same text for the same seed, another for another seed"
         rep.checks.append(CapabilityCheck("seed", bool(seed_ok), bool(seed_ok), detail, b.http_status))
 
         # echo (legacy completions only)

@@ -26,8 +26,8 @@ Per generated token it yields a :class:`TokenRecord` with
 Extra anomaly kinds (beyond the shared vocabulary): ``malformed_json`` (body or an SSE event is
 not JSON), ``truncated_stream`` (no ``data: [DONE]``), ``provider_error`` (an ``error`` object),
 ``malformed_response`` (JSON without the expected structure), ``spm_token_strings`` (SentencePiece
-``▁`` leaked into token strings), ``byte_token_strings`` (byte-fallback spellings such as
-``<0xC3>`` whose bytes had to be decoded).
+``▁`` leaked into token strings). Byte spellings of partial characters (``<0xC3>``,
+``bytes:\\xc3``, `` \\xc3``) are a legitimate convention and are decoded without an anomaly.
 
 Source for the wire formats: OpenAI API reference (chat ``logprobs.content[]`` with ``token``,
 ``logprob``, ``bytes``, ``top_logprobs``; legacy completions ``tokens``, ``token_logprobs``,
@@ -87,7 +87,6 @@ ANOMALY_KINDS: dict[str, str] = {
     "provider_error": "the body carries an error object",
     "malformed_response": "valid JSON but not the expected response structure",
     "spm_token_strings": "SentencePiece '▁' word-boundary marks leaked into token strings",
-    "byte_token_strings": "byte-fallback token spellings (<0xC3>, bytes:\\xc3, \\xc3) decoded to bytes",
 }
 
 
@@ -172,24 +171,30 @@ def gpt2_unicode_to_bytes(token: str) -> bytes | None:
 
 
 _BYTE_TOKEN_RE = re.compile(r"^(?:<0x[0-9A-Fa-f]{2}>)+$")
-_ESC_RE = re.compile(r"^(?:bytes:)?(?:\\x[0-9A-Fa-f]{2})+$")
+_HEX_ESC_RE = re.compile(r"\\x([0-9A-Fa-f]{2})")
 _SPECIAL_RE = re.compile(r"^(?:<\|[^|]{1,40}\|>|</s>|<s>|<eos>|<\|endoftext\|>)$")
 _FFFD = "\ufffd".encode()
+#: Internal candidate kind: bytes spelled out in the token string (not an anomaly).
+_SPELLED = "~byte_spelling"
 
 
 def _byte_spelling(token: str) -> bytes | None:
+    """Bytes of a token spelled as byte escapes: SentencePiece ``<0xC3>``, vLLM ``bytes:\\xc3``,
+    or OpenAI-style text with ``\\xNN`` escapes for a partial character (`` \\xc3``).
+    ``None`` when the string contains no such spelling."""
     if _BYTE_TOKEN_RE.match(token):
         return bytes(int(token[i + 3 : i + 5], 16) for i in range(0, len(token), 6))
-    if _ESC_RE.match(token):
-        body = token[6:] if token.startswith("bytes:") else token
-        return bytes(int(body[i + 2 : i + 4], 16) for i in range(0, len(body), 4))
-    if token.startswith("bytes:"):
-        # vLLM: "bytes:" + repr-like escapes mixed with plain characters
-        try:
-            return token[6:].encode("latin-1").decode("unicode_escape").encode("latin-1")
-        except (UnicodeError, ValueError):
-            return None
-    return None
+    body = token[6:] if token.startswith("bytes:") else token
+    if not _HEX_ESC_RE.search(body):
+        return None
+    out = bytearray()
+    pos = 0
+    for m in _HEX_ESC_RE.finditer(body):
+        out += body[pos : m.start()].encode("utf-8", errors="surrogatepass")
+        out.append(int(m.group(1), 16))
+        pos = m.end()
+    out += body[pos:].encode("utf-8", errors="surrogatepass")
+    return bytes(out)
 
 
 # -- byte candidates and the text-guided assignment -------------------------------------------
@@ -227,7 +232,7 @@ def _candidates(token: str, given: bytes | None, text_has_fffd: bool) -> list[_C
     add(given, None)
     add(token.encode("utf-8", errors="surrogatepass"), None)
     bs = _byte_spelling(token)
-    add(bs, "byte_token_strings")
+    add(bs, _SPELLED)
     g = gpt2_unicode_to_bytes(token)
     add(g, "surrogate_token_strings")
     if "▁" in token:
@@ -629,8 +634,9 @@ def normalize_response(
                 if text is not None and text.startswith(prompt):
                     text = text[len(prompt):]
 
-    if raw is None and asked and text:
+    if not raw and asked and text:
         acc.add("missing_logprobs", None, "logprobs asked, none returned")
+        raw = None  # no per-token data: n_tokens falls back to usage
 
     text_known = text is not None
     if text is None:
@@ -685,12 +691,15 @@ def _build_tokens(
     assigned = _assign_bytes(cands, text_bytes) if text_bytes is not None else None
     token_bytes: list[bytes | None]
     recovery_kind: str | None = None
+    spelled = False  # the server spells partial characters as byte escapes (a convention, no anomaly)
     if assigned is not None:
         token_bytes, kinds = assigned
         for i, kd in enumerate(kinds):
-            if kd is not None:
+            if kd == _SPELLED:
+                spelled = True
+            elif kd is not None:
                 flag(i, kd, f"token {raw[i].token!r}")
-                if kd in ("surrogate_token_strings", "spm_token_strings", "byte_token_strings"):
+                if kd in ("surrogate_token_strings", "spm_token_strings"):
                     recovery_kind = recovery_kind or kd
         if any(b is None for b in token_bytes):
             acc.add("bytes_text_mismatch", None, "token bytes ambiguous or unrecoverable")
@@ -731,8 +740,8 @@ def _build_tokens(
                 ab = gpt2_unicode_to_bytes(atok) or ab
             elif recovery_kind == "spm_token_strings":
                 ab = atok.replace("▁", " ").encode("utf-8")
-            elif recovery_kind == "byte_token_strings":
-                ab = _byte_spelling(atok) or ab
+            elif ab is None and spelled:
+                ab = _byte_spelling(atok)
             if ab is None:
                 ab = atok.encode("utf-8", errors="surrogatepass")
             if _FFFD in ab and text is not None and "\ufffd" not in text:

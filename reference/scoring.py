@@ -166,7 +166,8 @@ def score_continuations(
                 logits_to_keep=T_max + 1,
             )
             # logits[:, j] is at absolute position L-T_max-1+j; the last one predicts beyond the sequence
-            logits = out.logits[:, :-1].float()  # [B, T_max, V]
+            logits = out.logits[:, :-1]  # [B, T_max, V]
+            logits = logits.double() if logits.dtype == torch.float64 else logits.float()
             logp = torch.log_softmax(logits, dim=-1)
             for r, (i, _, co) in enumerate(batch):
                 T = len(co)

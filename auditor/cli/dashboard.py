@@ -50,6 +50,8 @@ def streamlit_command(*, host: str = "127.0.0.1", port: int = DEFAULT_PORT, pyth
         "false",
         "--theme.base",
         "light",
+        "--client.toolbarMode",
+        "viewer",
     ]
 
 

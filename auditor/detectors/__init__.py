@@ -42,20 +42,20 @@ from .sampling import sampling_argmax, sampling_gof, sampling_tail
 from .stats import holm
 
 __all__ = [
-    "DetectorResult",
-    "PositionEvidence",
-    "EvidenceBatch",
-    "NoiseFloor",
-    "compute_noise_floor",
-    "DetectorSpec",
     "DETECTORS",
+    "MIN_POSITIONS",
     "REFERENCE_DETECTORS",
     "SELF_SAMPLING_DETECTORS",
-    "run_detectors",
-    "holm",
-    "MIN_POSITIONS",
     "UNTRUSTED_LOGPROB_ANOMALIES",
+    "DetectorResult",
+    "DetectorSpec",
+    "EvidenceBatch",
+    "NoiseFloor",
+    "PositionEvidence",
+    "compute_noise_floor",
+    "holm",
     "not_run",
+    "run_detectors",
 ]
 
 
@@ -72,15 +72,60 @@ class DetectorSpec:
 DETECTORS: dict[str, DetectorSpec] = {
     s.name: s
     for s in (
-        DetectorSpec("greedy-match", greedy_match, "T=0 tokens vs reference argmax; clear mismatches beyond the noise band", True),
-        DetectorSpec("logprob-divergence", logprob_divergence, "reported top_logprobs vs reference: bucketed KL vs honest floor", True),
-        DetectorSpec("sampling-gof", sampling_gof, "sampled tokens: randomized PIT uniformity (Cramér–von Mises)", True),
-        DetectorSpec("sampling-argmax", sampling_argmax, "sampled tokens: argmax over-emission (relaxed acceptance)", True),
-        DetectorSpec("sampling-tail", sampling_tail, "sampled tokens: low-probability tail deficit (truncated sampling)", True),
-        DetectorSpec("self-gof", self_gof, "sampled tokens vs own logprobs: randomized PIT uniformity", False),
-        DetectorSpec("self-argmax", self_argmax, "sampled tokens vs own logprobs: top-1 over-emission", False),
-        DetectorSpec("self-tail", self_tail, "sampled tokens vs own logprobs: tail deficit", False),
-        DetectorSpec("self-greedy", self_greedy, "T=0 tokens vs own reported top-1 (decode path consistency)", False),
+        DetectorSpec(
+            "greedy-match",
+            greedy_match,
+            "T=0 tokens vs reference argmax; clear mismatches beyond the noise band",
+            True,
+        ),
+        DetectorSpec(
+            "logprob-divergence",
+            logprob_divergence,
+            "reported top_logprobs vs reference: bucketed KL vs honest floor",
+            True,
+        ),
+        DetectorSpec(
+            "sampling-gof",
+            sampling_gof,
+            "sampled tokens: randomized PIT uniformity (Cramér–von Mises)",
+            True,
+        ),
+        DetectorSpec(
+            "sampling-argmax",
+            sampling_argmax,
+            "sampled tokens: argmax over-emission (relaxed acceptance)",
+            True,
+        ),
+        DetectorSpec(
+            "sampling-tail",
+            sampling_tail,
+            "sampled tokens: low-probability tail deficit (truncated sampling)",
+            True,
+        ),
+        DetectorSpec(
+            "self-gof",
+            self_gof,
+            "sampled tokens vs own logprobs: randomized PIT uniformity",
+            False,
+        ),
+        DetectorSpec(
+            "self-argmax",
+            self_argmax,
+            "sampled tokens vs own logprobs: top-1 over-emission",
+            False,
+        ),
+        DetectorSpec(
+            "self-tail",
+            self_tail,
+            "sampled tokens vs own logprobs: tail deficit",
+            False,
+        ),
+        DetectorSpec(
+            "self-greedy",
+            self_greedy,
+            "T=0 tokens vs own reported top-1 (decode path consistency)",
+            False,
+        ),
     )
 }
 
@@ -130,4 +175,7 @@ def run_detectors(
     ss = np.random.SeedSequence(seed)
     children = ss.spawn(len(DETECTORS))
     seeds = {k: children[i] for i, k in enumerate(DETECTORS)}
-    return [DETECTORS[k].fn(batch, floor, rng=np.random.default_rng(seeds[k])) for k in names]
+    return [
+        DETECTORS[k].fn(batch, floor, rng=np.random.default_rng(seeds[k]))
+        for k in names
+    ]

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "DetectorResult",
-    "PositionEvidence",
-    "EvidenceBatch",
-    "UNTRUSTED_LOGPROB_ANOMALIES",
     "MIN_POSITIONS",
+    "UNTRUSTED_LOGPROB_ANOMALIES",
+    "DetectorResult",
+    "EvidenceBatch",
+    "PositionEvidence",
     "not_run",
 ]
 
@@ -121,7 +121,18 @@ class DetectorResult:
 def not_run(name: str, reason: str, n: int = 0, **details: Any) -> DetectorResult:
     """A `DetectorResult` for a detector that could not run."""
     nan = float("nan")
-    return DetectorResult(name, nan, nan, nan, (nan, nan), n, [], ran=False, reason=reason, details=dict(details))
+    return DetectorResult(
+        name,
+        nan,
+        nan,
+        nan,
+        (nan, nan),
+        n,
+        [],
+        ran=False,
+        reason=reason,
+        details=dict(details),
+    )
 
 
 def _json_safe(x: Any) -> Any:
@@ -256,9 +267,14 @@ class EvidenceBatch:
         """
         token_ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         n = token_ids.size
-        prompt_ids = np.asarray([str(p) for p in np.asarray(prompt_ids, dtype=object).reshape(-1)], dtype=object)
+        prompt_ids = np.asarray(
+            [str(p) for p in np.asarray(prompt_ids, dtype=object).reshape(-1)],
+            dtype=object,
+        )
         if prompt_ids.size != n:
-            raise ValueError(f"prompt_ids has {prompt_ids.size} entries, token_ids {n}; give one per position")
+            raise ValueError(
+                f"prompt_ids has {prompt_ids.size} entries, token_ids {n}; give one per position"
+            )
         temps = np.broadcast_to(np.asarray(temperatures, dtype=np.float64), (n,)).copy()
         if np.any(~np.isfinite(temps) | (temps < 0)):
             raise ValueError("temperatures must be finite and >= 0 (0 = greedy)")
@@ -273,7 +289,9 @@ class EvidenceBatch:
         if ref_full_logprobs is not None:
             full = np.asarray(ref_full_logprobs, dtype=np.float32)
             if full.ndim != 2 or full.shape[0] != n:
-                raise ValueError(f"ref_full_logprobs must be [N={n}, V], got {full.shape}")
+                raise ValueError(
+                    f"ref_full_logprobs must be [N={n}, V], got {full.shape}"
+                )
             if ref_top_ids is None:
                 k = min(20, full.shape[1])
                 idx = np.argpartition(-full, k - 1, axis=1)[:, :k]
@@ -291,9 +309,13 @@ class EvidenceBatch:
                 )
             rt_lp = np.where(rt_ids < 0, -np.inf, rt_lp)
             if np.any(np.isnan(rt_lp)):
-                raise ValueError("ref_top_logprobs contains NaN; the reference scoring is broken")
+                raise ValueError(
+                    "ref_top_logprobs contains NaN; the reference scoring is broken"
+                )
             if np.any(rt_lp > 1e-4):
-                raise ValueError("ref_top_logprobs must be log-probabilities (<= 0 nats)")
+                raise ValueError(
+                    "ref_top_logprobs must be log-probabilities (<= 0 nats)"
+                )
             mass = np.exp(rt_lp).sum(1)
             if np.any(mass > 1 + 1e-3):
                 raise ValueError(
@@ -306,9 +328,13 @@ class EvidenceBatch:
             if ref_token_logprobs is None:
                 rt_tok = np.full(n, np.nan)
             else:
-                rt_tok = np.asarray(ref_token_logprobs, dtype=np.float64).reshape(-1).copy()
+                rt_tok = (
+                    np.asarray(ref_token_logprobs, dtype=np.float64).reshape(-1).copy()
+                )
                 if rt_tok.size != n:
-                    raise ValueError(f"ref_token_logprobs must be [N={n}], got {rt_tok.size}")
+                    raise ValueError(
+                        f"ref_token_logprobs must be [N={n}], got {rt_tok.size}"
+                    )
             # derive unknown token logprobs from the full row or the top-K
             miss = np.isnan(rt_tok) & (token_ids >= 0)
             if full is not None and np.any(miss):
@@ -330,7 +356,11 @@ class EvidenceBatch:
                 raise ValueError(
                     f"provider_top_ids {p_ids.shape} and provider_top_logprobs {p_lp.shape} must both be [N={n}, M]"
                 )
-        trusted = np.ones(n, bool) if provider_trusted is None else np.asarray(provider_trusted, bool).reshape(-1).copy()
+        trusted = (
+            np.ones(n, bool)
+            if provider_trusted is None
+            else np.asarray(provider_trusted, bool).reshape(-1).copy()
+        )
         p_lp = p_lp.copy()
         p_ids = p_ids.copy()
         bad_val = (p_lp > _POSITIVE_LOGPROB_TOL) & (p_ids >= 0)
@@ -361,9 +391,18 @@ class EvidenceBatch:
         if provider_token_logprobs is None:
             p_tok = np.full(n, np.nan)
         else:
-            p_tok = np.array([_clean_provider_logprob(x) for x in np.asarray(provider_token_logprobs, dtype=object).reshape(-1)])
+            p_tok = np.array(
+                [
+                    _clean_provider_logprob(x)
+                    for x in np.asarray(provider_token_logprobs, dtype=object).reshape(
+                        -1
+                    )
+                ]
+            )
             if p_tok.size != n:
-                raise ValueError(f"provider_token_logprobs must be [N={n}], got {p_tok.size}")
+                raise ValueError(
+                    f"provider_token_logprobs must be [N={n}], got {p_tok.size}"
+                )
             trusted &= ~(p_tok > _POSITIVE_LOGPROB_TOL)
             p_tok = np.minimum(p_tok, 0.0)
         # fill the emitted token's reported logprob from the list when missing
@@ -381,12 +420,16 @@ class EvidenceBatch:
                 ref_at[r_i, c_i] = full[r_i, p_ids[r_i, c_i]]
             else:
                 if p_ids.shape[1]:
-                    eq = (p_ids[:, :, None] == rt_ids[:, None, :]) & (p_ids[:, :, None] >= 0)  # [N, M, K]
+                    eq = (p_ids[:, :, None] == rt_ids[:, None, :]) & (
+                        p_ids[:, :, None] >= 0
+                    )  # [N, M, K]
                     any_eq = eq.any(2)
                     val = np.where(eq, rt_lp[:, None, :], 0.0).sum(2)
                     ref_at = np.where(any_eq, val, np.nan)
                     is_tok = (p_ids == token_ids[:, None]) & (p_ids >= 0) & ~any_eq
-                    ref_at = np.where(is_tok & ~np.isnan(rt_tok)[:, None], rt_tok[:, None], ref_at)
+                    ref_at = np.where(
+                        is_tok & ~np.isnan(rt_tok)[:, None], rt_tok[:, None], ref_at
+                    )
         texts = None
         if token_texts is not None:
             texts = np.asarray(list(token_texts), dtype=object)
@@ -424,7 +467,9 @@ class EvidenceBatch:
         if any(has_ref) and not all(has_ref):
             raise ValueError("ref_top_ids must be given for every position or for none")
         if any(has_full) and not all(has_full):
-            raise ValueError("ref_full_logprobs must be given for every position or for none")
+            raise ValueError(
+                "ref_full_logprobs must be given for every position or for none"
+            )
         rt_ids = rt_lp = rt_tok = full = None
         if n and all(has_ref):
             k = max(len(np.asarray(it.ref_top_ids)) for it in items)
@@ -440,9 +485,21 @@ class EvidenceBatch:
                     )
                 rt_ids[i, : ids.size] = ids
                 rt_lp[i, : ids.size] = lps
-            rt_tok = np.array([np.nan if it.ref_token_logprob is None else float(it.ref_token_logprob) for it in items])
+            rt_tok = np.array(
+                [
+                    np.nan
+                    if it.ref_token_logprob is None
+                    else float(it.ref_token_logprob)
+                    for it in items
+                ]
+            )
         if n and all(has_full):
-            full = np.stack([np.asarray(it.ref_full_logprobs, np.float32).reshape(-1) for it in items])
+            full = np.stack(
+                [
+                    np.asarray(it.ref_full_logprobs, np.float32).reshape(-1)
+                    for it in items
+                ]
+            )
         m = max([len(it.provider_top) for it in items] + [0])
         p_ids = np.full((n, m), -1, np.int64)
         p_lp = np.full((n, m), -np.inf)
@@ -465,9 +522,13 @@ class EvidenceBatch:
             ref_full_logprobs=full,
             provider_top_ids=p_ids,
             provider_top_logprobs=p_lp,
-            provider_token_logprobs=np.array([it.provider_token_logprob for it in items], dtype=object),
+            provider_token_logprobs=np.array(
+                [it.provider_token_logprob for it in items], dtype=object
+            ),
             provider_trusted=trusted,
-            token_texts=[it.token_text for it in items] if any(it.token_text is not None for it in items) else None,
+            token_texts=[it.token_text for it in items]
+            if any(it.token_text is not None for it in items)
+            else None,
         )
 
     # ------------------------------------------------------------------ views
@@ -518,19 +579,32 @@ class EvidenceBatch:
             row["token"] = str(self.token_texts[i])
         if self.ref_top_ids is not None:
             ids, lps = self.ref_top_ids[i], self.ref_top_logprobs[i]
-            row["ref_top5"] = [[int(a), _r(b)] for a, b in zip(ids[:5], lps[:5]) if a >= 0]
+            row["ref_top5"] = [
+                [int(a), _r(b)] for a, b in zip(ids[:5], lps[:5]) if a >= 0
+            ]
             if lps.size >= 2 and np.isfinite(lps[1]):
                 row["ref_margin"] = _r(lps[0] - lps[1])
-            if self.ref_token_logprobs is not None and not np.isnan(self.ref_token_logprobs[i]):
+            if self.ref_token_logprobs is not None and not np.isnan(
+                self.ref_token_logprobs[i]
+            ):
                 row["ref_token_logprob"] = _r(self.ref_token_logprobs[i])
         m = self.provider_top_ids[i] >= 0
         if m.any():
             row["provider_top5"] = [
-                [int(a), _r(b)] for a, b in zip(self.provider_top_ids[i][m][:5], self.provider_top_logprobs[i][m][:5])
+                [int(a), _r(b)]
+                for a, b in zip(
+                    self.provider_top_ids[i][m][:5],
+                    self.provider_top_logprobs[i][m][:5],
+                )
             ]
         if not np.isnan(self.provider_token_logprobs[i]):
             row["provider_token_logprob"] = _r(self.provider_token_logprobs[i])
-        row.update({k: (_r(v) if isinstance(v, (float, np.floating)) else v) for k, v in extra.items()})
+        row.update(
+            {
+                k: (_r(v) if isinstance(v, (float, np.floating)) else v)
+                for k, v in extra.items()
+            }
+        )
         return _json_safe(row)
 
 

@@ -29,9 +29,16 @@ import numpy as np
 from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
 from .greedy import GREEDY_TEMPERATURE_MAX, MIN_HONEST_CLEAR_RATE, clear_mismatch_test
 from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
-from .sampling import TAIL_TOP_P, SamplingView, _rank_of, argmax_result, gof_result, tail_result
+from .sampling import (
+    TAIL_TOP_P,
+    SamplingView,
+    _rank_of,
+    argmax_result,
+    gof_result,
+    tail_result,
+)
 
-__all__ = ["provider_view", "self_gof", "self_argmax", "self_tail", "self_greedy"]
+__all__ = ["provider_view", "self_argmax", "self_gof", "self_greedy", "self_tail"]
 
 _T1_TOL = 1e-6
 
@@ -52,29 +59,43 @@ def provider_view(batch: EvidenceBatch) -> SamplingView:
     return SamplingView(idx.astype(np.int64), probs, ranks, "provider")
 
 
-def _view_or_none(batch: EvidenceBatch, name: str) -> tuple[SamplingView | None, DetectorResult | None]:
+def _view_or_none(
+    batch: EvidenceBatch, name: str
+) -> tuple[SamplingView | None, DetectorResult | None]:
     view = provider_view(batch)
     if len(view) < MIN_POSITIONS:
         return None, not_run(
-            name, f"too few T=1 positions with trusted provider top_logprobs ({len(view)} < {MIN_POSITIONS})", n=len(view)
+            name,
+            f"too few T=1 positions with trusted provider top_logprobs ({len(view)} < {MIN_POSITIONS})",
+            n=len(view),
         )
     return view, None
 
 
-def self_gof(batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, name="self-gof") -> DetectorResult:
+def self_gof(
+    batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, name="self-gof"
+) -> DetectorResult:
     """Randomized-PIT Cramér–von Mises test against the provider's own logprobs."""
     view, nr = _view_or_none(batch, name)
     return nr or gof_result(batch, view, name, rng, n_evidence)
 
 
-def self_argmax(batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, name="self-argmax") -> DetectorResult:
+def self_argmax(
+    batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, name="self-argmax"
+) -> DetectorResult:
     """Over-emission of the provider's own reported top-1 token."""
     view, nr = _view_or_none(batch, name)
     return nr or argmax_result(batch, view, name, rng, n_evidence)
 
 
 def self_tail(
-    batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, top_p: float = TAIL_TOP_P, name="self-tail"
+    batch: EvidenceBatch,
+    floor=None,
+    *,
+    rng=0,
+    n_evidence: int = 10,
+    top_p: float = TAIL_TOP_P,
+    name="self-tail",
 ) -> DetectorResult:
     """Deficit of emissions outside the provider's own reported top-p nucleus."""
     view, nr = _view_or_none(batch, name)
@@ -104,7 +125,11 @@ def self_greedy(
     )
     n = int(mask.sum())
     if n < MIN_POSITIONS:
-        return not_run(name, f"too few greedy positions with trusted provider top_logprobs ({n} < {MIN_POSITIONS})", n=n)
+        return not_run(
+            name,
+            f"too few greedy positions with trusted provider top_logprobs ({n} < {MIN_POSITIONS})",
+            n=n,
+        )
     idx = np.flatnonzero(mask)
     ids = batch.provider_top_ids[idx]
     lps = batch.provider_top_logprobs[idx]
@@ -119,7 +144,9 @@ def self_greedy(
     contra = tok != ids[:, 0]
     gap = np.where(contra, np.maximum(lp1 - lp_tok, 0.0), 0.0)
     band = floor.margin_band if floor is not None else DEFAULT_MARGIN_BAND
-    r0 = max(floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE)
+    r0 = max(
+        floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE
+    )
     t = clear_mismatch_test(contra, gap, band, r0, rng)
     clear = t.pop("clear")
     order = np.lexsort((-gap, ~clear))
@@ -144,7 +171,9 @@ def self_greedy(
         effect_ci=t["ci"],
         n=n,
         evidence=evidence,
-        reason=None if floor is not None else f"no noise floor: default band {DEFAULT_MARGIN_BAND} nats",
+        reason=None
+        if floor is not None
+        else f"no noise floor: default band {DEFAULT_MARGIN_BAND} nats",
         details={
             "agreement": float(1.0 - contra.mean()),
             "n_contradiction": int(contra.sum()),

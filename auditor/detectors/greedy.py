@@ -22,7 +22,12 @@ from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
 from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
 from .stats import as_rng
 
-__all__ = ["greedy_match", "clear_mismatch_test", "MIN_HONEST_CLEAR_RATE", "GREEDY_TEMPERATURE_MAX"]
+__all__ = [
+    "GREEDY_TEMPERATURE_MAX",
+    "MIN_HONEST_CLEAR_RATE",
+    "clear_mismatch_test",
+    "greedy_match",
+]
 
 #: Floor on the honest clear-mismatch rate used as the binomial null (calibrations often say ~0).
 MIN_HONEST_CLEAR_RATE = 1e-3
@@ -94,10 +99,18 @@ def greedy_match(
     """
     if not batch.has_reference:
         return not_run(name, "no reference distribution available")
-    mask = (batch.temperatures <= GREEDY_TEMPERATURE_MAX) & (batch.token_ids >= 0) & (batch.ref_top_ids[:, 0] >= 0)
+    mask = (
+        (batch.temperatures <= GREEDY_TEMPERATURE_MAX)
+        & (batch.token_ids >= 0)
+        & (batch.ref_top_ids[:, 0] >= 0)
+    )
     n = int(mask.sum())
     if n < MIN_POSITIONS:
-        return not_run(name, f"too few greedy positions with a reference ({n} < {MIN_POSITIONS})", n=n)
+        return not_run(
+            name,
+            f"too few greedy positions with a reference ({n} < {MIN_POSITIONS})",
+            n=n,
+        )
     idx = np.flatnonzero(mask)
     tok = batch.token_ids[idx]
     top_ids = batch.ref_top_ids[idx]
@@ -110,7 +123,9 @@ def greedy_match(
     mismatch = tok != top_ids[:, 0]
     gap = np.where(mismatch, np.maximum(lp1 - lp_tok, 0.0), 0.0)
     band = floor.margin_band if floor is not None else DEFAULT_MARGIN_BAND
-    r0 = max(floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE)
+    r0 = max(
+        floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE
+    )
     t = clear_mismatch_test(mismatch, gap, band, r0, rng)
     clear = t.pop("clear")
     order = np.lexsort((-gap, ~clear))  # clear first, then by gap descending
@@ -119,7 +134,11 @@ def greedy_match(
         if not mismatch[j]:
             break
         i = int(idx[j])
-        evidence.append(batch.evidence_row(i, gap=float(gap[j]), margin=float(gap[j]), clear=bool(clear[j])))
+        evidence.append(
+            batch.evidence_row(
+                i, gap=float(gap[j]), margin=float(gap[j]), clear=bool(clear[j])
+            )
+        )
     match_rate = float(1.0 - mismatch.mean())
     return DetectorResult(
         name=name,
@@ -129,7 +148,9 @@ def greedy_match(
         effect_ci=t["ci"],
         n=n,
         evidence=evidence,
-        reason=None if floor is not None else f"no noise floor: default band {DEFAULT_MARGIN_BAND} nats",
+        reason=None
+        if floor is not None
+        else f"no noise floor: default band {DEFAULT_MARGIN_BAND} nats",
         details={
             "match_rate": match_rate,
             "n_mismatch": int(mismatch.sum()),

@@ -28,21 +28,33 @@ from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
 from .noise_floor import NoiseFloor
 from .stats import as_rng, bucketed_kl, mean_variance_under
 
-__all__ = ["logprob_divergence", "logprob_positions", "bootstrap_mean_ci", "LOGPROB_TEMPERATURES"]
+__all__ = [
+    "LOGPROB_TEMPERATURES",
+    "bootstrap_mean_ci",
+    "logprob_divergence",
+    "logprob_positions",
+]
 
 #: Requested temperatures at which reported logprobs are compared with raw reference logprobs.
 #: (Engines differ on raw vs temperature-processed logprobs; at T in {0, 1} both agree.)
 LOGPROB_TEMPERATURES = (0.0, 1.0)
 
 
-def logprob_positions(batch: EvidenceBatch, temperatures=LOGPROB_TEMPERATURES) -> np.ndarray:
+def logprob_positions(
+    batch: EvidenceBatch, temperatures=LOGPROB_TEMPERATURES
+) -> np.ndarray:
     """[N] bool: positions usable for logprob comparison (reference, trusted list, T allowed)."""
     if not batch.has_reference:
         return np.zeros(len(batch), bool)
     t_ok = np.zeros(len(batch), bool)
     for t in temperatures:
         t_ok |= np.abs(batch.temperatures - t) <= 1e-6
-    return t_ok & batch.provider_trusted & (batch.provider_listed >= 1) & (batch.ref_top_ids[:, 0] >= 0)
+    return (
+        t_ok
+        & batch.provider_trusted
+        & (batch.provider_listed >= 1)
+        & (batch.ref_top_ids[:, 0] >= 0)
+    )
 
 
 def bootstrap_mean_ci(
@@ -70,7 +82,9 @@ def bootstrap_mean_ci(
     if g >= 3:
         sums = np.bincount(inv, weights=values)
         cnt = np.bincount(inv).astype(np.float64)
-        w = rng.multinomial(g, np.full(g, 1.0 / g), size=n_boot).astype(np.float64)  # [B, G]
+        w = rng.multinomial(g, np.full(g, 1.0 / g), size=n_boot).astype(
+            np.float64
+        )  # [B, G]
         means = (w @ sums) / np.maximum(w @ cnt, 1e-12)
     else:
         n = values.size
@@ -111,18 +125,34 @@ def logprob_divergence(
     mask = logprob_positions(batch, temperatures)
     n_all = int(mask.sum())
     if n_all < MIN_POSITIONS:
-        return not_run(name, f"too few positions with provider top_logprobs ({n_all} < {MIN_POSITIONS})", n=n_all)
+        return not_run(
+            name,
+            f"too few positions with provider top_logprobs ({n_all} < {MIN_POSITIONS})",
+            n=n_all,
+        )
     if floor is None:
-        return not_run(name, "no noise floor computed for this model; run the calibration first", n=n_all)
+        return not_run(
+            name,
+            "no noise floor computed for this model; run the calibration first",
+            n=n_all,
+        )
     listed = batch.provider_listed[mask]
     m = floor.choose_m(int(np.median(listed)))
     if m is None:
-        return not_run(name, f"noise floor has no width <= {int(np.median(listed))} alternatives", n=n_all)
+        return not_run(
+            name,
+            f"noise floor has no width <= {int(np.median(listed))} alternatives",
+            n=n_all,
+        )
     mask &= batch.provider_listed >= m
     idx = np.flatnonzero(mask)
     n = idx.size
     if n < MIN_POSITIONS:
-        return not_run(name, f"too few positions listing >= {m} alternatives ({n} < {MIN_POSITIONS})", n=n)
+        return not_run(
+            name,
+            f"too few positions listing >= {m} alternatives ({n} < {MIN_POSITIONS})",
+            n=n,
+        )
     fl = floor.kl_floor(m)
     prov_lp = batch.provider_top_logprobs[idx, :m]
     ref_lp = batch.ref_at_provider_top[idx, :m]
@@ -142,7 +172,12 @@ def logprob_divergence(
     ci = bootstrap_mean_ci(kl, groups, n_boot=n_boot, rng=rng)
     top1 = batch.provider_top_ids[idx, 0] == batch.ref_top_ids[idx, 0]
     order = np.argsort(-kl, kind="stable")[:n_evidence]
-    evidence = [batch.evidence_row(int(idx[j]), kl=float(kl[j]), margin=_margin(batch, int(idx[j]))) for j in order]
+    evidence = [
+        batch.evidence_row(
+            int(idx[j]), kl=float(kl[j]), margin=_margin(batch, int(idx[j]))
+        )
+        for j in order
+    ]
     ratio = mean_kl / fl.mean_kl if fl.mean_kl > 0 else float("inf")
     return DetectorResult(
         name=name,
@@ -154,10 +189,14 @@ def logprob_divergence(
         evidence=evidence,
         details={
             "ratio_to_floor": float(ratio),
-            "ratio_ci": [ci[0] / fl.mean_kl, ci[1] / fl.mean_kl] if fl.mean_kl > 0 else [None, None],
+            "ratio_ci": [ci[0] / fl.mean_kl, ci[1] / fl.mean_kl]
+            if fl.mean_kl > 0
+            else [None, None],
             "geometric_ratio": float(np.exp(ybar - vc.mean)),
             "top1_agreement": float(top1.mean()),
-            "mean_abs_dlogprob": float(np.nanmean(mad)) if np.any(~np.isnan(mad)) else None,
+            "mean_abs_dlogprob": float(np.nanmean(mad))
+            if np.any(~np.isnan(mad))
+            else None,
             "m": int(m),
             "floor_mean_kl": fl.mean_kl,
             "floor_variant": fl.variant,

@@ -29,17 +29,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
 from .stats import VarianceComponents, bucketed_kl, variance_components
 
 __all__ = [
-    "NoiseFloor",
-    "KLFloor",
-    "compute_noise_floor",
+    "BAND_SAFETY",
+    "DEFAULT_MARGIN_BAND",
+    "DEFAULT_TOP_M",
     "LOG_KL_EPS",
     "MIN_MARGIN_BAND",
-    "DEFAULT_MARGIN_BAND",
-    "BAND_SAFETY",
-    "DEFAULT_TOP_M",
+    "KLFloor",
+    "NoiseFloor",
+    "compute_noise_floor",
 ]
 
 #: y = log(KL + LOG_KL_EPS) (nats) is the per-position statistic of the logprob test.
@@ -131,7 +132,9 @@ class NoiseFloor:
         try:
             return self.kl[str(int(m))]
         except KeyError:
-            raise KeyError(f"no KL floor for top_logprobs width {m}; computed for {self.available_m()}") from None
+            raise KeyError(
+                f"no KL floor for top_logprobs width {m}; computed for {self.available_m()}"
+            ) from None
 
     # -------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:
@@ -148,8 +151,13 @@ class NoiseFloor:
         required = ("variants", "n_positions", "n_prompts", "margin_band", "kl")
         for k in required:
             if k not in d:
-                raise ValueError(f"noise floor record lacks field {k!r}; recompute it with compute_noise_floor")
-        kl = {str(k): (v if isinstance(v, KLFloor) else KLFloor(**v)) for k, v in d["kl"].items()}
+                raise ValueError(
+                    f"noise floor record lacks field {k!r}; recompute it with compute_noise_floor"
+                )
+        kl = {
+            str(k): (v if isinstance(v, KLFloor) else KLFloor(**v))
+            for k, v in d["kl"].items()
+        }
         return cls(
             model=d.get("model"),
             variants=list(d["variants"]),
@@ -224,17 +232,33 @@ def compute_noise_floor(
     """
     ref = np.asarray(ref_rows)
     if ref.ndim != 2 or ref.shape[0] < 2 or ref.shape[1] < 2:
-        raise ValueError(f"ref_rows must be [N>=2, V>=2] logits or log-probs, got shape {ref.shape}")
-    variants = [honest_rows] if isinstance(honest_rows, np.ndarray) and np.ndim(honest_rows) == 2 else list(honest_rows)
+        raise ValueError(
+            f"ref_rows must be [N>=2, V>=2] logits or log-probs, got shape {ref.shape}"
+        )
+    variants = (
+        [honest_rows]
+        if isinstance(honest_rows, np.ndarray) and np.ndim(honest_rows) == 2
+        else list(honest_rows)
+    )
     if not variants:
         raise ValueError("honest_rows must hold at least one [N, V] variant")
-    names = list(variant_names) if variant_names is not None else [f"variant{i}" for i in range(len(variants))]
+    names = (
+        list(variant_names)
+        if variant_names is not None
+        else [f"variant{i}" for i in range(len(variants))]
+    )
     if len(names) != len(variants):
-        raise ValueError(f"variant_names has {len(names)} names for {len(variants)} variants")
+        raise ValueError(
+            f"variant_names has {len(names)} names for {len(variants)} variants"
+        )
     if not 0.5 < band_quantile <= 1.0:
         raise ValueError(f"band_quantile must be in (0.5, 1], got {band_quantile}")
     n, v = ref.shape
-    groups = np.arange(n) if prompt_ids is None else np.asarray([str(p) for p in np.asarray(prompt_ids, object).reshape(-1)])
+    groups = (
+        np.arange(n)
+        if prompt_ids is None
+        else np.asarray([str(p) for p in np.asarray(prompt_ids, object).reshape(-1)])
+    )
     if groups.size != n:
         raise ValueError(f"prompt_ids has {groups.size} entries, ref_rows {n} rows")
     ref_lp = _log_softmax_rows(ref)
@@ -251,12 +275,18 @@ def compute_noise_floor(
     for name, hv in zip(names, variants):
         h = np.asarray(hv)
         if h.shape != ref.shape:
-            raise ValueError(f"honest variant {name!r} has shape {h.shape}, reference {ref.shape}")
+            raise ValueError(
+                f"honest variant {name!r} has shape {h.shape}, reference {ref.shape}"
+            )
         h_lp = _log_softmax_rows(h)
         if not np.all(np.isfinite(h_lp.max(1))):
-            raise ValueError(f"honest variant {name!r} contains a row without finite values")
+            raise ValueError(
+                f"honest variant {name!r} contains a row without finite values"
+            )
         h_margin = h_lp[rows, ref_top2[:, 0]] - h_lp[rows, ref_top2[:, 1]]
-        delta = np.abs(np.nan_to_num(ref_margin - h_margin, nan=0.0, posinf=0.0, neginf=0.0))
+        delta = np.abs(
+            np.nan_to_num(ref_margin - h_margin, nan=0.0, posinf=0.0, neginf=0.0)
+        )
         qs = np.quantile(delta, (band_quantile,) + _QUANTILES)
         band_raw = max(band_raw, float(qs[0]))
         for q, val in zip(_QUANTILES, qs[1:]):
@@ -280,8 +310,13 @@ def compute_noise_floor(
                 variant=name,
                 mean_kl=float(kl.mean()),
                 sd_kl=float(kl.std(ddof=1)),
-                quantiles={str(q): float(val) for q, val in zip(_QUANTILES, np.quantile(kl, _QUANTILES))},
-                mean_abs_dlogprob=float(np.nanmean(mad)) if np.any(~np.isnan(mad)) else 0.0,
+                quantiles={
+                    str(q): float(val)
+                    for q, val in zip(_QUANTILES, np.quantile(kl, _QUANTILES))
+                },
+                mean_abs_dlogprob=float(np.nanmean(mad))
+                if np.any(~np.isnan(mad))
+                else 0.0,
                 log_kl=vc.to_dict(),
             )
             prev = kl_by_m.get(str(m))

@@ -41,16 +41,16 @@ from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
 from .stats import garwood_ci, poisson_binomial_test, randomized_pit
 
 __all__ = [
-    "SamplingView",
-    "reference_view",
-    "gof_test",
-    "argmax_test",
-    "tail_test",
-    "sampling_gof",
-    "sampling_argmax",
-    "sampling_tail",
-    "TAIL_TOP_P",
     "FULL_ROW_TOP_K",
+    "TAIL_TOP_P",
+    "SamplingView",
+    "argmax_test",
+    "gof_test",
+    "reference_view",
+    "sampling_argmax",
+    "sampling_gof",
+    "sampling_tail",
+    "tail_test",
 ]
 
 #: The tail is everything outside the smallest top set with cumulative probability >= TAIL_TOP_P.
@@ -58,6 +58,7 @@ TAIL_TOP_P = 0.9
 #: How many top tokens a view keeps when built from full reference rows.
 FULL_ROW_TOP_K = 64
 _T1_TOL = 1e-6
+_FULL_ROW_CHUNK = 256
 
 
 @dataclass
@@ -91,23 +92,38 @@ def reference_view(batch: EvidenceBatch) -> SamplingView:
     Uses full rows when present (any T > 0, tempered); otherwise the top-K list at T = 1 only.
     """
     if not batch.has_reference:
-        return SamplingView(np.zeros(0, np.int64), np.zeros((0, 0)), np.zeros(0, np.int64), "reference")
-    base = (batch.temperatures > _T1_TOL) & (batch.token_ids >= 0) & (batch.ref_top_ids[:, 0] >= 0)
+        return SamplingView(
+            np.zeros(0, np.int64), np.zeros((0, 0)), np.zeros(0, np.int64), "reference"
+        )
+    base = (
+        (batch.temperatures > _T1_TOL)
+        & (batch.token_ids >= 0)
+        & (batch.ref_top_ids[:, 0] >= 0)
+    )
     if batch.ref_full_logprobs is not None:
         idx = np.flatnonzero(base)
-        full = batch.ref_full_logprobs[idx].astype(np.float64) / batch.temperatures[idx][:, None]
-        full = full - logsumexp(full, axis=1, keepdims=True)
-        k = min(FULL_ROW_TOP_K, full.shape[1])
-        ids = np.argpartition(-full, k - 1, axis=1)[:, :k]
-        lp = np.take_along_axis(full, ids, 1)
-        order = np.argsort(-lp, axis=1, kind="stable")
-        ids = np.take_along_axis(ids, order, 1)
-        probs = np.exp(np.take_along_axis(lp, order, 1))
+        k = min(FULL_ROW_TOP_K, batch.ref_full_logprobs.shape[1])
+        ids = np.zeros((idx.size, k), np.int64)
+        probs = np.zeros((idx.size, k))
+        for s in range(0, idx.size, _FULL_ROW_CHUNK):  # bounded memory for V ~ 50k
+            rows = idx[s : s + _FULL_ROW_CHUNK]
+            full = (
+                batch.ref_full_logprobs[rows].astype(np.float64)
+                / batch.temperatures[rows][:, None]
+            )
+            full = full - logsumexp(full, axis=1, keepdims=True)
+            top = np.argpartition(-full, k - 1, axis=1)[:, :k]
+            lp = np.take_along_axis(full, top, 1)
+            order = np.argsort(-lp, axis=1, kind="stable")
+            ids[s : s + rows.size] = np.take_along_axis(top, order, 1)
+            probs[s : s + rows.size] = np.exp(np.take_along_axis(lp, order, 1))
     else:
         idx = np.flatnonzero(base & (np.abs(batch.temperatures - 1.0) <= _T1_TOL))
         ids = batch.ref_top_ids[idx]
         probs = np.exp(batch.ref_top_logprobs[idx])
-    return SamplingView(idx.astype(np.int64), probs, _rank_of(ids, batch.token_ids[idx]), "reference")
+    return SamplingView(
+        idx.astype(np.int64), probs, _rank_of(ids, batch.token_ids[idx]), "reference"
+    )
 
 
 # --------------------------------------------------------------------------- core tests
@@ -167,7 +183,9 @@ def argmax_test(view: SamplingView, rng: np.random.Generator | int | None = 0) -
     }
 
 
-def tail_split(view: SamplingView, top_p: float = TAIL_TOP_P) -> tuple[np.ndarray, np.ndarray]:
+def tail_split(
+    view: SamplingView, top_p: float = TAIL_TOP_P
+) -> tuple[np.ndarray, np.ndarray]:
     """Per position: tail mass τ [n] (outside the top-p nucleus, or outside the listed top-K
     when the list does not reach top_p) and whether the emitted token fell in the tail [n] bool."""
     probs = view.top_probs
@@ -184,7 +202,11 @@ def tail_split(view: SamplingView, top_p: float = TAIL_TOP_P) -> tuple[np.ndarra
     return tau, in_tail
 
 
-def tail_test(view: SamplingView, top_p: float = TAIL_TOP_P, rng: np.random.Generator | int | None = 0) -> dict:
+def tail_test(
+    view: SamplingView,
+    top_p: float = TAIL_TOP_P,
+    rng: np.random.Generator | int | None = 0,
+) -> dict:
     """Tail-mass deficit: emitted-in-tail count vs Poisson-binomial(τ), one-sided less.
 
     Returns:
@@ -217,7 +239,11 @@ def tail_test(view: SamplingView, top_p: float = TAIL_TOP_P, rng: np.random.Gene
 # --------------------------------------------------------------------------- detectors
 def _too_few(name: str, view: SamplingView, what: str) -> DetectorResult | None:
     if len(view) < MIN_POSITIONS:
-        return not_run(name, f"too few sampled positions {what} ({len(view)} < {MIN_POSITIONS})", n=len(view))
+        return not_run(
+            name,
+            f"too few sampled positions {what} ({len(view)} < {MIN_POSITIONS})",
+            n=len(view),
+        )
     return None
 
 
@@ -230,7 +256,12 @@ def gof_result(batch, view, name, rng, n_evidence) -> DetectorResult:
     u = t["u"]
     order = np.argsort(-np.abs(u - 0.5), kind="stable")[:n_evidence]
     ev = [
-        batch.evidence_row(int(view.idx[j]), u=float(u[j]), rank=int(view.token_rank[j]), margin=_margin(view, j))
+        batch.evidence_row(
+            int(view.idx[j]),
+            u=float(u[j]),
+            rank=int(view.token_rank[j]),
+            margin=_margin(view, j),
+        )
         for j in order
     ]
     return DetectorResult(
@@ -257,7 +288,12 @@ def argmax_result(batch, view, name, rng, n_evidence) -> DetectorResult:
     # strongest: argmax emitted where it was least likely
     cand = np.flatnonzero(t["is_argmax"])
     order = cand[np.argsort(p1[cand], kind="stable")][:n_evidence]
-    ev = [batch.evidence_row(int(view.idx[j]), p_argmax=float(p1[j]), margin=_margin(view, j)) for j in order]
+    ev = [
+        batch.evidence_row(
+            int(view.idx[j]), p_argmax=float(p1[j]), margin=_margin(view, j)
+        )
+        for j in order
+    ]
     return DetectorResult(
         name=name,
         statistic=t["z"],
@@ -285,7 +321,12 @@ def tail_result(batch, view, name, rng, n_evidence, top_p) -> DetectorResult:
     tau, in_tail = t["tau"], t["in_tail"]
     cand = np.flatnonzero(~in_tail)
     order = cand[np.argsort(-tau[cand], kind="stable")][:n_evidence]
-    ev = [batch.evidence_row(int(view.idx[j]), tail_mass=float(tau[j]), margin=_margin(view, j)) for j in order]
+    ev = [
+        batch.evidence_row(
+            int(view.idx[j]), tail_mass=float(tau[j]), margin=_margin(view, j)
+        )
+        for j in order
+    ]
     return DetectorResult(
         name=name,
         statistic=t["z"],
@@ -315,7 +356,14 @@ def _margin(view: SamplingView, j: int) -> float:
     return float("inf")
 
 
-def sampling_gof(batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, name="sampling-gof") -> DetectorResult:
+def sampling_gof(
+    batch: EvidenceBatch,
+    floor=None,
+    *,
+    rng=0,
+    n_evidence: int = 10,
+    name="sampling-gof",
+) -> DetectorResult:
     """Randomized-PIT Cramér–von Mises test against the reference (see module doc).
 
     Returns: statistic = W², p_value, effect = mean(U) − 0.5 (negative = top tokens over-emitted).
@@ -323,10 +371,19 @@ def sampling_gof(batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 1
     if not batch.has_reference:
         return not_run(name, "no reference distribution available")
     view = reference_view(batch)
-    return _too_few(name, view, "with a reference") or gof_result(batch, view, name, rng, n_evidence)
+    return _too_few(name, view, "with a reference") or gof_result(
+        batch, view, name, rng, n_evidence
+    )
 
 
-def sampling_argmax(batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, name="sampling-argmax") -> DetectorResult:
+def sampling_argmax(
+    batch: EvidenceBatch,
+    floor=None,
+    *,
+    rng=0,
+    n_evidence: int = 10,
+    name="sampling-argmax",
+) -> DetectorResult:
     """Argmax over-emission test against the reference (see module doc).
 
     Returns: statistic = z, p_value (exact Poisson-binomial), effect = excess argmax emissions
@@ -335,11 +392,19 @@ def sampling_argmax(batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int 
     if not batch.has_reference:
         return not_run(name, "no reference distribution available")
     view = reference_view(batch)
-    return _too_few(name, view, "with a reference") or argmax_result(batch, view, name, rng, n_evidence)
+    return _too_few(name, view, "with a reference") or argmax_result(
+        batch, view, name, rng, n_evidence
+    )
 
 
 def sampling_tail(
-    batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, top_p: float = TAIL_TOP_P, name="sampling-tail"
+    batch: EvidenceBatch,
+    floor=None,
+    *,
+    rng=0,
+    n_evidence: int = 10,
+    top_p: float = TAIL_TOP_P,
+    name="sampling-tail",
 ) -> DetectorResult:
     """Tail-mass deficit test against the reference (see module doc).
 
@@ -349,4 +414,6 @@ def sampling_tail(
     if not batch.has_reference:
         return not_run(name, "no reference distribution available")
     view = reference_view(batch)
-    return _too_few(name, view, "with a reference") or tail_result(batch, view, name, rng, n_evidence, top_p)
+    return _too_few(name, view, "with a reference") or tail_result(
+        batch, view, name, rng, n_evidence, top_p
+    )

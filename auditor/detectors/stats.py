@@ -13,17 +13,17 @@ import numpy as np
 from scipy import stats
 
 __all__ = [
-    "holm",
-    "wilson_ci",
+    "VarianceComponents",
+    "as_rng",
+    "bucketed_kl",
     "garwood_ci",
+    "holm",
+    "mean_variance_under",
     "poisson_binomial_pmf",
     "poisson_binomial_test",
-    "VarianceComponents",
-    "variance_components",
-    "mean_variance_under",
-    "bucketed_kl",
     "randomized_pit",
-    "as_rng",
+    "variance_components",
+    "wilson_ci",
 ]
 
 #: Above this many trials the Poisson-binomial tail uses the refined normal approximation
@@ -144,7 +144,9 @@ def poisson_binomial_test(
         ValueError: on an unknown ``alternative``.
     """
     if alternative not in ("greater", "less"):
-        raise ValueError(f"alternative must be 'greater' or 'less', got {alternative!r}")
+        raise ValueError(
+            f"alternative must be 'greater' or 'less', got {alternative!r}"
+        )
     p = np.clip(np.asarray(p, dtype=np.float64).reshape(-1), 0.0, 1.0)
     n = p.size
     s = int(observed)
@@ -185,9 +187,17 @@ class VarianceComponents:
     Estimated with the unbalanced ANOVA (method-of-moments) estimator, sigma_b2 clipped at 0.
     """
 
-    __slots__ = ("mean", "sigma_w2", "sigma_b2", "n", "n_groups", "sum_ng2")
+    __slots__ = ("mean", "n", "n_groups", "sigma_b2", "sigma_w2", "sum_ng2")
 
-    def __init__(self, mean: float, sigma_w2: float, sigma_b2: float, n: int, n_groups: int, sum_ng2: float):
+    def __init__(
+        self,
+        mean: float,
+        sigma_w2: float,
+        sigma_b2: float,
+        n: int,
+        n_groups: int,
+        sum_ng2: float,
+    ):
         self.mean = float(mean)
         self.sigma_w2 = float(sigma_w2)
         self.sigma_b2 = float(sigma_b2)
@@ -207,7 +217,9 @@ class VarianceComponents:
         return cls(**{k: d[k] for k in cls.__slots__})
 
 
-def mean_variance_under(sigma_w2: float, sigma_b2: float, n: int, sum_ng2: float) -> float:
+def mean_variance_under(
+    sigma_w2: float, sigma_b2: float, n: int, sum_ng2: float
+) -> float:
     """Var of the position-weighted mean of n positions in groups with sum of squared sizes sum_ng2.
 
     Var(ȳ) = (sigma_b2 * Σ n_g² + sigma_w2 * n) / n².
@@ -226,7 +238,9 @@ def variance_components(y: np.ndarray, groups: np.ndarray) -> VarianceComponents
     y = np.asarray(y, dtype=np.float64).reshape(-1)
     groups = np.asarray(groups).reshape(-1)
     if y.size != groups.size:
-        raise ValueError(f"y ({y.size}) and groups ({groups.size}) must have the same length")
+        raise ValueError(
+            f"y ({y.size}) and groups ({groups.size}) must have the same length"
+        )
     if y.size == 0:
         raise ValueError("variance_components needs at least one value")
     _, inv = np.unique(groups, return_inverse=True)
@@ -273,7 +287,9 @@ def bucketed_kl(
     ref_lp = np.asarray(ref_lp, dtype=np.float64)
     prov_lp = np.asarray(prov_lp, dtype=np.float64)
     if ref_lp.shape != prov_lp.shape or ref_lp.ndim != 2:
-        raise ValueError(f"ref_lp {ref_lp.shape} and prov_lp {prov_lp.shape} must both be [N, M]")
+        raise ValueError(
+            f"ref_lp {ref_lp.shape} and prov_lp {prov_lp.shape} must both be [N, M]"
+        )
     known = np.isfinite(prov_lp) & ~np.isnan(ref_lp)
     r = np.where(known, np.exp(np.where(known, ref_lp, -np.inf)), 0.0)
     q = np.where(known, np.exp(np.where(known, prov_lp, -np.inf)), 0.0)
@@ -321,7 +337,9 @@ def randomized_pit(
     token_rank = np.asarray(token_rank).astype(np.int64).reshape(-1)
     n, k = top_probs.shape
     v = as_rng(rng).random(n)
-    cum = np.concatenate([np.zeros((n, 1)), np.cumsum(top_probs, axis=1)], axis=1)  # [N, K+1]
+    cum = np.concatenate(
+        [np.zeros((n, 1)), np.cumsum(top_probs, axis=1)], axis=1
+    )  # [N, K+1]
     s_k = np.minimum(cum[:, -1], 1.0)
     listed = token_rank >= 0
     r = np.clip(token_rank, 0, max(k - 1, 0))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 PAGES = ["providers", "speed", "history", "run", "calibration"]
@@ -126,7 +128,7 @@ def test_run_detail_shows_escaped_evidence_and_raw_response(app_test, seeded):
     assert "token the provider emitted" in text and "reference top-1" in text
     # The hostile token appears, escaped, never as raw HTML.
     assert "\\<img␣src\\=x␣onerror\\=alert\\(1\\)\\>" in text
-    assert all("<img" not in m.value for m in at.markdown)
+    assert not [m.value for m in at.markdown if re.search(r"(?<!\\)<", m.value)]  # no unescaped "<"
     # Raw response one click away: an expander per evidence item holding the provider's body.
     labels = [e.label for e in at.expander]
     assert any(lbl.startswith("Raw response of probe") for lbl in labels)

@@ -43,7 +43,9 @@ def dirichlet_logprobs(rng, n_prompts, length, v=V, alpha_range=(0.01, 0.5)):
 
 
 def prompt_labels(n_prompts, length, prefix="p"):
-    return np.repeat(np.array([f"{prefix}{i}" for i in range(n_prompts)], dtype=object), length)
+    return np.repeat(
+        np.array([f"{prefix}{i}" for i in range(n_prompts)], dtype=object), length
+    )
 
 
 def first_positions(n_prompts, length):
@@ -71,7 +73,13 @@ def top_k(lp, k):
 
 def served_rows(rng, ref, profile, **kw):
     """Log-probs the provider's model computes (and reports), per profile."""
-    if profile in ("honest-exact", "relaxed", "truncated", "greedy-served", "decode-mismatch"):
+    if profile in (
+        "honest-exact",
+        "relaxed",
+        "truncated",
+        "greedy-served",
+        "decode-mismatch",
+    ):
         sigma = kw.get("sigma_honest", 0.0)
         return normalise(ref + rng.normal(0, sigma, ref.shape)) if sigma > 0 else ref
     if profile == "honest-noisy":
@@ -118,7 +126,17 @@ def emit(rng, served, temperature, profile, first, **kw):
     return y
 
 
-def make_batch(rng, ref, served, tok, temperature, prompt_ids, m_provider=5, reported=None, full=False):
+def make_batch(
+    rng,
+    ref,
+    served,
+    tok,
+    temperature,
+    prompt_ids,
+    m_provider=5,
+    reported=None,
+    full=False,
+):
     """EvidenceBatch from rows: reference top-K, provider top-M of `reported` (default served)."""
     n = ref.shape[0]
     rep = served if reported is None else reported
@@ -126,11 +144,11 @@ def make_batch(rng, ref, served, tok, temperature, prompt_ids, m_provider=5, rep
     kw = {}
     if m_provider:
         p_ids, p_lp = top_k(rep, m_provider)
-        kw = dict(
-            provider_top_ids=p_ids,
-            provider_top_logprobs=p_lp,
-            provider_token_logprobs=rep[np.arange(n), tok],
-        )
+        kw = {
+            "provider_top_ids": p_ids,
+            "provider_top_logprobs": p_lp,
+            "provider_token_logprobs": rep[np.arange(n), tok],
+        }
     return EvidenceBatch.from_arrays(
         prompt_ids=prompt_ids,
         token_ids=tok,
@@ -157,10 +175,26 @@ def concat(batches):
 def make_floor(rng, n_prompts=60, length=20, sigma_honest=0.02, top_m=(1, 5, 20)):
     ref = dirichlet_logprobs(rng, n_prompts, length)
     hon = normalise(ref + rng.normal(0, sigma_honest, ref.shape))
-    return compute_noise_floor(ref, hon, prompt_ids=prompt_labels(n_prompts, length, "f"), variant_names=["noisy"], top_m=top_m)
+    return compute_noise_floor(
+        ref,
+        hon,
+        prompt_ids=prompt_labels(n_prompts, length, "f"),
+        variant_names=["noisy"],
+        top_m=top_m,
+    )
 
 
-def audit(rng, profile, *, n_greedy=4, n_sampling=8, length=24, m_provider=5, with_logprobs=True, **kw):
+def audit(
+    rng,
+    profile,
+    *,
+    n_greedy=4,
+    n_sampling=8,
+    length=24,
+    m_provider=5,
+    with_logprobs=True,
+    **kw,
+):
     """One simulated audit: greedy prompts (T=0) + sampling prompts (T=1) of the profile."""
     parts = []
     for temp, g, tag in ((0.0, n_greedy, "g"), (1.0, n_sampling, "s")):
@@ -170,13 +204,56 @@ def audit(rng, profile, *, n_greedy=4, n_sampling=8, length=24, m_provider=5, wi
         served = served_rows(rng, ref, profile, **kw)
         tok = emit(rng, served, temp, profile, first_positions(g, length), **kw)
         parts.append(
-            make_batch(rng, ref, served, tok, temp, prompt_labels(g, length, tag), m_provider=m_provider if with_logprobs else 0)
+            make_batch(
+                rng,
+                ref,
+                served,
+                tok,
+                temp,
+                prompt_labels(g, length, tag),
+                m_provider=m_provider if with_logprobs else 0,
+            )
         )
     return concat(parts) if len(parts) > 1 else parts[0]
 
 
-@pytest.fixture
+def bulk_batch(
+    rng,
+    n_audits,
+    g,
+    length,
+    *,
+    profile="honest-exact",
+    temperature=1.0,
+    m_provider=5,
+    **kw,
+):
+    """One EvidenceBatch holding n_audits audits of g prompts x length positions (sliced per audit)."""
+    ref = dirichlet_logprobs(rng, n_audits * g, length)
+    served = served_rows(rng, ref, profile, **kw)
+    tok = emit(
+        rng, served, temperature, profile, first_positions(n_audits * g, length), **kw
+    )
+    b = make_batch(
+        rng,
+        ref,
+        served,
+        tok,
+        temperature,
+        prompt_labels(n_audits * g, length),
+        m_provider=m_provider,
+    )
+    return b, ref, served, tok
+
+
+def audit_slices(n_audits, g, length):
+    step = g * length
+    return [slice(a * step, (a + 1) * step) for a in range(n_audits)]
+
+
+@pytest.fixture(scope="session")
 def synth():
+    """The helpers above as one namespace (stateless, so session-scoped)."""
     return SimpleNamespace(
         V=V,
         dirichlet_logprobs=dirichlet_logprobs,
@@ -191,18 +268,6 @@ def synth():
         concat=concat,
         make_floor=make_floor,
         audit=audit,
+        bulk_batch=bulk_batch,
+        audit_slices=audit_slices,
     )
-
-
-def bulk_batch(rng, n_audits, g, length, *, profile="honest-exact", temperature=1.0, m_provider=5, **kw):
-    """One EvidenceBatch holding n_audits audits of g prompts x length positions (sliced per audit)."""
-    ref = dirichlet_logprobs(rng, n_audits * g, length)
-    served = served_rows(rng, ref, profile, **kw)
-    tok = emit(rng, served, temperature, profile, first_positions(n_audits * g, length), **kw)
-    b = make_batch(rng, ref, served, tok, temperature, prompt_labels(n_audits * g, length), m_provider=m_provider)
-    return b, ref, served, tok
-
-
-def audit_slices(n_audits, g, length):
-    step = g * length
-    return [slice(a * step, (a + 1) * step) for a in range(n_audits)]

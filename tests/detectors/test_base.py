@@ -79,7 +79,9 @@ def test_provider_sanitisation_never_raises():
             _pos(1, 1, {1: 0.5}),  # positive logprob: untrusted
             _pos(2, 1, {1: np.log(0.9), 3: np.log(0.9)}),  # mass > 1: untrusted
             _pos(3, 1, {1: np.log(0.5)}, anomalies=["zero_logprob_run"]),
-            _pos(4, 1, {1: np.log(0.5)}, anomalies=["greedy_not_argmax"]),  # evidence, still trusted
+            _pos(
+                4, 1, {1: np.log(0.5)}, anomalies=["greedy_not_argmax"]
+            ),  # evidence, still trusted
             _pos(5, 1, {1: float("nan"), 2: float("-inf")}),
         ]
     )
@@ -104,16 +106,34 @@ def test_duplicate_provider_ids_keep_the_largest():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(ref_top_ids=np.array([[0, 1]]), ref_top_logprobs=np.array([[0.5, -1.0]])), "<= 0 nats"),
-        (dict(ref_top_ids=np.array([[0, 1]]), ref_top_logprobs=np.log([[0.8, 0.7]])), "log-softmax"),
-        (dict(ref_top_ids=np.array([[0, 1]])), "both ref_top_ids and ref_top_logprobs"),
-        (dict(ref_top_ids=np.array([[0, 1]]), ref_top_logprobs=np.array([[np.nan, -1.0]])), "NaN"),
-        (dict(temperatures=-1.0), "temperatures"),
-        (dict(prompt_ids=["a", "b"]), "prompt_ids"),
+        (
+            {
+                "ref_top_ids": np.array([[0, 1]]),
+                "ref_top_logprobs": np.array([[0.5, -1.0]]),
+            },
+            "<= 0 nats",
+        ),
+        (
+            {
+                "ref_top_ids": np.array([[0, 1]]),
+                "ref_top_logprobs": np.log([[0.8, 0.7]]),
+            },
+            "log-softmax",
+        ),
+        ({"ref_top_ids": np.array([[0, 1]])}, "both ref_top_ids and ref_top_logprobs"),
+        (
+            {
+                "ref_top_ids": np.array([[0, 1]]),
+                "ref_top_logprobs": np.array([[np.nan, -1.0]]),
+            },
+            "NaN",
+        ),
+        ({"temperatures": -1.0}, "temperatures"),
+        ({"prompt_ids": ["a", "b"]}, "prompt_ids"),
     ],
 )
 def test_reference_errors_name_the_field(kwargs, match):
-    base = dict(prompt_ids=["a"], token_ids=[0], temperatures=0.0)
+    base = {"prompt_ids": ["a"], "token_ids": [0], "temperatures": 0.0}
     base.update(kwargs)
     with pytest.raises(ValueError, match=match):
         EvidenceBatch.from_arrays(**base)
@@ -127,18 +147,38 @@ def test_mixed_reference_presence_is_an_error():
 
 
 def test_subset_keeps_alignment():
-    b = EvidenceBatch.from_positions([_pos(i, 1 + (i % 2), prompt=f"p{i % 3}") for i in range(9)])
+    b = EvidenceBatch.from_positions(
+        [_pos(i, 1 + (i % 2), prompt=f"p{i % 3}") for i in range(9)]
+    )
     s = b.subset(b.token_ids == 2)
     assert len(s) == 4 and set(s.token_ids.tolist()) == {2}
     assert s.ref_top_ids.shape == (4, 3)
 
 
 def test_detector_result_json_roundtrip():
-    r = DetectorResult("x", 1.5, float("nan"), 0.1, (0.0, float("inf")), 12, [{"a": np.int64(3)}], details={"k": np.float64(2)})
+    r = DetectorResult(
+        "x",
+        1.5,
+        float("nan"),
+        0.1,
+        (0.0, float("inf")),
+        12,
+        [{"a": np.int64(3)}],
+        details={"k": np.float64(2)},
+    )
     d = r.to_dict()
     s = json.dumps(d, allow_nan=False)
-    assert d["p_value"] is None and d["effect_ci"] == [0.0, None] and d["evidence"] == [{"a": 3}]
+    assert (
+        d["p_value"] is None
+        and d["effect_ci"] == [0.0, None]
+        and d["evidence"] == [{"a": 3}]
+    )
     back = DetectorResult.from_dict(json.loads(s))
-    assert back.name == "x" and math.isnan(back.p_value) and back.n == 12 and back.details == {"k": 2.0}
+    assert (
+        back.name == "x"
+        and math.isnan(back.p_value)
+        and back.n == 12
+        and back.details == {"k": 2.0}
+    )
     nr = not_run("y", "why", n=3)
     assert not nr.ran and nr.reason == "why" and nr.n == 3

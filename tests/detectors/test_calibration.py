@@ -41,7 +41,12 @@ def check_calibrated(name, p, p_rand):
 def run_null(fn, batch, slices, floor_for=None, seed=0):
     p, pr = [], []
     for a, sl in enumerate(slices):
-        r = fn(batch.subset(sl), None if floor_for is None else floor_for(a), rng=np.random.default_rng(seed + a), n_evidence=0)
+        r = fn(
+            batch.subset(sl),
+            None if floor_for is None else floor_for(a),
+            rng=np.random.default_rng(seed + a),
+            n_evidence=0,
+        )
         assert r.ran, r.reason
         p.append(r.p_value)
         pr.append(r.details.get("p_randomized", r.p_value))
@@ -49,95 +54,110 @@ def run_null(fn, batch, slices, floor_for=None, seed=0):
 
 
 @pytest.fixture(scope="module")
-def sampled_null():
+def sampled_null(synth):
     """Provider samples exactly from the reference at T=1 and reports its own top-5."""
-    import importlib.util
-    import pathlib
-
-    spec = importlib.util.spec_from_file_location("_synth_cal", pathlib.Path(__file__).with_name("conftest.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     rng = np.random.default_rng(20240601)
     g, L = 8, 25
-    b, *_ = mod.bulk_batch(rng, N_AUDITS, g, L, profile="honest-exact", temperature=1.0)
-    return mod, b, mod.audit_slices(N_AUDITS, g, L)
+    b, *_ = synth.bulk_batch(
+        rng, N_AUDITS, g, L, profile="honest-exact", temperature=1.0
+    )
+    return synth, b, synth.audit_slices(N_AUDITS, g, L)
 
 
-@pytest.mark.parametrize("fn", [sampling_gof, sampling_argmax, sampling_tail], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "fn", [sampling_gof, sampling_argmax, sampling_tail], ids=lambda f: f.__name__
+)
 def test_reference_sampling_tests_calibrated(sampled_null, fn):
     _, b, slices = sampled_null
     check_calibrated(fn.__name__, *run_null(fn, b, slices, seed=1))
 
 
-@pytest.mark.parametrize("fn", [self_gof, self_argmax, self_tail], ids=lambda f: f.__name__)
-def test_self_sampling_tests_calibrated(sampled_null, fn):
+@pytest.mark.parametrize(
+    "fn", [self_gof, self_argmax, self_tail], ids=lambda f: f.__name__
+)
+def test_self_sampling_tests_calibrated(synth, fn):
     # the provider's own distribution is far from the reference (sigma 0.3 logit noise) but it
     # samples from what it reports: the self tests must stay calibrated
-    mod, _, _ = sampled_null
     rng = np.random.default_rng(7)
     g, L = 8, 25
-    b, *_ = mod.bulk_batch(rng, N_AUDITS, g, L, profile="quantized", sigma_q=0.3, temperature=1.0)
-    check_calibrated(fn.__name__, *run_null(fn, b, mod.audit_slices(N_AUDITS, g, L), seed=2))
+    b, *_ = synth.bulk_batch(
+        rng, N_AUDITS, g, L, profile="quantized", sigma_q=0.3, temperature=1.0
+    )
+    check_calibrated(
+        fn.__name__, *run_null(fn, b, synth.audit_slices(N_AUDITS, g, L), seed=2)
+    )
 
 
-def test_logprob_divergence_calibrated_with_fresh_floors(sampled_null):
+def test_logprob_divergence_calibrated_with_fresh_floors(synth):
     """Honest provider = reference + N(0, 0.02) logit noise; each audit gets its own floor measured
     on independent prompts with the same honest variant (so the floor's own error is part of H0)."""
-    mod, _, _ = sampled_null
     rng = np.random.default_rng(11)
     g, L, gf = 10, 20, 30
-    b, *_ = mod.bulk_batch(rng, N_AUDITS, g, L, profile="honest-noisy", sigma_honest=0.02, temperature=0.0)
-    fref = mod.dirichlet_logprobs(rng, N_AUDITS * gf, L)
-    fhon = mod.normalise(fref + rng.normal(0, 0.02, fref.shape))
-    fpid = mod.prompt_labels(gf, L, "f")
-    step = gf * L
+    b, *_ = synth.bulk_batch(
+        rng, N_AUDITS, g, L, profile="honest-noisy", sigma_honest=0.02, temperature=0.0
+    )
+    fpid = synth.prompt_labels(gf, L, "f")
 
     def floor_for(a):
-        sl = slice(a * step, (a + 1) * step)
-        return compute_noise_floor(fref[sl], fhon[sl], prompt_ids=fpid, top_m=(5,))
+        fref = synth.dirichlet_logprobs(rng, gf, L)
+        fhon = synth.normalise(fref + rng.normal(0, 0.02, fref.shape))
+        return compute_noise_floor(fref, fhon, prompt_ids=fpid, top_m=(5,))
 
-    check_calibrated("logprob-divergence", *run_null(logprob_divergence, b, mod.audit_slices(N_AUDITS, g, L), floor_for, seed=3))
+    check_calibrated(
+        "logprob-divergence",
+        *run_null(
+            logprob_divergence, b, synth.audit_slices(N_AUDITS, g, L), floor_for, seed=3
+        ),
+    )
 
 
-def _boundary_greedy_batch(mod, rng, r0, g, L, self_report):
+def _boundary_greedy_batch(synth, rng, r0, g, L):
     """Greedy world at the boundary of H0: a clear mismatch (least likely token) with prob. r0."""
-    ref = mod.dirichlet_logprobs(rng, N_AUDITS * g, L)
+    ref = synth.dirichlet_logprobs(rng, N_AUDITS * g, L)
     tok = ref.argmax(1)
     hit = rng.random(tok.size) < r0
     tok = np.where(hit, ref.argmin(1), tok)
-    return mod.make_batch(rng, ref, ref, tok, 0.0, mod.prompt_labels(N_AUDITS * g, L), m_provider=5 if self_report else 0)
+    return synth.make_batch(
+        rng, ref, ref, tok, 0.0, synth.prompt_labels(N_AUDITS * g, L), m_provider=5
+    )
 
 
 @pytest.mark.parametrize("fn", [greedy_match, self_greedy], ids=lambda f: f.__name__)
-def test_greedy_tests_calibrated_at_the_honest_rate(sampled_null, fn):
-    mod, _, _ = sampled_null
+def test_greedy_tests_calibrated_at_the_honest_rate(synth, fn):
     rng = np.random.default_rng(13)
     g, L, r0 = 4, 25, 0.02
-    b = _boundary_greedy_batch(mod, rng, r0, g, L, self_report=True)
-    fl = mod.make_floor(rng, n_prompts=10, length=10, top_m=(5,))
+    b = _boundary_greedy_batch(synth, rng, r0, g, L)
+    fl = synth.make_floor(rng, n_prompts=10, length=10, top_m=(5,))
     fl.clear_mismatch_rate = r0  # the honest clear rate this world has
-    check_calibrated(fn.__name__, *run_null(fn, b, mod.audit_slices(N_AUDITS, g, L), lambda a: fl, seed=4))
+    check_calibrated(
+        fn.__name__,
+        *run_null(fn, b, synth.audit_slices(N_AUDITS, g, L), lambda a: fl, seed=4),
+    )
 
 
-def test_greedy_match_rarely_rejects_honest_noise(sampled_null):
-    mod, _, _ = sampled_null
+def test_greedy_match_rarely_rejects_honest_noise(synth):
     rng = np.random.default_rng(17)
     g, L = 4, 25
-    b, *_ = mod.bulk_batch(rng, N_AUDITS, g, L, profile="honest-noisy", sigma_honest=0.02, temperature=0.0)
-    fl = mod.make_floor(rng, n_prompts=60, length=20, sigma_honest=0.02, top_m=(5,))
-    p, _ = run_null(greedy_match, b, mod.audit_slices(N_AUDITS, g, L), lambda a: fl, seed=5)
+    b, *_ = synth.bulk_batch(
+        rng, N_AUDITS, g, L, profile="honest-noisy", sigma_honest=0.02, temperature=0.0
+    )
+    fl = synth.make_floor(rng, n_prompts=60, length=20, sigma_honest=0.02, top_m=(5,))
+    p, _ = run_null(
+        greedy_match, b, synth.audit_slices(N_AUDITS, g, L), lambda a: fl, seed=5
+    )
     assert np.mean(np.asarray(p) <= ALPHA) <= MAX_REJECTION
 
 
-def test_whole_audit_false_accusation_rate(sampled_null):
+def test_whole_audit_false_accusation_rate(synth):
     """Honest (bf16-like) provider, every detector + Holm + verdict: deviations named <= 7%."""
-    mod, _, _ = sampled_null
     rng = np.random.default_rng(19)
-    fl = mod.make_floor(rng, n_prompts=80, length=24, sigma_honest=0.02, top_m=(5,))
+    fl = synth.make_floor(rng, n_prompts=80, length=24, sigma_honest=0.02, top_m=(5,))
     n = 200
     accused = 0
     for a in range(n):
-        b = mod.audit(rng, "honest-noisy", sigma_honest=0.02, n_greedy=3, n_sampling=6)
+        b = synth.audit(
+            rng, "honest-noisy", sigma_honest=0.02, n_greedy=3, n_sampling=6
+        )
         v = decide_verdict(run_detectors(b, fl, seed=a), floor=fl)
         accused += v.verdict not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE)
     assert accused / n <= MAX_REJECTION, f"false-accusation rate {accused / n:.3f}"

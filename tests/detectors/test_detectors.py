@@ -16,7 +16,9 @@ from auditor.detectors.noise_floor import DEFAULT_MARGIN_BAND
 from auditor.detectors.sampling import sampling_argmax, sampling_gof, sampling_tail
 
 
-def _fixed_batch(n, probs, tokens, temperature, provider_probs=None, provider_ids=None, prompts=5):
+def _fixed_batch(
+    n, probs, tokens, temperature, provider_probs=None, provider_ids=None, prompts=5
+):
     """n positions sharing one reference distribution `probs` over ids 0..len-1."""
     probs = np.asarray(probs, float)
     ids = np.tile(np.arange(probs.size), (n, 1))
@@ -24,8 +26,14 @@ def _fixed_batch(n, probs, tokens, temperature, provider_probs=None, provider_id
     kw = {}
     if provider_probs is not None:
         pp = np.asarray(provider_probs, float)
-        pid = np.tile(np.arange(pp.size) if provider_ids is None else np.asarray(provider_ids), (n, 1))
-        kw = dict(provider_top_ids=pid, provider_top_logprobs=np.tile(np.log(pp), (n, 1)))
+        pid = np.tile(
+            np.arange(pp.size) if provider_ids is None else np.asarray(provider_ids),
+            (n, 1),
+        )
+        kw = {
+            "provider_top_ids": pid,
+            "provider_top_logprobs": np.tile(np.log(pp), (n, 1)),
+        }
     return EvidenceBatch.from_arrays(
         prompt_ids=[f"p{i % prompts}" for i in range(n)],
         token_ids=tokens,
@@ -45,7 +53,11 @@ def test_greedy_match_counts_clear_and_near_tie_mismatches():
     tokens[3:7] = 1
     r = greedy_match(_fixed_batch(100, probs, tokens, 0.0))
     assert r.ran and r.n == 100
-    assert r.statistic == 3 and r.details["n_near_tie"] == 4 and r.details["n_mismatch"] == 7
+    assert (
+        r.statistic == 3
+        and r.details["n_near_tie"] == 4
+        and r.details["n_mismatch"] == 7
+    )
     assert r.details["band"] == DEFAULT_MARGIN_BAND and "no noise floor" in r.reason
     assert r.p_value == pytest.approx(stats.binom.sf(2, 100, MIN_HONEST_CLEAR_RATE))
     assert r.effect == pytest.approx(0.03)
@@ -58,7 +70,9 @@ def test_greedy_match_counts_clear_and_near_tie_mismatches():
 
 
 def test_greedy_match_not_run_without_reference_or_data():
-    b = EvidenceBatch.from_arrays(prompt_ids=["a"] * 20, token_ids=np.zeros(20, int), temperatures=0.0)
+    b = EvidenceBatch.from_arrays(
+        prompt_ids=["a"] * 20, token_ids=np.zeros(20, int), temperatures=0.0
+    )
     assert not greedy_match(b).ran
     few = _fixed_batch(5, [0.6, 0.4], np.zeros(5, int), 0.0)
     r = greedy_match(few)
@@ -82,7 +96,13 @@ def test_self_greedy_uses_own_top1_and_bounds_unlisted_tokens():
     assert gaps[0] == pytest.approx(np.log(2), abs=1e-6)
     assert r.p_value == pytest.approx(stats.binom.sf(5, n, MIN_HONEST_CLEAR_RATE))
     # a near-tie contradiction is not evidence
-    b2 = _fixed_batch(n, [0.5, 0.49], np.r_[np.ones(5, int), np.zeros(n - 5, int)], 0.0, provider_probs=[0.5, 0.49])
+    b2 = _fixed_batch(
+        n,
+        [0.5, 0.49],
+        np.r_[np.ones(5, int), np.zeros(n - 5, int)],
+        0.0,
+        provider_probs=[0.5, 0.49],
+    )
     r2 = self_greedy(b2)
     assert r2.statistic == 0 and r2.details["n_near_tie"] == 5 and r2.p_value == 1.0
 
@@ -94,13 +114,20 @@ def test_logprob_divergence_zero_for_exact_reports_and_large_for_tempered(synth)
     g, L = 6, 20
     ref = synth.dirichlet_logprobs(rng, g, L)
     tok = ref.argmax(1)
-    exact = synth.make_batch(rng, ref, ref, tok, 0.0, synth.prompt_labels(g, L), m_provider=5)
+    exact = synth.make_batch(
+        rng, ref, ref, tok, 0.0, synth.prompt_labels(g, L), m_provider=5
+    )
     r = logprob_divergence(exact, floor)
     assert r.ran and r.n == g * L and r.details["m"] == 5
     assert r.effect == pytest.approx(0.0, abs=1e-9) and r.p_value > 0.99
     assert r.details["top1_agreement"] == 1.0
     hot = synth.normalise(ref / 0.7)
-    r2 = logprob_divergence(synth.make_batch(rng, ref, hot, tok, 0.0, synth.prompt_labels(g, L), m_provider=5), floor)
+    r2 = logprob_divergence(
+        synth.make_batch(
+            rng, ref, hot, tok, 0.0, synth.prompt_labels(g, L), m_provider=5
+        ),
+        floor,
+    )
     assert r2.p_value < 1e-6 and r2.details["ratio_to_floor"] > 10
     lo, hi = r2.effect_ci
     assert lo <= r2.effect <= hi
@@ -110,13 +137,17 @@ def test_logprob_divergence_zero_for_exact_reports_and_large_for_tempered(synth)
 def test_logprob_divergence_needs_floor_and_lists(synth):
     rng = np.random.default_rng(1)
     ref = synth.dirichlet_logprobs(rng, 3, 10)
-    b = synth.make_batch(rng, ref, ref, ref.argmax(1), 0.0, synth.prompt_labels(3, 10), m_provider=5)
+    b = synth.make_batch(
+        rng, ref, ref, ref.argmax(1), 0.0, synth.prompt_labels(3, 10), m_provider=5
+    )
     r = logprob_divergence(b, None)
     assert not r.ran and "noise floor" in r.reason
     floor20 = synth.make_floor(rng, n_prompts=5, length=10, top_m=(20,))
     r = logprob_divergence(b, floor20)  # provider lists 5, floor only for 20
     assert not r.ran and "no width" in r.reason
-    nolp = synth.make_batch(rng, ref, ref, ref.argmax(1), 0.0, synth.prompt_labels(3, 10), m_provider=0)
+    nolp = synth.make_batch(
+        rng, ref, ref, ref.argmax(1), 0.0, synth.prompt_labels(3, 10), m_provider=0
+    )
     assert not logprob_divergence(nolp, floor20).ran
 
 
@@ -128,7 +159,9 @@ def test_argmax_and_tail_closed_form_when_argmax_always_emitted():
     a = sampling_argmax(b)
     assert a.details["observed"] == n and a.details["expected"] == pytest.approx(50)
     assert a.p_value == pytest.approx(0.5**n, rel=1e-6)
-    assert a.effect == pytest.approx(0.5) and a.statistic == pytest.approx(50 / np.sqrt(25))
+    assert a.effect == pytest.approx(0.5) and a.statistic == pytest.approx(
+        50 / np.sqrt(25)
+    )
     t = sampling_tail(b)
     assert t.details["observed"] == 0 and t.details["expected"] == pytest.approx(5)
     assert t.p_value == pytest.approx(0.95**n, rel=1e-6)
@@ -142,8 +175,17 @@ def test_sampling_exact_draws_pass(synth):
     g, L = 10, 30
     ref = synth.dirichlet_logprobs(rng, g, L)
     tok = synth.sample_rows(rng, ref)
-    b = synth.make_batch(rng, ref, ref, tok, 1.0, synth.prompt_labels(g, L), m_provider=5)
-    for fn in (sampling_gof, sampling_argmax, sampling_tail, self_gof, self_argmax, self_tail):
+    b = synth.make_batch(
+        rng, ref, ref, tok, 1.0, synth.prompt_labels(g, L), m_provider=5
+    )
+    for fn in (
+        sampling_gof,
+        sampling_argmax,
+        sampling_tail,
+        self_gof,
+        self_argmax,
+        self_tail,
+    ):
         r = fn(b, None, rng=3)
         assert r.ran and r.n == g * L, r.name
         assert r.p_value > 1e-3, (r.name, r.p_value)
@@ -155,11 +197,15 @@ def test_full_rows_allow_other_temperatures(synth):
     ref = synth.dirichlet_logprobs(rng, g, L)
     t = 0.7
     tok = synth.sample_rows(rng, synth.normalise(ref / t))
-    b = synth.make_batch(rng, ref, ref, tok, t, synth.prompt_labels(g, L), m_provider=0, full=True)
+    b = synth.make_batch(
+        rng, ref, ref, tok, t, synth.prompt_labels(g, L), m_provider=0, full=True
+    )
     r = sampling_argmax(b)
     assert r.ran and r.n == g * L and r.p_value > 1e-3
     # the same tokens judged as if T=1 (top-K only) would not run at T=0.7
-    b2 = synth.make_batch(rng, ref, ref, tok, t, synth.prompt_labels(g, L), m_provider=0)
+    b2 = synth.make_batch(
+        rng, ref, ref, tok, t, synth.prompt_labels(g, L), m_provider=0
+    )
     assert not sampling_argmax(b2).ran
 
 
@@ -181,7 +227,9 @@ def test_run_detectors_selection_and_reproducibility(synth):
     b = synth.audit(rng, "honest-noisy")
     res = run_detectors(b, floor, seed=7)
     names = [r.name for r in res]
-    assert "self-gof" not in names and "self-greedy" in names and "greedy-match" in names
+    assert (
+        "self-gof" not in names and "self-greedy" in names and "greedy-match" in names
+    )
     again = run_detectors(b, floor, seed=7)
     assert [r.p_value for r in res] == [r.p_value for r in again]
     all_names = [r.name for r in run_detectors(b, floor, self_consistency=True)]

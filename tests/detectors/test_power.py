@@ -19,27 +19,90 @@ MIN_CORRECT = 0.9
 
 
 @pytest.fixture(scope="module")
-def floor():
-    import importlib.util
-    import pathlib
-
-    spec = importlib.util.spec_from_file_location("_synth_pow", pathlib.Path(__file__).with_name("conftest.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod, mod.make_floor(np.random.default_rng(99), n_prompts=80, length=24, sigma_honest=0.02, top_m=(5,))
+def floor(synth):
+    return synth, synth.make_floor(
+        np.random.default_rng(99),
+        n_prompts=80,
+        length=24,
+        sigma_honest=0.02,
+        top_m=(5,),
+    )
 
 
 CASES = [
     # id, profile, profile kwargs, audit kwargs, expected verdict, detector that must reject
-    ("int-noise", "quantized", {"sigma_q": 0.3}, {}, VerdictKind.QUANTIZATION, "logprob-divergence"),
-    ("tempered", "quantized", {"tau": 0.8}, {}, VerdictKind.QUANTIZATION, "logprob-divergence"),
-    ("substituted", "substituted", {}, {}, VerdictKind.SUBSTITUTION, "logprob-divergence"),
-    ("greedy-only-quantized", "quantized", {"sigma_q": 0.3}, {"with_logprobs": False, "n_sampling": 0}, VerdictKind.QUANTIZATION, "greedy-match"),
-    ("greedy-only-substituted", "substituted", {}, {"with_logprobs": False, "n_sampling": 0}, VerdictKind.SUBSTITUTION, "greedy-match"),
-    ("relaxed-threshold", "relaxed", {"s": 0.5}, {"n_greedy": 2, "n_sampling": 40}, VerdictKind.RELAXED_VERIFICATION, "sampling-argmax"),
-    ("truncated-top-p", "truncated", {"top_p": 0.9}, {"n_greedy": 2, "n_sampling": 30}, VerdictKind.DECODING_NONCOMPLIANT, "sampling-tail"),
-    ("greedy-served", "greedy-served", {}, {"n_greedy": 2, "n_sampling": 4}, VerdictKind.DECODING_NONCOMPLIANT, "sampling-argmax"),
-    ("decode-mismatch", "decode-mismatch", {"mismatch_frac": 0.1}, {"n_greedy": 8}, VerdictKind.DECODING_NONCOMPLIANT, "self-greedy"),
+    (
+        "int-noise",
+        "quantized",
+        {"sigma_q": 0.3},
+        {},
+        VerdictKind.QUANTIZATION,
+        "logprob-divergence",
+    ),
+    (
+        "tempered",
+        "quantized",
+        {"tau": 0.8},
+        {},
+        VerdictKind.QUANTIZATION,
+        "logprob-divergence",
+    ),
+    (
+        "substituted",
+        "substituted",
+        {},
+        {},
+        VerdictKind.SUBSTITUTION,
+        "logprob-divergence",
+    ),
+    (
+        "greedy-only-quantized",
+        "quantized",
+        {"sigma_q": 0.3},
+        {"with_logprobs": False, "n_sampling": 0},
+        VerdictKind.QUANTIZATION,
+        "greedy-match",
+    ),
+    (
+        "greedy-only-substituted",
+        "substituted",
+        {},
+        {"with_logprobs": False, "n_sampling": 0},
+        VerdictKind.SUBSTITUTION,
+        "greedy-match",
+    ),
+    (
+        "relaxed-threshold",
+        "relaxed",
+        {"s": 0.5},
+        {"n_greedy": 2, "n_sampling": 40},
+        VerdictKind.RELAXED_VERIFICATION,
+        "sampling-argmax",
+    ),
+    (
+        "truncated-top-p",
+        "truncated",
+        {"top_p": 0.9},
+        {"n_greedy": 2, "n_sampling": 30},
+        VerdictKind.DECODING_NONCOMPLIANT,
+        "sampling-tail",
+    ),
+    (
+        "greedy-served",
+        "greedy-served",
+        {},
+        {"n_greedy": 2, "n_sampling": 4},
+        VerdictKind.DECODING_NONCOMPLIANT,
+        "sampling-argmax",
+    ),
+    (
+        "decode-mismatch",
+        "decode-mismatch",
+        {"mismatch_frac": 0.1},
+        {"n_greedy": 8},
+        VerdictKind.DECODING_NONCOMPLIANT,
+        "self-greedy",
+    ),
 ]
 
 
@@ -56,8 +119,12 @@ def test_alternative_detected_and_cause_named(floor, case):
         seen.append(v.details["rule"])
         correct += v.verdict == want
         rejected += any(f["detector"] == detector for f in v.details["findings"])
-    assert correct >= MIN_CORRECT * N_POWER, f"{case[0]}: verdict right in {correct}/{N_POWER}; rules {seen}"
-    assert rejected >= MIN_CORRECT * N_POWER, f"{case[0]}: {detector} rejected in {rejected}/{N_POWER}"
+    assert correct >= MIN_CORRECT * N_POWER, (
+        f"{case[0]}: verdict right in {correct}/{N_POWER}; rules {seen}"
+    )
+    assert rejected >= MIN_CORRECT * N_POWER, (
+        f"{case[0]}: {detector} rejected in {rejected}/{N_POWER}"
+    )
 
 
 def _strip_reference(b: EvidenceBatch) -> EvidenceBatch:
@@ -74,8 +141,18 @@ def _strip_reference(b: EvidenceBatch) -> EvidenceBatch:
 @pytest.mark.parametrize(
     "profile, pkw, akw, want",
     [
-        ("relaxed", {"s": 0.5}, {"n_greedy": 2, "n_sampling": 40}, VerdictKind.RELAXED_VERIFICATION),
-        ("decode-mismatch", {"mismatch_frac": 0.1}, {"n_greedy": 8, "n_sampling": 2}, VerdictKind.DECODING_NONCOMPLIANT),
+        (
+            "relaxed",
+            {"s": 0.5},
+            {"n_greedy": 2, "n_sampling": 40},
+            VerdictKind.RELAXED_VERIFICATION,
+        ),
+        (
+            "decode-mismatch",
+            {"mismatch_frac": 0.1},
+            {"n_greedy": 8, "n_sampling": 2},
+            VerdictKind.DECODING_NONCOMPLIANT,
+        ),
         ("honest-noisy", {}, {"n_greedy": 8, "n_sampling": 30}, VerdictKind.PASS),
     ],
     ids=["relaxed", "decode-mismatch", "honest"],
@@ -88,7 +165,12 @@ def test_self_consistency_without_reference(floor, profile, pkw, akw, want):
     for i in range(N_POWER // 2):
         b = _strip_reference(mod.audit(rng, profile, **pkw, **akw))
         res = run_detectors(b, fl, seed=i)
-        assert {r.name for r in res if r.ran} <= {"self-gof", "self-argmax", "self-tail", "self-greedy"}
+        assert {r.name for r in res if r.ran} <= {
+            "self-gof",
+            "self-argmax",
+            "self-tail",
+            "self-greedy",
+        }
         good += decide_verdict(res, floor=fl).verdict == want
     assert good >= MIN_CORRECT * (N_POWER // 2)
 
@@ -100,7 +182,9 @@ def test_effect_sizes_order_with_severity(floor):
     kl = []
     for sq in (0.05, 0.2, 0.8):
         b = mod.audit(rng, "quantized", sigma_q=sq, n_greedy=6, n_sampling=0)
-        kl.append({r.name: r for r in run_detectors(b, fl)}["logprob-divergence"].effect)
+        kl.append(
+            {r.name: r for r in run_detectors(b, fl)}["logprob-divergence"].effect
+        )
     assert kl[0] < kl[1] < kl[2]
     exc = []
     for s in (0.9, 0.5, 0.2):

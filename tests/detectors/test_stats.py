@@ -91,7 +91,9 @@ def test_variance_components_recovers_known_components():
     assert vc.sigma_w2 == pytest.approx(2.0, rel=0.05)
     assert vc.sigma_b2 == pytest.approx(0.5, rel=0.2)
     # variance of the mean: (sb2 * sum ng^2 + sw2 * n) / n^2
-    assert vc.var_of_mean() == pytest.approx((vc.sigma_b2 * g * m * m + vc.sigma_w2 * g * m) / (g * m) ** 2)
+    assert vc.var_of_mean() == pytest.approx(
+        (vc.sigma_b2 * g * m * m + vc.sigma_w2 * g * m) / (g * m) ** 2
+    )
     with pytest.raises(ValueError):
         variance_components(np.ones(3), np.ones(2))
 

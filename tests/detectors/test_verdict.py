@@ -19,17 +19,42 @@ from auditor.verdict import (
 
 
 def mk(name, p, *, effect=0.0, n=1000, statistic=0.0, **details):
-    return DetectorResult(name, statistic, p, effect, (effect, effect), n, [], details=details)
+    return DetectorResult(
+        name, statistic, p, effect, (effect, effect), n, [], details=details
+    )
 
 
 def quiet(n=2000):
     """A full, clean audit: nothing rejects, large samples."""
     return [
         mk("greedy-match", 1.0, n=n, r0=1e-3, band=0.2),
-        mk("logprob-divergence", 0.6, n=n, effect=1e-4, ratio_to_floor=1.0, top1_agreement=0.99, m=5, n_prompts=40),
+        mk(
+            "logprob-divergence",
+            0.6,
+            n=n,
+            effect=1e-4,
+            ratio_to_floor=1.0,
+            top1_agreement=0.99,
+            m=5,
+            n_prompts=40,
+        ),
         mk("sampling-gof", 0.5, n=n),
-        mk("sampling-argmax", 0.4, n=n, expected_rate=0.6, excess_per_position=0.0, argmax_rate=0.6),
-        mk("sampling-tail", 0.5, n=n, mean_tail_mass=0.05, tail_ratio=1.0, deficit_per_position=0.0),
+        mk(
+            "sampling-argmax",
+            0.4,
+            n=n,
+            expected_rate=0.6,
+            excess_per_position=0.0,
+            argmax_rate=0.6,
+        ),
+        mk(
+            "sampling-tail",
+            0.5,
+            n=n,
+            mean_tail_mass=0.05,
+            tail_ratio=1.0,
+            deficit_per_position=0.0,
+        ),
         mk("self-greedy", 1.0, n=n, r0=1e-3, band=0.2),
     ]
 
@@ -49,12 +74,24 @@ def test_pass_when_nothing_rejects_and_powered():
 def test_pass_needs_every_tested_family_powered():
     # greedy family well powered, sampling family tiny: not a PASS
     res = [r for r in quiet() if not r.name.startswith("sampling")]
-    res += [mk("sampling-argmax", 0.4, n=30, var_per_position=0.2, excess_per_position=0.0, argmax_rate=0.6)]
+    res += [
+        mk(
+            "sampling-argmax",
+            0.4,
+            n=30,
+            var_per_position=0.2,
+            excess_per_position=0.0,
+            argmax_rate=0.6,
+        )
+    ]
     v = decide_verdict(res)
     assert v.verdict == VerdictKind.INCONCLUSIVE and "acceptance" in v.reason
     # without sampling at all, PASS says what was not tested
     v = decide_verdict([r for r in quiet() if not r.name.startswith("sampling")])
-    assert v.verdict == VerdictKind.PASS and "not tested: acceptance, truncation" in v.reason
+    assert (
+        v.verdict == VerdictKind.PASS
+        and "not tested: acceptance, truncation" in v.reason
+    )
     assert all(r.p_adjusted is not None for r in v.results)
     json.dumps(v.details, allow_nan=False)
 
@@ -67,42 +104,99 @@ def test_inconclusive_when_underpowered_names_a_budget():
     assert str(budget) in v.reason
     # adding that many tokens makes every family adequate
     assert decide_verdict(quiet(n=12 + budget)).verdict == VerdictKind.PASS
-    assert set(v.details["power_families"]) == {"model", "acceptance", "truncation", "decode-path"}
+    assert set(v.details["power_families"]) == {
+        "model",
+        "acceptance",
+        "truncation",
+        "decode-path",
+    }
 
 
 def test_inconclusive_when_nothing_ran():
-    v = decide_verdict([not_run("greedy-match", "too few"), not_run("sampling-argmax", "too few")])
-    assert v.verdict == VerdictKind.INCONCLUSIVE and v.details["rule"] == "0-nothing-ran"
+    v = decide_verdict(
+        [not_run("greedy-match", "too few"), not_run("sampling-argmax", "too few")]
+    )
+    assert (
+        v.verdict == VerdictKind.INCONCLUSIVE and v.details["rule"] == "0-nothing-ran"
+    )
     assert v.details["suggested_budget_tokens"] > 0
     assert v.details["not_run"]["greedy-match"] == "too few"
 
 
 def test_rule1_self_greedy_is_decoding_noncompliant_never_relaxed():
-    res = replace(quiet(), mk("self-greedy", 1e-8, statistic=9, effect=0.05, band=0.2, r0=1e-3))
-    res = replace(res, mk("sampling-argmax", 1e-6, excess_per_position=0.1, argmax_rate=0.7, expected_rate=0.6))
+    res = replace(
+        quiet(), mk("self-greedy", 1e-8, statistic=9, effect=0.05, band=0.2, r0=1e-3)
+    )
+    res = replace(
+        res,
+        mk(
+            "sampling-argmax",
+            1e-6,
+            excess_per_position=0.1,
+            argmax_rate=0.7,
+            expected_rate=0.6,
+        ),
+    )
     v = decide_verdict(res)
-    assert v.verdict == VerdictKind.DECODING_NONCOMPLIANT and v.details["rule"] == "1-self-greedy"
-    assert {f["detector"] for f in v.details["findings"]} == {"self-greedy", "sampling-argmax"}
+    assert (
+        v.verdict == VerdictKind.DECODING_NONCOMPLIANT
+        and v.details["rule"] == "1-self-greedy"
+    )
+    assert {f["detector"] for f in v.details["findings"]} == {
+        "self-greedy",
+        "sampling-argmax",
+    }
 
 
 def test_rule1_yields_to_logprob_divergence():
     res = replace(quiet(), mk("self-greedy", 1e-8, statistic=9))
-    res = replace(res, mk("logprob-divergence", 1e-9, effect=0.05, ratio_to_floor=40, top1_agreement=0.9, m=5))
+    res = replace(
+        res,
+        mk(
+            "logprob-divergence",
+            1e-9,
+            effect=0.05,
+            ratio_to_floor=40,
+            top1_agreement=0.9,
+            m=5,
+        ),
+    )
     v = decide_verdict(res)
-    assert v.verdict == VerdictKind.QUANTIZATION and v.details["rule"] == "2-logprob-quantization"
+    assert (
+        v.verdict == VerdictKind.QUANTIZATION
+        and v.details["rule"] == "2-logprob-quantization"
+    )
 
 
 @pytest.mark.parametrize(
     "kl, top1, want",
     [
         (0.05, 0.9, VerdictKind.QUANTIZATION),
-        (SUBSTITUTION_MIN_MEAN_KL * 2, SUBSTITUTION_MAX_TOP1_AGREEMENT / 2, VerdictKind.SUBSTITUTION),
-        (SUBSTITUTION_MIN_MEAN_KL * 2, 0.95, VerdictKind.QUANTIZATION),  # big KL, same top-1: not another model
+        (
+            SUBSTITUTION_MIN_MEAN_KL * 2,
+            SUBSTITUTION_MAX_TOP1_AGREEMENT / 2,
+            VerdictKind.SUBSTITUTION,
+        ),
+        (
+            SUBSTITUTION_MIN_MEAN_KL * 2,
+            0.95,
+            VerdictKind.QUANTIZATION,
+        ),  # big KL, same top-1: not another model
         (SUBSTITUTION_MIN_MEAN_KL / 10, 0.3, VerdictKind.QUANTIZATION),
     ],
 )
 def test_rule2_logprob_quantization_vs_substitution(kl, top1, want):
-    res = replace(quiet(), mk("logprob-divergence", 1e-12, effect=kl, ratio_to_floor=kl / 1e-4, top1_agreement=top1, m=5))
+    res = replace(
+        quiet(),
+        mk(
+            "logprob-divergence",
+            1e-12,
+            effect=kl,
+            ratio_to_floor=kl / 1e-4,
+            top1_agreement=top1,
+            m=5,
+        ),
+    )
     v = decide_verdict(res)
     assert v.verdict == want and v.exit_code == 1
 
@@ -110,63 +204,153 @@ def test_rule2_logprob_quantization_vs_substitution(kl, top1, want):
 def test_rule3_greedy_with_consistent_logprobs_is_decode_path():
     res = replace(quiet(), mk("greedy-match", 1e-10, effect=0.06, band=0.2, r0=1e-3))
     v = decide_verdict(res)
-    assert v.verdict == VerdictKind.DECODING_NONCOMPLIANT and v.details["rule"] == "3-greedy-decode-path"
+    assert (
+        v.verdict == VerdictKind.DECODING_NONCOMPLIANT
+        and v.details["rule"] == "3-greedy-decode-path"
+    )
     assert v.details["logprobs_consistent"]
 
 
-@pytest.mark.parametrize("rate, want", [(0.08, VerdictKind.QUANTIZATION), (0.6, VerdictKind.SUBSTITUTION)])
+@pytest.mark.parametrize(
+    "rate, want", [(0.08, VerdictKind.QUANTIZATION), (0.6, VerdictKind.SUBSTITUTION)]
+)
 def test_rule3_greedy_only_audit_by_effect_size(rate, want):
-    res = [mk("greedy-match", 1e-10, effect=rate, band=0.2, r0=1e-3), not_run("logprob-divergence", "no logprobs")]
+    res = [
+        mk("greedy-match", 1e-10, effect=rate, band=0.2, r0=1e-3),
+        not_run("logprob-divergence", "no logprobs"),
+    ]
     assert decide_verdict(res).verdict == want
 
 
 def test_rule4a_greedy_served_sampling():
-    res = replace(quiet(), mk("sampling-argmax", 1e-30, excess_per_position=0.4, argmax_rate=1.0))
-    res = replace(res, mk("sampling-tail", 1e-9, tail_ratio=0.0, deficit_per_position=0.05, mean_tail_mass=0.05))
+    res = replace(
+        quiet(), mk("sampling-argmax", 1e-30, excess_per_position=0.4, argmax_rate=1.0)
+    )
+    res = replace(
+        res,
+        mk(
+            "sampling-tail",
+            1e-9,
+            tail_ratio=0.0,
+            deficit_per_position=0.05,
+            mean_tail_mass=0.05,
+        ),
+    )
     v = decide_verdict(res)
-    assert v.verdict == VerdictKind.DECODING_NONCOMPLIANT and v.details["rule"] == "4a-greedy-served"
+    assert (
+        v.verdict == VerdictKind.DECODING_NONCOMPLIANT
+        and v.details["rule"] == "4a-greedy-served"
+    )
 
 
 def test_rule4b_truncated_tail():
-    res = replace(quiet(), mk("sampling-tail", 1e-6, tail_ratio=0.1, deficit_per_position=0.045, mean_tail_mass=0.05))
+    res = replace(
+        quiet(),
+        mk(
+            "sampling-tail",
+            1e-6,
+            tail_ratio=0.1,
+            deficit_per_position=0.045,
+            mean_tail_mass=0.05,
+        ),
+    )
     v = decide_verdict(res)
-    assert v.verdict == VerdictKind.DECODING_NONCOMPLIANT and v.details["rule"] == "4b-truncated"
+    assert (
+        v.verdict == VerdictKind.DECODING_NONCOMPLIANT
+        and v.details["rule"] == "4b-truncated"
+    )
     # partial tail deficit but deficit >= shape ratio x argmax excess: still truncation
-    res = replace(res, mk("sampling-tail", 1e-6, tail_ratio=0.5, deficit_per_position=0.03, mean_tail_mass=0.06))
-    res = replace(res, mk("sampling-argmax", 1e-3, excess_per_position=0.02, argmax_rate=0.62))
+    res = replace(
+        res,
+        mk(
+            "sampling-tail",
+            1e-6,
+            tail_ratio=0.5,
+            deficit_per_position=0.03,
+            mean_tail_mass=0.06,
+        ),
+    )
+    res = replace(
+        res, mk("sampling-argmax", 1e-3, excess_per_position=0.02, argmax_rate=0.62)
+    )
     assert decide_verdict(res).details["rule"] == "4b-truncated"
 
 
 def test_rule4c_relaxed_argmax_over_emission_with_tail_thinned():
-    res = replace(quiet(), mk("sampling-argmax", 1e-8, excess_per_position=0.09, argmax_rate=0.69))
-    res = replace(res, mk("sampling-tail", 1e-3, tail_ratio=0.7, deficit_per_position=0.015, mean_tail_mass=0.05))
+    res = replace(
+        quiet(), mk("sampling-argmax", 1e-8, excess_per_position=0.09, argmax_rate=0.69)
+    )
+    res = replace(
+        res,
+        mk(
+            "sampling-tail",
+            1e-3,
+            tail_ratio=0.7,
+            deficit_per_position=0.015,
+            mean_tail_mass=0.05,
+        ),
+    )
     v = decide_verdict(res)
-    assert v.verdict == VerdictKind.RELAXED_VERIFICATION and v.details["rule"] == "4c-relaxed"
+    assert (
+        v.verdict == VerdictKind.RELAXED_VERIFICATION
+        and v.details["rule"] == "4c-relaxed"
+    )
     assert v.details["shape"]["argmax_excess_per_position"] == pytest.approx(0.09)
 
 
 def test_rule4d_pit_only():
     res = replace(quiet(), mk("sampling-gof", 1e-6))
-    v = decide_verdict(res)  # logprobs consistent -> samples do not follow the reported distribution
-    assert v.verdict == VerdictKind.RELAXED_VERIFICATION and v.details["rule"] == "4d-relaxed"
+    v = decide_verdict(
+        res
+    )  # logprobs consistent -> samples do not follow the reported distribution
+    assert (
+        v.verdict == VerdictKind.RELAXED_VERIFICATION
+        and v.details["rule"] == "4d-relaxed"
+    )
     no_lp = [r for r in res if r.name != "logprob-divergence"]
-    no_lp = replace(no_lp, mk("sampling-argmax", 0.9, excess_per_position=-0.02, argmax_rate=0.58, expected_rate=0.6))
+    no_lp = replace(
+        no_lp,
+        mk(
+            "sampling-argmax",
+            0.9,
+            excess_per_position=-0.02,
+            argmax_rate=0.58,
+            expected_rate=0.6,
+        ),
+    )
     v = decide_verdict(no_lp)
-    assert v.verdict == VerdictKind.QUANTIZATION and v.details["rule"] == "4d-quantization"
+    assert (
+        v.verdict == VerdictKind.QUANTIZATION and v.details["rule"] == "4d-quantization"
+    )
 
 
 def test_self_tests_stand_in_without_reference():
     res = [
         mk("self-gof", 1e-5),
-        mk("self-argmax", 1e-7, excess_per_position=0.1, argmax_rate=0.7, expected_rate=0.6),
-        mk("self-tail", 0.3, tail_ratio=0.9, deficit_per_position=0.004, mean_tail_mass=0.05),
+        mk(
+            "self-argmax",
+            1e-7,
+            excess_per_position=0.1,
+            argmax_rate=0.7,
+            expected_rate=0.6,
+        ),
+        mk(
+            "self-tail",
+            0.3,
+            tail_ratio=0.9,
+            deficit_per_position=0.004,
+            mean_tail_mass=0.05,
+        ),
         mk("self-greedy", 1.0, r0=1e-3),
     ]
     assert decide_verdict(res).verdict == VerdictKind.RELAXED_VERIFICATION
 
 
 def test_holm_decides_significance():
-    base = [mk("greedy-match", 0.02, effect=0.05, r0=1e-3, band=0.2), mk("sampling-gof", 0.03)]
+    base = [
+        mk("greedy-match", 0.02, effect=0.05, r0=1e-3, band=0.2),
+        mk("sampling-gof", 0.03),
+    ]
     v = decide_verdict(base)  # Holm: 0.04, 0.04
     assert v.verdict != VerdictKind.PASS
     assert [r.p_adjusted for r in v.results] == pytest.approx([0.04, 0.04])
@@ -194,5 +378,7 @@ def test_required_positions_shrink_with_alpha_and_grow_with_power():
     c = required_positions(g, alpha_test=0.05, power=0.95)
     assert a < b and a < c
     t = mk("sampling-tail", 0.5, mean_tail_mass=0.05)
-    assert required_positions(t, alpha_test=0.01) == pytest.approx(-__import__("math").log(0.01) / 0.05, abs=1)
+    assert required_positions(t, alpha_test=0.01) == pytest.approx(
+        -__import__("math").log(0.01) / 0.05, abs=1
+    )
     assert required_positions(mk("sampling-gof", 0.5), alpha_test=0.01) is None

@@ -69,7 +69,7 @@ def test_discover_capabilities(max_top: int, n: bool, seed: bool, stream: bool) 
     assert caps.max_top_logprobs == max_top
     assert caps.logprobs is True
     assert caps.n is n and caps.seed is seed and caps.streaming is stream and caps.echo is False
-    assert rep.requests == len(calls) <= 9
+    assert rep.requests == len(calls) <= 10
     assert {c.name for c in rep.checks} == {"logprobs", "max_top_logprobs", "n", "seed", "echo", "streaming"}
 
 
@@ -142,3 +142,18 @@ def test_cli_debug_normalize_raw_bodies(tmp_path: Path) -> None:
     r = runner.invoke(app, ["debug", "normalize", str(sse), "--json"])
     assert r.exit_code == 0 and "truncated_stream" in json.loads(r.output)["anomalies"]
     assert runner.invoke(app, ["debug", "normalize", str(tmp_path / "nope.json")]).exit_code == 3
+
+
+def test_discover_seed_not_claimed_for_deterministic_server() -> None:
+    handler, _ = fake_provider(20, True, True, True)
+
+    def constant(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if "seed" in body:
+            body["seed"] = 0  # ignores the seed: every request answers the same
+        return handler(httpx.Request("POST", request.url, json=body))
+
+    cfg = ProviderConfig(name="fake", base_url="http://fake.test/v1", model="m")
+    rep = asyncio.run(asyncio.wait_for(discover_capabilities(cfg, transport=httpx.MockTransport(constant)), 30))
+    assert rep.capabilities.seed is False
+    assert "seed not observable" in next(c.detail for c in rep.checks if c.name == "seed")

@@ -64,9 +64,16 @@ def test_completions_surrogates_spm_and_byte_tokens() -> None:
     s = normalize_response("completions", req, comp(" the end", ["▁the", "▁end"]))
     assert s.token_bytes == [b" the", b" end"] and "spm_token_strings" in s.anomalies
     b = normalize_response("completions", req, comp("é!", ["<0xC3>", "<0xA9>", "!"]))
-    assert b.token_bytes == [b"\xc3", b"\xa9", b"!"] and "byte_token_strings" in b.anomalies
+    assert b.token_bytes == [b"\xc3", b"\xa9", b"!"] and b.anomalies == []  # byte spellings: a convention
     v = normalize_response("completions", req, comp("é", ["bytes:\\xc3", "bytes:\\xa9"]))
-    assert v.token_bytes == [b"\xc3", b"\xa9"] and "bytes_text_mismatch" not in v.anomalies
+    assert v.token_bytes == [b"\xc3", b"\xa9"] and v.anomalies == []
+    # OpenAI/simulator style: text with \xNN escapes for the partial character; alternatives alike
+    m = normalize_response("completions", req, comp(" é", [" \\xc3", "\\xa9"]))
+    assert m.token_bytes == [b" \xc3", b"\xa9"] and m.anomalies == []
+    assert m.tokens[0].top_logprobs[0][1] == b" \xc3"
+    # a literal backslash-x in the text stays literal
+    lit = normalize_response("completions", req, comp('"\\xc3"', ['"\\', "xc", '3"']))
+    assert lit.token_bytes == [b'"\\', b"xc", b'3"'] and lit.anomalies == []
 
 
 def test_special_token_with_empty_text_is_not_a_mismatch() -> None:
@@ -134,6 +141,8 @@ def test_stream_chunks_as_list_and_missing_logprobs() -> None:
     assert out.text == "ab" and "missing_logprobs" in out.anomalies and out.usage == {"completion_tokens": 2}
     none = normalize_response("chat", CHAT_REQ, chat("abc", None, usage={"completion_tokens": 2}))
     assert none.anomalies == ["missing_logprobs"] and none.n_tokens == 2 and none.tokens == []
+    empty = normalize_response("chat", CHAT_REQ, chat("abc", [], usage={"completion_tokens": 2}))
+    assert empty.anomalies == ["missing_logprobs"] and empty.n_tokens == 2
 
 
 def test_errors_and_malformed_bodies_never_raise() -> None:

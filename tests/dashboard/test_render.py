@@ -1,0 +1,93 @@
+"""Escaping and formatting helpers: provider text can never become markup."""
+
+from __future__ import annotations
+
+import html
+import random
+import re
+
+import pytest
+from markdown_it import MarkdownIt
+
+from dashboard.render import (
+    escape_md,
+    fmt_dt,
+    fmt_ms,
+    fmt_p,
+    fmt_pct,
+    fmt_usd,
+    md_code,
+    md_table,
+    verdict_badge,
+    visible_token,
+)
+
+MD = MarkdownIt("commonmark").enable("table")
+HOSTILE = [
+    "<img src=x onerror=alert(1)>",
+    "<script>alert('x')</script>",
+    "[click](javascript:alert(1))",
+    "**bold** _it_ `code` ~~s~~",
+    ":red[colour] :smile: $x^2$",
+    "a | b | c",
+    "&lt;b&gt; &amp; &#60;",
+    "# heading\n- item\n> quote",
+    "https://example.com www.example.com",
+    "\\*escaped\\*",
+]
+
+
+def _inline_text(rendered: str) -> str:
+    assert "<" not in re.sub(r"</?p>", "", rendered).replace("<br />", ""), rendered
+    return html.unescape(re.sub(r"</?p>", "", rendered)).strip()
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_escape_md_renders_literally(text):
+    rendered = MD.render(escape_md(text))
+    expected = " ".join(text.split("\n"))
+    assert _inline_text(rendered) == expected
+
+
+def test_escape_md_random_ascii_roundtrip():
+    rng = random.Random(7)
+    alphabet = "".join(chr(c) for c in range(32, 127))
+    for _ in range(300):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))).strip()
+        if not s:
+            continue
+        got = _inline_text(MD.render(escape_md(s)))
+        assert re.sub(r"\s+", " ", got) == re.sub(r"\s+", " ", s)
+
+
+def test_md_table_cells_do_not_break_out():
+    row = [escape_md("a | b"), md_code("x | y `z`", in_table=True)]
+    out = MD.render(md_table(["A", "B"], [row]))
+    assert out.count("<td") == 2
+    assert "a | b" in html.unescape(out) and "x | y `z`" in html.unescape(out)
+
+
+def test_md_code_is_literal():
+    out = MD.renderInline(md_code("<b>**x**</b> `tick`"))
+    assert out.startswith("<code>") and html.unescape(out[6:-7]) == "<b>**x**</b> `tick`"
+
+
+def test_verdict_badge_and_visible_token():
+    assert verdict_badge("PASS") == ":green-badge[PASS]"
+    assert verdict_badge("RELAXED_VERIFICATION") == ":red-badge[RELAXED\\_VERIFICATION]"
+    assert verdict_badge("weird]") == ":blue-badge[weird\\]]"
+    assert verdict_badge(None) == "—"
+    assert visible_token(" a\n\t") == "␣a↵⇥"
+    assert visible_token("") == "∅"
+
+
+def test_formatters():
+    assert fmt_p(3.2e-9) == "3.2e-09" and fmt_p(0.0342) == "0.034" and fmt_p(None) == "—"
+    assert fmt_p(float("nan")) == "—"
+    assert fmt_pct(0.062) == "6.2%"
+    assert fmt_ms(0.085) == "85 ms" and fmt_ms(0.0047) == "4.7 ms"
+    assert fmt_usd(12.5) == "$12.50" and fmt_usd(0.0123) == "$0.012" and fmt_usd(6.4e-05) == "$0.000064"
+    assert fmt_usd(0) == "$0"
+    import datetime as dt
+
+    assert fmt_dt(dt.datetime(2026, 3, 1, 5, 7, tzinfo=dt.UTC)) == "2026-03-01 05:07 UTC"
