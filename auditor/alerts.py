@@ -37,10 +37,10 @@ from auditor.store.models import Alert, AuditRun, utcnow
 __all__ = [
     "WEBHOOK_ENV",
     "AlertRecord",
-    "previous_verdict",
-    "record_verdict_change",
     "alert_payload",
     "post_webhook",
+    "previous_verdict",
+    "record_verdict_change",
 ]
 
 #: Environment variable read by ``auditor schedule run`` when ``--webhook`` is not given.

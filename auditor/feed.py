@@ -24,7 +24,7 @@ from typing import Any
 
 from auditor.store.db import Store
 
-__all__ = ["ATOM_NS", "FEED_ID", "build_feed", "feed_from_store", "write_feed", "make_feed_server"]
+__all__ = ["ATOM_NS", "FEED_ID", "build_feed", "feed_from_store", "make_feed_server", "write_feed"]
 
 ATOM_NS = "http://www.w3.org/2005/Atom"
 FEED_ID = "urn:spec-auditor:verdict-changes"
@@ -59,7 +59,7 @@ def build_feed(
         updated: feed ``<updated>``; default the newest change, or now for an empty feed.
     """
     ET.register_namespace("", ATOM_NS)
-    q = lambda tag: f"{{{ATOM_NS}}}{tag}"  # noqa: E731
+    q = lambda tag: f"{{{ATOM_NS}}}{tag}"
     feed = ET.Element(q("feed"))
     ET.SubElement(feed, q("id")).text = FEED_ID
     ET.SubElement(feed, q("title")).text = _clean(title)
@@ -137,7 +137,7 @@ def make_feed_server(
     class Handler(BaseHTTPRequestHandler):
         server_version = "spec-auditor-feed"
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server API
+        def do_GET(self) -> None:
             if self.path.split("?", 1)[0] not in ("/", "/feed.atom", "/feed.xml"):
                 self.send_error(404, "not found; the feed is at /feed.atom")
                 return
@@ -154,7 +154,7 @@ def make_feed_server(
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet by default
+        def log_message(self, format: str, *args: Any) -> None:
             return
 
     return ThreadingHTTPServer((host, port), Handler)

@@ -234,8 +234,22 @@ def summarize_run(store: Store, run_id: str, *, elapsed_s: float | None = None, 
         ):
             kind = str(err).split(":", 1)[0]
             kinds[kind] = kinds.get(kind, 0) + int(n)
-        lat = [float(x) for x in s.scalars(select(ProbeAttempt.latency_s).where(ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_(None), ProbeAttempt.latency_s.is_not(None)))]
-        ttft = [float(x) for x in s.scalars(select(ProbeAttempt.ttft_s).where(ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_(None), ProbeAttempt.ttft_s.is_not(None)))]
+        lat = [
+            float(x)
+            for x in s.scalars(
+                select(ProbeAttempt.latency_s).where(
+                    ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_(None), ProbeAttempt.latency_s.is_not(None)
+                )
+            )
+        ]
+        ttft = [
+            float(x)
+            for x in s.scalars(
+                select(ProbeAttempt.ttft_s).where(
+                    ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_(None), ProbeAttempt.ttft_s.is_not(None)
+                )
+            )
+        ]
         run = det.run
         return RunSummary(
             run_id=run.id,
@@ -269,16 +283,24 @@ def render_summary(summary: RunSummary, console: Any | None = None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    t = Table(title=f"probe run {summary.run_id} — {summary.provider} / {summary.suite} v{summary.suite_version}", show_header=False)
+    t = Table(
+        title=f"probe run {summary.run_id} — {summary.provider} / {summary.suite} v{summary.suite_version}",
+        show_header=False,
+    )
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("status", summary.status + (" (resumed)" if summary.resumed else ""))
-    t.add_row("probes", f"{summary.probes_ok} ok, {summary.probes_failed} failed, {summary.probes_pending} pending / {summary.probes_total}")
+    t.add_row(
+        "probes",
+        f"{summary.probes_ok} ok, {summary.probes_failed} failed, {summary.probes_pending} pending / {summary.probes_total}",
+    )
     t.add_row("attempts", f"{summary.attempts} ({summary.retries} retries, {summary.failed_attempts} failed attempts)")
     if summary.error_kinds:
         t.add_row("errors", ", ".join(f"{k}={v}" for k, v in sorted(summary.error_kinds.items())))
     t.add_row("http status", ", ".join(f"{k}={v}" for k, v in sorted(summary.http_status_counts.items())) or "-")
-    t.add_row("tokens", f"{summary.tokens} normalized; usage {summary.prompt_tokens} in / {summary.completion_tokens} out")
+    t.add_row(
+        "tokens", f"{summary.tokens} normalized; usage {summary.prompt_tokens} in / {summary.completion_tokens} out"
+    )
     t.add_row("cost", f"${summary.cost_usd:.6f}")
     if summary.latency_median_s is not None:
         t.add_row("latency median", f"{summary.latency_median_s:.3f} s")
@@ -307,7 +329,10 @@ def _prepare_run(
 ) -> tuple[str, bool]:
     """Create or reopen the run and insert every planned probe (one transaction). Returns
     ``(run_id, resumed)``."""
-    snapshot = {"provider": config.safe_dump(), "suite": {"name": suite.name, "version": suite.version, "digest": getattr(suite, "digest", None)}}
+    snapshot = {
+        "provider": config.safe_dump(),
+        "suite": {"name": suite.name, "version": suite.version, "digest": getattr(suite, "digest", None)},
+    }
     with store.session() as s:
         prov = q.upsert_provider_config(s, config)
         run = None
@@ -315,19 +340,27 @@ def _prepare_run(
         if run_id is not None:
             run = q.find_run(s, run_id)
             if run is None:
-                raise RunnerError(f"no run {run_id!r} in {store.display_url}. Fix: check the id with the dashboard or `auditor report`.")
+                raise RunnerError(
+                    f"no run {run_id!r} in {store.display_url}. Fix: check the id with the dashboard or `auditor report`."
+                )
             if run.provider_name != config.name:
-                raise RunnerError(f"run {run.id} belongs to provider {run.provider_name!r}, not {config.name!r}. Fix: pass --provider {run.provider_name}.")
+                raise RunnerError(
+                    f"run {run.id} belongs to provider {run.provider_name!r}, not {config.name!r}. Fix: pass --provider {run.provider_name}."
+                )
             if run.suite not in (None, suite.name) or run.suite_version not in (None, suite.version):
                 raise RunnerError(
                     f"run {run.id} used suite {run.suite} v{run.suite_version}, not {suite.name} v{suite.version}. "
                     f"Fix: pass --suite {run.suite} (same version) or start a new run."
                 )
             if run.status == "running" and _owner_alive((run.summary or {}).get("runner")):
-                raise RunnerError(f"run {run.id} is being run by live process {run.summary['runner']}. Fix: stop that process first.")
+                raise RunnerError(
+                    f"run {run.id} is being run by live process {run.summary['runner']}. Fix: stop that process first."
+                )
             resumed = bool(q.probe_counts(s, run.id))
         elif resume:
-            for cand in q.list_runs(s, provider=config.name, kind=kind, status=("running", "interrupted"), suite=suite.name, limit=20):
+            for cand in q.list_runs(
+                s, provider=config.name, kind=kind, status=("running", "interrupted"), suite=suite.name, limit=20
+            ):
                 if cand.suite_version != suite.version:
                     continue
                 if cand.status == "running" and _owner_alive((cand.summary or {}).get("runner")):
@@ -361,7 +394,9 @@ def _prepare_run(
         stored = {p.probe_key: p.request_json for p in q.list_probes(s, run.id)}
         for key, req in stored.items():
             if key not in payloads:
-                raise RunnerError(f"run {run.id} has probe {key!r} that suite {suite.name} v{suite.version} does not plan. Fix: start a new run.")
+                raise RunnerError(
+                    f"run {run.id} has probe {key!r} that suite {suite.name} v{suite.version} does not plan. Fix: start a new run."
+                )
             if req != q.json_safe(q.redact_secrets(payloads[key])):
                 raise RunnerError(
                     f"run {run.id}: the request for {key!r} differs from the stored one (provider config or suite changed). "
@@ -370,7 +405,15 @@ def _prepare_run(
         q.add_planned_probes(
             s,
             run.id,
-            (q.PlannedProbe(it.probe_key, payloads[it.probe_key], getattr(it.probe, "workload", None), getattr(it.probe, "mode", None)) for it in plan),
+            (
+                q.PlannedProbe(
+                    it.probe_key,
+                    payloads[it.probe_key],
+                    getattr(it.probe, "workload", None),
+                    getattr(it.probe, "mode", None),
+                )
+                for it in plan
+            ),
         )
         summary = dict(run.summary or {})
         summary["runner"] = _owner()
@@ -411,7 +454,9 @@ async def run_probes_async(
         api_key = config.resolve_api_key()  # ConfigError early, before any row is written
     secrets = [api_key] if api_key else []
     plan = plan_suite(suite)
-    payloads = {it.probe_key: build_payload(config.api, it.probe, config, sample=it.sample, stream=stream) for it in plan}
+    payloads = {
+        it.probe_key: build_payload(config.api, it.probe, config, sample=it.sample, stream=stream) for it in plan
+    }
     rid, resumed = _prepare_run(store, config, suite, plan, payloads, run_id, resume, kind, retry_failed)
     if on_start is not None:
         on_start(rid, resumed)
@@ -420,9 +465,19 @@ async def run_probes_async(
         pending = [(p.id, p.probe_key, p.n_attempts) for p in q.pending_probes(s, rid)]
         counts = q.probe_counts(s, rid)
     total = sum(counts.values())
-    state = RunProgress(rid, total, counts.get("done", 0) + counts.get("failed", 0), counts.get("done", 0), counts.get("failed", 0), 0, 0)
+    state = RunProgress(
+        rid,
+        total,
+        counts.get("done", 0) + counts.get("failed", 0),
+        counts.get("done", 0),
+        counts.get("failed", 0),
+        0,
+        0,
+    )
     if concurrency is not None:
-        config = config.model_copy(update={"rate_limits": config.rate_limits.model_copy(update={"concurrency": int(concurrency)})})
+        config = config.model_copy(
+            update={"rate_limits": config.rate_limits.model_copy(update={"concurrency": int(concurrency)})}
+        )
     n_max = int(max_attempts or config.retry.max_attempts)
     base_attempts = {key: n for _pid, key, n in pending}
     probe_ids = {key: pid for pid, key, _n in pending}
@@ -440,12 +495,20 @@ async def run_probes_async(
                 norm = normalize_response(
                     api, req, response_text=rec.response_text, stream=bool(req.get("stream")), max_top_logprobs=max_top
                 )
-                tokens, text, finish, anomalies, usage = norm.tokens, norm.text, norm.finish_reason, list(norm.anomalies), norm.usage
+                tokens, text, finish, anomalies, usage = (
+                    norm.tokens,
+                    norm.text,
+                    norm.finish_reason,
+                    list(norm.anomalies),
+                    norm.usage,
+                )
             except Exception as exc:  # noqa: BLE001 - a malformed body is evidence, not a crash
                 log.warning("normalizing %s failed: %s", key, exc)
                 tokens, text, finish, usage = [], None, None, None
                 anomalies = [f"normalize_error: {type(exc).__name__}: {q.scrub(str(exc), secrets)}"]
-            q.mark_probe_done(s, pid, status="done", text=text, finish_reason=finish, anomalies=anomalies, usage=usage, tokens=tokens)
+            q.mark_probe_done(
+                s, pid, status="done", text=text, finish_reason=finish, anomalies=anomalies, usage=usage, tokens=tokens
+            )
             usage = usage or {}
             pt = int(usage.get("prompt_tokens") or 0)
             ct = int(usage.get("completion_tokens") or len(tokens))
@@ -505,7 +568,14 @@ async def run_probes_async(
     callback = progress if callable(progress) else None
     if progress is True:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         bar = Progress(
             TextColumn("[bold]{task.description}"),
@@ -518,7 +588,9 @@ async def run_probes_async(
             transient=False,
         )
         bar.start()
-        task_id = bar.add_task(f"{config.name} {rid}", total=total, completed=state.done, ok=state.ok, failed=state.failed, retries=0)
+        task_id = bar.add_task(
+            f"{config.name} {rid}", total=total, completed=state.done, ok=state.ok, failed=state.failed, retries=0
+        )
 
     def report() -> None:
         if bar is not None:
@@ -548,7 +620,9 @@ async def run_probes_async(
                         return
                     result = await client.send(payloads[key], key=key, on_attempt=on_attempt)
                     if key not in finalized and result.attempts:  # safety net: the client stopped early
-                        outcome = await asyncio.get_running_loop().run_in_executor(writer, finalize_only, key, result.attempts[-1])
+                        outcome = await asyncio.get_running_loop().run_in_executor(
+                            writer, finalize_only, key, result.attempts[-1]
+                        )
                         count_outcome(key, outcome)
                     report()
 
@@ -624,4 +698,3 @@ def run_probes(
         return asyncio.run(run_probes_async(store, provider_config, suite, run_id, resume, progress, **kwargs))
     except asyncio.CancelledError:  # SIGTERM cancelled the run (already marked interrupted)
         raise KeyboardInterrupt("run cancelled") from None
-

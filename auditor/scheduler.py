@@ -41,15 +41,15 @@ from auditor.store.models import Schedule, utcnow
 
 __all__ = [
     "MIN_INTERVAL_S",
-    "JobRunner",
-    "JobOutcome",
     "AuditScheduler",
-    "parse_interval",
+    "JobOutcome",
+    "JobRunner",
+    "add_schedule",
+    "default_runner",
     "format_interval",
     "next_slot",
-    "add_schedule",
+    "parse_interval",
     "remove_schedule",
-    "default_runner",
 ]
 
 #: Shortest allowed interval, seconds (an audit costs tokens and money).
@@ -65,14 +65,10 @@ class JobRunner(Protocol):
     Returns an object or mapping with ``run_id`` (str) and ``verdict`` (str | None).
     """
 
-    def __call__(
-        self, provider_name: str, *, suite: str | None, budget_tokens: int | None, db_url: str
-    ) -> Any: ...
+    def __call__(self, provider_name: str, *, suite: str | None, budget_tokens: int | None, db_url: str) -> Any: ...
 
 
-def default_runner(
-    provider_name: str, *, suite: str | None, budget_tokens: int | None, db_url: str
-) -> Any:
+def default_runner(provider_name: str, *, suite: str | None, budget_tokens: int | None, db_url: str) -> Any:
     """Run a real audit through ``auditor.audit.run_check`` (imported lazily).
 
     Raises:
@@ -81,9 +77,7 @@ def default_runner(
     try:
         from auditor.audit import run_check
     except ImportError as exc:  # pragma: no cover - depends on the pipeline being installed
-        raise RuntimeError(
-            f"the audit pipeline (auditor.audit.run_check) is not available: {exc}"
-        ) from exc
+        raise RuntimeError(f"the audit pipeline (auditor.audit.run_check) is not available: {exc}") from exc
     kwargs: dict[str, Any] = {"db_url": db_url}
     if suite is not None:
         kwargs["suite"] = suite
@@ -92,7 +86,7 @@ def default_runner(
     return run_check(provider_name, **kwargs)
 
 
-def parse_interval(text: str | int | float) -> int:
+def parse_interval(text: str | float) -> int:
     """Parse an interval such as ``6h``, ``30m``, ``1d``, ``1h30m``, ``90s`` or ``3600`` into seconds.
 
     Units: s, m, h, d, w. A bare number is seconds.
@@ -101,7 +95,7 @@ def parse_interval(text: str | int | float) -> int:
         ValueError: unparsable, or shorter than :data:`MIN_INTERVAL_S` seconds (message names
             ``--every`` and shows valid examples).
     """
-    if isinstance(text, int | float) and not isinstance(text, bool):
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
         seconds = float(text)
     else:
         s = str(text).strip().lower().replace(" ", "")
@@ -115,10 +109,8 @@ def parse_interval(text: str | int | float) -> int:
                 "e.g. 6h, 30m, 1d, 1h30m (s, m, h, d, w) or plain seconds"
             )
     if seconds < MIN_INTERVAL_S:
-        raise ValueError(
-            f"--every: interval {text!r} is {seconds:g} s; the minimum is {MIN_INTERVAL_S} s (e.g. 1m)"
-        )
-    return int(round(seconds))
+        raise ValueError(f"--every: interval {text!r} is {seconds:g} s; the minimum is {MIN_INTERVAL_S} s (e.g. 1m)")
+    return round(seconds)
 
 
 def format_interval(seconds: int) -> str:
@@ -277,9 +269,7 @@ class AuditScheduler:
         """Earliest ``next_run_at`` over enabled schedules (None when there are none)."""
         with self.store.session() as s:
             values = [
-                v
-                for v in s.scalars(select(Schedule.next_run_at).where(Schedule.enabled.is_(True)))
-                if v is not None
+                v for v in s.scalars(select(Schedule.next_run_at).where(Schedule.enabled.is_(True))) if v is not None
             ]
         return min(values) if values else None
 

@@ -52,7 +52,7 @@ def main() -> None:
     st.sidebar.caption(f"Database: {escape_md(data.display_url(db_url))}")
 
     state, detail = data.database_state(db_url)
-    label, render, uses_filters = PAGES[page]
+    _label, render, uses_filters = PAGES[page]
     if state != "ok" and not (page == "calibration" and state == "empty"):
         common.first_screen(state, detail, data.display_url(db_url))
         return

@@ -420,12 +420,16 @@ class EvidenceBatch:
                 ref_at[r_i, c_i] = full[r_i, p_ids[r_i, c_i]]
             else:
                 if p_ids.shape[1]:
-                    eq = (p_ids[:, :, None] == rt_ids[:, None, :]) & (
-                        p_ids[:, :, None] >= 0
-                    )  # [N, M, K]
-                    any_eq = eq.any(2)
-                    val = np.where(eq, rt_lp[:, None, :], 0.0).sum(2)
-                    ref_at = np.where(any_eq, val, np.nan)
+                    any_eq = np.zeros(p_ids.shape, bool)
+                    for j in range(
+                        p_ids.shape[1]
+                    ):  # [N, K] per listed column: bounded memory
+                        eq = (rt_ids == p_ids[:, j : j + 1]) & (
+                            p_ids[:, j : j + 1] >= 0
+                        )
+                        hit = eq.any(1)
+                        any_eq[:, j] = hit
+                        ref_at[hit, j] = rt_lp[hit][eq[hit]]
                     is_tok = (p_ids == token_ids[:, None]) & (p_ids >= 0) & ~any_eq
                     ref_at = np.where(
                         is_tok & ~np.isnan(rt_tok)[:, None], rt_tok[:, None], ref_at

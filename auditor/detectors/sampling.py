@@ -82,6 +82,8 @@ class SamplingView:
 
 
 def _rank_of(top_ids: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    if top_ids.shape[1] == 0:
+        return np.full(token_ids.shape[0], -1, np.int64)
     hit = (top_ids == token_ids[:, None]) & (top_ids >= 0)
     return np.where(hit.any(1), hit.argmax(1), -1).astype(np.int64)
 

@@ -32,6 +32,7 @@ dashboard then shows the id) unless the evidence carries ``ref_top5_tokens`` its
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -52,22 +53,22 @@ from auditor.store.models import (
 )
 
 __all__ = [
-    "VERDICTS",
     "SUMMARY_KEYS",
-    "has_schema",
+    "VERDICTS",
+    "calibration_table",
     "count_runs",
     "filter_options",
-    "provider_overview",
-    "speed_fidelity_points",
-    "provider_history",
-    "verdict_changes",
+    "has_schema",
     "list_runs",
-    "run_detail",
-    "probe_detail",
-    "tokens_per_chunk_histogram",
-    "calibration_table",
-    "recent_alerts",
     "list_schedules",
+    "probe_detail",
+    "provider_history",
+    "provider_overview",
+    "recent_alerts",
+    "run_detail",
+    "speed_fidelity_points",
+    "tokens_per_chunk_histogram",
+    "verdict_changes",
 ]
 
 #: The verdict vocabulary (docs/ARCHITECTURE.md, "detectors"), in display order.
@@ -107,9 +108,7 @@ def _num(value: Any) -> float | None:
         f = float(value)
     except (TypeError, ValueError):
         return None
-    if f != f or f in (float("inf"), float("-inf")):
-        return None
-    return f
+    return f if math.isfinite(f) else None
 
 
 def _as_utc_start(value: dt.date | dt.datetime | None) -> dt.datetime | None:
@@ -228,10 +227,7 @@ def count_runs(session: Session) -> int:
     """Number of non-calibration runs (0 for an empty or unmigrated database)."""
     if not has_schema(session):
         return 0
-    return int(
-        session.scalar(select(func.count()).select_from(AuditRun).where(AuditRun.kind != "calibration"))
-        or 0
-    )
+    return int(session.scalar(select(func.count()).select_from(AuditRun).where(AuditRun.kind != "calibration")) or 0)
 
 
 def filter_options(session: Session) -> dict[str, Any]:
@@ -248,9 +244,7 @@ def filter_options(session: Session) -> dict[str, Any]:
         return sorted(v for v in session.scalars(sub) if v is not None)
 
     first, last = session.execute(
-        select(func.min(AuditRun.started_at), func.max(AuditRun.started_at)).where(
-            AuditRun.kind != "calibration"
-        )
+        select(func.min(AuditRun.started_at), func.max(AuditRun.started_at)).where(AuditRun.kind != "calibration")
     ).one()
     # min/max bypass the column type on some backends: normalise to aware UTC.
     first = _coerce_dt(first)
@@ -564,14 +558,10 @@ def _ids_of(entries: Any) -> list[int]:
 
 def _resolve_evidence(session: Session, run: AuditRun, detectors: list[dict[str, Any]]) -> None:
     """Add ``_view`` (probe, context text, token text, id→text map) to the first evidence items."""
-    items = [
-        ev for d in detectors for ev in d["evidence"][:MAX_RESOLVED_EVIDENCE] if isinstance(ev, dict)
-    ]
+    items = [ev for d in detectors for ev in d["evidence"][:MAX_RESOLVED_EVIDENCE] if isinstance(ev, dict)]
     if not items:
         return
-    probes = {
-        k: i for i, k in session.execute(select(Probe.id, Probe.probe_key).where(Probe.run_id == run.id))
-    }
+    probes = {k: i for i, k in session.execute(select(Probe.id, Probe.probe_key).where(Probe.run_id == run.id))}
     ids: set[int] = set()
     for ev in items:
         ids.update(_ids_of(ev.get("ref_top5")))

@@ -176,8 +176,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(alembic_config(engine), revision)
     except Exception as exc:
         raise StoreError(
-            f"migrating {engine.url.render_as_string(hide_password=True)} "
-            f"to {revision} failed: {exc}"
+            f"migrating {engine.url.render_as_string(hide_password=True)} to {revision} failed: {exc}"
         ) from exc
 
 

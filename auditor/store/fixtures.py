@@ -93,26 +93,34 @@ _PROMPTS = [
     (
         "arith",
         "What is 17 + 25? Explain briefly.",
-        " The answer is 42. Adding 17 and 25 gives 42 because 7 plus 5 is 12, so we carry"
-        " the 1 and add 1 plus 2 plus 1 which is 4.",
+        (
+            " The answer is 42. Adding 17 and 25 gives 42 because 7 plus 5 is 12, so we carry"
+            " the 1 and add 1 plus 2 plus 1 which is 4."
+        ),
     ),
     (
         "capital",
         "Name the capital of France and say one fact about it.",
-        " Paris is the capital of France. It is known for the Eiffel Tower, which was built"
-        " for the World Fair in 1889 and is now one of the most visited monuments.",
+        (
+            " Paris is the capital of France. It is known for the Eiffel Tower, which was built"
+            " for the World Fair in 1889 and is now one of the most visited monuments."
+        ),
     ),
     (
         "code",
         "Write a Python function that squares a number.",
-        " Here is a simple function: def square(x): return x ** 2 and you can call it with"
-        " square(3) to get 9 as the result.",
+        (
+            " Here is a simple function: def square(x): return x ** 2 and you can call it with"
+            " square(3) to get 9 as the result."
+        ),
     ),
     (
         "story",
         "Continue: Once upon a time",
-        " there was a small robot who loved to read books. Every night it climbed the tall"
-        " shelf in the library and read until the sun came up over the hills.",
+        (
+            " there was a small robot who loved to read books. Every night it climbed the tall"
+            " shelf in the library and read until the sun came up over the hills."
+        ),
     ),
 ]
 _ALT = [" the", " a", " is", ",", ".", " and", " of", " to", " in", " it"]
@@ -189,6 +197,7 @@ def seed_demo(
     def tid(text: str) -> int:
         """A made-up reference token id per token text (stands in for the tokenizer)."""
         return vocab.setdefault(text, 1000 + len(vocab))
+
     for p_index, (name, prof) in enumerate(DEMO_PROVIDERS.items()):
         provider = Provider(
             name=name,
@@ -253,11 +262,13 @@ def _seed_run(
 ) -> str:
     # A provider quantized only from its first QUANTIZATION verdict on: earlier runs were honest.
     degraded = verdict not in (None, "PASS")
-    jitter = lambda x, rel=0.08: x * (1.0 + rng.uniform(-rel, rel))  # noqa: E731
+    jitter = lambda x, rel=0.08: x * (1.0 + rng.uniform(-rel, rel))
     kl = jitter(prof["mean_kl"]) if degraded or name == "sim-honest" else jitter(0.0045)
     mismatch = prof["clear_mismatch_rate"] if degraded else 0.0
     tps = jitter(prof["tokens_per_s"] if degraded or name == "sim-honest" else 97.0, 0.05)
-    chunk_w = prof["chunk_weights"] if degraded or name == "sim-honest" else DEMO_PROVIDERS["sim-honest"]["chunk_weights"]
+    chunk_w = (
+        prof["chunk_weights"] if degraded or name == "sim-honest" else DEMO_PROVIDERS["sim-honest"]["chunk_weights"]
+    )
     failed = verdict is None
     run = AuditRun(
         provider_id=provider.id,
@@ -421,7 +432,9 @@ def _seed_run(
         for pos in sorted(rng.sample(range(1, 12), 3)):
             top1 = -round(rng.uniform(0.2, 0.6), 3)
             story = _split_tokens(_PROMPTS[3][2])
-            ref_top5 = [[tid(story[pos]), top1]] + [[tid(t), round(top1 - 0.7 * (i + 1), 3)] for i, t in enumerate(_ALT[:4])]
+            ref_top5 = [[tid(story[pos]), top1]] + [
+                [tid(t), round(top1 - 0.7 * (i + 1), 3)] for i, t in enumerate(_ALT[:4])
+            ]
             kl_evidence.append(
                 {
                     "prompt_id": "story-01#0",
@@ -438,7 +451,14 @@ def _seed_run(
     raw = [
         ("greedy-match", float(len(evidence_tokens)), p_greedy, mismatch, 48, evidence_tokens),
         ("logprob-kl", kl / _NOISE_FLOOR, p_kl, kl - _NOISE_FLOOR, 64, kl_evidence),
-        ("sampling-gof", rng.uniform(20, 60) if (quant or relaxed) else rng.uniform(2, 12), p_gof, rng.uniform(0.01, 0.2), 200, []),
+        (
+            "sampling-gof",
+            rng.uniform(20, 60) if (quant or relaxed) else rng.uniform(2, 12),
+            p_gof,
+            rng.uniform(0.01, 0.2),
+            200,
+            [],
+        ),
         ("self-consistency", rng.uniform(0, 2), p_self, rng.uniform(-0.01, 0.01), 32, []),
     ]
     m = len(raw)
@@ -474,7 +494,11 @@ def _seed_run(
             run_id=run.id,
             verdict=verdict,
             reason=reason,
-            details={"alpha": 0.01, "holm": True, "rejected": [r[0] for r, a in zip(raw, adjusted, strict=True) if a < 0.01]},
+            details={
+                "alpha": 0.01,
+                "holm": True,
+                "rejected": [r[0] for r, a in zip(raw, adjusted, strict=True) if a < 0.01],
+            },
             created_at=run.finished_at,
         )
     )

@@ -132,9 +132,7 @@ class AuditRun(Base):
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_run_id)
-    provider_id: Mapped[int | None] = mapped_column(
-        ForeignKey("providers.id", ondelete="SET NULL"), nullable=True
-    )
+    provider_id: Mapped[int | None] = mapped_column(ForeignKey("providers.id", ondelete="SET NULL"), nullable=True)
     provider_name: Mapped[str] = mapped_column(String(200))
     model: Mapped[str | None] = mapped_column(String(500), nullable=True)
     kind: Mapped[str] = mapped_column(String(32), default="audit")  # RUN_KINDS
@@ -158,9 +156,7 @@ class AuditRun(Base):
     summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
     provider: Mapped[Provider | None] = relationship(back_populates="runs")
-    probes: Mapped[list[Probe]] = relationship(
-        back_populates="run", cascade="all, delete-orphan", passive_deletes=True
-    )
+    probes: Mapped[list[Probe]] = relationship(back_populates="run", cascade="all, delete-orphan", passive_deletes=True)
     detector_results: Mapped[list[DetectorResultRow]] = relationship(
         back_populates="run", cascade="all, delete-orphan", passive_deletes=True
     )
@@ -253,9 +249,7 @@ class NormalizedToken(Base):
     """
 
     __tablename__ = "normalized_tokens"
-    __table_args__ = (
-        UniqueConstraint("probe_id", "position", name="uq_normalized_tokens_probe_id_position"),
-    )
+    __table_args__ = (UniqueConstraint("probe_id", "position", name="uq_normalized_tokens_probe_id_position"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     probe_id: Mapped[int] = mapped_column(ForeignKey("probes.id", ondelete="CASCADE"))
@@ -313,9 +307,7 @@ class VerdictRow(Base):
     __tablename__ = "verdicts"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    run_id: Mapped[str] = mapped_column(
-        ForeignKey("audit_runs.id", ondelete="CASCADE"), unique=True
-    )
+    run_id: Mapped[str] = mapped_column(ForeignKey("audit_runs.id", ondelete="CASCADE"), unique=True)
     verdict: Mapped[str] = mapped_column(String(64))
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -348,9 +340,7 @@ class Alert(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     provider_name: Mapped[str] = mapped_column(String(200), index=True)
-    run_id: Mapped[str | None] = mapped_column(
-        ForeignKey("audit_runs.id", ondelete="SET NULL"), nullable=True
-    )
+    run_id: Mapped[str | None] = mapped_column(ForeignKey("audit_runs.id", ondelete="SET NULL"), nullable=True)
     previous_verdict: Mapped[str | None] = mapped_column(String(64), nullable=True)
     verdict: Mapped[str] = mapped_column(String(64))
     message: Mapped[str] = mapped_column(Text, default="")

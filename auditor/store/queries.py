@@ -676,10 +676,14 @@ def run_detail(s: Session, run_id: str) -> RunDetail | None:
         or 0
     )
     status_rows = s.execute(
-        select(ProbeAttempt.http_status, func.count()).where(ProbeAttempt.run_id == run_id).group_by(ProbeAttempt.http_status)
+        select(ProbeAttempt.http_status, func.count())
+        .where(ProbeAttempt.run_id == run_id)
+        .group_by(ProbeAttempt.http_status)
     )
     http_counts = {("none" if st is None else str(st)): int(n) for st, n in status_rows}
-    dets = list(s.scalars(select(DetectorResultRow).where(DetectorResultRow.run_id == run_id).order_by(DetectorResultRow.id)))
+    dets = list(
+        s.scalars(select(DetectorResultRow).where(DetectorResultRow.run_id == run_id).order_by(DetectorResultRow.id))
+    )
     verdict = s.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))
     return RunDetail(
         run=run,
@@ -700,7 +704,9 @@ def run_detail(s: Session, run_id: str) -> RunDetail | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def store_detector_results(s: Session, run_id: str, results: Iterable[Any], *, replace: bool = True) -> list[DetectorResultRow]:
+def store_detector_results(
+    s: Session, run_id: str, results: Iterable[Any], *, replace: bool = True
+) -> list[DetectorResultRow]:
     """Store ``auditor.detectors.DetectorResult`` records (or mappings with the same fields).
     With ``replace`` the run's earlier results are deleted first. Non-finite numbers become NULL."""
     if replace:
@@ -757,7 +763,9 @@ def get_verdict(s: Session, run_id: str) -> VerdictRow | None:
 
 def detector_results_for_run(s: Session, run_id: str) -> list[DetectorResultRow]:
     """Stored detector results of a run, in insertion order."""
-    return list(s.scalars(select(DetectorResultRow).where(DetectorResultRow.run_id == run_id).order_by(DetectorResultRow.id)))
+    return list(
+        s.scalars(select(DetectorResultRow).where(DetectorResultRow.run_id == run_id).order_by(DetectorResultRow.id))
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -922,7 +930,12 @@ def list_calibration_results(
     if profile is not None:
         q = q.where(CalibrationResult.profile == profile)
     return list(
-        s.scalars(q.order_by(CalibrationResult.model, CalibrationResult.profile, CalibrationResult.budget_tokens, CalibrationResult.id))
+        s.scalars(
+            q.order_by(
+                CalibrationResult.model,
+                CalibrationResult.profile,
+                CalibrationResult.budget_tokens,
+                CalibrationResult.id,
+            )
+        )
     )
-
-

@@ -64,9 +64,7 @@ def sidebar_filters(db_url: str) -> Filters:
     since = until = None
     if opts["first"] and opts["last"]:
         lo, hi = opts["first"].date(), opts["last"].date()
-        picked = st.sidebar.date_input(
-            "Date range (UTC)", value=(lo, hi), min_value=lo, max_value=hi, key="f_dates"
-        )
+        picked = st.sidebar.date_input("Date range (UTC)", value=(lo, hi), min_value=lo, max_value=hi, key="f_dates")
         if isinstance(picked, tuple | list):
             since = picked[0] if len(picked) > 0 else None
             until = picked[1] if len(picked) > 1 else None

@@ -46,7 +46,9 @@ def history_chart(rows: list[dict[str, Any]], stat: str) -> alt.LayerChart | Non
     line = base.mark_line(color="#888").encode(y=alt.Y("value:Q", title=STATS[stat]))
     dots = base.mark_circle(size=140).encode(
         y="value:Q",
-        color=alt.Color("verdict:N", scale=verdict_color_scale(df["verdict"]), title="Verdict", legend=alt.Legend(orient="bottom")),
+        color=alt.Color(
+            "verdict:N", scale=verdict_color_scale(df["verdict"]), title="Verdict", legend=alt.Legend(orient="bottom")
+        ),
         tooltip=["date:N", "verdict:N", "run_id:N", alt.Tooltip("value:Q", format=".4g", title=STATS[stat])],
     )
     layers = [line, dots]

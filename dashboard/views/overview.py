@@ -123,7 +123,9 @@ def render(db_url: str, filters: Filters) -> None:
     counts = Counter(r["verdict"] or "no verdict" for r in rows)
     st.markdown(
         f"**{len(rows)} provider/model pairs** — "
-        + " · ".join(f"{verdict_badge(v) if v != 'no verdict' else 'no verdict'} × {n}" for v, n in sorted(counts.items()))
+        + " · ".join(
+            f"{verdict_badge(v) if v != 'no verdict' else 'no verdict'} × {n}" for v, n in sorted(counts.items())
+        )
     )
     headers, cells = overview_table(rows)
     st.markdown(md_table(headers, cells, align=["l"] * 4 + ["r"] * (len(headers) - 4)))
@@ -134,6 +136,4 @@ def render(db_url: str, filters: Filters) -> None:
             f"- **{escape_md(r['provider_name'])}** ({escape_md(r['model'] or '—')}), run "
             f"{md_code(r['run_id'])}: {verdict_badge(r['verdict'])} {escape_md(reason, max_len=400)}"
         )
-    st.download_button(
-        "Download as CSV", _csv(rows), file_name="providers.csv", mime="text/csv", key="dl_overview"
-    )
+    st.download_button("Download as CSV", _csv(rows), file_name="providers.csv", mime="text/csv", key="dl_overview")

@@ -131,9 +131,7 @@ def generic_evidence_md(item: Any) -> str:
     """A key/value markdown table for an evidence item of any other shape (values escaped)."""
     if not isinstance(item, dict):
         return escape_md(json.dumps(item, default=str), max_len=500)
-    rows = [
-        [escape_md(k), escape_md(json.dumps(v, default=str), max_len=300)] for k, v in item.items() if k != "_view"
-    ]
+    rows = [[escape_md(k), escape_md(json.dumps(v, default=str), max_len=300)] for k, v in item.items() if k != "_view"]
     return md_table(["Field", "Value"], rows)
 
 
@@ -172,11 +170,15 @@ def _probe_body(detail: dict[str, Any]) -> None:
             md_table(
                 ["Pos", "Token", "logprob", "Ref id", "Anomalies"],
                 [
-                    [str(t["position"]), escape_md(visible_token(t["token"])), fmt_num(t["logprob"]),
-                     escape_md(t["ref_token_id"] if t["ref_token_id"] is not None else "unaligned"),
-                     escape_md(", ".join(map(str, t["anomalies"])))]
+                    [
+                        str(t["position"]),
+                        escape_md(visible_token(t["token"])),
+                        fmt_num(t["logprob"]),
+                        escape_md(t["ref_token_id"] if t["ref_token_id"] is not None else "unaligned"),
+                        escape_md(", ".join(map(str, t["anomalies"]))),
+                    ]
                     for t in detail["tokens"][:300]
-                ],  # fmt: skip
+                ],
                 align=["r", "l", "r", "r", "l"],
             )
         )
@@ -216,9 +218,7 @@ def render(db_url: str, filters: Filters) -> None:
         st.warning("This run no longer exists.")
         return
 
-    st.markdown(
-        f"### {verdict_badge(d['verdict'])} {escape_md(d['provider_name'])} · {escape_md(d['model'] or '—')}"
-    )
+    st.markdown(f"### {verdict_badge(d['verdict'])} {escape_md(d['provider_name'])} · {escape_md(d['model'] or '—')}")
     if d["verdict_reason"]:
         st.markdown(escape_md(d["verdict_reason"], max_len=2000))
     elif d["status"] != "completed":
@@ -237,11 +237,19 @@ def render(db_url: str, filters: Filters) -> None:
         ["Mean KL / noise floor", f"{fmt_num(d['mean_kl'])} / {fmt_num(d['noise_floor'])} nats"],
         ["Greedy clear-mismatch rate", fmt_pct(d["clear_mismatch_rate"])],
     ]  # fmt: skip
-    st.markdown(md_table(["", "Value"], facts))
+    left, right = st.columns([2, 3])
+    left.subheader("Run")
+    left.markdown(md_table(["", "Value"], facts))
+    _detectors_table(right, d)
+    _evidence(db_url, d)
+    _fingerprint(d)
+    _probes(db_url, d)
 
-    st.subheader("Detectors")
+
+def _detectors_table(where: Any, d: dict[str, Any]) -> None:
+    where.subheader("Detectors")
     if not d["detectors"]:
-        st.info("No detector results stored for this run.")
+        where.info("No detector results stored for this run.")
     else:
         rows = []
         for det in d["detectors"]:
@@ -262,14 +270,19 @@ def render(db_url: str, filters: Filters) -> None:
                     escape_md(det["reason"] or "", max_len=200),
                 ]
             )
-        st.markdown(
+        where.markdown(
             md_table(
                 ["Detector", "Ran", "Statistic", "p", "p (Holm)", "Effect [95% CI]", "n", "Note"],
                 rows,
                 align=["l", "c", "r", "r", "r", "r", "r", "l"],
             )
         )
+        where.caption(
+            "★ strongest evidence (smallest adjusted p among detectors with evidence). Effect units per detector."
+        )
 
+
+def _evidence(db_url: str, d: dict[str, Any]) -> None:
     st.subheader("Strongest evidence")
     strongest = next((det for det in d["detectors"] if det["name"] == d["strongest"]), None)
     if strongest is None:
@@ -288,6 +301,8 @@ def render(db_url: str, filters: Filters) -> None:
                 if view and view.get("probe_id") is not None:
                     _raw_probe(db_url, view["probe_id"], str(view["probe_key"]), f"ev{i}")
 
+
+def _fingerprint(d: dict[str, Any]) -> None:
     st.subheader("Speculation fingerprint")
     hist = d["tokens_per_chunk"]
     if not hist:
@@ -303,6 +318,8 @@ def render(db_url: str, filters: Filters) -> None:
         )
         st.altair_chart(chunk_histogram(hist), width="stretch")
 
+
+def _probes(db_url: str, d: dict[str, Any]) -> None:
     st.subheader("Probes")
     probes = d["probes"]
     if not probes:

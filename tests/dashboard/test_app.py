@@ -78,7 +78,7 @@ def test_unreachable_database_is_an_error_message_not_a_traceback(app_test):
 
 
 def test_date_filter_restricts_overview(app_test, seeded):
-    url, summary = seeded
+    url, _ = seeded
     at = app_test(url, page="providers")
     dates = at.sidebar.date_input(key="f_dates")
     first = dates.value[0]

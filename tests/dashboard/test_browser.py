@@ -110,9 +110,11 @@ def test_provider_table_in_headless_chromium(dashboard_server, seeded):
             # Provider-controlled token text is shown as text, never parsed as HTML.
             run_id = summary["runs"]["sim-relaxed"][-1]
             page.goto(f"{dashboard_server}/?page=run&run={run_id}", timeout=60_000)
-            page.get_by_text("Strongest evidence").wait_for(timeout=60_000)
+            heading = page.get_by_text("Strongest evidence", exact=True)
+            heading.wait_for(timeout=60_000)
             page.get_by_text("onerror=alert(1)>").first.wait_for(timeout=30_000)
             assert page.locator("img[src='x']").count() == 0
+            heading.scroll_into_view_if_needed()
             page.wait_for_timeout(1000)
             page.screenshot(path=str(artifacts / "dashboard-run.png"))
             if os.environ.get("SPEC_AUDITOR_UPDATE_DOCS") == "1":

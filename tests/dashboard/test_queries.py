@@ -42,8 +42,7 @@ def test_overview_latest_verdicts_and_sums(session, seeded):
     assert min(d["p_adjusted"] for d in relaxed["detectors"]) < 1e-6
 
 
-def test_overview_date_filter(session, seeded):
-    _, summary = seeded
+def test_overview_date_filter(session):
     first = q.filter_options(session)["first"].date()
     rows = q.provider_overview(session, until=first)
     assert {r["provider_name"]: r["verdict"] for r in rows}["sim-int4"] == "PASS"
@@ -55,7 +54,9 @@ def test_overview_date_filter(session, seeded):
 def test_verdict_changes_and_history(session, seeded):
     _, summary = seeded
     changes = q.verdict_changes(session)
-    assert [(c["provider_name"], c["previous_verdict"], c["verdict"], c["run_id"]) for c in changes] == summary["changes"]
+    assert [(c["provider_name"], c["previous_verdict"], c["verdict"], c["run_id"]) for c in changes] == summary[
+        "changes"
+    ]
     hist = q.provider_history(session, "sim-int4")
     assert [h["changed_from"] for h in hist] == [None, None, "PASS", None]
     # a failed run without verdict neither changes nor resets the previous verdict

@@ -246,3 +246,37 @@ def test_run_detectors_selection_and_reproducibility(synth):
     assert res2["self-gof"].ran and not res2["greedy-match"].ran
     with pytest.raises(KeyError, match="known"):
         run_detectors(b, floor, names=["nope"])
+
+
+def test_empty_and_per_position_paths_end_to_end(synth):
+    from auditor.detectors import PositionEvidence
+    from auditor.verdict import VerdictKind, decide_verdict
+
+    empty = EvidenceBatch.from_positions([])
+    res = run_detectors(empty, None)
+    assert not any(r.ran for r in res)
+    assert decide_verdict(res).verdict == VerdictKind.INCONCLUSIVE
+    # per-position records, as the pipeline builds them, for a greedy provider serving the runner-up
+    rng = np.random.default_rng(9)
+    ref = synth.dirichlet_logprobs(rng, 6, 20)
+    order = np.argsort(-ref, axis=1)
+    items = []
+    for i, row in enumerate(ref):
+        tok = int(order[i, 1] if i % 4 == 0 else order[i, 0])
+        top = order[i, :20]
+        items.append(
+            PositionEvidence(
+                prompt_id=f"p{i // 20}",
+                position=i % 20,
+                token_id=tok,
+                temperature=0.0,
+                ref_top_ids=top,
+                ref_top_logprobs=row[top],
+                ref_token_logprob=float(row[tok]),
+                provider_top={int(t): float(row[t]) for t in order[i, :5]},
+            )
+        )
+    b = EvidenceBatch.from_positions(items)
+    floor = synth.make_floor(rng, top_m=(5,))
+    v = decide_verdict(run_detectors(b, floor), floor=floor)
+    assert v.verdict == VerdictKind.DECODING_NONCOMPLIANT

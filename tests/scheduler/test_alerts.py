@@ -102,7 +102,7 @@ def test_webhook_to_loopback_server(store, clock):
     received: list[dict] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             n = int(self.headers["Content-Length"])
             received.append(json.loads(self.rfile.read(n)))
             self.send_response(200)

@@ -28,7 +28,12 @@ def test_add_list_remove(store, db_url, known, monkeypatch, tmp_path):
     assert "every 6h" in r.output
     with store.session() as s:
         row = s.scalars(select(Schedule)).one()
-        assert (row.provider_name, row.every_seconds, row.suite, row.budget_tokens) == ("sim-int4", 21600, "core", 20000)
+        assert (row.provider_name, row.every_seconds, row.suite, row.budget_tokens) == (
+            "sim-int4",
+            21600,
+            "core",
+            20000,
+        )
     r = cli.invoke(app, ["schedule", "list", "--db", db_url])
     assert r.exit_code == 0 and "sim-int4" in r.output and "6h" in r.output
     r = cli.invoke(app, ["schedule", "remove", str(row.id), "--db", db_url])
@@ -54,7 +59,9 @@ def test_run_once_uses_the_pipeline_runner(db_url, known, monkeypatch, tmp_path,
     monkeypatch.chdir(tmp_path)
     runner = FakeRunner(clock, verdicts=["QUANTIZATION"])
     monkeypatch.setattr("auditor.scheduler.default_runner", runner)
-    assert cli.invoke(app, ["schedule", "add", "--provider", "sim-int4", "--every", "1h", "--db", db_url]).exit_code == 0
+    assert (
+        cli.invoke(app, ["schedule", "add", "--provider", "sim-int4", "--every", "1h", "--db", db_url]).exit_code == 0
+    )
     r = cli.invoke(app, ["schedule", "run", "--once", "--db", db_url])
     assert r.exit_code == 0, r.output
     assert len(runner.calls) == 1 and "verdict QUANTIZATION" in r.output

@@ -23,10 +23,14 @@ def _seed(store):
         ):
             s.add(
                 AuditRun(
-                    id=f"run{k}", provider_name=p, status="completed" if v else "failed", verdict=v,
+                    id=f"run{k}",
+                    provider_name=p,
+                    status="completed" if v else "failed",
+                    verdict=v,
                     verdict_reason="KL 18x the noise floor \x00\x07<b>" if k == 2 else None,
-                    started_at=T0 + dt.timedelta(hours=k), model="m<&>",
-                )  # fmt: skip
+                    started_at=T0 + dt.timedelta(hours=k),
+                    model="m<&>",
+                )
             )
 
 

@@ -197,7 +197,11 @@ def make_fault_app(state: FaultServer, seed: int = 0):
                 yield f"data: {line}\n\n"
                 if kind == "truncated" and i == len(toks) // 2:
                     return
-            yield 'data: ' + json.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": usage}) + "\n\n"
+            yield (
+                "data: "
+                + json.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": usage})
+                + "\n\n"
+            )
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(gen(), media_type="text/event-stream")

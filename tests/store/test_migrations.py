@@ -16,8 +16,17 @@ from auditor.store.models import metadata
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED_TABLES = {
-    "providers", "audit_runs", "probes", "probe_attempts", "normalized_tokens", "reference_cache",
-    "detector_results", "verdicts", "schedules", "alerts", "calibration_results",
+    "providers",
+    "audit_runs",
+    "probes",
+    "probe_attempts",
+    "normalized_tokens",
+    "reference_cache",
+    "detector_results",
+    "verdicts",
+    "schedules",
+    "alerts",
+    "calibration_results",
 }
 
 
@@ -42,17 +51,33 @@ def _roundtrip(url: str) -> None:
         assert _diff(engine) == []
         # the schema really works: insert a run and a probe, the unique key holds
         with engine.begin() as c:
-            c.execute(sa.text("INSERT INTO audit_runs (id, provider_name, kind, config_snapshot, status, prompt_tokens, "
-                              "completion_tokens, cost_usd, started_at, summary) VALUES ('r1','p','probe','{}','running',0,0,0,"
-                              "CURRENT_TIMESTAMP,'{}')"))
-            c.execute(sa.text("INSERT INTO probes (run_id, probe_key, request_json, status, n_attempts, anomalies, created_at) "
-                              "VALUES ('r1','a#0','{}','pending',0,'[]',CURRENT_TIMESTAMP)"))
+            c.execute(
+                sa.text(
+                    "INSERT INTO audit_runs (id, provider_name, kind, config_snapshot, status, prompt_tokens, "
+                    "completion_tokens, cost_usd, started_at, summary) VALUES ('r1','p','probe','{}','running',0,0,0,"
+                    "CURRENT_TIMESTAMP,'{}')"
+                )
+            )
+            c.execute(
+                sa.text(
+                    "INSERT INTO probes (run_id, probe_key, request_json, status, n_attempts, anomalies, created_at) "
+                    "VALUES ('r1','a#0','{}','pending',0,'[]',CURRENT_TIMESTAMP)"
+                )
+            )
         with pytest.raises(sa.exc.IntegrityError), engine.begin() as c:
-            c.execute(sa.text("INSERT INTO probes (run_id, probe_key, request_json, status, n_attempts, anomalies, created_at) "
-                              "VALUES ('r1','a#0','{}','pending',0,'[]',CURRENT_TIMESTAMP)"))
+            c.execute(
+                sa.text(
+                    "INSERT INTO probes (run_id, probe_key, request_json, status, n_attempts, anomalies, created_at) "
+                    "VALUES ('r1','a#0','{}','pending',0,'[]',CURRENT_TIMESTAMP)"
+                )
+            )
         with pytest.raises(sa.exc.IntegrityError), engine.begin() as c:  # foreign keys are enforced
-            c.execute(sa.text("INSERT INTO probes (run_id, probe_key, request_json, status, n_attempts, anomalies, created_at) "
-                              "VALUES ('nope','a#0','{}','pending',0,'[]',CURRENT_TIMESTAMP)"))
+            c.execute(
+                sa.text(
+                    "INSERT INTO probes (run_id, probe_key, request_json, status, n_attempts, anomalies, created_at) "
+                    "VALUES ('nope','a#0','{}','pending',0,'[]',CURRENT_TIMESTAMP)"
+                )
+            )
         sdb.downgrade(engine, "base")
         assert sdb.current_revision(engine) is None
         assert _tables(engine) == set()
@@ -137,8 +162,9 @@ def test_cli_db_commands(tmp_path):
 
 def test_repo_alembic_ini_points_at_packaged_migrations(tmp_path, monkeypatch):
     """`alembic upgrade head` from the repository root uses the same migrations."""
-    from alembic import command
     from alembic.config import Config
+
+    from alembic import command
 
     ini = REPO / "alembic.ini"
     assert ini.is_file()

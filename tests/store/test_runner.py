@@ -139,7 +139,7 @@ def test_200_probe_run_with_faults_keeps_every_attempt(fault_server, sqlite_url,
     fp = _probe_fingerprint(store, rid)
     payloads = {k: json.loads(json.dumps(v)) for k, v in ((p.probe_key, p.request_json) for p in _probes(store, rid))}
     n_tokens = n_completion = 0
-    for k, (status, text, toks) in fp.items():
+    for k, (_status, text, toks) in fp.items():
         want = _completion_tokens(payloads[k])
         assert text == "".join(t for t, _, _ in want)
         n_completion += len(want)
@@ -269,7 +269,11 @@ usd_per_1m_output = 2.0
 def _cli(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "auditor", "probe", *args],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -277,7 +281,9 @@ def _done_count(url: str) -> tuple[str | None, int]:
     eng = sa.create_engine(url)
     try:
         with eng.connect() as c:
-            row = c.execute(sa.text("select run_id, count(*) from probes where status != 'pending' group by run_id")).first()
+            row = c.execute(
+                sa.text("select run_id, count(*) from probes where status != 'pending' group by run_id")
+            ).first()
             return (row[0], int(row[1])) if row else (None, 0)
     except sa.exc.OperationalError:
         return None, 0
@@ -311,8 +317,14 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(fault_server, tmp_pat
     assert rid_after == rid and 30 <= done_after < 100
 
     # 2) resume explicitly by id
-    res = subprocess.run([sys.executable, "-m", "auditor", "probe", *common, "--resume", rid, "--json"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "auditor", "probe", *common, "--resume", rid, "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     outputs += [res.stdout, res.stderr]
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads(res.stdout)
@@ -321,8 +333,14 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(fault_server, tmp_pat
     assert f"resuming run {rid}" in res.stderr
 
     # 3) an uninterrupted run of the same suite
-    res2 = subprocess.run([sys.executable, "-m", "auditor", "probe", *common, "--new"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    res2 = subprocess.run(
+        [sys.executable, "-m", "auditor", "probe", *common, "--new"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     outputs += [res2.stdout, res2.stderr]
     assert res2.returncode == 0, res2.stdout + res2.stderr
     assert "100 ok, 0 failed, 0 pending" in res2.stdout
@@ -361,8 +379,14 @@ def test_fault_run_on_postgres(fault_server, pg_url, monkeypatch):
         _check_attempt_invariants(store, rid)
         summ = summarize_run(store, rid)
         assert summ.status == "completed" and summ.probes_ok == 40
-        assert summ.attempts == sum(fault_server.counts.values()), (summ.error_kinds, summ.http_status_counts, fault_server.counts)
+        assert summ.attempts == sum(fault_server.counts.values()), (
+            summ.error_kinds,
+            summ.http_status_counts,
+            fault_server.counts,
+        )
         with store.session() as s:
-            assert sorted(p.probe_key for p in q.list_probes(s, rid)) == sorted(it.probe_key for it in plan_suite(suite))
+            assert sorted(p.probe_key for p in q.list_probes(s, rid)) == sorted(
+                it.probe_key for it in plan_suite(suite)
+            )
     finally:
         store.close()

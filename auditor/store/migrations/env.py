@@ -12,7 +12,6 @@ from logging.config import fileConfig
 from typing import Any
 
 from alembic import context
-
 from auditor.store.db import make_engine, resolve_db_url
 from auditor.store.models import UTCDateTime, metadata
 
