@@ -154,7 +154,7 @@ def post_webhook(
         )
         try:
             response = retrying(http.post, url, json=payload, timeout=timeout_s)
-        except RetryError as exc:  # pragma: no cover - reraise=True returns the last result instead
+        except RetryError as exc:  # every try answered 429/5xx: report the last status
             response = exc.last_attempt.result()
         except httpx.HTTPError as exc:
             return None, f"{type(exc).__name__}: {exc}"

@@ -30,7 +30,11 @@ ARGS = [
     "--no-first-run",
 ]
 
-pytestmark = pytest.mark.browser
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} not installed (apt-get install -y chromium)"),
+]
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
 
 
 def _free_port() -> int:
@@ -77,9 +81,6 @@ def dashboard_server(seeded, tmp_path):
 
 
 def test_provider_table_in_headless_chromium(dashboard_server, seeded):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
     _, summary = seeded
     artifacts = ROOT / "artifacts"
     artifacts.mkdir(exist_ok=True)
@@ -114,7 +115,7 @@ def test_provider_table_in_headless_chromium(dashboard_server, seeded):
             heading.wait_for(timeout=60_000)
             page.get_by_text("onerror=alert(1)>").first.wait_for(timeout=30_000)
             assert page.locator("img[src='x']").count() == 0
-            heading.scroll_into_view_if_needed()
+            heading.evaluate("e => e.scrollIntoView({block: 'start'})")
             page.wait_for_timeout(1000)
             page.screenshot(path=str(artifacts / "dashboard-run.png"))
             if os.environ.get("SPEC_AUDITOR_UPDATE_DOCS") == "1":

@@ -80,6 +80,13 @@ def test_webhook_retries_5xx_then_succeeds():
 
 
 @respx.mock
+def test_webhook_gives_up_after_attempts_and_reports_last_status():
+    route = respx.post(HOOK).mock(return_value=httpx.Response(503, text="busy"))
+    status, err = post_webhook(HOOK, {"x": 1}, attempts=3, backoff_s=0)
+    assert (status, route.call_count) == (503, 3) and "HTTP 503" in err
+
+
+@respx.mock
 def test_webhook_failure_is_recorded_not_raised(store):
     respx.post(HOOK).mock(side_effect=httpx.ConnectError("refused"))
     lines: list[str] = []

@@ -243,3 +243,32 @@ def fault_server(request) -> Iterator[FaultServer]:
         server.should_exit = True
         th.join(timeout=10)
         sock.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The provider simulator (reference.simulator) with faults, serving the tiny random model
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SimServer:
+    """A running simulator: ``base_url``, the served model name and its ``FaultInjector``."""
+
+    base_url: str
+    model: str
+    faults: object
+
+
+@pytest.fixture
+def sim_server(request, tiny_lm) -> Iterator[SimServer]:
+    """``reference.simulator`` (profile honest-fp32, the ``tiny_lm`` fixture) on a free loopback
+    port with seeded faults: 429 (Retry-After: 0), 500, slow (2.5 s, past the tests' 2 s client
+    timeout), truncated and malformed answers. Parametrize with ``dict(rate=..)`` (default 0.2)."""
+    sim = pytest.importorskip("reference.simulator.server")
+    from reference.simulator.faults import FaultInjector
+
+    opts = getattr(request, "param", None) or {}
+    inj = FaultInjector(rate=float(opts.get("rate", 0.2)), seed=int(opts.get("seed", 1)), delay_s=2.5, retry_after_s=0)
+    app = sim.create_app("honest-fp32", tiny_lm, served_model_name="tiny", faults=inj, seed=0)
+    with sim.ServerThread(app) as srv:
+        yield SimServer(base_url=srv.base_url, model="tiny", faults=inj)
