@@ -1,9 +1,133 @@
-"""CLI commands: check (module owned by its issue; see docs/ARCHITECTURE.md)."""
+"""CLI commands: ``auditor check``, ``auditor report``, ``auditor demo``.
+
+    auditor check --provider NAME [--suite S] [--budget-tokens N] [--alpha A] [--json PATH]
+                  [--format text|json|markdown|junit] [--db URL] [--config F] [--resume RUN_ID]
+    auditor report RUN_ID [--format markdown|json|junit|text] [--output PATH] [--db URL]
+    auditor demo [--json PATH] [--suite S] [--budget-tokens N] [--db URL] [--keep-going]
+
+Exit codes of ``check`` (and ``demo``, for the worst verdict): 0 PASS, 1 a deviation
+(QUANTIZATION / RELAXED_VERIFICATION / SUBSTITUTION / DECODING_NONCOMPLIANT), 2 INCONCLUSIVE,
+3 usage/config/connection error (one line on stderr, no traceback), 130 interrupted.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+FORMATS = ("text", "json", "markdown", "junit")
+
+
+def _fail(message: str, code: int = 3) -> typer.Exit:
+    """Print ``error: message`` (one line, no markup) on stderr and return the Exit to raise."""
+    from rich.console import Console
+
+    Console(stderr=True, soft_wrap=True).print(f"error: {message}", markup=False, highlight=False)
+    return typer.Exit(code)
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is None:
+        typer.echo(text, nl=not text.endswith("\n"))
+    else:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
 
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the root auditor app."""
+    """Attach ``check``, ``report`` and ``demo`` to the root ``auditor`` app."""
+
+    @app.command("check")
+    def check_cmd(
+        provider: str = typer.Option(..., "--provider", "-p", help="Provider name in providers.toml."),
+        suite: str = typer.Option("default", "--suite", "-s", help="Packaged suite name or a suite .json file."),
+        budget_tokens: int | None = typer.Option(None, "--budget-tokens", min=1, help="Cap on planned completion tokens (default: the whole suite)."),
+        alpha: float = typer.Option(0.05, "--alpha", help="Family-wise significance level (Holm across detectors)."),
+        json_path: Path | None = typer.Option(None, "--json", help="Also write the JSON report to PATH."),
+        fmt: str = typer.Option("text", "--format", "-f", help="Output on stdout: text | json | markdown | junit."),
+        db: str | None = typer.Option(None, "--db", help="Database URL (default $AUDITOR_DB_URL or the user data dir SQLite file)."),
+        config: Path | None = typer.Option(None, "--config", "-c", help="providers.toml (default ./providers.toml or the user config dir)."),
+        resume: str | None = typer.Option(None, "--resume", help="Continue the interrupted audit RUN_ID."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars on stderr while probing and scoring."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the detectors' randomization (recorded with the run)."),
+    ) -> None:
+        """Audit a provider: probe it, compare with the reference, print the verdict and the evidence."""
+        from rich.console import Console
+
+        from auditor.audit import AuditError, run_check
+        from auditor.report import render, render_json
+
+        if fmt not in FORMATS:
+            raise _fail(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+        if not 0 < alpha < 1:
+            raise _fail(f"--alpha {alpha}: must be in (0, 1), e.g. 0.05")
+        err = Console(stderr=True)
+        try:
+            rep = run_check(
+                provider, suite=suite, budget_tokens=budget_tokens, alpha=alpha, db_url=db,
+                config_path=str(config) if config else None, resume=resume, progress=True if progress else None,
+                console=err, seed=seed,
+            )
+        except AuditError as exc:
+            raise _fail(str(exc), exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise _fail(f"interrupted; continue with: auditor check --provider {provider} --resume <RUN_ID> "
+                        "(the RUN_ID is printed above)", 130) from None
+        if json_path is not None:
+            _emit(render_json(rep) + "\n", json_path)
+        if fmt == "text":
+            render(rep, "text", Console())
+            err.print(f"re-render: auditor report {rep.run_id} --format markdown", highlight=False)
+        else:
+            _emit(render(rep, fmt), None)
+        raise typer.Exit(rep.exit_code)
+
+    @app.command("report")
+    def report_cmd(
+        run_id: str = typer.Argument(..., help="RUN_ID of a stored audit (a unique prefix is enough)."),
+        fmt: str = typer.Option("markdown", "--format", "-f", help="markdown | json | junit | text."),
+        output: Path | None = typer.Option(None, "--output", "-o", help="Write to PATH instead of stdout."),
+        db: str | None = typer.Option(None, "--db", help="Database URL (default $AUDITOR_DB_URL or the user data dir SQLite file)."),
+    ) -> None:
+        """Re-render a stored audit (Markdown for a procurement file, JSON, JUnit XML or text)."""
+        from rich.console import Console
+
+        from auditor.report import ReportError, load_report, render
+        from auditor.store import StoreError
+
+        if fmt not in FORMATS and fmt not in ("md", "xml"):
+            raise _fail(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+        try:
+            rep = load_report(run_id, db)
+        except (ReportError, StoreError) as exc:
+            raise _fail(str(exc)) from None
+        if fmt == "text":
+            render(rep, "text", Console(file=open(output, "w", encoding="utf-8")) if output else Console())  # noqa: SIM115
+            return
+        _emit(render(rep, fmt), output)
+
+    @app.command("demo")
+    def demo_cmd(
+        json_path: Path | None = typer.Option(None, "--json", help="Write the list of the JSON reports to PATH."),
+        suite: str = typer.Option("default", "--suite", "-s", help="Probe suite for every audit."),
+        budget_tokens: int | None = typer.Option(None, "--budget-tokens", min=1, help="Cap on planned completion tokens per audit."),
+        db: str | None = typer.Option(None, "--db", help="Database URL (default $AUDITOR_DB_URL or the user data dir SQLite file)."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars on stderr."),
+    ) -> None:
+        """Start three simulators (honest-bf16, int4, relaxed-threshold) on loopback, audit each, compare."""
+        from rich.console import Console
+
+        from auditor.audit import AuditError
+        from auditor.demo import DemoError, render_demo_table, run_demo
+
+        err = Console(stderr=True)
+        try:
+            result = run_demo(suite=suite, budget_tokens=budget_tokens, db_url=db, json_path=json_path,
+                              progress=progress, console=err)
+        except (DemoError, AuditError) as exc:
+            raise _fail(str(exc), getattr(exc, "exit_code", 3)) from None
+        except KeyboardInterrupt:
+            raise _fail("interrupted; the simulators were shut down", 130) from None
+        render_demo_table(result, Console())
+        raise typer.Exit(0 if result.all_expected else 1)

@@ -143,18 +143,19 @@ class Profile:
         return d
 
 
-def _spread_layers(n_total: int, n_keep: int) -> tuple[int, ...]:
-    """Evenly spaced layer indices including the first and the last (layer pruning)."""
-    if n_keep >= n_total:
-        return tuple(range(n_total))
-    if n_keep == 1:
-        return (0,)
-    return tuple(sorted({round(i * (n_total - 1) / (n_keep - 1)) for i in range(n_keep)}))
+def default_substitute_keep(n_total: int) -> tuple[int, ...]:
+    """Layers kept by the default substitution: drop every 5th layer from ``n_total//3`` to ``n_total-5``.
 
+    For the 30-layer default model this removes layers 10, 15, 20, 25 (26 kept, ~13% cheaper):
+    measured mean KL vs fp32 ~1.5 nats and top-1 agreement ~0.45 (coherent text, a different model),
+    well beyond int4 (~0.26 nats, 0.70). Pruning more (15 layers) gives gibberish (KL > 10 nats).
+    At least one layer is dropped when ``n_total >= 2``.
+    """
+    drop = set(range(n_total // 3, n_total - 4, 5))
+    if not drop and n_total >= 2:
+        drop = {n_total // 2}
+    return tuple(i for i in range(n_total) if i not in drop)
 
-#: The default substitution for the 30-layer default model: keep 15 evenly spaced layers
-#: (a half-depth pruned model; "the target with many layers removed").
-SUBSTITUTE_KEEP_DEFAULT = 15
 
 PROFILES: dict[str, Profile] = {
     p.name: p
@@ -174,11 +175,11 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             "honest-noisy",
-            "float32 with per-request batch-order/kernel noise on the logits (std 0.02 nats, below "
+            "float32 with per-request batch-order/kernel noise on the logits (std 0.05 nats, the size of "
             "fp32-vs-bf16 differences): greedy near-ties can flip as on real GPUs; strict verification.",
             "honest",
             "PASS",
-            logit_noise=0.02,
+            logit_noise=0.05,
         ),
         Profile(
             "int8",
@@ -226,8 +227,8 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             "substituted",
-            f"A cheaper model behind the same name: the target pruned to {SUBSTITUTE_KEEP_DEFAULT} evenly "
-            "spaced decoder layers.",
+            "A cheaper model behind the same name: the target with every 5th decoder layer from depth/3 "
+            "removed (26 of 30 layers for the default model).",
             "substituted",
             "SUBSTITUTION",
             substitute_layers=(),  # resolved against the model's depth at load time
@@ -275,8 +276,8 @@ def get_profile(name: str, **overrides: Any) -> Profile:
 def resolve_substitute_layers(profile: Profile, n_total: int) -> tuple[int, ...] | None:
     """Concrete layer indices to keep for a substituted profile on a model with ``n_total`` layers.
 
-    ``substitute_layers == ()`` means the default: ``min(SUBSTITUTE_KEEP_DEFAULT, n_total//2)``
-    evenly spaced layers (at least 1). Returns None when the profile keeps the full model.
+    ``substitute_layers == ()`` means the default, :func:`default_substitute_keep`. Returns None when
+    the profile keeps the full model.
 
     Raises:
         ValueError: an index outside ``0..n_total-1``.
@@ -284,7 +285,7 @@ def resolve_substitute_layers(profile: Profile, n_total: int) -> tuple[int, ...]
     if profile.substitute_layers is None:
         return None
     if len(profile.substitute_layers) == 0:
-        return _spread_layers(n_total, max(1, min(SUBSTITUTE_KEEP_DEFAULT, n_total // 2)))
+        return default_substitute_keep(n_total)
     bad = [i for i in profile.substitute_layers if not (0 <= i < n_total)]
     if bad:
         raise ValueError(f"substitute_layers {bad} outside 0..{n_total - 1}")

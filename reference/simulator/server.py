@@ -127,13 +127,15 @@ class SimulatorApp:
                 code="model_not_found",
             )
 
-    def max_tokens_for(self, prompt_len: int, asked: int | None, field: str = "max_tokens") -> int:
+    def max_tokens_for(self, prompt_len: int, asked: int | None, field: str = "max_tokens",
+                       prompt_param: str = "messages") -> int:
+        """Completion budget: ``asked`` checked against the context, or the default (clipped to room)."""
         room = self.engine.max_context - prompt_len
         if room < 1 and (asked is None or asked > 0):
             raise InvalidRequest(
                 f"the prompt has {prompt_len} tokens; this model's maximum context length is "
                 f"{self.engine.max_context} tokens",
-                param="messages" if field != "max_tokens_c" else "prompt",
+                param=prompt_param,
                 code="context_length_exceeded",
             )
         if asked is None:
@@ -395,8 +397,8 @@ def create_app(
                         yield usage_fn(results)
                     break
         finally:
-            cancel.set()
-            await asyncio.wrap_future(task) if isinstance(task, asyncio.Future) is False else None
+            cancel.set()  # client gone or stream ended: the worker stops at its next round
+            del task
 
     # -- chat ------------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
@@ -494,9 +496,7 @@ def create_app(
             if not ids:
                 raise InvalidRequest("the prompt is empty after tokenization; send at least one token", param="prompt")
             encoded.append((ids, text))
-        max_tokens_asked = req.max_tokens
-        if max_tokens_asked == 0 and not req.echo:
-            pass  # allowed: empty completion
+        max_tokens_asked = req.max_tokens  # 0 is allowed (echo-only scoring, as OpenAI's legacy API)
         top_n = req.logprobs
         temperature = 1.0 if req.temperature is None else req.temperature
         top_p = 1.0 if req.top_p is None else req.top_p
@@ -504,7 +504,7 @@ def create_app(
         jobs = []
         meta = []
         for pi, (ids, text) in enumerate(encoded):
-            mt = sim.max_tokens_for(len(ids), max_tokens_asked, "max_tokens")
+            mt = sim.max_tokens_for(len(ids), max_tokens_asked, "max_tokens", "prompt")
             seeds = sim.seeds(req.seed, req.n, offset=pi * req.n)
             for j in range(req.n):
                 idx = pi * req.n + j
@@ -526,7 +526,6 @@ def create_app(
                     echo_info[pi] = await run_in_threadpool(engine.score_prompt, ids, top_n, 0)
                 else:
                     echo_info[pi] = [TokenInfo(t) for t in ids]
-        prompt_of = dict(meta)
 
         def empty_result() -> ChoiceResult:
             return ChoiceResult(tokens=[], text="", finish_reason="length", chunks=[], elapsed_s=0.0, effective={})
@@ -592,7 +591,6 @@ def create_app(
         def usage_fn(results: list[ChoiceResult]) -> dict:
             return {**base([]), "usage": usage(dict(enumerate(results)))}
 
-        _ = prompt_of
         return sse(stream_jobs([dict(j) for j in jobs], make_chunk, make_final,
                                usage_fn if include_usage else None, preface), kind)
 

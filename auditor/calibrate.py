@@ -1,0 +1,1626 @@
+"""Detection benchmark: false-accusation rate and power of the audit per simulator profile × token budget.
+
+How it works (issue 7):
+
+1. **Pools, once per profile** (:func:`collect_pool`). For every simulator profile
+   (``reference.simulator.profiles``) the provider's outputs for a fixed set of requests are
+   collected once, in-process, and cached on disk under ``<cache>/calibration/pools`` keyed by
+   (model revision, profile recipe, suite versions and digests, pool config, pool format):
+   temperature-0 continuations of every distinct prompt of the shipped suites (the greedy and
+   logprob probes; one continuation per prompt — at T = 0 a prompt has only one answer) and
+   ``n`` temperature-1 samples per prompt (the sampling probes' law). Every position keeps the
+   provider's emitted token, its reported logprob and top-20 alternatives, and the reference's
+   top-20 at the provider's own prefix (teacher forcing), so any probe mix can be replayed.
+
+   Backends: where a profile serves *plain* decoding of its served model at a temperature
+   (strict/lossless verification — honest, quantized, substituted, truncated sampling, and the
+   greedy path of the lossy verifiers, which ``reference.simulator.verifiers`` verifies exactly),
+   the requests are decoded in batches directly from the simulator's served model
+   (``reference.simulator.engine.build_served_model``): lossless speculative decoding has exactly
+   the output law of plain decoding of the target (Leviathan et al. 2023, Thm. 1; tested in
+   ``tests/reference``), and batching makes the pool ~8x cheaper on CPU. Where the profile's
+   behaviour lives in its verifier at that temperature (``relaxed-threshold``,
+   ``typical-acceptance``, ``greedy-verify`` at T > 0; ``decode-noncompliant`` at T = 0) every
+   request goes through :class:`reference.simulator.engine.SimulatorEngine` itself (its drafter,
+   verifier and seeds) — the very code ``auditor serve`` runs.
+
+2. **Resampled audits** (:func:`run_calibration`). An audit at budget B draws probes from the
+   pool without replacement in the proportions of a probe mix (:class:`AuditMix`; default: the
+   default suite's greedy/logprob/sampling token shares and its ``top_logprobs`` widths),
+   truncating the last continuation so the audit spends exactly B completion tokens, builds the
+   detectors' :class:`~auditor.detectors.EvidenceBatch`, runs every detector, Holm and the
+   verdict rules (:func:`audit_verdict`) — the same functions ``auditor check`` runs.
+
+3. **Metrics** per profile × budget: rejection rate (a deviation verdict; on honest profiles the
+   false-accusation rate, on the others the power) with a Clopper–Pearson 95% interval, the
+   verdict confusion counts, cause-correct rate among rejections, INCONCLUSIVE rate, and
+   per-detector contributions (how often each ran, rejected after Holm, and which rule decided).
+   Written as JSON (:func:`write_outputs`), a Markdown table and a PNG plot, and stored in the
+   ``calibration_results`` table (:func:`store_results`), which the dashboard's Calibration
+   page reads.
+
+Statistical caveat (stated in docs/calibration.md): audits are resampled from one finite pool
+per profile; at budgets close to the pool's size audits overlap, so neighbouring audits are
+positively correlated and the binomial interval is optimistic about the pool-to-pool spread.
+Pool sizes are reported with every record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ACCEPTED_CAUSES",
+    "DEFAULT_AUDITS",
+    "DEFAULT_BUDGETS",
+    "POOL_FORMAT",
+    "AuditMix",
+    "CalibrationRecord",
+    "Pool",
+    "PoolConfig",
+    "PoolRequest",
+    "audit_verdict",
+    "build_requests",
+    "calibration_cache_dir",
+    "clopper_pearson",
+    "collect_pool",
+    "default_mix",
+    "AuditDrawer",
+    "draw_audit",
+    "evidence_for",
+    "get_noise_floor",
+    "load_or_collect_pool",
+    "run_audits",
+    "run_calibration",
+    "score_groups",
+    "store_results",
+    "summarize_audits",
+    "write_outputs",
+]
+
+#: Bump whenever the pool arrays or their meaning change (invalidates cached pools).
+POOL_FORMAT = 2
+DEFAULT_BUDGETS = (100, 300, 1000, 3000)
+DEFAULT_AUDITS = 200
+#: Reference top-K kept per position, and provider alternatives kept (OpenAI's maximum).
+REF_TOP_K = 20
+PROVIDER_TOP_N = 20
+#: Suites whose prompts make up the pools (distinct prompts; the default suite first).
+POOL_SUITES = ("default", "chat", "code", "math", "repetition")
+
+#: Verdicts that count as "cause named right" per profile, beyond ``Profile.expected_verdict``.
+#: ``greedy-verify`` serves sampling requests greedily; the verdict rules (docs/detectors.md,
+#: rule 4a) name that DECODING_NONCOMPLIANT while the simulator profile files it under
+#: RELAXED_VERIFICATION; both describe the behaviour, so both count.
+ACCEPTED_CAUSES: dict[str, tuple[str, ...]] = {
+    "greedy-verify": ("RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT"),
+}
+
+_DEVIATIONS = ("QUANTIZATION", "RELAXED_VERIFICATION", "SUBSTITUTION", "DECODING_NONCOMPLIANT")
+
+
+# =============================================================================================
+# cache
+# =============================================================================================
+
+
+def calibration_cache_dir() -> Path:
+    """``$SPEC_AUDITOR_HOME/calibration`` or ``<platformdirs user cache>/spec-auditor/calibration``."""
+    home = os.environ.get("SPEC_AUDITOR_HOME")
+    if home:
+        return Path(home).expanduser() / "calibration"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("spec-auditor")) / "calibration"
+
+
+def _sha(obj: Any, n: int = 16) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
+
+
+# =============================================================================================
+# requests
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """What a profile's pool holds.
+
+    Attributes:
+        suites: suites whose distinct prompts are used (chat messages; the pools are chat-API).
+        t0_max_tokens: max completion tokens of a temperature-0 request (the greedy/logprob probes).
+        sampling_samples: temperature-1 samples per prompt for batched (plain-decoding) profiles.
+        engine_sampling_samples: samples per prompt where the simulator engine must run
+            (lossy verifiers; single-sequence speculative loop, ~8x slower on CPU).
+        sampling_max_tokens: max completion tokens of a temperature-1 request.
+        max_prompts: use only the first N distinct prompts (CI miniature); None = all.
+        seed: base seed of every request (reproducible pools).
+        batch_size: sequences per batched forward.
+    """
+
+    suites: tuple[str, ...] = POOL_SUITES
+    t0_max_tokens: int = 64
+    sampling_samples: int = 4
+    engine_sampling_samples: int = 2
+    sampling_max_tokens: int = 32
+    max_prompts: int | None = None
+    seed: int = 0
+    batch_size: int = 32
+
+    def key_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("batch_size")  # does not change the content (up to float reduction order)
+        return d
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    """One provider request of a pool.
+
+    Attributes:
+        key: unique id ``{prompt_id}@t{temperature}#{sample}``.
+        prompt_id: ``p-`` + 10 hex of the chat messages' sha256.
+        workload: code | math | chat | repetition.
+        prompt_ids: chat-template token ids (reference tokenizer).
+        max_tokens: completion budget (tokens).
+        temperature: 0 (greedy/logprob probes) or 1 (sampling probes).
+        seed: request seed.
+    """
+
+    key: str
+    prompt_id: str
+    workload: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    seed: int
+
+
+def _distinct_prompts(cfg: PoolConfig) -> list[tuple[str, str, list[dict]]]:
+    """(prompt_id, workload, messages) of every distinct prompt of the configured suites, in order."""
+    from probes.suites import load_suite
+
+    seen: dict[str, tuple[str, str, list[dict]]] = {}
+    for name in cfg.suites:
+        for p in load_suite(name).probes:
+            msgs = p.chat_messages()
+            pid = "p-" + _sha(msgs, 10)
+            if pid not in seen:
+                seen[pid] = (pid, p.workload, msgs)
+    out = list(seen.values())
+    if cfg.max_prompts is not None:
+        # keep the workloads balanced in miniatures: round-robin over workloads
+        by: dict[str, list] = {}
+        for it in out:
+            by.setdefault(it[1], []).append(it)
+        rr: list = []
+        while len(rr) < min(cfg.max_prompts, len(out)):
+            for w in list(by):
+                if by[w] and len(rr) < cfg.max_prompts:
+                    rr.append(by[w].pop(0))
+        out = rr
+    return out
+
+
+def _suite_fingerprint(cfg: PoolConfig) -> dict:
+    from probes.suites import load_suite
+
+    return {n: [load_suite(n).version, load_suite(n).digest] for n in cfg.suites}
+
+
+def build_requests(tokenizer: Any, cfg: PoolConfig, *, engine: bool = False) -> list[PoolRequest]:
+    """The pool's requests: one T=0 request per distinct prompt and ``n`` T=1 samples per prompt.
+
+    Args:
+        tokenizer: the reference tokenizer (chat template).
+        cfg: pool configuration.
+        engine: True when the T=1 requests will run through the simulator engine (uses
+            ``cfg.engine_sampling_samples`` samples per prompt).
+
+    Returns:
+        T=0 requests first, then T=1 requests grouped by prompt.
+    """
+    from reference.scoring import encode_prompt
+
+    reqs: list[PoolRequest] = []
+    n_s = cfg.engine_sampling_samples if engine else cfg.sampling_samples
+    prompts = _distinct_prompts(cfg)
+    enc = {pid: tuple(encode_prompt(tokenizer, msgs, chat=True)) for pid, _, msgs in prompts}
+    for i, (pid, w, _) in enumerate(prompts):
+        reqs.append(PoolRequest(f"{pid}@t0#0", pid, w, enc[pid], cfg.t0_max_tokens, 0.0, cfg.seed + i))
+    for i, (pid, w, _) in enumerate(prompts):
+        for s in range(n_s):
+            seed = int(_sha([cfg.seed, pid, s], 15), 16)
+            reqs.append(PoolRequest(f"{pid}@t1#{s}", pid, w, enc[pid], cfg.sampling_max_tokens, 1.0, seed))
+    return reqs
+
+
+# =============================================================================================
+# the pool
+# =============================================================================================
+
+
+@dataclass
+class Pool:
+    """One profile's collected provider outputs with the reference at the same prefixes.
+
+    Items are requests; positions are concatenated over items (N positions in all).
+
+    Attributes:
+        profile: simulator profile name.
+        model, revision: reference model name and weights revision.
+        meta: provenance (pool config, suite fingerprints, backends, timings, code format).
+        item_keys: [I] request keys; item_prompt: [I] prompt ids; item_workload: [I];
+        item_temperature: [I] float64; item_offsets: [I+1] int64 (positions of item i are
+            ``item_offsets[i]:item_offsets[i+1]``).
+        token_ids: [N] int64 emitted tokens (reference vocabulary; the simulator shares it).
+        prov_logprob: [N] float64 provider's reported logprob of the emitted token (nats).
+        prov_top_ids / prov_top_lp: [N, 20] provider's top-20 alternatives (raw log-softmax of the
+            served model, descending; a request with ``top_logprobs=M`` sees the first M).
+        ref_top_ids / ref_top_lp: reference dtype (``float32``, ``bfloat16``: the honest
+            precisions of ``auditor.noise.REFERENCE_DTYPES``) → [N, 20] reference top-20 at the
+            provider's prefix (int64 ids, float64 nats).
+        ref_token_lp: reference dtype → [N] float64 reference log p(emitted token) (nats).
+    """
+
+    profile: str
+    model: str
+    revision: str
+    meta: dict
+    item_keys: np.ndarray
+    item_prompt: np.ndarray
+    item_workload: np.ndarray
+    item_temperature: np.ndarray
+    item_offsets: np.ndarray
+    token_ids: np.ndarray
+    prov_logprob: np.ndarray
+    prov_top_ids: np.ndarray
+    prov_top_lp: np.ndarray
+    ref_top_ids: dict[str, np.ndarray]
+    ref_top_lp: dict[str, np.ndarray]
+    ref_token_lp: dict[str, np.ndarray]
+
+    _ARRAYS = (
+        "item_keys",
+        "item_prompt",
+        "item_workload",
+        "item_temperature",
+        "item_offsets",
+        "token_ids",
+        "prov_logprob",
+        "prov_top_ids",
+        "prov_top_lp",
+    )
+    _REF_ARRAYS = ("ref_top_ids", "ref_top_lp", "ref_token_lp")
+
+    @property
+    def references(self) -> list[str]:
+        """Reference dtypes the pool was scored with (``float32`` first)."""
+        return sorted(self.ref_top_ids, key=lambda r: (r != "float32", r))
+
+    # ------------------------------------------------------------------ views
+    @property
+    def n_items(self) -> int:
+        return int(self.item_keys.size)
+
+    @property
+    def item_lengths(self) -> np.ndarray:
+        """[I] int64 completion tokens per item."""
+        return np.diff(self.item_offsets)
+
+    def items_at(self, temperature: float) -> np.ndarray:
+        """Indices of the items requested at ``temperature`` (non-empty continuations only)."""
+        return np.flatnonzero((np.abs(self.item_temperature - temperature) < 1e-9) & (self.item_lengths > 0))
+
+    def tokens_at(self, temperature: float) -> int:
+        """Completion tokens the pool holds at ``temperature``."""
+        return int(self.item_lengths[self.items_at(temperature)].sum())
+
+    def summary(self) -> dict:
+        """Sizes: items and tokens at T=0 and T=1."""
+        return {
+            "t0_items": int(self.items_at(0.0).size),
+            "t0_tokens": self.tokens_at(0.0),
+            "t1_items": int(self.items_at(1.0).size),
+            "t1_tokens": self.tokens_at(1.0),
+        }
+
+    # ------------------------------------------------------------------ io
+    def save(self, path: Path) -> None:
+        """Write the pool as one ``.npz`` (arrays + JSON meta). Atomic (temp file + rename)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {k: getattr(self, k) for k in self._ARRAYS}
+        for k in ("item_keys", "item_prompt", "item_workload"):
+            arrays[k] = np.asarray(arrays[k], dtype=str)
+        for k in self._REF_ARRAYS:
+            for r, a in getattr(self, k).items():
+                arrays[f"{k}__{r}"] = a
+        head = {"profile": self.profile, "model": self.model, "revision": self.revision, "meta": self.meta}
+        buf = io.BytesIO()
+        np.savez_compressed(buf, __head__=np.asarray(json.dumps(head, default=str)), **arrays)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(buf.getvalue())
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Pool:
+        """Read a pool written by :meth:`save`.
+
+        Raises:
+            ValueError: the file is not a pool of the current POOL_FORMAT.
+        """
+        with np.load(path, allow_pickle=False) as z:
+            head = json.loads(str(z["__head__"]))
+            if head.get("meta", {}).get("pool_format") != POOL_FORMAT:
+                raise ValueError(f"{path}: pool format {head.get('meta', {}).get('pool_format')} != {POOL_FORMAT}")
+            arrays: dict[str, Any] = {k: z[k] for k in cls._ARRAYS}
+            for k in cls._REF_ARRAYS:
+                arrays[k] = {n.split("__", 1)[1]: z[n] for n in z.files if n.startswith(k + "__")}
+        return cls(profile=head["profile"], model=head["model"], revision=head["revision"], meta=head["meta"], **arrays)
+
+
+# =============================================================================================
+# batched decoding and scoring (plain decoding of a served model; shared-prompt teacher forcing)
+# =============================================================================================
+
+
+def _inner(model: Any) -> Any:
+    from reference.models import unwrap
+
+    m, _ = unwrap(model)
+    return m
+
+
+def _top(logp, k: int):
+    """[B, V] log-probs → (ids [B, k] int64, lps [B, k] float64) descending (numpy)."""
+    import torch
+
+    tv, ti = torch.topk(logp, k, dim=-1)
+    return ti.cpu().numpy().astype(np.int64), tv.double().cpu().numpy()
+
+
+def _decode_rows(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    eos_ids: Sequence[int],
+    seeds: Sequence[int],
+    top_n: int = PROVIDER_TOP_N,
+    expand: int = 1,
+) -> list[dict]:
+    """Plain autoregressive decoding of a batch (left padding, KV cache) with per-position records.
+
+    Args:
+        model: the served model (``ServedModel`` or a causal LM).
+        prompts: [B] prompt id lists; with ``expand > 1`` exactly one prompt, decoded ``expand``
+            times (its prefill is computed once and the cache repeated).
+        max_new_tokens: tokens per row at most (EOS ends a row early; EOS is not emitted, as the
+            simulator's responses exclude it).
+        temperature, top_p, top_k: sampling (``reference.sampling.logits_to_probs``; 0 = greedy).
+        eos_ids: end-of-sequence ids.
+        seeds: one seed per decoded row; rows' draws come from one generator seeded by their hash.
+        top_n: alternatives recorded per position.
+        expand: rows per prompt (see ``prompts``).
+
+    Returns:
+        One dict per row: ``token_ids`` [T] int64, ``logprob`` [T] float64 (raw log-softmax of the
+        served model, nats), ``top_ids`` [T, top_n] int64, ``top_lp`` [T, top_n] float64.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    from reference.sampling import logits_to_probs
+
+    if expand > 1 and len(prompts) != 1:
+        raise ValueError("expand > 1 needs exactly one prompt")
+    B0 = len(prompts)
+    B = B0 * expand
+    L = max(len(p) for p in prompts)
+    ids = torch.zeros((B0, L), dtype=torch.long)
+    mask = torch.zeros((B0, L), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, L - len(p) :] = torch.tensor(list(p))
+        mask[r, L - len(p) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    gen = torch.Generator().manual_seed(int(_sha(list(seeds), 15), 16))
+    eos = torch.tensor(sorted(set(int(e) for e in eos_ids)) or [-1])
+    recs = [{"token_ids": [], "logprob": [], "top_ids": [], "top_lp": []} for _ in range(B)]
+    done = torch.zeros(B, dtype=torch.bool)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values if getattr(out, "past_key_values", None) is not None else cache
+        logits = out.logits[:, -1].float()
+        if expand > 1:
+            cache.batch_repeat_interleave(expand)
+            mask = mask.repeat_interleave(expand, 0)
+            pos = pos.repeat_interleave(expand, 0)
+            logits = logits.repeat_interleave(expand, 0)
+        last_pos = pos[:, -1]
+        for _t in range(max_new_tokens):
+            logp = torch.log_softmax(logits, dim=-1)
+            if temperature == 0:
+                nxt = logits.argmax(-1)
+            else:
+                probs = logits_to_probs(logits, temperature, top_k, top_p, dtype=torch.float64)
+                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            is_eos = torch.isin(nxt, eos)
+            tid, tlp = _top(logp, top_n)
+            chosen = logp.gather(1, nxt.unsqueeze(1)).squeeze(1).double().numpy()
+            nxt_np = nxt.numpy()
+            for r in range(B):
+                if done[r] or is_eos[r]:
+                    continue
+                rec = recs[r]
+                rec["token_ids"].append(int(nxt_np[r]))
+                rec["logprob"].append(float(chosen[r]))
+                rec["top_ids"].append(tid[r])
+                rec["top_lp"].append(tlp[r])
+            done |= is_eos
+            if bool(done.all()) or _t == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], 1)
+            last_pos = last_pos + 1
+            out = model(
+                input_ids=nxt.unsqueeze(1),
+                attention_mask=mask,
+                position_ids=last_pos.unsqueeze(1),
+                cache=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1].float()
+    res = []
+    for rec in recs:
+        T = len(rec["token_ids"])
+        res.append(
+            {
+                "token_ids": np.asarray(rec["token_ids"], np.int64),
+                "logprob": np.asarray(rec["logprob"], np.float64),
+                "top_ids": np.asarray(rec["top_ids"], np.int64).reshape(T, top_n),
+                "top_lp": np.asarray(rec["top_lp"], np.float64).reshape(T, top_n),
+            }
+        )
+    return res
+
+
+def score_groups(
+    lm: Any,
+    prompt_ids: Sequence[int],
+    continuations: Sequence[Sequence[int]],
+    *,
+    top_k: int = REF_TOP_K,
+    max_rows_tokens: int = 1024,
+) -> list[dict]:
+    """Teacher-force several continuations of ONE prompt: the prompt's prefill is computed once.
+
+    Same values as ``reference.scoring.score_continuations`` (raw log-softmax, nats) at a fraction
+    of the cost when many samples share a prompt: prefill the prompt (batch 1, KV cache), repeat
+    the cache, then one forward over the right-padded continuations.
+
+    Args:
+        lm: reference ``LoadedModel`` or causal LM (float32).
+        prompt_ids: [P] prompt ids (non-empty).
+        continuations: [n] lists of continuation ids (may be empty).
+        top_k: alternatives per position.
+        max_rows_tokens: rows × length per forward at most (bounds the [rows, T, V] logits memory).
+
+    Returns:
+        Per continuation: ``top_ids`` [T, top_k] int64, ``top_lp`` [T, top_k] float64,
+        ``token_lp`` [T] float64 (reference log p of each continuation token).
+
+    Raises:
+        ValueError: empty prompt.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    model = _inner(lm)
+    if not prompt_ids:
+        raise ValueError("score_groups: prompt_ids is empty")
+    P = len(prompt_ids)
+    out_list: list[dict | None] = [None] * len(continuations)
+    todo = []
+    for i, c in enumerate(continuations):
+        if len(c) == 0:
+            out_list[i] = {
+                "top_ids": np.zeros((0, top_k), np.int64),
+                "top_lp": np.zeros((0, top_k)),
+                "token_lp": np.zeros(0),
+            }
+        else:
+            todo.append(i)
+    if not todo:
+        return out_list  # type: ignore[return-value]
+    with torch.inference_mode():
+        base = DynamicCache()
+        pre = model(input_ids=torch.tensor([list(prompt_ids)]), cache=base, use_cache=True, logits_to_keep=1)
+        base = pre.past_key_values if getattr(pre, "past_key_values", None) is not None else base
+        first = torch.log_softmax(pre.logits[0, -1].float(), -1)  # [V] predicts continuation token 0
+        T_all = max(len(continuations[i]) for i in todo)
+        rows_per = max(1, max_rows_tokens // max(1, T_all))
+        for b in range(0, len(todo), rows_per):
+            chunk = todo[b : b + rows_per]
+            n = len(chunk)
+            T = max(len(continuations[i]) for i in chunk)
+            cache = _copy_cache(base)
+            if n > 1:
+                cache.batch_repeat_interleave(n)
+            ids = torch.zeros((n, T), dtype=torch.long)
+            m = torch.ones((n, P + T), dtype=torch.long)
+            for r, i in enumerate(chunk):
+                c = list(continuations[i])
+                ids[r, : len(c)] = torch.tensor(c)
+                m[r, P + len(c) :] = 0
+            posn = torch.arange(P, P + T).unsqueeze(0).expand(n, T)
+            out = model(input_ids=ids, attention_mask=m, position_ids=posn, cache=cache, use_cache=True)
+            logp = torch.log_softmax(out.logits.float(), -1)  # [n, T, V]; [:, t] predicts token t+1
+            for r, i in enumerate(chunk):
+                c = list(continuations[i])
+                Tc = len(c)
+                rows = torch.cat([first.unsqueeze(0), logp[r, : Tc - 1]], 0)  # [Tc, V]
+                tid, tlp = _top(rows, top_k)
+                tok = rows.gather(1, torch.tensor(c).unsqueeze(1)).squeeze(1).double().numpy()
+                out_list[i] = {"top_ids": tid, "top_lp": tlp, "token_lp": tok}
+    return out_list  # type: ignore[return-value]
+
+
+def _copy_cache(cache: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(cache)
+
+
+# =============================================================================================
+# collection
+# =============================================================================================
+
+#: Where each lossy verifier changes the output law: at "sampling" (T > 0) or "greedy" (T = 0)
+#: requests. At the other temperature it verifies exactly (reference/simulator/verifiers.py).
+_LOSSY_AT = {
+    "relaxed-threshold": "sampling",
+    "typical-acceptance": "sampling",
+    "greedy-verify": "sampling",
+    "decode-noncompliant": "greedy",
+}
+
+
+def backend_for(profile: Any, temperature: float) -> str:
+    """``engine`` when the profile's verifier changes the output law at this temperature, else ``batched``."""
+    at = _LOSSY_AT.get(profile.verifier)
+    if at is None:
+        return "batched"
+    return "engine" if (at == "sampling") == (temperature > 0) else "batched"
+
+
+def _served_is_reference(profile: Any) -> bool:
+    return (
+        profile.dtype == "float32"
+        and not profile.weight_quant
+        and profile.substitute_layers is None
+        and profile.logit_noise == 0
+    )
+
+
+def collect_pool(
+    profile_name: str,
+    ref_lms: Any,
+    cfg: PoolConfig | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> Pool:
+    """Collect one profile's pool in-process (see the module docstring for the two backends).
+
+    Args:
+        profile_name: a simulator profile (``reference.simulator.profiles.PROFILES``).
+        ref_lms: reference dtype → ``LoadedModel`` of the reference weights in that precision
+            (``float32`` required; ``bfloat16`` too when the audit compares with the nearest honest
+            reference, ``auditor.noise``), or one float32 ``LoadedModel``. The served model is
+            built from the float32 one (copied where the profile changes weights/dtype/layers;
+            the reference is not modified).
+        cfg: pool configuration (default ``PoolConfig()``).
+        progress: optional callback receiving one-line status messages.
+
+    Returns:
+        The Pool (not yet saved; see :func:`load_or_collect_pool`).
+
+    Raises:
+        KeyError: unknown profile.
+    """
+    from reference.simulator.engine import build_served_model
+    from reference.simulator.profiles import get_profile
+
+    cfg = cfg or PoolConfig()
+    ref_lms = _as_refs(ref_lms)
+    ref_lm = ref_lms["float32"]
+    say = progress or (lambda _m: None)
+    profile = get_profile(profile_name)
+    t_start = time.perf_counter()
+    served_lm, info = build_served_model(profile, ref_lm, copy_model=True)
+    eos = list(ref_lm.eos_token_ids)
+    engine_t1 = backend_for(profile, 1.0) == "engine"
+    reqs = build_requests(ref_lm.tokenizer, cfg, engine=engine_t1)
+    results: dict[str, dict] = {}
+    backends: Counter = Counter()
+    engine = None
+    t_gen = time.perf_counter()
+    # --- T = 0
+    t0 = [r for r in reqs if r.temperature == 0]
+    t1 = [r for r in reqs if r.temperature > 0]
+    eff_p = profile.forced_top_p if profile.forced_top_p is not None else 1.0
+    eff_k = profile.forced_top_k if profile.forced_top_k is not None else 0
+
+    def via_engine(rs: list[PoolRequest]) -> None:
+        nonlocal engine
+        from reference.simulator.engine import SimulatorEngine
+
+        if engine is None:
+            # the engine builds its served model from the reference (a copy), as `auditor serve` does
+            engine = SimulatorEngine(profile, ref_lm, seed=cfg.seed, copy_model=True)
+        for j, r in enumerate(rs):
+            ch = engine.generate(
+                list(r.prompt_ids), max_tokens=r.max_tokens, temperature=r.temperature, seed=r.seed, top_n=PROVIDER_TOP_N
+            )
+            toks = list(ch.tokens)
+            T = len(toks)
+            top_ids = np.full((T, PROVIDER_TOP_N), -1, np.int64)
+            top_lp = np.full((T, PROVIDER_TOP_N), -np.inf)
+            for i, t in enumerate(toks):
+                k = len(t.top_ids)
+                top_ids[i, :k] = t.top_ids
+                top_lp[i, :k] = t.top_logprobs
+            results[r.key] = {
+                "token_ids": np.asarray([t.token_id for t in toks], np.int64),
+                "logprob": np.asarray([np.nan if t.logprob is None else t.logprob for t in toks], np.float64),
+                "top_ids": top_ids,
+                "top_lp": top_lp,
+            }
+            backends["engine"] += 1
+            if (j + 1) % 10 == 0:
+                say(f"{profile_name}: engine {j + 1}/{len(rs)} requests")
+
+    def via_batched(rs: list[PoolRequest], temperature: float) -> None:
+        model = served_lm.model
+        if temperature == 0:
+            for b in range(0, len(rs), cfg.batch_size):
+                chunk = rs[b : b + cfg.batch_size]
+                if hasattr(model, "nonce"):
+                    model.nonce = chunk[0].seed  # honest-noisy: a fresh "batch" of kernel noise
+                outs = _decode_rows(
+                    model,
+                    [r.prompt_ids for r in chunk],
+                    max_new_tokens=max(r.max_tokens for r in chunk),
+                    temperature=0.0,
+                    top_p=1.0,
+                    top_k=0,
+                    eos_ids=eos,
+                    seeds=[r.seed for r in chunk],
+                )
+                for r, o in zip(chunk, outs):
+                    results[r.key] = _cut(o, r.max_tokens)
+                    backends["batched"] += 1
+                say(f"{profile_name}: T=0 {min(b + cfg.batch_size, len(rs))}/{len(rs)} requests")
+        else:
+            by: dict[str, list[PoolRequest]] = {}
+            for r in rs:
+                by.setdefault(r.prompt_id, []).append(r)
+            for g, (_, group) in enumerate(by.items()):
+                if hasattr(model, "nonce"):
+                    model.nonce = group[0].seed
+                outs = _decode_rows(
+                    model,
+                    [group[0].prompt_ids],
+                    max_new_tokens=max(r.max_tokens for r in group),
+                    temperature=temperature,
+                    top_p=eff_p,
+                    top_k=eff_k,
+                    eos_ids=eos,
+                    seeds=[r.seed for r in group],
+                    expand=len(group),
+                )
+                for r, o in zip(group, outs):
+                    results[r.key] = _cut(o, r.max_tokens)
+                    backends["batched"] += 1
+                if (g + 1) % 10 == 0:
+                    say(f"{profile_name}: T=1 {g + 1}/{len(by)} prompts")
+
+    for temp, rs in ((0.0, t0), (1.0, t1)):
+        if not rs:
+            continue
+        if backend_for(profile, temp) == "engine":
+            via_engine(rs)
+        else:
+            via_batched(rs, temp)
+    gen_s = time.perf_counter() - t_gen
+    del engine
+    # --- reference at the provider's prefixes
+    t_ref = time.perf_counter()
+    same = _served_is_reference(profile)
+    by_prompt: dict[tuple[int, ...], list[PoolRequest]] = {}
+    for r in reqs:
+        by_prompt.setdefault(r.prompt_ids, []).append(r)
+    ref: dict[str, dict[str, dict]] = {}
+    for dt, lm in ref_lms.items():
+        rd: dict[str, dict] = {}
+        for prompt, group in by_prompt.items():
+            need = []
+            for r in group:
+                if dt == "float32" and same and backend_for(profile, r.temperature) == "batched":
+                    # the served model IS the float32 reference: its rows are the reference rows
+                    o = results[r.key]
+                    rd[r.key] = {"top_ids": o["top_ids"][:, :REF_TOP_K], "top_lp": o["top_lp"][:, :REF_TOP_K],
+                                 "token_lp": o["logprob"]}
+                else:
+                    need.append(r)
+            if need:
+                scored = score_groups(lm, list(prompt), [results[r.key]["token_ids"].tolist() for r in need])
+                for r, sc in zip(need, scored):
+                    rd[r.key] = sc
+        ref[dt] = rd
+        say(f"{profile_name}: reference {dt} scored")
+    ref_s = time.perf_counter() - t_ref
+    pool = _assemble(profile_name, ref_lm, reqs, results, ref)
+    pool.meta.update(
+        {
+            "pool_format": POOL_FORMAT,
+            "pool_config": cfg.key_dict(),
+            "suites": _suite_fingerprint(cfg),
+            "profile": profile.describe(),
+            "backends": dict(backends),
+            "backend_t0": backend_for(profile, 0.0),
+            "backend_t1": backend_for(profile, 1.0),
+            "served": {"dtype": info.dtype, "layers": info.layers, "quant": info.quant},
+            "generate_s": round(gen_s, 2),
+            "reference_s": round(ref_s, 2),
+            "total_s": round(time.perf_counter() - t_start, 2),
+            **pool.summary(),
+        }
+    )
+    say(f"{profile_name}: pool {pool.summary()} in {pool.meta['total_s']:.0f}s")
+    return pool
+
+
+def _as_refs(ref_lms: Any) -> dict[str, Any]:
+    """Normalise ``ref_lms`` to {dtype: LoadedModel} with ``float32`` present.
+
+    Raises:
+        ValueError: no float32 reference.
+    """
+    if not isinstance(ref_lms, dict):
+        return {"float32": ref_lms}
+    if "float32" not in ref_lms:
+        raise ValueError(f"ref_lms needs a 'float32' reference (got {sorted(ref_lms)})")
+    return dict(ref_lms)
+
+
+def _cut(o: dict, n: int) -> dict:
+    return {k: v[:n] for k, v in o.items()}
+
+
+def _assemble(profile_name: str, ref_lm: Any, reqs: list[PoolRequest], results: dict, ref: dict) -> Pool:
+    lens = [len(results[r.key]["token_ids"]) for r in reqs]
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+
+    def cat(src: dict, k: str, shape_tail: tuple, dtype) -> np.ndarray:
+        parts = [np.asarray(src[r.key][k], dtype).reshape((-1, *shape_tail)) for r in reqs]
+        return np.concatenate(parts) if parts else np.zeros((0, *shape_tail), dtype)
+
+    return Pool(
+        profile=profile_name,
+        model=str(ref_lm.name),
+        revision=str(ref_lm.revision),
+        meta={},
+        item_keys=np.asarray([r.key for r in reqs], dtype=str),
+        item_prompt=np.asarray([r.prompt_id for r in reqs], dtype=str),
+        item_workload=np.asarray([r.workload for r in reqs], dtype=str),
+        item_temperature=np.asarray([r.temperature for r in reqs], np.float64),
+        item_offsets=offsets,
+        token_ids=cat(results, "token_ids", (), np.int64),
+        prov_logprob=cat(results, "logprob", (), np.float64),
+        prov_top_ids=cat(results, "top_ids", (PROVIDER_TOP_N,), np.int64),
+        prov_top_lp=cat(results, "top_lp", (PROVIDER_TOP_N,), np.float64),
+        ref_top_ids={dt: cat(rd, "top_ids", (REF_TOP_K,), np.int64) for dt, rd in ref.items()},
+        ref_top_lp={dt: cat(rd, "top_lp", (REF_TOP_K,), np.float64) for dt, rd in ref.items()},
+        ref_token_lp={dt: cat(rd, "token_lp", (), np.float64) for dt, rd in ref.items()},
+    )
+
+
+def pool_path(profile_name: str, ref_lms: Any, cfg: PoolConfig, cache_dir: Path | None = None) -> Path:
+    """Cache file of a pool: keyed by model revision, reference precisions, profile recipe,
+    suites, pool config and pool format."""
+    from reference.simulator.profiles import get_profile
+
+    refs = _as_refs(ref_lms)
+    ref_lm = refs["float32"]
+    key = _sha(
+        {
+            "revision": str(ref_lm.revision),
+            "model": str(ref_lm.name),
+            "profile": get_profile(profile_name).describe(),
+            "suites": _suite_fingerprint(cfg),
+            "cfg": cfg.key_dict(),
+            "references": sorted(refs),
+            "format": POOL_FORMAT,
+        }
+    )
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(ref_lm.revision))[:12]
+    return (cache_dir or calibration_cache_dir()) / "pools" / f"{profile_name}-{safe}-{key}.npz"
+
+
+def load_or_collect_pool(
+    profile_name: str,
+    ref_lms: Any,
+    cfg: PoolConfig | None = None,
+    *,
+    cache_dir: Path | None = None,
+    refresh: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Pool, bool]:
+    """The cached pool if present (and valid), else collect and cache it.
+
+    Returns:
+        (pool, from_cache).
+    """
+    cfg = cfg or PoolConfig()
+    path = pool_path(profile_name, ref_lms, cfg, cache_dir)
+    if path.is_file() and not refresh:
+        try:
+            return Pool.load(path), True
+        except (ValueError, KeyError, OSError):
+            pass  # stale or corrupt: recollect
+    pool = collect_pool(profile_name, ref_lms, cfg, progress=progress)
+    pool.save(path)
+    return pool, False
+
+
+# =============================================================================================
+# audits resampled from a pool
+# =============================================================================================
+
+MODES = ("greedy", "logprob", "sampling")
+
+
+@dataclass(frozen=True)
+class AuditMix:
+    """How an audit of B tokens is spent: token share and ``top_logprobs`` width per probe mode.
+
+    Attributes:
+        name: mix name (``default`` = the default suite's proportions).
+        shares: mode → fraction of the budget (greedy and logprob are temperature-0 requests,
+            sampling temperature 1); sums to 1.
+        top_m: mode → ``top_logprobs`` requested (0 = no logprobs asked).
+        description: one line for reports.
+    """
+
+    name: str
+    shares: dict[str, float]
+    top_m: dict[str, int]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        bad = set(self.shares) - set(MODES)
+        if bad:
+            raise ValueError(f"mix {self.name!r}: unknown modes {sorted(bad)}; use {MODES}")
+        tot = sum(self.shares.values())
+        if not math.isclose(tot, 1.0, abs_tol=1e-6):
+            raise ValueError(f"mix {self.name!r}: shares sum to {tot}, not 1")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shares": dict(self.shares), "top_m": dict(self.top_m), "description": self.description}
+
+
+def default_mix(suite: str = "default") -> AuditMix:
+    """The mix of a shipped suite: each mode's share of the suite's completion tokens
+    (max_tokens × samples) and the largest ``top_logprobs`` its probes of that mode request."""
+    from probes.suites import load_suite
+
+    s = load_suite(suite)
+    tok: Counter = Counter()
+    m: dict[str, int] = {k: 0 for k in MODES}
+    for p in s.probes:
+        tok[p.mode] += p.max_tokens * p.n_samples
+        m[p.mode] = max(m[p.mode], int(p.top_logprobs or 0))
+    tot = sum(tok.values())
+    shares = {k: tok[k] / tot for k in MODES}
+    desc = ", ".join(f"{k} {shares[k]:.0%} (top_logprobs={m[k]})" for k in MODES)
+    return AuditMix(suite, shares, m, f"suite {suite!r} v{s.version}: {desc}")
+
+
+@dataclass
+class AuditDraw:
+    """One resampled audit: which pool items, how many of their tokens, under which mode.
+
+    Attributes:
+        items: [(item index, tokens used, mode, reuse round)]; the reuse round is 0 unless the
+            pool ran out of distinct sampling items (then items are drawn again, round 1, ...).
+        tokens: mode → completion tokens spent.
+    """
+
+    items: list[tuple[int, int, str, int]]
+    tokens: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.tokens.values()))
+
+    @property
+    def reused(self) -> bool:
+        return any(r > 0 for *_, r in self.items)
+
+
+class AuditDrawer:
+    """Draws one audit's probes from a pool, incrementally: ``extend_to(B)`` grows the same audit.
+
+    Nested draws are what a sequential audit needs (look k+1 sees every token of look k). At
+    each step the mode furthest below its share of the target budget gets the next tokens:
+    temperature-0 modes (greedy, logprob) from one random permutation of the pool's T=0 items
+    (each prompt at most once: at T=0 a prompt has one answer), sampling from a permutation of
+    the T=1 items. An item is consumed in order; the current item of a mode is extended before a
+    new one is taken (for the last, partly used item this is a shorter ``max_tokens``). When the
+    T=0 items run out, their share goes to sampling; when the T=1 items run out they are drawn
+    again (``reuse round`` > 0, reported as ``reused``).
+
+    Args:
+        pool: the profile's pool.
+        mix: the probe mix.
+        rng: numpy Generator (the audit's randomness).
+
+    Raises:
+        ValueError: the pool holds no tokens at all.
+    """
+
+    def __init__(self, pool: Pool, mix: AuditMix, rng: np.random.Generator):
+        self.pool, self.mix, self.rng = pool, mix, rng
+        self.lens = pool.item_lengths
+        self.t0 = list(rng.permutation(pool.items_at(0.0)))
+        self.t1_src = pool.items_at(1.0)
+        if not self.t0 and not self.t1_src.size:
+            raise ValueError(f"pool of profile {pool.profile!r} holds no tokens")
+        self.t1 = list(rng.permutation(self.t1_src))
+        self.t0_src = pool.items_at(0.0)
+        self.rnd = {"t0": 0, "t1": 0}
+        self.items: list[list] = []  # [item, n, mode, round]
+        self.spent = {m: 0 for m in MODES}
+        self.current: dict[str, int] = {}  # mode -> index into self.items of its open item
+
+    def _new_item(self, mode: str) -> int | None:
+        if mode == "sampling":
+            if not self.t1_src.size:
+                return None
+            if not self.t1:
+                self.rnd["t1"] += 1
+                self.t1 = list(self.rng.permutation(self.t1_src))
+            i, r = int(self.t1.pop()), self.rnd["t1"]
+        else:
+            if not self.t0:
+                if self.t1_src.size or not self.t0_src.size:
+                    return None
+                self.rnd["t0"] += 1  # no sampling items at all: reuse T=0 items
+                self.t0 = list(self.rng.permutation(self.t0_src))
+            i, r = int(self.t0.pop()), self.rnd["t0"]
+        self.items.append([i, 0, mode, r])
+        return len(self.items) - 1
+
+    def extend_to(self, budget: int) -> AuditDraw:
+        """Grow the audit to ``budget`` completion tokens in all (no-op when already there).
+
+        Raises:
+            ValueError: budget < 1.
+        """
+        if budget < 1:
+            raise ValueError(f"budget={budget} must be >= 1 token")
+        active = [m for m in MODES if self.mix.shares.get(m, 0.0) > 0]
+        dead: set[str] = set()
+        while sum(self.spent.values()) < budget:
+            left = budget - sum(self.spent.values())
+            cands = [m for m in active if m not in dead] or [m for m in MODES if m not in dead]
+            if not cands:
+                break
+            want = {m: self.mix.shares.get(m, 0.0) * budget - self.spent[m] for m in cands}
+            mode = max(cands, key=lambda m: (want[m], -MODES.index(m)))
+            j = self.current.get(mode)
+            if j is None or self.items[j][1] >= self.lens[self.items[j][0]]:
+                j = self._new_item(mode)
+                if j is None:
+                    dead.add(mode)
+                    continue
+                self.current[mode] = j
+            it = self.items[j]
+            room = int(self.lens[it[0]] - it[1])
+            n = int(min(room, left, max(1, math.ceil(want[mode]))))
+            it[1] += n
+            self.spent[mode] += n
+        return AuditDraw([tuple(x) for x in self.items if x[1] > 0], dict(self.spent))
+
+
+def draw_audit(pool: Pool, budget: int, mix: AuditMix, rng: np.random.Generator) -> AuditDraw:
+    """Draw one audit of exactly ``budget`` completion tokens from the pool (see :class:`AuditDrawer`).
+
+    Raises:
+        ValueError: budget < 1, or the pool holds no tokens at all.
+    """
+    return AuditDrawer(pool, mix, rng).extend_to(budget)
+
+
+def evidence_for(pool: Pool, draw: AuditDraw, mix: AuditMix, reference: str = "float32") -> Any:
+    """The detectors' :class:`~auditor.detectors.EvidenceBatch` for one drawn audit.
+
+    Each item is one probe (``prompt_id`` = its request key, so positions of one continuation are
+    grouped as the detectors expect); the provider's top list is cut to the mode's
+    ``top_logprobs`` width and its token logprob dropped when the mode asks for none.
+
+    Args:
+        reference: which reference precision's rows to use (a key of ``pool.ref_top_ids``).
+
+    Raises:
+        KeyError: the pool was not scored with that reference.
+    """
+    from auditor.detectors import EvidenceBatch
+
+    if reference not in pool.ref_top_ids:
+        raise KeyError(f"pool {pool.profile!r} has no {reference!r} reference rows (has {pool.references})")
+    idx: list[np.ndarray] = []
+    pids: list[str] = []
+    pos: list[np.ndarray] = []
+    widths: list[int] = []
+    for i, n, mode, rnd in draw.items:
+        a = int(pool.item_offsets[i])
+        idx.append(np.arange(a, a + n))
+        key = str(pool.item_keys[i]) + (f"~{rnd}" if rnd else "")
+        pids.extend([key] * n)
+        pos.append(np.arange(n))
+        widths.extend([int(mix.top_m.get(mode, 0))] * n)
+    sel = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+    w = np.asarray(widths, np.int64)
+    M = int(w.max()) if w.size else 0
+    p_ids = pool.prov_top_ids[sel, :M].copy()
+    p_lp = pool.prov_top_lp[sel, :M].copy()
+    if M:
+        cut = np.arange(M)[None, :] >= w[:, None]
+        p_ids[cut] = -1
+        p_lp[cut] = -np.inf
+    p_tok = np.where(w > 0, pool.prov_logprob[sel], np.nan)
+    temps = np.repeat(pool.item_temperature[[i for i, *_ in draw.items]], [n for _, n, *_ in draw.items])
+    return EvidenceBatch.from_arrays(
+        prompt_ids=pids,
+        positions=np.concatenate(pos) if pos else np.zeros(0, np.int64),
+        token_ids=pool.token_ids[sel],
+        temperatures=temps,
+        ref_top_ids=pool.ref_top_ids[reference][sel],
+        ref_top_logprobs=pool.ref_top_lp[reference][sel],
+        ref_token_logprobs=pool.ref_token_lp[reference][sel],
+        provider_top_ids=p_ids,
+        provider_top_logprobs=p_lp,
+        provider_token_logprobs=p_tok,
+    )
+
+
+def audit_verdict(batches: Any, floors: Any, *, alpha: float = 0.05, seed: int = 0) -> Any:
+    """Per-position evidence → detector results → verdict (what ``auditor check`` decides on).
+
+    For each honest reference precision r (``auditor.noise``: float32, bfloat16) the detectors run
+    on the evidence against r with r's noise floor (``run_detectors``); the results are combined
+    as an intersection–union test (Berger 1982): per detector the result with the largest p-value
+    (the nearest honest reference) is kept, so a provider is accused only when it is inconsistent
+    with every honest reference. Then ``decide_verdict`` (Holm at family-wise ``alpha`` + the rules
+    of docs/detectors.md).
+
+    Args:
+        batches: reference dtype → EvidenceBatch (or one batch for a single reference).
+        floors: reference dtype → NoiseFloor, an ``auditor.noise.FloorSet``, or one NoiseFloor.
+        alpha: family-wise level.
+        seed: detector randomisation seed.
+
+    Returns:
+        ``auditor.verdict.Verdict`` (its ``results`` carry the Holm-adjusted p-values;
+        ``details["nearest_reference"]`` names, per detector, the reference kept).
+    """
+    from auditor.detectors import run_detectors
+    from auditor.verdict import decide_verdict
+
+    if not isinstance(batches, dict):
+        batches = {"float32": batches}
+    fl = getattr(floors, "floors", floors)
+    if not isinstance(fl, dict):
+        fl = {r: fl for r in batches}
+    per_ref = {r: run_detectors(b, fl.get(r), seed=seed) for r, b in batches.items()}
+    refs = list(per_ref)
+    combined = []
+    chosen: dict[str, str] = {}
+    for j, res in enumerate(per_ref[refs[0]]):
+        cands = [(r, per_ref[r][j]) for r in refs]
+        ran = [(r, x) for r, x in cands if x.ran and not math.isnan(x.p_value)]
+        r, best = max(ran, key=lambda rx: rx[1].p_value) if ran else cands[0]
+        combined.append(best)
+        chosen[best.name] = r
+    lp_ref = chosen.get("logprob-divergence", refs[0])
+    v = decide_verdict(combined, alpha, floor=fl.get(lp_ref))
+    v.details["nearest_reference"] = chosen
+    return v
+
+
+@dataclass
+class AuditOutcome:
+    """One resampled audit's result (compact, JSON-able)."""
+
+    budget: int
+    verdict: str
+    rule: str
+    rejected: list[str]
+    ran: list[str]
+    tokens: dict[str, int]
+    reused: bool
+
+
+def _outcome(budget: int, draw: AuditDraw, v: Any) -> AuditOutcome:
+    det = v.details.get("detectors", {})
+    return AuditOutcome(
+        budget=budget,
+        verdict=str(v.verdict),
+        rule=str(v.details.get("rule", "")),
+        rejected=[k for k, d in det.items() if d.get("rejects")],
+        ran=[k for k, d in det.items() if d.get("ran")],
+        tokens=dict(draw.tokens),
+        reused=draw.reused,
+    )
+
+
+def run_audits(
+    pool: Pool,
+    floor: Any,
+    *,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    audits: int = DEFAULT_AUDITS,
+    mix: AuditMix | None = None,
+    alpha: float = 0.05,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[AuditOutcome]:
+    """Run ``audits`` resampled audits at each budget on one pool.
+
+    Seeds: audit j at budget B draws with ``SeedSequence([seed, B, j])`` and seeds its detectors
+    with ``seed * 1_000_003 + j`` — reproducible and independent of the other budgets.
+    """
+    mix = mix or default_mix()
+    fl = getattr(floor, "floors", floor)
+    refs = [r for r in pool.references if not isinstance(fl, dict) or r in fl] or pool.references[:1]
+    out: list[AuditOutcome] = []
+    for B in budgets:
+        t = time.perf_counter()
+        for j in range(audits):
+            rng = np.random.default_rng(np.random.SeedSequence([seed, int(B), j]))
+            d = draw_audit(pool, int(B), mix, rng)
+            batches = {r: evidence_for(pool, d, mix, r) for r in refs}
+            v = audit_verdict(batches, floor, alpha=alpha, seed=seed * 1_000_003 + j)
+            out.append(_outcome(int(B), d, v))
+        if progress:
+            progress(f"{pool.profile}: {audits} audits at {B} tokens in {time.perf_counter() - t:.0f}s")
+    return out
+
+
+# =============================================================================================
+# metrics
+# =============================================================================================
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper–Pearson 1934) two-sided interval for a binomial proportion k/n.
+
+    Uses ``scipy.stats.binomtest(k, n).proportion_ci(method="exact")``; (nan, nan) when n == 0.
+    """
+    from scipy import stats
+
+    if n <= 0:
+        return (math.nan, math.nan)
+    ci = stats.binomtest(int(k), int(n)).proportion_ci(confidence_level=level, method="exact")
+    return (float(ci.low), float(ci.high))
+
+
+@dataclass
+class CalibrationRecord:
+    """One profile × budget cell of the benchmark (a row of docs/calibration.json).
+
+    Attributes:
+        profile, family, expected_verdict: the simulator profile and the verdict it should get.
+        honest: True for honest profiles (``rejection_rate`` is then the false-accusation rate).
+        budget_tokens: completion tokens per audit; audits: audits run.
+        rejections: audits with a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION,
+            SUBSTITUTION, DECODING_NONCOMPLIANT).
+        rejection_rate, ci_low, ci_high: rejections/audits with a Clopper–Pearson 95% interval.
+        cause_correct_rate: among rejections, the share naming the profile's cause (None for
+            honest profiles or without rejections); pass_rate, inconclusive_rate: shares of
+            PASS and INCONCLUSIVE verdicts.
+        verdicts: verdict → count (the confusion row of this profile).
+        detectors: detector → {"ran": share of audits it ran, "rejected": share where it rejected
+            after Holm}; rules: deciding rule → count.
+        tokens: mean completion tokens per mode; sampled_tokens: mean T=1 tokens.
+        reused_rate: share of audits that had to reuse sampling items (pool too small).
+        pool: pool sizes; mix: probe-mix name; alpha; model, revision; design: ``fixed``.
+    """
+
+    profile: str
+    family: str
+    expected_verdict: str
+    honest: bool
+    budget_tokens: int
+    audits: int
+    rejections: int
+    rejection_rate: float
+    ci_low: float
+    ci_high: float
+    cause_correct_rate: float | None
+    pass_rate: float
+    inconclusive_rate: float
+    verdicts: dict[str, int]
+    detectors: dict[str, dict[str, float]]
+    rules: dict[str, int]
+    tokens: dict[str, float]
+    sampled_tokens: float
+    reused_rate: float
+    pool: dict
+    mix: str
+    alpha: float
+    model: str
+    revision: str
+    design: str = "fixed"
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        from auditor.detectors.base import _json_safe
+
+        return _json_safe(asdict(self))
+
+
+def summarize_audits(
+    outcomes: Sequence[AuditOutcome], pool: Pool, *, mix: AuditMix, alpha: float
+) -> list[CalibrationRecord]:
+    """Aggregate audit outcomes into one :class:`CalibrationRecord` per budget."""
+    from reference.simulator.profiles import get_profile
+
+    prof = get_profile(pool.profile)
+    accepted = set(ACCEPTED_CAUSES.get(prof.name, ())) | {prof.expected_verdict}
+    recs = []
+    for B in sorted({o.budget for o in outcomes}):
+        os_ = [o for o in outcomes if o.budget == B]
+        n = len(os_)
+        verdicts = Counter(o.verdict for o in os_)
+        rej = sum(verdicts[v] for v in _DEVIATIONS)
+        lo, hi = clopper_pearson(rej, n)
+        correct = sum(verdicts[v] for v in _DEVIATIONS if v in accepted)
+        dets: dict[str, dict[str, float]] = {}
+        names = sorted({k for o in os_ for k in o.ran} | {k for o in os_ for k in o.rejected})
+        for k in names:
+            dets[k] = {
+                "ran": sum(k in o.ran for o in os_) / n,
+                "rejected": sum(k in o.rejected for o in os_) / n,
+            }
+        tokens = {m: float(np.mean([o.tokens.get(m, 0) for o in os_])) for m in MODES}
+        recs.append(
+            CalibrationRecord(
+                profile=prof.name,
+                family=prof.family,
+                expected_verdict=prof.expected_verdict,
+                honest=prof.honest,
+                budget_tokens=int(B),
+                audits=n,
+                rejections=int(rej),
+                rejection_rate=rej / n,
+                ci_low=lo,
+                ci_high=hi,
+                cause_correct_rate=(None if prof.honest or rej == 0 else correct / rej),
+                pass_rate=verdicts["PASS"] / n,
+                inconclusive_rate=verdicts["INCONCLUSIVE"] / n,
+                verdicts=dict(verdicts),
+                detectors=dets,
+                rules=dict(Counter(o.rule for o in os_)),
+                tokens=tokens,
+                sampled_tokens=tokens["sampling"],
+                reused_rate=sum(o.reused for o in os_) / n,
+                pool=pool.summary(),
+                mix=mix.name,
+                alpha=alpha,
+                model=pool.model,
+                revision=pool.revision,
+            )
+        )
+    return recs
+
+
+# =============================================================================================
+# sequential audits on a pool
+# =============================================================================================
+
+
+def run_sequential_audits(
+    pool: Pool,
+    floor: Any,
+    design: Any,
+    *,
+    audits: int = DEFAULT_AUDITS,
+    mix: AuditMix | None = None,
+    seed: int = 0,
+) -> dict:
+    """Simulate ``audits`` sequential audits (``auditor.sequential``) on one pool.
+
+    Each audit draws nested evidence (:class:`AuditDrawer`) and looks at the design's token
+    counts, deciding at the look's spent α.
+
+    Returns:
+        A JSON-able record: profile, design, audits, rejection_rate with Clopper–Pearson CI,
+        cause_correct_rate, verdicts, mean/median tokens used, tokens_saved (1 − mean/max),
+        stop-look histogram.
+    """
+    from auditor.sequential import SequentialAudit
+    from reference.simulator.profiles import get_profile
+
+    mix = mix or default_mix()
+    prof = get_profile(pool.profile)
+    fl = getattr(floor, "floors", floor)
+    refs = [r for r in pool.references if not isinstance(fl, dict) or r in fl] or pool.references[:1]
+    used: list[int] = []
+    verdicts: Counter = Counter()
+    stops: Counter = Counter()
+    for j in range(audits):
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 7, j]))
+        drawer = AuditDrawer(pool, mix, rng)
+        seq = SequentialAudit(design)
+        while (target := seq.next_look_tokens()) is not None:
+            d = drawer.extend_to(target)
+            batches = {r: evidence_for(pool, d, mix, r) for r in refs}
+            dec = seq.update(
+                d.total, lambda a, _b=batches: audit_verdict(_b, floor, alpha=a, seed=seed * 1_000_003 + j)
+            )
+            if dec.stop:
+                break
+        last = seq.decisions[-1]
+        used.append(last.tokens)
+        verdicts[last.verdict] += 1
+        stops[last.look] += 1
+    n = audits
+    rej = sum(verdicts[v] for v in _DEVIATIONS)
+    lo, hi = clopper_pearson(rej, n)
+    accepted = set(ACCEPTED_CAUSES.get(prof.name, ())) | {prof.expected_verdict}
+    correct = sum(verdicts[v] for v in _DEVIATIONS if v in accepted)
+    return {
+        "profile": prof.name,
+        "family": prof.family,
+        "honest": prof.honest,
+        "expected_verdict": prof.expected_verdict,
+        "design": design.to_dict(),
+        "max_tokens": design.max_tokens,
+        "audits": n,
+        "rejections": rej,
+        "rejection_rate": rej / n,
+        "ci_low": lo,
+        "ci_high": hi,
+        "cause_correct_rate": None if prof.honest or rej == 0 else correct / rej,
+        "pass_rate": verdicts["PASS"] / n,
+        "inconclusive_rate": verdicts["INCONCLUSIVE"] / n,
+        "verdicts": dict(verdicts),
+        "mean_tokens": float(np.mean(used)),
+        "median_tokens": float(np.median(used)),
+        "tokens_saved": 1.0 - float(np.mean(used)) / design.max_tokens,
+        "stop_look": {str(k): v for k, v in sorted(stops.items())},
+        "mix": mix.name,
+    }
+
+
+# =============================================================================================
+# the whole benchmark
+# =============================================================================================
+
+
+def get_noise_floor(ref_lms: Any, *, cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Any:
+    """The pipeline's noise floors for the reference (``auditor.noise.get_floors``; cached on disk).
+
+    Args:
+        ref_lms: reference dtype → LoadedModel (``float32`` and usually ``bfloat16``).
+
+    Returns:
+        ``auditor.noise.FloorSet`` (``.floors``: dtype → NoiseFloor).
+    """
+    from auditor.noise import get_floors
+
+    refs = _as_refs(ref_lms)
+    cb = None
+    if progress is not None:
+        def cb(stage: str, done: int, total: int) -> None:
+            if done == total or done % 8 == 0:
+                progress(f"{stage} {done}/{total}")
+    return get_floors(refs, cache_dir=None if cache_dir is None else Path(cache_dir) / "noise", progress=cb)
+
+
+@dataclass
+class CalibrationRun:
+    """Everything one benchmark run produced.
+
+    Attributes:
+        records: fixed-budget cells (:class:`CalibrationRecord`), profile-major.
+        sequential: sequential-audit records (see :func:`run_sequential_audits`), may be empty.
+        meta: model, revision, budgets, audits, alpha, mix, pool config, floor summary, pools
+            (sizes, backends, seconds, cache hits), timings (seconds per stage), machine.
+    """
+
+    records: list[CalibrationRecord]
+    sequential: list[dict]
+    meta: dict
+
+    def to_json_list(self) -> list[dict]:
+        """docs/calibration.json content: a list of records (fixed first, then sequential)."""
+        out = [r.to_dict() for r in self.records]
+        for s in self.sequential:
+            d = dict(s)
+            d.update(
+                {
+                    "design": "sequential",
+                    "sequential_design": s["design"],
+                    "budget_tokens": s["max_tokens"],
+                    "model": self.meta.get("model"),
+                    "revision": self.meta.get("revision"),
+                }
+            )
+            out.append(d)
+        return out
+
+
+def load_reference_models(model: str | None = None) -> dict[str, Any]:
+    """The reference in every honest precision (``auditor.noise.REFERENCE_DTYPES``)."""
+    from auditor.noise import REFERENCE_DTYPES
+    from reference.models import DEFAULT_MODEL, load_model
+
+    name = model or DEFAULT_MODEL
+    return {dt: load_model(name, dtype=dt) for dt in REFERENCE_DTYPES}
+
+
+def run_calibration(
+    profiles: Sequence[str] | None = None,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    audits: int = DEFAULT_AUDITS,
+    *,
+    ref_lms: Any = None,
+    model: str | None = None,
+    pool_cfg: PoolConfig | None = None,
+    mix: AuditMix | None = None,
+    alpha: float = 0.05,
+    seed: int = 0,
+    cache_dir: Path | None = None,
+    refresh: bool = False,
+    sequential: Any = "auto",
+    sequential_audits: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CalibrationRun:
+    """Run the detection benchmark: pools (cached), resampled fixed-budget audits, sequential audits.
+
+    Args:
+        profiles: simulator profiles (default: all).
+        budgets: completion-token budgets per audit.
+        audits: resampled audits per profile × budget.
+        ref_lms: reference dtype → LoadedModel (default: :func:`load_reference_models`).
+        model: reference model name when ``ref_lms`` is None.
+        pool_cfg: pool configuration.
+        mix: probe mix (default: the default suite's).
+        alpha: family-wise level of every audit.
+        seed: base seed (pools use ``pool_cfg.seed``).
+        cache_dir: cache root (pools under ``pools/``, floors under ``noise/``); default
+            :func:`calibration_cache_dir` for pools and ``auditor.noise``'s cache for floors.
+        refresh: recollect pools even when cached.
+        sequential: a ``SequentialDesign``, None (skip), or "auto" (geometric looks from the
+            smallest budget to the largest, O'Brien–Fleming spending).
+        sequential_audits: audits per profile for the sequential simulation (default ``audits``).
+        progress: callback for one-line status messages.
+
+    Returns:
+        CalibrationRun.
+
+    Raises:
+        KeyError: unknown profile name.
+        ValueError: empty budgets or audits < 1.
+    """
+    from auditor.sequential import SequentialDesign
+    from reference.simulator.profiles import PROFILES, get_profile
+
+    say = progress or (lambda _m: None)
+    profiles = list(profiles or PROFILES)
+    for p in profiles:
+        get_profile(p)
+    budgets = sorted({int(b) for b in budgets})
+    if not budgets or budgets[0] < 1:
+        raise ValueError(f"budgets must be positive token counts, got {budgets}")
+    if audits < 1:
+        raise ValueError(f"audits={audits} must be >= 1")
+    t_all = time.perf_counter()
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    refs = _as_refs(ref_lms) if ref_lms is not None else load_reference_models(model)
+    timings["load_models_s"] = time.perf_counter() - t
+    first = refs["float32"]
+    t = time.perf_counter()
+    floors = get_noise_floor(refs, cache_dir=cache_dir, progress=say)
+    timings["noise_floor_s"] = time.perf_counter() - t
+    say(f"noise floor ready ({'cached' if floors.meta.get('cached') else 'computed'}, {timings['noise_floor_s']:.0f}s)")
+    mix = mix or default_mix()
+    cfg = pool_cfg or PoolConfig()
+    if sequential == "auto":
+        sequential = SequentialDesign.geometric(max(budgets), first=min(budgets), alpha=alpha)
+    records: list[CalibrationRecord] = []
+    seq_records: list[dict] = []
+    pools_meta: dict[str, dict] = {}
+    t_pools = t_audits = t_seq = 0.0
+    for p in profiles:
+        t = time.perf_counter()
+        pool, cached = load_or_collect_pool(p, refs, cfg, cache_dir=None if cache_dir is None else Path(cache_dir),
+                                            refresh=refresh, progress=say)
+        dt = time.perf_counter() - t
+        t_pools += dt
+        pools_meta[p] = {
+            **pool.summary(),
+            "cached": cached,
+            "seconds": round(dt, 1),
+            "collect_s": pool.meta.get("total_s"),
+            "backends": pool.meta.get("backends"),
+            "backend_t0": pool.meta.get("backend_t0"),
+            "backend_t1": pool.meta.get("backend_t1"),
+        }
+        say(f"{p}: pool ready ({'cache' if cached else 'collected'}, {dt:.0f}s) {pool.summary()}")
+        t = time.perf_counter()
+        outs = run_audits(pool, floors, budgets=budgets, audits=audits, mix=mix, alpha=alpha, seed=seed, progress=say)
+        recs = summarize_audits(outs, pool, mix=mix, alpha=alpha)
+        records.extend(recs)
+        t_audits += time.perf_counter() - t
+        for r in recs:
+            say(
+                f"{p} @ {r.budget_tokens}: rejection {r.rejection_rate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] "
+                f"cause {r.cause_correct_rate if r.cause_correct_rate is None else round(r.cause_correct_rate, 3)} "
+                f"{r.verdicts}"
+            )
+        if sequential is not None:
+            t = time.perf_counter()
+            sr = run_sequential_audits(pool, floors, sequential, audits=sequential_audits or audits, mix=mix, seed=seed)
+            seq_records.append(sr)
+            t_seq += time.perf_counter() - t
+            say(f"{p} sequential: rejection {sr['rejection_rate']:.3f}, mean tokens {sr['mean_tokens']:.0f} "
+                f"(saved {sr['tokens_saved']:.0%}) {sr['verdicts']}")
+    timings.update({"pools_s": t_pools, "audits_s": t_audits, "sequential_s": t_seq,
+                    "total_s": time.perf_counter() - t_all})
+    import platform
+
+    import torch
+
+    meta = {
+        "model": str(first.name),
+        "revision": str(first.revision),
+        "references": sorted(refs),
+        "profiles": profiles,
+        "budgets": budgets,
+        "audits": audits,
+        "sequential_audits": (sequential_audits or audits) if sequential is not None else 0,
+        "alpha": alpha,
+        "seed": seed,
+        "mix": mix.to_dict(),
+        "pool_config": cfg.key_dict(),
+        "pool_format": POOL_FORMAT,
+        "pools": pools_meta,
+        "noise_floor": floors.summary(),
+        "sequential_design": sequential.to_dict() if sequential is not None else None,
+        "timings": {k: round(v, 1) for k, v in timings.items()},
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "python": platform.python_version(), "torch": torch.__version__},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return CalibrationRun(records, seq_records, meta)

@@ -1,0 +1,472 @@
+"""Noise-floor calibration per reference model: measured, not assumed, and cached on disk.
+
+Why several references. An honest provider may serve the original weights in float32 *or* in
+bfloat16, and bf16 rounding moves the distribution roughly as much as int8 weight-only
+quantization does (docs/detectors.md has the measured numbers on SmolLM2-135M). A floor of
+"KL vs fp32 of an honest bf16 deployment" is therefore so lenient that int8 hides under it. So the
+audit compares the provider with the **nearest honest reference**: the reference model is
+teacher-forced in every honest precision R = {float32, bfloat16}, each reference r has its own
+floor — the detectors' statistics between r (teacher-forced) and honest providers *of that
+precision* (the simulator's honest profiles served through the real speculative decode path:
+incremental KV cache, verification rounds, kernel/batch-order noise) — and the detectors are run
+against every r. The pipeline combines them as an intersection–union test: a provider is accused
+only if it is inconsistent with *every* honest reference (p = max over r), which is a valid level-α
+test of "the provider is one of the honest variants" without any multiplicity correction
+(Berger 1982, "Multiparameter hypothesis testing and acceptance sampling").
+
+What is measured (:func:`compute_floors`), per reference precision r:
+- the honest profiles of precision r (:data:`HONEST_BY_REFERENCE`: float32 → ``honest-fp32``
+  and ``honest-noisy`` (logit noise 0.02 nats, the batch-order/kernel noise of real GPUs);
+  bfloat16 → ``honest-bf16``) each generate greedy continuations of :data:`FLOOR_PROMPTS`
+  prompts through ``reference.speculative.speculative_generate`` with their drafter and the strict
+  verifier, returning the full ``[n, V]`` log-softmax the provider would report;
+- the reference r teacher-forces the same continuations (``reference.scoring.score_continuations``,
+  batched exactly like the audit);
+- ``auditor.detectors.compute_noise_floor`` turns (reference rows, provider rows) into a
+  :class:`~auditor.detectors.NoiseFloor` (greedy near-tie band, honest clear-mismatch rate,
+  bucketed-KL null per top_logprobs width M with prompt-level variance components); several
+  variants of one precision merge into the most lenient floor.
+- for the record, the full-vocabulary mean KL of every honest variant against every reference
+  (``cross_kl``), which shows why the nearest-reference design is needed.
+
+Cache: one JSON file per (model revision, method, variant recipes, prompts, settings, torch
+version) under ``<cache>/noise/`` (``$SPEC_AUDITOR_HOME/noise`` or the platformdirs user cache),
+so the floor is computed once per model and machine setup (about a minute on 2 CPU cores for the
+default model) and re-used by every audit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from auditor.detectors.noise_floor import KLFloor, NoiseFloor, compute_noise_floor
+
+__all__ = [
+    "NOISE_METHOD",
+    "REFERENCE_DTYPES",
+    "HONEST_BY_REFERENCE",
+    "FLOOR_PROMPTS",
+    "FLOOR_MAX_NEW_TOKENS",
+    "FloorSet",
+    "merge_floors",
+    "floor_prompts",
+    "noise_cache_dir",
+    "floor_cache_key",
+    "compute_floors",
+    "get_floors",
+]
+
+#: Version of the floor method; part of the cache key (bump when the measurement changes).
+NOISE_METHOD = "nearest-honest-reference/1"
+#: Honest precisions the reference is teacher-forced in (the provider is compared with the nearest).
+REFERENCE_DTYPES = ("float32", "bfloat16")
+#: Simulator profiles whose served outputs define the floor of each reference precision.
+HONEST_BY_REFERENCE: dict[str, tuple[str, ...]] = {
+    "float32": ("honest-fp32", "honest-noisy"),
+    "bfloat16": ("honest-bf16",),
+}
+#: Prompts (greedy and logprob probes of the default suite, in suite order) the floor is measured on.
+FLOOR_PROMPTS = 16
+#: Greedy tokens generated per floor prompt.
+FLOOR_MAX_NEW_TOKENS = 32
+#: Speculation depth used by the honest variants (the simulator's default).
+FLOOR_K = 4
+
+
+def noise_cache_dir() -> Path:
+    """``$SPEC_AUDITOR_HOME/noise`` or ``<platformdirs user cache>/spec-auditor/noise``."""
+    home = os.environ.get("SPEC_AUDITOR_HOME")
+    if home:
+        return Path(home).expanduser() / "noise"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("spec-auditor")) / "noise"
+
+
+@dataclass
+class FloorSet:
+    """The noise floors of one reference model, one per honest reference precision.
+
+    Attributes:
+        model: reference model name; revision: its weights revision (sha256 prefix).
+        floors: reference dtype (``float32``/``bfloat16``) → :class:`NoiseFloor` measured between
+            that reference and the honest providers of the same precision.
+        cross_kl: reference dtype → honest profile → mean full-vocabulary KL(reference || variant)
+            in nats over the floor positions (documentation of the design; not used by tests).
+        key: the cache key it was stored under.
+        meta: provenance (prompts, tokens, seconds, torch version, created_at).
+    """
+
+    model: str
+    revision: str
+    floors: dict[str, NoiseFloor]
+    cross_kl: dict[str, dict[str, float]] = field(default_factory=dict)
+    key: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def references(self) -> list[str]:
+        """Reference precisions with a floor, in :data:`REFERENCE_DTYPES` order."""
+        return [r for r in REFERENCE_DTYPES if r in self.floors] + [r for r in self.floors if r not in REFERENCE_DTYPES]
+
+    def most_lenient(self) -> NoiseFloor:
+        """A floor whose greedy band and honest clear-mismatch rate are the largest over references
+        (used by tests that do not depend on a reference, e.g. ``self-greedy``)."""
+        fl = list(self.floors.values())
+        base = max(fl, key=lambda f: f.margin_band)
+        return dataclasses.replace(
+            base,
+            margin_band=max(f.margin_band for f in fl),
+            clear_mismatch_rate=max(f.clear_mismatch_rate for f in fl),
+            honest_flip_rate=max(f.honest_flip_rate for f in fl),
+        )
+
+    def summary(self) -> dict:
+        """A small JSON-able summary for reports: per reference the band, rates and mean KL by M."""
+        refs = {}
+        for r, f in self.floors.items():
+            refs[r] = {
+                "variants": list(f.variants),
+                "margin_band": f.margin_band,
+                "clear_mismatch_rate": f.clear_mismatch_rate,
+                "honest_flip_rate": f.honest_flip_rate,
+                "mean_kl_by_m": {m: round(v.mean_kl, 8) for m, v in sorted(f.kl.items(), key=lambda kv: int(kv[0]))},
+            }
+        first = next(iter(self.floors.values())) if self.floors else None
+        return {
+            "method": NOISE_METHOD,
+            "model": self.model,
+            "revision": self.revision,
+            "key": self.key,
+            "variants": sorted({v for f in self.floors.values() for v in f.variants}),
+            "n_positions": first.n_positions if first else 0,
+            "n_prompts": first.n_prompts if first else 0,
+            "margin_band": max((f.margin_band for f in self.floors.values()), default=None),
+            "clear_mismatch_rate": max((f.clear_mismatch_rate for f in self.floors.values()), default=None),
+            "references": refs,
+            "cross_kl": self.cross_kl,
+        }
+
+    def to_json(self) -> str:
+        """Serialise (floors via ``NoiseFloor.to_dict``)."""
+        return json.dumps(
+            {
+                "model": self.model,
+                "revision": self.revision,
+                "floors": {r: f.to_dict() for r, f in self.floors.items()},
+                "cross_kl": self.cross_kl,
+                "key": self.key,
+                "meta": self.meta,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, s: str) -> FloorSet:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: malformed record (names the missing field).
+        """
+        d = json.loads(s)
+        for k in ("model", "revision", "floors"):
+            if k not in d:
+                raise ValueError(f"noise floor file lacks field {k!r}; delete it to recompute")
+        return cls(
+            model=d["model"],
+            revision=d["revision"],
+            floors={r: NoiseFloor.from_dict(f) for r, f in d["floors"].items()},
+            cross_kl=d.get("cross_kl") or {},
+            key=d.get("key", ""),
+            meta=d.get("meta") or {},
+        )
+
+
+def merge_floors(floors: Sequence[NoiseFloor]) -> NoiseFloor:
+    """Merge floors measured for several honest variants of one precision into the most lenient one.
+
+    Band, flip and clear-mismatch rates: the maximum; per width M: the KL floor with the largest
+    mean log-KL (the most lenient null), as ``compute_noise_floor`` does for variants measured on
+    the same positions.
+
+    Raises:
+        ValueError: on an empty list.
+    """
+    floors = list(floors)
+    if not floors:
+        raise ValueError("merge_floors needs at least one NoiseFloor")
+    if len(floors) == 1:
+        return floors[0]
+    kl: dict[str, KLFloor] = {}
+    for f in floors:
+        for m, rec in f.kl.items():
+            prev = kl.get(m)
+            if prev is None or rec.log_kl["mean"] > prev.log_kl["mean"]:
+                kl[m] = rec
+    dq: dict[str, float] = {}
+    for f in floors:
+        for q, v in f.margin_delta_quantiles.items():
+            dq[q] = max(dq.get(q, 0.0), float(v))
+    base = floors[0]
+    return NoiseFloor(
+        model=base.model,
+        variants=[v for f in floors for v in f.variants],
+        n_positions=min(f.n_positions for f in floors),
+        n_prompts=min(f.n_prompts for f in floors),
+        margin_band=max(f.margin_band for f in floors),
+        margin_delta_quantiles=dq,
+        honest_flip_rate=max(f.honest_flip_rate for f in floors),
+        clear_mismatch_rate=max(f.clear_mismatch_rate for f in floors),
+        kl=kl,
+        eps=base.eps,
+        meta={"merged": [f.meta for f in floors]},
+    )
+
+
+def floor_prompts(tokenizer: Any, n: int = FLOOR_PROMPTS, suite: str = "default") -> tuple[list[str], list[list[int]]]:
+    """The floor's prompts: the first ``n`` greedy/logprob probes of ``suite`` (chat template).
+
+    Returns:
+        (names [n] probe ids, prompt ids [n] lists of int).
+    """
+    from probes.suites import load_suite
+    from reference.scoring import encode_prompt
+
+    probes = [p for p in load_suite(suite).probes if p.mode in ("greedy", "logprob")]
+    # interleave workloads so that a small n still covers code, math, chat and repetition
+    by_w: dict[str, list] = {}
+    for p in probes:
+        by_w.setdefault(p.workload, []).append(p)
+    order = []
+    while any(by_w.values()) and len(order) < n:
+        for w in list(by_w):
+            if by_w[w] and len(order) < n:
+                order.append(by_w[w].pop(0))
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    ids = [encode_prompt(tokenizer, p.chat_messages() if chat else p.prompt_text(), chat=chat) for p in order]
+    return [p.id for p in order], ids
+
+
+def floor_cache_key(
+    revision: str,
+    prompts: Sequence[Sequence[int]],
+    *,
+    references: Sequence[str] = REFERENCE_DTYPES,
+    honest: Mapping[str, Sequence[str]] = HONEST_BY_REFERENCE,
+    max_new_tokens: int = FLOOR_MAX_NEW_TOKENS,
+    k: int = FLOOR_K,
+) -> str:
+    """First 16 hex of the sha256 over everything the floor depends on (see module docstring)."""
+    import torch
+
+    from reference.simulator.profiles import get_profile
+
+    recipes = {r: [get_profile(p).describe() for p in honest[r]] for r in references}
+    blob = json.dumps(
+        {
+            "method": NOISE_METHOD,
+            "revision": revision,
+            "references": list(references),
+            "recipes": recipes,
+            "prompts": [[int(t) for t in p] for p in prompts],
+            "max_new_tokens": int(max_new_tokens),
+            "k": int(k),
+            "torch": torch.__version__.split("+")[0],
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _served(lm: Any, sigma: float) -> Any:
+    """``lm`` wrapped as the simulator serves it (logit tap + optional kernel noise), no copy."""
+    from reference.models import LoadedModel
+    from reference.simulator.engine import ServedModel
+
+    served = ServedModel(lm.model, sigma=sigma)
+    served.eval()
+    return LoadedModel(model=served, tokenizer=lm.tokenizer, name=lm.name, path=lm.path, revision=lm.revision,
+                       dtype=lm.dtype, device=lm.device)
+
+
+def compute_floors(
+    ref_lms: Mapping[str, Any],
+    *,
+    prompt_names: Sequence[str],
+    prompts: Sequence[Sequence[int]],
+    honest: Mapping[str, Sequence[str]] = HONEST_BY_REFERENCE,
+    max_new_tokens: int = FLOOR_MAX_NEW_TOKENS,
+    k: int = FLOOR_K,
+    batch_size: int = 8,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> FloorSet:
+    """Measure the noise floor of every reference precision in ``ref_lms`` (see module docstring).
+
+    Args:
+        ref_lms: reference dtype (``float32``, ``bfloat16``) → ``reference.models.LoadedModel`` of
+            the same weights in that precision.
+        prompt_names, prompts: [P] names and prompt token ids.
+        honest: reference dtype → honest simulator profile names of that precision.
+        max_new_tokens: greedy tokens per prompt and variant.
+        k: speculation depth of the honest variants.
+        batch_size: teacher-forcing batch size.
+        progress: ``progress(stage, done, total)`` callback.
+
+    Returns:
+        FloorSet (``key`` and cache fields left to :func:`get_floors`).
+
+    Raises:
+        ValueError: an honest profile needs a precision not in ``ref_lms``; no prompts.
+    """
+    import torch
+
+    from reference.drafters import make_drafter
+    from reference.scoring import score_continuations
+    from reference.simulator.profiles import get_profile
+    from reference.speculative import speculative_generate
+    from reference.verify import StrictVerifier
+
+    if not prompts:
+        raise ValueError("compute_floors needs at least one prompt")
+    refs = [r for r in ref_lms]
+    variants: dict[str, Any] = {}
+    for r in refs:
+        for name in honest.get(r, ()):
+            prof = get_profile(name)
+            if prof.dtype not in ref_lms:
+                raise ValueError(f"honest profile {name!r} is {prof.dtype}; pass ref_lms[{prof.dtype!r}]")
+            variants[name] = prof
+    t0 = time.perf_counter()
+    total = len(variants) * len(prompts)
+    done = 0
+    conts: dict[str, list[list[int]]] = {}
+    rows: dict[str, np.ndarray] = {}
+    groups: dict[str, np.ndarray] = {}
+    for name, prof in variants.items():
+        base = ref_lms[prof.dtype]
+        served = _served(base, prof.logit_noise)
+        drafter = make_drafter(prof.default_drafter, base.model)
+        eos = list(base.eos_token_ids)
+        cs, rs, gs = [], [], []
+        for i, ids in enumerate(prompts):
+            served.model.nonce = 1_000 + i
+            res = speculative_generate(
+                served, list(ids), drafter=drafter, k=k, max_new_tokens=max_new_tokens, temperature=0.0,
+                eos_token_ids=eos, verifier=StrictVerifier(), return_logprobs=True, seed=i,
+            )
+            toks = list(res.token_ids)
+            lp = res.logprobs
+            if lp is None or not toks:
+                cs.append([])
+            else:
+                cs.append(toks)
+                rs.append(lp.float().numpy()[: len(toks)])
+                gs.extend([prompt_names[i]] * len(toks))
+            done += 1
+            if progress is not None:
+                progress(f"noise floor: {name}", done, total)
+        conts[name] = cs
+        rows[name] = np.concatenate(rs) if rs else np.zeros((0, 1), np.float32)
+        groups[name] = np.asarray(gs, dtype=object)
+    floors: dict[str, NoiseFloor] = {}
+    cross: dict[str, dict[str, float]] = {}
+    with torch.inference_mode():
+        for r in refs:
+            per_variant = []
+            cross[r] = {}
+            for name in variants:
+                keep = [j for j, c in enumerate(conts[name]) if c]
+                sc = score_continuations(
+                    ref_lms[r], [prompts[j] for j in keep], [conts[name][j] for j in keep], top_k=0, full=True,
+                    batch_size=batch_size,
+                )
+                ref_rows = np.concatenate([s.full_logprobs for s in sc]).astype(np.float64)
+                prov = rows[name].astype(np.float64)
+                p = np.exp(ref_rows)
+                cross[r][name] = float((p * (ref_rows - prov)).sum(1).mean())
+                if name in honest.get(r, ()):
+                    per_variant.append(
+                        compute_noise_floor(
+                            ref_rows, prov, prompt_ids=groups[name], variant_names=[name],
+                            model=f"{ref_lms[r].name}@{ref_lms[r].revision}/{r}",
+                            meta={"reference_dtype": r, "variant": name},
+                        )
+                    )
+                del ref_rows, p
+            floors[r] = merge_floors(per_variant)
+    first = next(iter(ref_lms.values()))
+    n_pos = {name: int(rows[name].shape[0]) for name in variants}
+    return FloorSet(
+        model=str(first.name),
+        revision=str(first.revision),
+        floors=floors,
+        cross_kl=cross,
+        meta={
+            "prompts": list(prompt_names),
+            "max_new_tokens": int(max_new_tokens),
+            "k": int(k),
+            "positions": n_pos,
+            "seconds": round(time.perf_counter() - t0, 2),
+            "torch": torch.__version__,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "honest": {r: list(honest.get(r, ())) for r in refs},
+        },
+    )
+
+
+def get_floors(
+    ref_lms: Mapping[str, Any],
+    *,
+    n_prompts: int = FLOOR_PROMPTS,
+    max_new_tokens: int = FLOOR_MAX_NEW_TOKENS,
+    cache_dir: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> FloorSet:
+    """The reference model's floors, from the disk cache or measured now (then cached).
+
+    Args:
+        ref_lms: reference dtype → LoadedModel (same weights); see :func:`compute_floors`.
+        n_prompts, max_new_tokens: size of the measurement (part of the cache key).
+        cache_dir: where floor files live (default :func:`noise_cache_dir`).
+        force: recompute even when cached.
+        progress: ``progress(stage, done, total)``.
+
+    Returns:
+        FloorSet with ``key`` set and ``meta["cached"]`` telling whether it came from the cache.
+    """
+    first = next(iter(ref_lms.values()))
+    names, prompts = floor_prompts(first.tokenizer, n_prompts)
+    refs = list(ref_lms)
+    key = floor_cache_key(first.revision, prompts, references=refs, max_new_tokens=max_new_tokens)
+    d = Path(cache_dir) if cache_dir is not None else noise_cache_dir()
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(first.name))[-60:]
+    path = d / f"{safe}-{first.revision}-{key}.json"
+    if path.is_file() and not force:
+        try:
+            fs = FloorSet.from_json(path.read_text(encoding="utf-8"))
+            fs.meta["cached"] = True
+            fs.meta["path"] = str(path)
+            return fs
+        except (ValueError, KeyError, TypeError):
+            pass  # corrupt: recompute
+    fs = compute_floors(ref_lms, prompt_names=names, prompts=prompts, max_new_tokens=max_new_tokens, progress=progress)
+    fs.key = key
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(fs.to_json(), encoding="utf-8")
+    tmp.replace(path)
+    fs.meta["cached"] = False
+    fs.meta["path"] = str(path)
+    return fs

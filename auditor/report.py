@@ -1,0 +1,714 @@
+"""Audit reports: the :class:`AuditReport` record and its renderers (text, JSON, Markdown, JUnit XML).
+
+An :class:`AuditReport` is what ``auditor check`` prints and what ``auditor.audit.run_check``
+returns. It is built either at the end of the pipeline (``auditor/audit.py``) or re-read from the
+audit database (:func:`load_report`, behind ``auditor report RUN_ID``); both paths produce the
+same JSON (the test suite checks it), so a stored run can be re-rendered at any time.
+
+Renderers (all pure functions of the report):
+
+- :func:`render_text` — rich console output: verdict, a table (detector, statistic, p, p_adj,
+  effect [95% CI], n, outcome) and the cost (tokens, USD);
+- :func:`render_json` — the machine-readable report (fields listed in :data:`JSON_FIELDS`);
+- :func:`render_markdown` — a self-contained document for a procurement file: facts, verdict and
+  reason, detector table, speed/usage, noise floor, and the token-level evidence behind the
+  strongest findings (prompt, position, provider token, reference top-5, margin);
+- :func:`render_junit` — JUnit XML (one ``testcase`` per detector plus one for the verdict), so a
+  CI system shows an audit like a test run: a rejecting detector is a ``failure``, a detector
+  that could not run is ``skipped``, an INCONCLUSIVE verdict is an ``error``.
+
+Units: log-probabilities and KL in nats, tokens in tokens, money in USD, times in seconds;
+timestamps are ISO 8601 UTC strings.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "AuditReport",
+    "REPORT_SCHEMA",
+    "JSON_FIELDS",
+    "FORMATS",
+    "ReportError",
+    "render",
+    "render_text",
+    "render_json",
+    "render_markdown",
+    "render_junit",
+    "load_report",
+    "exit_code_for",
+]
+
+#: Identifier of the JSON layout (bump on incompatible changes).
+REPORT_SCHEMA = "spec-auditor.report/1"
+#: Output formats understood by :func:`render`.
+FORMATS = ("text", "json", "markdown", "junit")
+
+#: Verdict → CLI exit code (issue 5): 0 PASS, 1 a deviation, 2 INCONCLUSIVE. 3 is for usage errors.
+_EXIT = {
+    "PASS": 0,
+    "QUANTIZATION": 1,
+    "RELAXED_VERIFICATION": 1,
+    "SUBSTITUTION": 1,
+    "DECODING_NONCOMPLIANT": 1,
+    "INCONCLUSIVE": 2,
+}
+
+#: What a rejecting detector implies (shown in reports next to the finding).
+IMPLICATIONS = {
+    "greedy-match": "greedy tokens differ from the reference argmax beyond the honest noise band",
+    "logprob-divergence": "the reported distribution differs from every honest variant of the reference",
+    "sampling-gof": "sampled tokens do not follow the reference distribution",
+    "sampling-argmax": "the argmax is over-emitted when sampling (relaxed acceptance, or greedy serving)",
+    "sampling-tail": "the low-probability tail is under-emitted (truncated sampling)",
+    "self-gof": "sampled tokens do not follow the provider's own reported distribution",
+    "self-argmax": "the provider's own top-1 is over-emitted when sampling",
+    "self-tail": "the provider's own tail is under-emitted",
+    "self-greedy": "greedy tokens contradict the provider's own reported top-1 (decode path differs)",
+}
+
+
+class ReportError(LookupError):
+    """A stored run cannot be rendered (unknown or ambiguous RUN_ID, not an audit); the message names the fix."""
+
+
+def exit_code_for(verdict: str | None) -> int:
+    """CLI exit code of a verdict: 0 PASS, 1 deviation, 2 INCONCLUSIVE (unknown/None → 2)."""
+    return _EXIT.get(str(verdict), 2)
+
+
+@dataclass
+class AuditReport:
+    """One audit's outcome, as printed, stored and re-rendered.
+
+    Attributes:
+        run_id: the ``audit_runs.id`` (RUN_ID).
+        provider: provider name (``providers.toml`` key).
+        model: model id sent to the provider.
+        verdict: PASS | QUANTIZATION | RELAXED_VERIFICATION | SUBSTITUTION | DECODING_NONCOMPLIANT
+            | INCONCLUSIVE.
+        verdict_reason: one sentence naming the deciding detector(s) and numbers.
+        alpha: family-wise significance level (Holm across the detectors that ran).
+        detectors: one dict per detector: ``name``, ``ran``, ``statistic``, ``p_value``,
+            ``p_adjusted`` (Holm), ``effect``, ``effect_ci`` ([low, high]), ``n`` (positions),
+            ``reason`` (why it did not run, or a note), ``rejects`` (bool), ``evidence`` (the
+            strongest positions), ``details`` (detector-specific numbers).
+        tokens: ``prompt``, ``completion``, ``total`` (as billed, tokens), ``budget`` (the cap on
+            planned completion tokens, None = whole suite), ``scored_positions`` (positions
+            compared with the reference), ``aligned_positions``, ``unaligned_positions``.
+        cost_usd: spend at the provider's list price (USD).
+        suite, suite_version, suite_digest: the probe suite and its pinned version/content hash.
+        reference: ``model``, ``revision`` (sha256 prefix of the weights), ``dtype`` and
+            ``variants`` (the honest reference variants the provider was compared with).
+        started_at, finished_at: ISO 8601 UTC.
+        status: run status (completed | failed | interrupted | running).
+        api, base_url: how the provider was reached.
+        summary: speed and headline figures: ``ttft_median_s``, ``tpot_median_s``,
+            ``tokens_per_s``, ``tokens_per_chunk`` (histogram), ``mean_kl`` (nats),
+            ``clear_mismatch_rate``, ``noise_floor`` (nats), ``latency_median_s``.
+        verdict_details: ``rule`` (which decision rule fired), ``findings``, ``power``,
+            ``suggested_budget_tokens``, ``not_run`` ... (see ``auditor.verdict``).
+        probes: ``total``, ``ok``, ``failed``, ``attempts``, ``retries``.
+        prompts: probe key → prompt text, for the probes the evidence cites.
+        noise_floor: summary of the honest noise floor used (band, rates, mean KL per reference).
+        code_version: spec-auditor version (+ git sha) that produced the run.
+        wall_s: wall-clock seconds of the ``check`` session (None when re-read from the store).
+    """
+
+    run_id: str
+    provider: str
+    model: str | None
+    verdict: str
+    verdict_reason: str
+    alpha: float
+    detectors: list[dict] = field(default_factory=list)
+    tokens: dict = field(default_factory=dict)
+    cost_usd: float = 0.0
+    suite: str | None = None
+    suite_version: str | None = None
+    suite_digest: str | None = None
+    reference: dict = field(default_factory=dict)
+    started_at: str | None = None
+    finished_at: str | None = None
+    status: str = "completed"
+    api: str | None = None
+    base_url: str | None = None
+    summary: dict = field(default_factory=dict)
+    verdict_details: dict = field(default_factory=dict)
+    probes: dict = field(default_factory=dict)
+    prompts: dict = field(default_factory=dict)
+    noise_floor: dict = field(default_factory=dict)
+    code_version: str | None = None
+    wall_s: float | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """0 PASS, 1 deviation, 2 INCONCLUSIVE."""
+        return exit_code_for(self.verdict)
+
+    def detector(self, name: str) -> dict | None:
+        """The detector dict called ``name``, or None."""
+        return next((d for d in self.detectors if d.get("name") == name), None)
+
+    def p_values(self) -> dict[str, float | None]:
+        """``{detector: Holm-adjusted p}`` for the detectors that ran."""
+        return {d["name"]: d.get("p_adjusted") for d in self.detectors if d.get("ran")}
+
+    def to_dict(self) -> dict:
+        """The JSON report (strict JSON: NaN/inf become null)."""
+        d = asdict(self)
+        d["schema"] = REPORT_SCHEMA
+        d["exit_code"] = self.exit_code
+        return _json_safe(d)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AuditReport:
+        """Inverse of :meth:`to_dict` (unknown keys are ignored)."""
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+#: Top-level keys every JSON report carries.
+JSON_FIELDS = tuple(AuditReport.__dataclass_fields__) + ("schema", "exit_code")
+
+
+# ------------------------------------------------------------------------------------------ utils
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, bool) or x is None or isinstance(x, (str, int)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, (dt.datetime, dt.date)):
+        return x.isoformat()
+    if isinstance(x, bytes):
+        return x.decode("utf-8", errors="replace")
+    try:  # numpy scalars
+        import numpy as np
+
+        if isinstance(x, np.generic):
+            return _json_safe(x.item())
+        if isinstance(x, np.ndarray):
+            return _json_safe(x.tolist())
+    except ImportError:  # pragma: no cover
+        pass
+    return str(x)
+
+
+def _fmt_p(p: Any) -> str:
+    if p is None:
+        return "—"
+    p = float(p)
+    if not math.isfinite(p):
+        return "—"
+    if p < 1e-4:
+        return f"{p:.1e}"
+    return f"{p:.4f}" if p < 0.1 else f"{p:.3f}"
+
+
+def _fmt_num(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return str(x)
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if not math.isfinite(x):
+        return "—"
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
+        return f"{x:.{max(1, digits - 2)}e}"
+    return f"{x:.{digits}g}"
+
+
+def _fmt_effect(d: dict) -> str:
+    eff = _fmt_num(d.get("effect"))
+    ci = d.get("effect_ci") or [None, None]
+    if ci and ci[0] is not None and ci[1] is not None:
+        return f"{eff} [{_fmt_num(ci[0], 3)}, {_fmt_num(ci[1], 3)}]"
+    return eff
+
+
+def _outcome(d: dict, alpha: float) -> str:
+    if not d.get("ran"):
+        return "not run"
+    return "REJECTS" if d.get("rejects") else "ok"
+
+
+def _usd(x: Any) -> str:
+    x = float(x or 0.0)
+    return f"${x:.4f}" if x >= 0.01 else f"${x:.6f}"
+
+
+def _tok(s: Any, limit: int = 40) -> str:
+    """A token/text shown visibly: JSON-escaped (\\n, \\t, quotes), truncated."""
+    if s is None:
+        return "?"
+    t = json.dumps(str(s), ensure_ascii=False)[1:-1]
+    return t if len(t) <= limit else t[: limit - 1] + "…"
+
+
+def _md(s: str) -> str:
+    """Escape a cell for a Markdown table."""
+    return str(s).replace("\\", "\\\\").replace("|", "\\|").replace("`", "'").replace("\n", " ")
+
+
+# ------------------------------------------------------------------------------------------ text
+def render_text(report: AuditReport, console: Any | None = None) -> None:
+    """Print the report with rich: verdict, detector table, cost. ``console`` defaults to stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    colour = {0: "green", 1: "red", 2: "yellow"}[report.exit_code]
+    console.print(
+        f"[bold]{report.provider}[/bold] ({report.model}) — run [bold]{report.run_id}[/bold], "
+        f"suite {report.suite} v{report.suite_version}, reference {report.reference.get('model')} "
+        f"@{report.reference.get('revision')}",
+        highlight=False,
+    )
+    t = Table(title=f"detectors (Holm, family-wise α = {report.alpha:g})", title_justify="left")
+    for col, just in (("detector", "left"), ("statistic", "right"), ("p", "right"), ("p (Holm)", "right"),
+                      ("effect [95% CI]", "right"), ("n", "right"), ("outcome", "left")):
+        t.add_column(col, justify=just)
+    for d in report.detectors:
+        out = _outcome(d, report.alpha)
+        style = "red" if out == "REJECTS" else ("dim" if out == "not run" else "")
+        if not d.get("ran"):
+            t.add_row(d["name"], "", "", "", "", str(d.get("n") or 0), f"not run: {d.get('reason') or ''}", style=style)
+            continue
+        t.add_row(
+            d["name"],
+            _fmt_num(d.get("statistic")),
+            _fmt_p(d.get("p_value")),
+            _fmt_p(d.get("p_adjusted")),
+            _fmt_effect(d),
+            str(d.get("n")),
+            out,
+            style=style,
+        )
+    console.print(t)
+    console.print(f"[bold {colour}]verdict: {report.verdict}[/bold {colour}] — {report.verdict_reason}", highlight=False)
+    tk = report.tokens or {}
+    s = report.summary or {}
+    speed = []
+    if s.get("ttft_median_s") is not None:
+        speed.append(f"TTFT median {s['ttft_median_s']:.3f} s")
+    if s.get("tpot_median_s") is not None:
+        speed.append(f"TPOT median {s['tpot_median_s'] * 1000:.1f} ms")
+    if s.get("tokens_per_s") is not None:
+        speed.append(f"{s['tokens_per_s']:.1f} tokens/s")
+    if s.get("mean_tokens_per_chunk") is not None:
+        speed.append(f"{s['mean_tokens_per_chunk']:.2f} tokens/chunk")
+    console.print(
+        f"cost: {tk.get('prompt', 0)} prompt + {tk.get('completion', 0)} completion tokens = {tk.get('total', 0)} tokens, "
+        f"{_usd(report.cost_usd)}; {tk.get('scored_positions', 0)} positions scored against the reference"
+        + (f"; {', '.join(speed)}" if speed else "")
+        + (f"; wall {report.wall_s:.1f} s" if report.wall_s is not None else ""),
+        highlight=False,
+    )
+
+
+# ------------------------------------------------------------------------------------------ json
+def render_json(report: AuditReport, indent: int | None = 2) -> str:
+    """The JSON report as a string (strict JSON)."""
+    return json.dumps(report.to_dict(), indent=indent, sort_keys=False, ensure_ascii=False)
+
+
+# ------------------------------------------------------------------------------------------ markdown
+def _evidence_rows(d: dict, limit: int) -> list[dict]:
+    return [e for e in (d.get("evidence") or []) if isinstance(e, dict)][:limit]
+
+
+def _top5_cell(e: dict, key: str = "ref_top5", texts_key: str = "ref_top5_tokens") -> str:
+    tops = e.get(key) or []
+    texts = e.get(texts_key) or []
+    parts = []
+    for j, item in enumerate(tops[:5]):
+        try:
+            tid, lp = item[0], item[1]
+        except (TypeError, IndexError):
+            continue
+        txt = texts[j] if j < len(texts) else f"#{tid}"
+        p = math.exp(lp) if isinstance(lp, (int, float)) and lp is not None else None
+        parts.append(f"`{_md(_tok(txt, 16))}` {p:.3f}" if p is not None else f"`{_md(_tok(txt, 16))}`")
+    return ", ".join(parts) or "—"
+
+
+_EXTRA_KEYS = ("kl", "gap", "u", "rank", "p_argmax", "tail_mass", "clear", "provider_top1")
+
+
+def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> str:
+    """A Markdown document for a procurement file (see the module docstring for its sections)."""
+    r = report
+    ref = r.reference or {}
+    tk = r.tokens or {}
+    s = r.summary or {}
+    vd = r.verdict_details or {}
+    out: list[str] = []
+    out.append(f"# Inference audit: {r.provider} — **{r.verdict}**")
+    out.append("")
+    out.append(f"> {r.verdict_reason}")
+    out.append("")
+    out.append("| | |")
+    out.append("|---|---|")
+    facts = [
+        ("Run", f"`{r.run_id}` ({r.status})"),
+        ("Provider", f"{r.provider} — model `{r.model}`" + (f" at `{r.base_url}` ({r.api})" if r.base_url else "")),
+        ("Verdict", f"**{r.verdict}** (exit code {r.exit_code}; rule `{vd.get('rule', '—')}`)"),
+        ("Reference", f"`{ref.get('model')}` revision `{ref.get('revision')}` ({ref.get('dtype')})"
+         + (f"; honest variants compared: {', '.join(ref.get('variants') or [])}" if ref.get("variants") else "")),
+        ("Probe suite", f"`{r.suite}` v{r.suite_version}" + (f" (digest `{r.suite_digest}`)" if r.suite_digest else "")),
+        ("Significance", f"family-wise α = {r.alpha:g} (Holm over {vd.get('n_tests', '—')} tests)"),
+        ("Tokens", f"{tk.get('prompt', 0)} prompt + {tk.get('completion', 0)} completion = {tk.get('total', 0)}"
+         + (f" (budget {tk['budget']} completion tokens)" if tk.get("budget") else "")
+         + f"; {tk.get('scored_positions', 0)} positions scored"),
+        ("Cost", _usd(r.cost_usd)),
+        ("Started / finished", f"{r.started_at} / {r.finished_at}"),
+        ("Code version", f"`{r.code_version}`"),
+    ]
+    for k, v in facts:
+        out.append(f"| {k} | {v} |")
+    out.append("")
+
+    findings = vd.get("findings") or []
+    out.append("## Findings")
+    out.append("")
+    if findings:
+        for f in findings:
+            out.append(
+                f"- **{f.get('detector')}** (Holm-adjusted p = {_fmt_p(f.get('p_adjusted'))}): "
+                f"{f.get('implication') or IMPLICATIONS.get(f.get('detector'), '')}"
+            )
+    else:
+        out.append(f"- No detector rejects at family-wise α = {r.alpha:g}.")
+    if vd.get("suggested_budget_tokens"):
+        out.append(f"- About {vd['suggested_budget_tokens']} more tokens would give the audit its target power.")
+    out.append("")
+
+    out.append("## Detectors")
+    out.append("")
+    out.append("| detector | statistic | p | p (Holm) | effect [95% CI] | n | outcome |")
+    out.append("|---|---:|---:|---:|---:|---:|---|")
+    for d in r.detectors:
+        if d.get("ran"):
+            out.append(
+                f"| {d['name']} | {_fmt_num(d.get('statistic'))} | {_fmt_p(d.get('p_value'))} | "
+                f"{_fmt_p(d.get('p_adjusted'))} | {_md(_fmt_effect(d))} | {d.get('n')} | {_outcome(d, r.alpha)} |"
+            )
+        else:
+            out.append(f"| {d['name']} | | | | | {d.get('n') or 0} | not run: {_md(d.get('reason') or '')} |")
+    out.append("")
+    notes = [(d["name"], d.get("reason")) for d in r.detectors if d.get("ran") and d.get("reason")]
+    if notes:
+        for name, why in notes:
+            out.append(f"- {name}: {why}")
+        out.append("")
+
+    out.append("## Speed and usage")
+    out.append("")
+    rows = [
+        ("TTFT median", f"{s['ttft_median_s']:.3f} s" if s.get("ttft_median_s") is not None else "—"),
+        ("TPOT median", f"{s['tpot_median_s'] * 1000:.1f} ms" if s.get("tpot_median_s") is not None else "—"),
+        ("Throughput", f"{s['tokens_per_s']:.1f} tokens/s" if s.get("tokens_per_s") is not None else "—"),
+        ("Tokens per stream chunk", _fmt_num(s.get("mean_tokens_per_chunk"), 3)
+         + (f" (histogram {json.dumps(s.get('tokens_per_chunk'))})" if s.get("tokens_per_chunk") else "")),
+        ("Mean KL vs reference", f"{_fmt_num(s.get('mean_kl'))} nats" if s.get("mean_kl") is not None else "—"),
+        ("Honest noise floor (mean KL)", f"{_fmt_num(s.get('noise_floor'))} nats" if s.get("noise_floor") is not None else "—"),
+        ("Greedy clear-mismatch rate", _fmt_num(s.get("clear_mismatch_rate")) if s.get("clear_mismatch_rate") is not None else "—"),
+        ("Probes", f"{r.probes.get('ok', 0)} ok, {r.probes.get('failed', 0)} failed of {r.probes.get('total', 0)}; "
+         f"{r.probes.get('attempts', 0)} attempts ({r.probes.get('retries', 0)} retries)"),
+    ]
+    out.append("| | |")
+    out.append("|---|---|")
+    for k, v in rows:
+        out.append(f"| {k} | {v} |")
+    out.append("")
+
+    nf = r.noise_floor or {}
+    if nf:
+        out.append("## Honest noise floor")
+        out.append("")
+        out.append(
+            "Measured, not assumed: the detectors' own statistics between the reference and its honest variants "
+            f"({', '.join(nf.get('variants') or [])}) on {nf.get('n_positions', '—')} positions of "
+            f"{nf.get('n_prompts', '—')} prompts. Greedy near-tie band {_fmt_num(nf.get('margin_band'))} nats; "
+            f"honest clear-mismatch rate {_fmt_num(nf.get('clear_mismatch_rate'))}."
+        )
+        if nf.get("references"):
+            out.append("")
+            out.append("| reference | honest floor mean KL (nats, top-M buckets) |")
+            out.append("|---|---|")
+            for name, info in nf["references"].items():
+                out.append(f"| {name} | {_md(json.dumps(info.get('mean_kl_by_m', {})))} |")
+        out.append("")
+
+    # evidence: rejecting detectors first, else the smallest adjusted p among those with evidence
+    with_ev = [d for d in r.detectors if d.get("ran") and d.get("evidence")]
+    chosen = [d for d in with_ev if d.get("rejects")]
+    if not chosen and with_ev:
+        chosen = [min(with_ev, key=lambda d: d.get("p_adjusted") if d.get("p_adjusted") is not None else 2.0)]
+    out.append("## Token-level evidence")
+    out.append("")
+    if not chosen:
+        out.append("No detector produced position-level evidence.")
+        out.append("")
+    for d in chosen:
+        out.append(f"### {d['name']}" + (" (rejects)" if d.get("rejects") else " (strongest, does not reject)"))
+        out.append("")
+        out.append("| prompt | position | provider token | reference top-5 (p) | margin (nats) | detail |")
+        out.append("|---|---:|---|---|---:|---|")
+        for e in _evidence_rows(d, evidence_per_detector):
+            key = str(e.get("prompt_id"))
+            prompt = r.prompts.get(key) or r.prompts.get(key.split("#")[0]) or ""
+            pcell = f"`{_md(key)}`" + (f": {_md(_tok(prompt, 60))}" if prompt else "")
+            ctx = e.get("context")
+            tcell = f"`{_md(_tok(e.get('token'), 20))}`" + (f" after …{_md(_tok(ctx, 30))}" if ctx else "")
+            margin = e.get("margin", e.get("ref_margin"))
+            extra = ", ".join(f"{k}={_fmt_num(e[k], 3)}" for k in _EXTRA_KEYS if k in e and k != "clear")
+            if e.get("clear") is not None:
+                extra = (extra + ", " if extra else "") + ("clear" if e["clear"] else "near-tie")
+            out.append(
+                f"| {pcell} | {e.get('position')} | {tcell} | {_top5_cell(e)} | {_fmt_num(margin, 3)} | {_md(extra)} |"
+            )
+        out.append("")
+    out.append("## How to read this")
+    out.append("")
+    out.append(
+        "Each detector tests one null hypothesis of an honest deployment (original weights, strict speculative "
+        "verification, requested decoding honoured) against the reference model, teacher-forced at the provider's "
+        "own prefixes. p-values are one-sided; Holm's procedure keeps the chance of any false accusation at or "
+        f"below α = {r.alpha:g}. The verdict names the cause from which detectors reject and the shape of the "
+        "deviation (docs/detectors.md). Re-render this run with `auditor report "
+        f"{r.run_id} --format markdown|json|junit`."
+    )
+    out.append("")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------ junit
+def render_junit(report: AuditReport) -> str:
+    """JUnit XML: a ``testsuite`` per audit, a ``testcase`` per detector and one for the verdict."""
+    r = report
+    ran = [d for d in r.detectors if d.get("ran")]
+    failures = sum(1 for d in ran if d.get("rejects")) + (1 if r.exit_code == 1 else 0)
+    skipped = sum(1 for d in r.detectors if not d.get("ran"))
+    errors = 1 if r.exit_code == 2 else 0
+    suites = ET.Element("testsuites", name="spec-auditor")
+    ts = ET.SubElement(
+        suites,
+        "testsuite",
+        name=f"spec-auditor.{r.provider}",
+        tests=str(len(r.detectors) + 1),
+        failures=str(failures),
+        errors=str(errors),
+        skipped=str(skipped),
+        time=f"{(r.wall_s or 0.0):.3f}",
+        timestamp=str(r.started_at or ""),
+    )
+    props = ET.SubElement(ts, "properties")
+    for k, v in (
+        ("run_id", r.run_id),
+        ("provider", r.provider),
+        ("model", r.model),
+        ("verdict", r.verdict),
+        ("alpha", r.alpha),
+        ("suite", f"{r.suite} v{r.suite_version}"),
+        ("reference", f"{(r.reference or {}).get('model')}@{(r.reference or {}).get('revision')}"),
+        ("tokens", (r.tokens or {}).get("total")),
+        ("cost_usd", r.cost_usd),
+    ):
+        ET.SubElement(props, "property", name=k, value="" if v is None else str(v))
+    cls = f"spec-auditor.{r.provider}"
+    for d in r.detectors:
+        tc = ET.SubElement(ts, "testcase", classname=cls, name=d["name"], time="0")
+        if not d.get("ran"):
+            ET.SubElement(tc, "skipped", message=str(d.get("reason") or "not run"))
+        elif d.get("rejects"):
+            f = ET.SubElement(
+                tc,
+                "failure",
+                type="rejects",
+                message=f"p_adjusted={_fmt_p(d.get('p_adjusted'))} <= alpha={r.alpha:g}: {IMPLICATIONS.get(d['name'], '')}",
+            )
+            f.text = json.dumps(
+                {"statistic": d.get("statistic"), "effect": d.get("effect"), "effect_ci": d.get("effect_ci"),
+                 "n": d.get("n"), "evidence": _evidence_rows(d, 3)},
+                ensure_ascii=False,
+                default=str,
+            )
+        else:
+            so = ET.SubElement(tc, "system-out")
+            so.text = f"p={_fmt_p(d.get('p_value'))} p_adjusted={_fmt_p(d.get('p_adjusted'))} effect={_fmt_effect(d)} n={d.get('n')}"
+    tc = ET.SubElement(ts, "testcase", classname=cls, name="verdict", time=f"{(r.wall_s or 0.0):.3f}")
+    if r.exit_code == 1:
+        ET.SubElement(tc, "failure", type=r.verdict, message=r.verdict_reason)
+    elif r.exit_code == 2:
+        ET.SubElement(tc, "error", type=r.verdict, message=r.verdict_reason)
+    else:
+        so = ET.SubElement(tc, "system-out")
+        so.text = r.verdict_reason
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def render(report: AuditReport, fmt: str = "text", console: Any | None = None) -> str | None:
+    """Render in ``fmt`` (one of :data:`FORMATS`). ``text`` prints to ``console`` and returns None.
+
+    Raises:
+        ValueError: unknown format (lists the known ones).
+    """
+    if fmt == "text":
+        render_text(report, console)
+        return None
+    if fmt == "json":
+        return render_json(report)
+    if fmt in ("markdown", "md"):
+        return render_markdown(report)
+    if fmt in ("junit", "xml"):
+        return render_junit(report)
+    raise ValueError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+
+
+# ------------------------------------------------------------------------------------------ stored runs
+def _iso(x: Any) -> str | None:
+    return x.isoformat() if isinstance(x, dt.datetime) else (None if x is None else str(x))
+
+
+def prompt_text_of(request: dict | None) -> str:
+    """The prompt of a stored request: the last user message (chat) or the prompt (completions)."""
+    if not isinstance(request, dict):
+        return ""
+    msgs = request.get("messages")
+    if isinstance(msgs, list) and msgs:
+        users = [m for m in msgs if isinstance(m, dict) and m.get("role") == "user"] or [m for m in msgs if isinstance(m, dict)]
+        return str(users[-1].get("content", "")) if users else ""
+    p = request.get("prompt")
+    if isinstance(p, list):
+        return str(p[0]) if p else ""
+    return str(p or "")
+
+
+def report_from_store(session: Any, run_id: str) -> AuditReport:
+    """Rebuild the :class:`AuditReport` of a stored audit run from the database (no model needed).
+
+    Args:
+        session: an open SQLAlchemy session on the audit database.
+        run_id: the RUN_ID or a unique prefix of it.
+
+    Raises:
+        ReportError: unknown/ambiguous id, or the run has no verdict yet (not finished or not an audit).
+    """
+    from auditor.store import queries as q
+
+    try:
+        run = q.find_run(session, run_id)
+    except ValueError as exc:
+        raise ReportError(str(exc)) from None
+    if run is None:
+        raise ReportError(f"no run {run_id!r} in this database. Fix: check the RUN_ID (dashboard, or `auditor check` output) and --db.")
+    det = q.run_detail(session, run.id)
+    vrow = det.verdict
+    if vrow is None:
+        raise ReportError(
+            f"run {run.id} ({run.kind}, {run.status}) has no verdict yet. Fix: finish it with "
+            f"`auditor check --provider {run.provider_name} --resume {run.id}`."
+        )
+    vd = dict(vrow.details or {})
+    extra = vd.pop("report", {}) or {}
+    dets_extra = extra.get("detectors", {}) or {}
+    detectors = []
+    for row in det.detector_results:
+        d = {
+            "name": row.name,
+            "ran": bool(row.ran),
+            "statistic": row.statistic,
+            "p_value": row.p_value,
+            "p_adjusted": row.p_adjusted,
+            "effect": row.effect,
+            "effect_ci": [row.effect_ci_low, row.effect_ci_high],
+            "n": int(row.n or 0),
+            "reason": row.reason,
+            "rejects": bool(row.ran and row.p_adjusted is not None and run.alpha is not None and row.p_adjusted <= run.alpha),
+            "evidence": list(row.evidence or []),
+            "details": dict((dets_extra.get(row.name) or {}).get("details") or {}),
+        }
+        detectors.append(d)
+    summary = dict(run.summary or {})
+    summary.pop("runner", None)
+    pt, ct = int(run.prompt_tokens or 0), int(run.completion_tokens or 0)
+    tokens = {"prompt": pt, "completion": ct, "total": pt + ct, "budget": run.budget_tokens}
+    tokens.update(extra.get("tokens_extra") or {})
+    cited = {str(e.get("prompt_id")) for d in detectors for e in d["evidence"] if isinstance(e, dict)}
+    prompts = {}
+    for p in q.list_probes(session, run.id):
+        if p.probe_key in cited:
+            prompts[p.probe_key] = prompt_text_of(p.request_json)
+    snap = run.config_snapshot or {}
+    prov = snap.get("provider") or {}
+    suite_snap = snap.get("suite") or {}
+    return AuditReport(
+        run_id=run.id,
+        provider=run.provider_name,
+        model=run.model,
+        verdict=vrow.verdict,
+        verdict_reason=vrow.reason or "",
+        alpha=float(run.alpha if run.alpha is not None else vd.get("alpha", 0.05)),
+        detectors=detectors,
+        tokens=tokens,
+        cost_usd=float(run.cost_usd or 0.0),
+        suite=run.suite,
+        suite_version=run.suite_version,
+        suite_digest=suite_snap.get("digest"),
+        reference={
+            "model": run.reference_model,
+            "revision": run.reference_revision,
+            "dtype": run.reference_dtype,
+            **({"variants": extra["reference_variants"]} if extra.get("reference_variants") else {}),
+        },
+        started_at=_iso(run.started_at),
+        finished_at=_iso(run.finished_at),
+        status=run.status,
+        api=prov.get("api"),
+        base_url=prov.get("base_url"),
+        summary=summary,
+        verdict_details=vd,
+        probes={
+            "total": det.n_probes,
+            "ok": det.probe_counts.get("done", 0),
+            "failed": det.probe_counts.get("failed", 0),
+            "attempts": det.n_attempts,
+            "retries": det.n_retries,
+        },
+        prompts=prompts,
+        noise_floor=dict(extra.get("noise_floor") or {}),
+        code_version=run.code_version,
+        wall_s=extra.get("wall_s"),
+    )
+
+
+def load_report(run_id: str, db_url: str | None = None) -> AuditReport:
+    """Open the audit database (``--db`` / ``$AUDITOR_DB_URL`` / default) and rebuild a run's report.
+
+    Raises:
+        ReportError: see :func:`report_from_store`.
+        auditor.store.StoreError: the database cannot be opened.
+    """
+    from auditor.store import open_store
+
+    store = open_store(db_url)
+    try:
+        with store.session() as s:
+            return report_from_store(s, run_id)
+    finally:
+        store.close()

@@ -1,0 +1,301 @@
+"""Sequential stopping for ``auditor check --budget-tokens auto``: a group-sequential design with α spending.
+
+Method. The audit probes in rounds and looks at the evidence after each round, at cumulative
+completion-token counts ``n_1 < n_2 < … < n_K = N`` (the maximum budget). Look k has information
+fraction ``t_k = n_k / N`` and spends ``α_k = α(t_k) − α(t_{k−1})`` of the family-wise level,
+where α(·) is a Lan–DeMets (1983) spending function:
+
+- ``obrien-fleming`` (default): α(t) = 2 − 2Φ(z_{1−α/2} / √t) — almost nothing early, most at the end;
+- ``pocock``: α(t) = α · ln(1 + (e − 1) t) — evenly spread;
+- ``linear``: α(t) = α · t.
+
+At look k the whole audit decision — every detector, Holm across them, the decision rules
+(``auditor.verdict.decide_verdict``) — is taken at level α_k, on all tokens seen so far:
+
+- a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, DECODING_NONCOMPLIANT)
+  stops the audit: **reject**;
+- PASS (nothing rejects *and* every detector family that ran has the configured power against its
+  target effect at level α_k — the verdict's own adequacy check) stops it: **accept**;
+- otherwise (INCONCLUSIVE) the audit continues; at the last look its verdict is final.
+
+Validity (why this is anytime-valid at the design's looks). The looks' tests are dependent (each
+uses all earlier tokens), and the detectors are a heterogeneous family (exact binomial,
+Cramér–von Mises, z-tests), so the joint-normal boundaries of classical group-sequential designs
+do not apply. We use the union bound instead: under H0 (an honest provider)
+``P(reject at some look) ≤ Σ_k P(reject at look k) ≤ Σ_k α_k = α(1) = α``, for *any* dependence
+between looks; stopping early to accept can only remove chances to reject. This is conservative
+(it ignores the positive correlation between looks), which is the price for reusing every
+detector unchanged. Look times must not depend on the data (they are fixed by the design; the
+token count actually reached at a look is used for t_k, clipped to 1, and the last look spends
+everything left).
+
+Measured on the simulator (``auditor calibrate``; docs/calibration.md): false-accusation rate,
+power and the mean tokens used against the fixed-budget audit at the maximum budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scipy import stats
+
+__all__ = [
+    "SPENDING_FUNCTIONS",
+    "LookDecision",
+    "SequentialAudit",
+    "SequentialDesign",
+    "alpha_spent",
+    "run_sequential",
+    "tokens_saved",
+]
+
+SPENDING_FUNCTIONS = ("obrien-fleming", "pocock", "linear")
+_DEVIATIONS = frozenset({"QUANTIZATION", "RELAXED_VERIFICATION", "SUBSTITUTION", "DECODING_NONCOMPLIANT"})
+
+
+def alpha_spent(t: float, alpha: float, spending: str = "obrien-fleming") -> float:
+    """Cumulative α spent at information fraction ``t`` (Lan & DeMets 1983).
+
+    Args:
+        t: information fraction in [0, 1] (values outside are clipped).
+        alpha: overall level in (0, 1).
+        spending: ``obrien-fleming`` | ``pocock`` | ``linear``.
+
+    Returns:
+        α(t), non-decreasing in t, α(0) = 0, α(1) = alpha.
+
+    Raises:
+        ValueError: unknown spending function or alpha outside (0, 1).
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    t = min(1.0, max(0.0, float(t)))
+    if t <= 0:
+        return 0.0
+    if spending == "obrien-fleming":
+        z = stats.norm.isf(alpha / 2)
+        return float(min(alpha, 2 * stats.norm.sf(z / math.sqrt(t))))
+    if spending == "pocock":
+        return float(alpha * math.log(1 + (math.e - 1) * t))
+    if spending == "linear":
+        return float(alpha * t)
+    raise ValueError(f"spending={spending!r}; choose one of {SPENDING_FUNCTIONS}")
+
+
+@dataclass(frozen=True)
+class SequentialDesign:
+    """Looks (cumulative completion tokens) and the α-spending function.
+
+    Attributes:
+        looks: strictly increasing cumulative token counts; the last is the maximum budget N.
+        alpha: family-wise level of the whole sequential audit.
+        spending: ``obrien-fleming`` (default) | ``pocock`` | ``linear``.
+
+    Raises:
+        ValueError: empty or non-increasing looks, non-positive tokens, bad alpha/spending.
+    """
+
+    looks: tuple[int, ...]
+    alpha: float = 0.05
+    spending: str = "obrien-fleming"
+
+    def __post_init__(self) -> None:
+        if not self.looks:
+            raise ValueError("looks must hold at least one token count")
+        if any(int(n) < 1 for n in self.looks) or any(b <= a for a, b in zip(self.looks, self.looks[1:])):
+            raise ValueError(f"looks must be strictly increasing positive token counts, got {self.looks}")
+        if self.spending not in SPENDING_FUNCTIONS:
+            raise ValueError(f"spending={self.spending!r}; choose one of {SPENDING_FUNCTIONS}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+
+    @property
+    def max_tokens(self) -> int:
+        """The maximum budget N (the last look)."""
+        return int(self.looks[-1])
+
+    @classmethod
+    def geometric(
+        cls, max_tokens: int = 3000, first: int = 100, factor: float = 2.0, *, alpha: float = 0.05,
+        spending: str = "obrien-fleming",
+    ) -> SequentialDesign:
+        """Looks at ``first, first·factor, first·factor², …`` tokens, capped by (and ending at) ``max_tokens``.
+
+        Raises:
+            ValueError: first < 1, factor <= 1, or max_tokens < first.
+        """
+        if first < 1 or factor <= 1 or max_tokens < first:
+            raise ValueError(f"need 1 <= first <= max_tokens and factor > 1 (got {first}, {factor}, {max_tokens})")
+        looks = []
+        n = float(first)
+        while n < max_tokens:
+            looks.append(int(round(n)))
+            n *= factor
+        if looks and max_tokens - looks[-1] < 0.25 * looks[-1]:
+            looks[-1] = max_tokens  # avoid a tiny last round
+        else:
+            looks.append(int(max_tokens))
+        return cls(tuple(sorted(set(looks))), alpha, spending)
+
+    def look_alphas(self) -> list[float]:
+        """α_k for the planned looks (they sum to ``alpha``)."""
+        out, prev = [], 0.0
+        for n in self.looks:
+            a = alpha_spent(n / self.max_tokens, self.alpha, self.spending)
+            out.append(a - prev)
+            prev = a
+        return out
+
+    def to_dict(self) -> dict:
+        return {"looks": list(self.looks), "alpha": self.alpha, "spending": self.spending,
+                "look_alphas": self.look_alphas()}
+
+
+@dataclass
+class LookDecision:
+    """What happened at one look.
+
+    Attributes:
+        look: 1-based look index; tokens: cumulative completion tokens at the look.
+        alpha_look: α_k spent at this look; alpha_spent: cumulative α after it.
+        verdict: the verdict at level α_k; stop: whether the audit stops here.
+        action: ``reject`` | ``accept`` | ``continue`` | ``final``.
+    """
+
+    look: int
+    tokens: int
+    alpha_look: float
+    alpha_spent: float
+    verdict: str
+    stop: bool
+    action: str
+    details: dict = field(default_factory=dict)
+
+
+class SequentialAudit:
+    """State machine of one sequential audit (the pipeline drives the probing).
+
+    Usage (``auditor check --budget-tokens auto``)::
+
+        seq = SequentialAudit(SequentialDesign.geometric(3000))
+        while (target := seq.next_look_tokens()) is not None:
+            ...probe until at least `target` completion tokens are in...
+            d = seq.update(tokens_so_far, lambda a: decide(all_evidence_so_far, alpha=a))
+            if d.stop:
+                break
+        verdict = seq.final_verdict   # a Verdict object as returned by the callback
+
+    ``update`` calls ``verdict_at(alpha_k)`` once; it must return an object with a ``verdict``
+    attribute (``auditor.verdict.Verdict``).
+    """
+
+    def __init__(self, design: SequentialDesign):
+        self.design = design
+        self.decisions: list[LookDecision] = []
+        self.final: Any = None
+        self._spent = 0.0
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """True once a look stopped the audit (or the last look was taken)."""
+        return self._done
+
+    @property
+    def final_verdict(self) -> Any:
+        """The verdict object of the stopping look (None before)."""
+        return self.final
+
+    @property
+    def alpha_spent(self) -> float:
+        """Cumulative α spent so far."""
+        return self._spent
+
+    def next_look_tokens(self) -> int | None:
+        """Cumulative tokens at which to look next (None when the audit is finished)."""
+        if self._done:
+            return None
+        k = len(self.decisions)
+        return int(self.design.looks[k]) if k < len(self.design.looks) else None
+
+    def update(self, tokens: int, verdict_at: Callable[[float], Any]) -> LookDecision:
+        """Take the next look with ``tokens`` cumulative completion tokens.
+
+        Args:
+            tokens: completion tokens actually collected so far (>= 1).
+            verdict_at: ``alpha -> Verdict`` on all evidence so far at family-wise level alpha.
+
+        Returns:
+            The LookDecision (``stop`` tells the caller to stop probing).
+
+        Raises:
+            RuntimeError: the audit is already finished.
+        """
+        if self._done:
+            raise RuntimeError("sequential audit already finished; read final_verdict")
+        k = len(self.decisions)
+        last = k == len(self.design.looks) - 1 or tokens >= self.design.max_tokens
+        t = 1.0 if last else min(1.0, tokens / self.design.max_tokens)
+        cum = self.design.alpha if last else alpha_spent(t, self.design.alpha, self.design.spending)
+        a_k = max(cum - self._spent, 0.0)
+        if a_k <= 0.0:
+            # nothing to spend (a look before any information): the verdict cannot reject
+            a_k = 1e-300
+        v = verdict_at(min(a_k, 0.999999))
+        verdict = str(getattr(v, "verdict", v))
+        if verdict in _DEVIATIONS:
+            action, stop = "reject", True
+        elif verdict == "PASS":
+            action, stop = "accept", True
+        else:
+            action, stop = ("final", True) if last else ("continue", False)
+        self._spent = cum
+        d = LookDecision(k + 1, int(tokens), a_k, cum, verdict, stop, action)
+        self.decisions.append(d)
+        if stop:
+            self._done = True
+            self.final = v
+        return d
+
+    def summary(self) -> dict:
+        """JSON-able record: design, every look, the final verdict and tokens used."""
+        return {
+            "method": "group-sequential, Lan-DeMets alpha spending, union bound over looks",
+            "design": self.design.to_dict(),
+            "looks": [d.__dict__ for d in self.decisions],
+            "verdict": self.decisions[-1].verdict if self.decisions else None,
+            "tokens_used": self.decisions[-1].tokens if self.decisions else 0,
+            "alpha_spent": self._spent,
+        }
+
+
+def run_sequential(
+    design: SequentialDesign,
+    verdict_after: Callable[[int, float], Any],
+) -> SequentialAudit:
+    """Drive a whole sequential audit with a callback (simulations, tests).
+
+    Args:
+        design: the looks and spending.
+        verdict_after: ``(tokens, alpha_k) -> Verdict``: the verdict on the first ``tokens``
+            cumulative completion tokens of the audit at family-wise level ``alpha_k``.
+
+    Returns:
+        The finished SequentialAudit (``final_verdict``, ``decisions``, ``summary()``).
+    """
+    seq = SequentialAudit(design)
+    while (target := seq.next_look_tokens()) is not None:
+        d = seq.update(target, lambda a, _t=target: verdict_after(_t, a))
+        if d.stop:
+            break
+    return seq
+
+
+def tokens_saved(used: Sequence[int], max_tokens: int) -> float:
+    """Mean fraction of the maximum budget not spent: 1 − mean(used) / max_tokens."""
+    if not used:
+        return math.nan
+    return 1.0 - (sum(used) / len(used)) / max_tokens
