@@ -292,6 +292,7 @@ class Pool:
     ref_top_ids: dict[str, np.ndarray]
     ref_top_lp: dict[str, np.ndarray]
     ref_token_lp: dict[str, np.ndarray]
+    item_prompt_tokens: np.ndarray | None = None
 
     _ARRAYS = (
         "item_keys",
@@ -343,6 +344,8 @@ class Pool:
         """Write the pool as one ``.npz`` (arrays + JSON meta). Atomic (temp file + rename)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {k: getattr(self, k) for k in self._ARRAYS}
+        if self.item_prompt_tokens is not None:
+            arrays["item_prompt_tokens"] = np.asarray(self.item_prompt_tokens, np.int64)
         for k in ("item_keys", "item_prompt", "item_workload"):
             arrays[k] = np.asarray(arrays[k], dtype=str)
         for k in self._REF_ARRAYS:
@@ -369,6 +372,7 @@ class Pool:
             arrays: dict[str, Any] = {k: z[k] for k in cls._ARRAYS}
             for k in cls._REF_ARRAYS:
                 arrays[k] = {n.split("__", 1)[1]: z[n] for n in z.files if n.startswith(k + "__")}
+            arrays["item_prompt_tokens"] = z["item_prompt_tokens"] if "item_prompt_tokens" in z.files else None
         return cls(profile=head["profile"], model=head["model"], revision=head["revision"], meta=head["meta"], **arrays)
 
 
@@ -831,6 +835,7 @@ def _assemble(profile_name: str, ref_lm: Any, reqs: list[PoolRequest], results: 
         item_workload=np.asarray([r.workload for r in reqs], dtype=str),
         item_temperature=np.asarray([r.temperature for r in reqs], np.float64),
         item_offsets=offsets,
+        item_prompt_tokens=np.asarray([len(r.prompt_ids) for r in reqs], np.int64),
         token_ids=cat(results, "token_ids", (), np.int64),
         prov_logprob=cat(results, "logprob", (), np.float64),
         prov_top_ids=cat(results, "top_ids", (PROVIDER_TOP_N,), np.int64),
@@ -954,6 +959,7 @@ class AuditDraw:
 
     items: list[tuple[int, int, str, int]]
     tokens: dict[str, int]
+    prompt_tokens: int = 0
 
     @property
     def total(self) -> int:
@@ -1046,7 +1052,10 @@ class AuditDrawer:
             n = int(min(room, left, max(1, math.ceil(want[mode]))))
             it[1] += n
             self.spent[mode] += n
-        return AuditDraw([tuple(x) for x in self.items if x[1] > 0], dict(self.spent))
+        used = [tuple(x) for x in self.items if x[1] > 0]
+        pt = self.pool.item_prompt_tokens
+        prompt = int(sum(int(pt[i]) for i, *_ in used)) if pt is not None else 0
+        return AuditDraw(used, dict(self.spent), prompt)
 
 
 def draw_audit(pool: Pool, budget: int, mix: AuditMix, rng: np.random.Generator) -> AuditDraw:
@@ -1166,6 +1175,7 @@ class AuditOutcome:
     ran: list[str]
     tokens: dict[str, int]
     reused: bool
+    prompt_tokens: int = 0
 
 
 def _outcome(budget: int, draw: AuditDraw, v: Any) -> AuditOutcome:
@@ -1178,6 +1188,7 @@ def _outcome(budget: int, draw: AuditDraw, v: Any) -> AuditOutcome:
         ran=[k for k, d in det.items() if d.get("ran")],
         tokens=dict(draw.tokens),
         reused=draw.reused,
+        prompt_tokens=draw.prompt_tokens,
     )
 
 
@@ -1249,7 +1260,8 @@ class CalibrationRecord:
         verdicts: verdict → count (the confusion row of this profile).
         detectors: detector → {"ran": share of audits it ran, "rejected": share where it rejected
             after Holm}; rules: deciding rule → count.
-        tokens: mean completion tokens per mode; sampled_tokens: mean T=1 tokens.
+        tokens: mean completion tokens per mode; sampled_tokens: mean T=1 tokens;
+        prompt_tokens: mean prompt (input) tokens per audit (for its price).
         reused_rate: share of audits that had to reuse sampling items (pool too small).
         pool: pool sizes; mix: probe-mix name; alpha; model, revision; design: ``fixed``.
     """
@@ -1272,6 +1284,7 @@ class CalibrationRecord:
     rules: dict[str, int]
     tokens: dict[str, float]
     sampled_tokens: float
+    prompt_tokens: float
     reused_rate: float
     pool: dict
     mix: str
@@ -1331,6 +1344,7 @@ def summarize_audits(
                 rules=dict(Counter(o.rule for o in os_)),
                 tokens=tokens,
                 sampled_tokens=tokens["sampling"],
+                prompt_tokens=float(np.mean([o.prompt_tokens for o in os_])),
                 reused_rate=sum(o.reused for o in os_) / n,
                 pool=pool.summary(),
                 mix=mix.name,
@@ -1624,3 +1638,487 @@ def run_calibration(
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return CalibrationRun(records, seq_records, meta)
+
+
+# =============================================================================================
+# targets (issue 7) and reading results
+# =============================================================================================
+
+#: Issue 7 targets on the bundled model. Power targets: profile → (tokens, unit) where unit is
+#: ``tokens`` (audit budget) or ``sampled`` (temperature-1 tokens within the audit).
+POWER_TARGETS: dict[str, tuple[int, str]] = {
+    "int4": (100, "tokens"),
+    "int8": (1000, "tokens"),
+    "fp8": (2000, "tokens"),
+    "relaxed-threshold": (500, "sampled"),
+    "typical-acceptance": (500, "sampled"),
+    "substituted": (100, "tokens"),
+}
+TARGET_POWER = 0.95
+MAX_FALSE_ACCUSATION = 0.05
+MAX_FALSE_ACCUSATION_UPPER = 0.08
+MIN_CAUSE_CORRECT = 0.90
+#: ``auditor plan --target`` names → simulator profiles.
+PLAN_TARGETS: dict[str, tuple[str, ...]] = {
+    "int8": ("int8",),
+    "int4": ("int4",),
+    "fp8": ("fp8",),
+    "relaxed": ("relaxed-threshold",),
+    "typical": ("typical-acceptance",),
+    "substituted": ("substituted",),
+    "any": ("int8", "int4", "fp8", "relaxed-threshold", "typical-acceptance", "substituted"),
+}
+
+
+def tokens_for_power(records: Sequence[dict], power: float = TARGET_POWER, *, unit: str = "tokens") -> dict:
+    """Smallest budget reaching ``power`` from fixed-budget records of one profile.
+
+    Returns:
+        {"grid": first calibrated budget with rejection_rate >= power (None if none),
+         "interpolated": log-linear interpolation of the power curve between the grid budgets
+         bracketing ``power`` (None if not reached), "unit": tokens|sampled,
+         "power_at_max": rejection rate at the largest budget}. With ``unit="sampled"`` the
+         x axis is the mean sampled (T=1) tokens per audit.
+    """
+    rs = sorted((r for r in records if r.get("design", "fixed") == "fixed"), key=lambda r: r["budget_tokens"])
+    if not rs:
+        return {"grid": None, "interpolated": None, "unit": unit, "power_at_max": None}
+    xs = [float(r["budget_tokens"] if unit == "tokens" else r.get("sampled_tokens", 0.0)) for r in rs]
+    ys = [float(r["rejection_rate"]) for r in rs]
+    grid = interp = None
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        if y >= power:
+            grid = x
+            if i == 0:
+                interp = x
+            else:
+                x0, y0 = xs[i - 1], ys[i - 1]
+                if y == y0 or x0 <= 0:
+                    interp = x
+                else:
+                    f = (power - y0) / (y - y0)
+                    interp = float(math.exp(math.log(x0) + f * (math.log(x) - math.log(x0))))
+            break
+    return {"grid": grid, "interpolated": interp, "unit": unit, "power_at_max": ys[-1]}
+
+
+def check_targets(records: Sequence[dict]) -> list[dict]:
+    """Evaluate the issue-7 targets on fixed-budget records (one row per target, with ``met``)."""
+    from reference.simulator.profiles import PROFILES
+
+    fixed = [r for r in records if r.get("design", "fixed") == "fixed"]
+    by: dict[str, list[dict]] = {}
+    for r in fixed:
+        by.setdefault(r["profile"], []).append(r)
+    rows = []
+    for p, rs in by.items():
+        prof = PROFILES.get(p)
+        if prof is not None and prof.honest:
+            worst = max(rs, key=lambda r: (r["rejection_rate"], r["ci_high"]))
+            rows.append({
+                "profile": p,
+                "target": f"false accusation <= {MAX_FALSE_ACCUSATION} (upper CI <= {MAX_FALSE_ACCUSATION_UPPER}) at every budget",
+                "measured": f"max {worst['rejection_rate']:.3f} [{worst['ci_low']:.3f}, {worst['ci_high']:.3f}] at {worst['budget_tokens']} tokens",
+                "met": all(r["rejection_rate"] <= MAX_FALSE_ACCUSATION and r["ci_high"] <= MAX_FALSE_ACCUSATION_UPPER for r in rs),
+            })
+    for p, (limit, unit) in POWER_TARGETS.items():
+        if p not in by:
+            continue
+        tp = tokens_for_power(by[p], TARGET_POWER, unit=unit)
+        x = tp["interpolated"]
+        rows.append({
+            "profile": p,
+            "target": f">= {TARGET_POWER:.0%} power at <= {limit} {'sampled tokens' if unit == 'sampled' else 'tokens'}",
+            "measured": (f"{x:.0f} {unit} (grid {tp['grid']:.0f})" if x is not None
+                         else f"not reached; {tp['power_at_max']:.2f} at the largest budget"),
+            "met": x is not None and x <= limit,
+        })
+    rej = [r for r in fixed if not (PROFILES.get(r["profile"]) and PROFILES[r["profile"]].honest)]
+    n_rej = sum(r["rejections"] for r in rej if r.get("rejections"))
+    n_ok = sum(round(r["rejections"] * (r["cause_correct_rate"] or 0.0)) for r in rej if r.get("rejections"))
+    if n_rej:
+        rows.append({
+            "profile": "all deviating profiles",
+            "target": f"cause named right in >= {MIN_CAUSE_CORRECT:.0%} of rejections",
+            "measured": f"{n_ok / n_rej:.3f} ({n_ok}/{n_rej})",
+            "met": n_ok / n_rej >= MIN_CAUSE_CORRECT,
+        })
+    return rows
+
+
+# =============================================================================================
+# outputs: JSON, Markdown, PNG; database
+# =============================================================================================
+
+
+def _pct(x: Any, nd: int = 1) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * float(x):.{nd}f}%"
+
+
+def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
+    """The Markdown report (docs/calibration.md) from the JSON records and the run's meta."""
+    from reference.simulator.profiles import PROFILES
+
+    fixed = [r for r in run_list if r.get("design", "fixed") == "fixed"]
+    seq = [r for r in run_list if r.get("design") == "sequential"]
+    budgets = sorted({r["budget_tokens"] for r in fixed})
+    profiles = list(dict.fromkeys(r["profile"] for r in fixed))
+    L: list[str] = []
+    L.append("# Detection benchmark: false-accusation rate and power per token budget\n")
+    L.append(
+        f"Model `{meta.get('model')}` (revision `{meta.get('revision')}`), references {', '.join(meta.get('references', []))}; "
+        f"{meta.get('audits')} resampled audits per cell at family-wise α = {meta.get('alpha')}; probe mix "
+        f"{meta.get('mix', {}).get('description', '')}. Generated by `auditor calibrate` on {meta.get('created_at')} "
+        f"({(meta.get('timings') or {}).get('total_s', '?')} s; machine {meta.get('machine', {})}).\n"
+    )
+    L.append("Rejection = the audit names a deviation (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, "
+             "DECODING_NONCOMPLIANT). On honest profiles it is the **false-accusation rate**, on the others the "
+             "**power**. Brackets: Clopper–Pearson 95% interval; *cause* = share of rejections that name the "
+             "profile's cause.\n")
+    L.append("## Rejection rate by profile and budget (completion tokens per audit)\n")
+    hdr = "| profile | expected | " + " | ".join(f"{b:,} tok" for b in budgets) + " |"
+    L.append(hdr)
+    L.append("|" + "---|" * (2 + len(budgets)))
+    for p in profiles:
+        cells = []
+        for b in budgets:
+            r = next((x for x in fixed if x["profile"] == p and x["budget_tokens"] == b), None)
+            if r is None:
+                cells.append("")
+                continue
+            c = f"{_pct(r['rejection_rate'])} [{_pct(r['ci_low'])}, {_pct(r['ci_high'])}]"
+            if r.get("cause_correct_rate") is not None:
+                c += f", cause {_pct(r['cause_correct_rate'], 0)}"
+            if r.get("inconclusive_rate"):
+                c += f", inconcl. {_pct(r['inconclusive_rate'], 0)}"
+            cells.append(c)
+        exp = PROFILES[p].expected_verdict if p in PROFILES else ""
+        L.append(f"| `{p}` | {exp} | " + " | ".join(cells) + " |")
+    L.append("")
+    L.append("Mean sampled (temperature-1) tokens per audit: " + ", ".join(
+        f"{b:,} → {np.mean([r['sampled_tokens'] for r in fixed if r['budget_tokens'] == b]):.0f}" for b in budgets) + ".\n")
+    L.append("![power vs tokens](calibration.png)\n")
+    tg = check_targets(run_list)
+    if tg:
+        L.append("## Targets (issue 7)\n")
+        L.append("| profile | target | measured | met |")
+        L.append("|---|---|---|---|")
+        for t in tg:
+            L.append(f"| `{t['profile']}` | {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |")
+        L.append("")
+    if seq:
+        L.append("## Sequential audits (`auditor check --budget-tokens auto`)\n")
+        d = seq[0].get("sequential_design") or {}
+        L.append(f"Group-sequential design, looks at {d.get('looks')} tokens, {d.get('spending')} α spending "
+                 f"(α per look {[round(a, 5) for a in d.get('look_alphas', [])]}), union bound over looks "
+                 "(`auditor/sequential.py`).\n")
+        L.append("| profile | rejection [95% CI] | cause | verdicts | mean tokens | median | saved vs fixed max | fixed-max rejection |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for s in seq:
+            fx = next((r for r in fixed if r["profile"] == s["profile"] and r["budget_tokens"] == s["max_tokens"]), None)
+            L.append(
+                f"| `{s['profile']}` | {_pct(s['rejection_rate'])} [{_pct(s['ci_low'])}, {_pct(s['ci_high'])}] | "
+                f"{_pct(s.get('cause_correct_rate'), 0)} | {s['verdicts']} | {s['mean_tokens']:.0f} | "
+                f"{s['median_tokens']:.0f} | {_pct(s['tokens_saved'], 0)} | {_pct(fx['rejection_rate']) if fx else '–'} |"
+            )
+        allm = [s["mean_tokens"] for s in seq]
+        L.append(f"\nAverage over profiles: {np.mean(allm):.0f} tokens of {seq[0]['max_tokens']} "
+                 f"({1 - np.mean(allm) / seq[0]['max_tokens']:.0%} saved).\n")
+    if fixed:
+        bmax = budgets[-1]
+        L.append(f"## Verdicts and deciding detectors at {bmax:,} tokens\n")
+        verdict_names = ["PASS", "QUANTIZATION", "RELAXED_VERIFICATION", "SUBSTITUTION", "DECODING_NONCOMPLIANT", "INCONCLUSIVE"]
+        L.append("| profile | " + " | ".join(verdict_names) + " |")
+        L.append("|" + "---|" * (1 + len(verdict_names)))
+        for p in profiles:
+            r = next((x for x in fixed if x["profile"] == p and x["budget_tokens"] == bmax), None)
+            if r:
+                L.append(f"| `{p}` | " + " | ".join(str(r["verdicts"].get(v, 0)) for v in verdict_names) + " |")
+        L.append("")
+        dets = sorted({k for r in fixed for k in r.get("detectors", {})})
+        L.append(f"Per-detector rejection share (Holm-adjusted p ≤ α) at {bmax:,} tokens:\n")
+        L.append("| profile | " + " | ".join(dets) + " |")
+        L.append("|" + "---|" * (1 + len(dets)))
+        for p in profiles:
+            r = next((x for x in fixed if x["profile"] == p and x["budget_tokens"] == bmax), None)
+            if r:
+                L.append(f"| `{p}` | " + " | ".join(_pct(r["detectors"].get(k, {}).get("rejected"), 0) for k in dets) + " |")
+        L.append("")
+    pools = meta.get("pools") or {}
+    if pools:
+        L.append("## Pools\n")
+        L.append("| profile | T=0 items / tokens | T=1 items / tokens | backend T=0 / T=1 | collect s |")
+        L.append("|---|---|---|---|---|")
+        for p, m in pools.items():
+            L.append(f"| `{p}` | {m.get('t0_items')} / {m.get('t0_tokens')} | {m.get('t1_items')} / {m.get('t1_tokens')} | "
+                     f"{m.get('backend_t0')} / {m.get('backend_t1')} | {m.get('collect_s')} |")
+        L.append("")
+    L.append(f"Timings (s): {meta.get('timings')}.\n")
+    return "\n".join(L) + "\n"
+
+
+def render_plot(run_list: Sequence[dict], path: Path, *, alpha: float = 0.05) -> None:
+    """PNG: rejection rate vs tokens (log x), one line per profile (honest dashed), α and 95% marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from reference.simulator.profiles import PROFILES
+
+    fixed = [r for r in run_list if r.get("design", "fixed") == "fixed"]
+    profiles = list(dict.fromkeys(r["profile"] for r in fixed))
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    cmap = plt.get_cmap("tab20")
+    for i, p in enumerate(profiles):
+        rs = sorted((r for r in fixed if r["profile"] == p), key=lambda r: r["budget_tokens"])
+        x = [r["budget_tokens"] for r in rs]
+        y = [r["rejection_rate"] for r in rs]
+        lo = [r["rejection_rate"] - r["ci_low"] for r in rs]
+        hi = [r["ci_high"] - r["rejection_rate"] for r in rs]
+        honest = PROFILES[p].honest if p in PROFILES else False
+        ax.errorbar(x, y, yerr=[lo, hi], label=p + (" (honest)" if honest else ""), color=cmap(i % 20),
+                    linestyle="--" if honest else "-", marker="o", ms=4, capsize=2, lw=1.4)
+    ax.axhline(alpha, color="red", lw=1, ls=":", label=f"α = {alpha}")
+    ax.axhline(TARGET_POWER, color="gray", lw=1, ls=":", label=f"{TARGET_POWER:.0%} power")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("completion tokens per audit")
+    ax.set_ylabel("rejection rate (power; false accusation for honest)")
+    ax.set_title("Detection benchmark on the simulator: rejection rate vs token budget")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc="center right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_outputs(run: CalibrationRun, out_dir: Path | str) -> dict[str, Path]:
+    """Write ``calibration.json`` (list of records), ``calibration.meta.json``, ``calibration.md``
+    and ``calibration.png`` into ``out_dir``.
+
+    Returns:
+        name → path of each file written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records = run.to_json_list()
+    paths = {
+        "json": out / "calibration.json",
+        "meta": out / "calibration.meta.json",
+        "markdown": out / "calibration.md",
+        "png": out / "calibration.png",
+    }
+    paths["json"].write_text(json.dumps(records, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    from auditor.detectors.base import _json_safe
+
+    paths["meta"].write_text(json.dumps(_json_safe(run.meta), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    paths["markdown"].write_text(render_markdown(records, run.meta), encoding="utf-8")
+    render_plot(records, paths["png"], alpha=float(run.meta.get("alpha", 0.05)))
+    return paths
+
+
+def store_results(run: CalibrationRun, db_url: str | None = None) -> int:
+    """Replace this model's rows for the run's profiles in ``calibration_results`` with the run's.
+
+    Fixed-budget cells are stored under their profile name; sequential records under
+    ``"<profile> (sequential)"`` with ``budget_tokens`` = the design's maximum and the mean tokens
+    used in ``details``. The dashboard's Calibration page reads this table.
+
+    Returns:
+        Rows written.
+    """
+    from sqlalchemy import delete
+
+    from auditor.store import CalibrationResult, open_store, queries
+
+    store = open_store(db_url)
+    model = str(run.meta.get("model"))
+    names = set(run.meta.get("profiles") or []) | {f"{p} (sequential)" for p in run.meta.get("profiles") or []}
+    n = 0
+    with store.session() as s:
+        s.execute(delete(CalibrationResult).where(CalibrationResult.model == model, CalibrationResult.profile.in_(names)))
+        for r in run.to_json_list():
+            seq = r.get("design") == "sequential"
+            keep = {k: v for k, v in r.items() if k not in ("profile", "budget_tokens", "audits", "rejection_rate",
+                                                             "ci_low", "ci_high", "cause_correct_rate", "model")}
+            keep["revision"] = run.meta.get("revision")
+            queries.add_calibration_result(
+                s,
+                model=model,
+                profile=f"{r['profile']} (sequential)" if seq else r["profile"],
+                budget_tokens=int(r["budget_tokens"]),
+                audits=int(r["audits"]),
+                rejection_rate=float(r["rejection_rate"]),
+                ci_low=r.get("ci_low"),
+                ci_high=r.get("ci_high"),
+                cause_correct_rate=r.get("cause_correct_rate"),
+                details=keep,
+            )
+            n += 1
+    return n
+
+
+def committed_calibration_path() -> Path:
+    """``docs/calibration.json`` of this checkout (the committed benchmark results)."""
+    return Path(__file__).resolve().parents[1] / "docs" / "calibration.json"
+
+
+def load_calibration(db_url: str | None = None, *, path: Path | None = None, model: str | None = None) -> tuple[list[dict], str]:
+    """Calibration records for ``auditor plan``: from the database when it holds rows for the
+    model, else from the committed ``docs/calibration.json``.
+
+    Returns:
+        (records as dicts with at least profile, budget_tokens, rejection_rate, ci_low, ci_high,
+        cause_correct_rate, sampled_tokens, model, design; source description).
+    """
+    rows: list[dict] = []
+    src = ""
+    if path is None:
+        try:
+            from auditor.store import open_store, queries
+
+            store = open_store(db_url)
+            with store.session() as s:
+                for c in queries.list_calibration_results(s, model=model):
+                    d = dict(c.details or {})
+                    seq = c.profile.endswith(" (sequential)")
+                    d.update({
+                        "profile": c.profile.removesuffix(" (sequential)"),
+                        "budget_tokens": c.budget_tokens,
+                        "audits": c.audits,
+                        "rejection_rate": c.rejection_rate,
+                        "ci_low": c.ci_low,
+                        "ci_high": c.ci_high,
+                        "cause_correct_rate": c.cause_correct_rate,
+                        "model": c.model,
+                        "design": "sequential" if seq else "fixed",
+                    })
+                    rows.append(d)
+            src = "database calibration_results"
+        except Exception:  # noqa: BLE001 - an unreachable DB falls back to the committed file
+            rows = []
+    if not rows:
+        p = path or committed_calibration_path()
+        if p.is_file():
+            rows = json.loads(p.read_text(encoding="utf-8"))
+            rows = [r for r in rows if model is None or r.get("model") == model]
+            src = str(p)
+    return rows, src
+
+
+# =============================================================================================
+# the planner
+# =============================================================================================
+
+
+def make_plan(
+    rows: Sequence[dict],
+    *,
+    model: str,
+    target: str = "any",
+    power: float = TARGET_POWER,
+    pricing: Any = None,
+    capabilities: Any = None,
+) -> dict:
+    """Answer "how many tokens for this power against this deviation?" from calibration records.
+
+    The recommended budget is the smallest *calibrated* budget whose measured rejection rate
+    reaches ``power`` (a measured point, not an extrapolation); the log-linear interpolation of
+    the power curve is given as an estimate beside it. For ``target="any"`` every deviation of
+    :data:`PLAN_TARGETS` must reach the power (the largest of their budgets).
+
+    Args:
+        rows: calibration records (:func:`load_calibration`).
+        model: reference model name the provider is compared with.
+        target: a key of :data:`PLAN_TARGETS`.
+        power: wanted rejection rate in (0, 1).
+        pricing: ``probes.config.Pricing`` (USD per 1M input/output tokens) or None.
+        capabilities: ``probes.config.Capabilities`` or None (notes when the provider offers less
+            than the calibrated probe mix asks for).
+
+    Returns:
+        JSON-able dict: covered, reached, message, rows (per profile: tokens, estimate,
+        prompt_tokens, usd, power_at_grid, false_accusation), budget_tokens, usd, command, notes.
+
+    Raises:
+        KeyError: unknown target.
+    """
+    if target not in PLAN_TARGETS:
+        raise KeyError(f"unknown target {target!r}; choose one of {list(PLAN_TARGETS)}")
+    fixed = [r for r in rows if r.get("design", "fixed") == "fixed"]
+    models = sorted({str(r.get("model")) for r in fixed})
+    mine = [r for r in fixed if str(r.get("model")) == str(model)]
+    plan: dict[str, Any] = {"model": model, "target": target, "power": power, "covered": bool(mine), "reached": False,
+                            "rows": [], "notes": [], "budget_tokens": None, "usd": None, "command": None}
+    if not mine:
+        plan["message"] = (
+            f"The calibration does not cover model {model!r} (calibrated: {', '.join(models) or 'nothing yet'}). "
+            f"Token budgets measured on another model do not transfer; run `auditor calibrate --model {model}` first."
+        )
+        return plan
+    honest = [r for r in mine if r.get("honest")]
+    out_rows = []
+    for p in PLAN_TARGETS[target]:
+        rs = sorted((r for r in mine if r["profile"] == p), key=lambda r: r["budget_tokens"])
+        if not rs:
+            plan["notes"].append(f"profile {p!r} is not in the calibration")
+            continue
+        tp = tokens_for_power(rs, power)
+        grid = None if tp["grid"] is None else int(tp["grid"])
+        at = next((r for r in rs if r["budget_tokens"] == grid), rs[-1])
+        prompt = float(at.get("prompt_tokens") or 0.0)
+        usd = None
+        if pricing is not None and grid is not None:
+            usd = float(pricing.cost_usd(int(round(prompt)), grid))
+        fa = [r["rejection_rate"] for r in honest if r["budget_tokens"] == (grid or rs[-1]["budget_tokens"])]
+        out_rows.append({
+            "profile": p,
+            "tokens": grid,
+            "estimate": None if tp["interpolated"] is None else int(math.ceil(tp["interpolated"])),
+            "power_at_grid": at["rejection_rate"],
+            "power_ci": [at.get("ci_low"), at.get("ci_high")],
+            "cause_correct_rate": at.get("cause_correct_rate"),
+            "sampled_tokens": at.get("sampled_tokens"),
+            "prompt_tokens": prompt,
+            "usd": usd,
+            "max_budget": rs[-1]["budget_tokens"],
+            "power_at_max": rs[-1]["rejection_rate"],
+            "false_accusation_max": max(fa) if fa else None,
+        })
+    plan["rows"] = out_rows
+    reached = [r for r in out_rows if r["tokens"] is not None]
+    plan["reached"] = bool(out_rows) and len(reached) == len(out_rows)
+    mix = (mine[0].get("mix") or "default")
+    if plan["reached"]:
+        worst = max(out_rows, key=lambda r: r["tokens"])
+        plan["budget_tokens"] = worst["tokens"]
+        plan["usd"] = worst["usd"]
+        fa = worst["false_accusation_max"]
+        plan["message"] = (
+            f"To detect {target} with {power:.0%} power on {model}: about {worst['tokens']:,} completion tokens per audit "
+            f"with the {mix!r} suite mix"
+            + (f" (~${worst['usd']:.4f} at the provider's prices)" if worst["usd"] is not None else "")
+            + (f"; measured false-accusation rate at that budget <= {fa:.1%}" if fa is not None else "")
+            + "."
+        )
+        plan["command"] = f"auditor check --suite {mix} --budget-tokens {worst['tokens']}"
+    else:
+        missing = [r["profile"] for r in out_rows if r["tokens"] is None]
+        plan["message"] = (
+            f"The calibration of {model} never reaches {power:.0%} power against {', '.join(missing) or target} within the "
+            f"calibrated budgets (largest {max((r['max_budget'] for r in out_rows), default=0):,} tokens). "
+            "Calibrate larger budgets (`auditor calibrate --budgets ...`) or use a probe mix with more logprob/sampling tokens."
+        )
+    if capabilities is not None:
+        if not getattr(capabilities, "logprobs", True):
+            plan["notes"].append(
+                "this provider returns no logprobs: the calibration assumes top_logprobs (greedy 2, logprob 5); "
+                "without them only greedy-match and the sampling tests run, so more tokens are needed than shown"
+            )
+        elif int(getattr(capabilities, "max_top_logprobs", 20)) < 5:
+            plan["notes"].append(
+                f"this provider lists at most {capabilities.max_top_logprobs} top_logprobs; the calibration used up to 5"
+            )
+    return plan

@@ -1,9 +1,230 @@
-"""CLI commands: calibrate (module owned by its issue; see docs/ARCHITECTURE.md)."""
+"""CLI commands: ``auditor calibrate`` (the detection benchmark) and ``auditor plan`` (budget planner).
+
+``auditor calibrate`` measures, on the provider simulator where the truth is known, how often the
+audit accuses an honest provider and how many tokens it needs to catch each kind of cheating
+(``auditor/calibrate.py``); it writes docs/calibration.{json,md,png} (``--out``) and stores the
+cells in the ``calibration_results`` table (the dashboard's Calibration page).
+
+``auditor plan`` answers the inverse question from that calibration: how many tokens (and USD at
+the provider's prices) an audit needs for a given power against a given deviation.
+
+Exit codes: 0 success; 2 (plan) the calibration does not cover the model or never reaches the
+power; 3 usage/config/database error.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+from pathlib import Path
+
 import typer
+
+DB_HELP = "Database URL (SQLAlchemy) or SQLite path; default $AUDITOR_DB_URL or the user data dir file."
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(3)
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        _fail(f"{name} must be a comma-separated list of integers, got {text!r} (e.g. 100,300,1000,3000)")
+    if not vals or min(vals) < 1:
+        _fail(f"{name} must hold positive integers, got {text!r}")
+    return vals
 
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the root auditor app."""
+    """Attach ``calibrate`` and ``plan`` to the root app."""
+
+    @app.command("calibrate")
+    def calibrate_cmd(
+        profiles: str | None = typer.Option(
+            None, "--profiles", help="Comma-separated simulator profiles (default: all; see `auditor serve --list-profiles`)."
+        ),
+        budgets: str = typer.Option("100,300,1000,3000", "--budgets", help="Completion-token budgets per audit."),
+        audits: int = typer.Option(200, "--audits", min=1, help="Resampled audits per profile and budget."),
+        out: Path | None = typer.Option(
+            Path("docs"), "--out", help="Directory for calibration.json/.md/.png (empty string: do not write)."
+        ),
+        db: str | None = typer.Option(None, "--db", help=DB_HELP),
+        store: bool = typer.Option(True, "--store/--no-store", help="Store the cells in calibration_results."),
+        model: str | None = typer.Option(None, "--model", help="Reference model (default: the bundled SmolLM2-135M)."),
+        alpha: float = typer.Option(0.05, "--alpha", min=1e-6, max=0.5, help="Family-wise level of each audit."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the resampling and the detectors."),
+        samples: int = typer.Option(4, "--samples", min=1, help="Temperature-1 samples per prompt in each pool."),
+        engine_samples: int = typer.Option(
+            2, "--engine-samples", min=1, help="Samples per prompt where the simulator engine must run (lossy verifiers)."
+        ),
+        max_prompts: int | None = typer.Option(None, "--max-prompts", min=1, help="Use only N distinct prompts (quick runs)."),
+        t0_max_tokens: int = typer.Option(64, "--t0-max-tokens", min=1, help="Max tokens of a temperature-0 request."),
+        sampling_max_tokens: int = typer.Option(32, "--sampling-max-tokens", min=1, help="Max tokens of a sampling request."),
+        sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="Also simulate --budget-tokens auto."),
+        sequential_audits: int | None = typer.Option(None, "--sequential-audits", min=1, help="Audits per profile (default --audits)."),
+        spending: str = typer.Option("obrien-fleming", "--spending", help="α spending: obrien-fleming | pocock | linear."),
+        refresh: bool = typer.Option(False, "--refresh", help="Recollect pools even when cached."),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache root for pools (default: the user cache dir)."),
+        threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the records as JSON instead of a table."),
+    ) -> None:
+        """Detection benchmark: false-accusation rate and power per simulator profile and token budget."""
+        from auditor import calibrate as cal
+        from reference.simulator.profiles import PROFILES
+
+        names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else list(PROFILES)
+        bad = [p for p in names if p not in PROFILES]
+        if bad:
+            _fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join(PROFILES)}")
+        bl = _ints(budgets, "--budgets")
+        from auditor.sequential import SPENDING_FUNCTIONS, SequentialDesign
+
+        if spending not in SPENDING_FUNCTIONS:
+            _fail(f"--spending must be one of {', '.join(SPENDING_FUNCTIONS)}, got {spending!r}")
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        design = (
+            SequentialDesign.geometric(max(bl), first=min(bl), alpha=alpha, spending=spending)
+            if sequential and max(bl) > min(bl)
+            else None
+        )
+        cfg = cal.PoolConfig(
+            sampling_samples=samples,
+            engine_sampling_samples=engine_samples,
+            max_prompts=max_prompts,
+            t0_max_tokens=t0_max_tokens,
+            sampling_max_tokens=sampling_max_tokens,
+        )
+        t0 = time.perf_counter()
+
+        def say(msg: str) -> None:
+            typer.echo(f"[{time.perf_counter() - t0:7.0f}s] {msg}", err=True)
+
+        try:
+            run = cal.run_calibration(
+                names, bl, audits, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir,
+                refresh=refresh, sequential=design, sequential_audits=sequential_audits, progress=say,
+            )
+        except (KeyError, ValueError) as exc:
+            _fail(str(exc))
+        if out is not None and str(out):
+            paths = cal.write_outputs(run, out)
+            say("wrote " + ", ".join(str(p) for p in paths.values()))
+        if store:
+            try:
+                n = cal.store_results(run, db)
+                say(f"stored {n} rows in calibration_results")
+            except Exception as exc:  # noqa: BLE001 - report, the files are written already
+                typer.echo(f"warning: could not store results in the database: {exc}", err=True)
+        records = run.to_json_list()
+        if as_json:
+            typer.echo(json.dumps(records, indent=1))
+            return
+        _print_table(records, run.meta)
+
+    @app.command("plan")
+    def plan_cmd(
+        provider: str | None = typer.Option(None, "--provider", help="Provider name (providers.toml): its reference model and prices."),
+        model: str | None = typer.Option(None, "--model", help="Reference model name (instead of --provider)."),
+        target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | any."),
+        power: float = typer.Option(0.95, "--power", min=0.01, max=0.999, help="Wanted power (rejection rate)."),
+        config: str | None = typer.Option(None, "--config", help="providers.toml path."),
+        db: str | None = typer.Option(None, "--db", help=DB_HELP),
+        calibration: Path | None = typer.Option(
+            None, "--calibration", help="Calibration JSON to read instead of the database / docs/calibration.json."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    ) -> None:
+        """How many tokens (and USD) an audit needs for the wanted power, from the stored calibration."""
+        from auditor import calibrate as cal
+
+        if (provider is None) == (model is None):
+            _fail("give exactly one of --provider NAME or --model M")
+        if target not in cal.PLAN_TARGETS:
+            _fail(f"--target must be one of {', '.join(cal.PLAN_TARGETS)}, got {target!r}")
+        pricing = None
+        caps = None
+        if provider is not None:
+            from probes.config import ConfigError, get_provider
+
+            try:
+                pc = get_provider(provider, config)
+            except ConfigError as exc:
+                _fail(str(exc))
+            model = pc.reference
+            pricing = pc.pricing
+            caps = pc.capabilities
+        if calibration is not None and not calibration.is_file():
+            _fail(f"--calibration {calibration} does not exist")
+        rows, src = cal.load_calibration(db, path=calibration)
+        plan = cal.make_plan(rows, model=str(model), target=target, power=power, pricing=pricing, capabilities=caps)
+        plan["source"] = src
+        plan["provider"] = provider
+        if as_json:
+            typer.echo(json.dumps(plan, indent=1))
+        else:
+            _print_plan(plan)
+        raise typer.Exit(0 if plan["covered"] and plan["reached"] else 2)
+
+
+def _print_table(records: list[dict], meta: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    fixed = [r for r in records if r.get("design", "fixed") == "fixed"]
+    budgets = sorted({r["budget_tokens"] for r in fixed})
+    t = Table(title=f"Rejection rate (95% CI) — {meta.get('model')} @ {meta.get('revision')}, α={meta.get('alpha')}")
+    t.add_column("profile")
+    t.add_column("expected")
+    for b in budgets:
+        t.add_column(f"{b} tok", justify="right")
+    for p in dict.fromkeys(r["profile"] for r in fixed):
+        cells = []
+        for b in budgets:
+            r = next((x for x in fixed if x["profile"] == p and x["budget_tokens"] == b), None)
+            if r is None:
+                cells.append("")
+                continue
+            c = f"{r['rejection_rate']:.2f} [{r['ci_low']:.2f},{r['ci_high']:.2f}]"
+            if r.get("cause_correct_rate") is not None:
+                c += f" c{r['cause_correct_rate']:.0%}"
+            cells.append(c)
+        exp = next(x["expected_verdict"] for x in fixed if x["profile"] == p)
+        t.add_row(p, exp, *cells)
+    Console(file=sys.stdout).print(t)
+    seq = [r for r in records if r.get("design") == "sequential"]
+    if seq:
+        s = Table(title="Sequential audits (--budget-tokens auto)")
+        for c in ("profile", "rejection", "mean tokens", "saved"):
+            s.add_column(c)
+        for r in seq:
+            s.add_row(r["profile"], f"{r['rejection_rate']:.2f}", f"{r['mean_tokens']:.0f}", f"{r['tokens_saved']:.0%}")
+        Console(file=sys.stdout).print(s)
+
+
+def _print_plan(plan: dict) -> None:
+    typer.echo(plan["message"])
+    for row in plan.get("rows", []):
+        if row.get("tokens") is None:
+            typer.echo(f"  {row['profile']:<20} not reached ({row['power_at_max']:.0%} at {row['max_budget']} tokens)")
+        else:
+            usd = f", ~${row['usd']:.4f}" if row.get("usd") is not None else ""
+            typer.echo(
+                f"  {row['profile']:<20} {row['tokens']:>6} completion tokens (~{row['prompt_tokens']:.0f} prompt tokens{usd}); "
+                f"calibrated budget {row['grid_budget']} reaches {row['power_at_grid']:.0%}"
+            )
+    for n in plan.get("notes", []):
+        typer.echo(f"note: {n}")
+    if plan.get("command"):
+        typer.echo(f"run: {plan['command']}")
+    if plan.get("source"):
+        typer.echo(f"(calibration: {plan['source']})")
+
+
+__all__ = ["register"]

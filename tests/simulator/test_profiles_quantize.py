@@ -1,0 +1,103 @@
+"""Profiles are valid recipes; quantization puts weights on the right grids (quanto == torch RTN)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from reference.simulator.profiles import (
+    PROFILES,
+    default_substitute_keep,
+    get_profile,
+    list_profiles,
+    resolve_substitute_layers,
+)
+from reference.simulator.quantize import (
+    FP8_E4M3_MAX,
+    iter_decoder_linears,
+    quantize_model_weights,
+    quanto_fake_quant,
+    rtn_fp8_per_tensor,
+    rtn_int4_groupwise,
+    rtn_int8_per_channel,
+)
+
+REQUIRED = {
+    "honest-fp32", "honest-bf16", "honest-noisy", "int8", "int4", "fp8", "relaxed-threshold",
+    "typical-acceptance", "greedy-verify", "substituted", "decode-noncompliant", "truncated-sampling",
+}
+
+
+def test_all_required_profiles_exist_with_expected_verdicts():
+    assert REQUIRED <= set(PROFILES)
+    for p in list_profiles():
+        assert (p.expected_verdict == "PASS") == p.honest
+        if p.honest:
+            assert p.verifier == "strict" and p.weight_quant is None and p.forced_top_p is None
+    assert get_profile("relaxed-threshold").accept_threshold_single == 0.5
+    assert get_profile("relaxed-threshold").accept_threshold_acc == 1.0
+
+
+def test_overrides_and_errors():
+    p = get_profile("relaxed-threshold", accept_threshold_single=0.3, accept_threshold_acc=None)
+    assert p.accept_threshold_single == 0.3 and p.accept_threshold_acc == 1.0
+    with pytest.raises(KeyError, match="unknown profile 'nope'"):
+        get_profile("nope")
+    with pytest.raises(ValueError, match="accept thresholds"):
+        get_profile("relaxed-threshold", accept_threshold_single=1.5)
+    with pytest.raises(ValueError, match="unknown profile field"):
+        get_profile("int4").with_overrides(bits=3)
+
+
+def test_default_substitution_drops_every_fifth_layer_from_a_third():
+    keep = default_substitute_keep(30)
+    assert sorted(set(range(30)) - set(keep)) == [10, 15, 20, 25]
+    assert len(default_substitute_keep(2)) == 1
+    assert resolve_substitute_layers(get_profile("substituted"), 30) == keep
+    assert resolve_substitute_layers(get_profile("honest-fp32"), 30) is None
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4", "fp8"])
+def test_quanto_matches_torch_rtn(scheme):
+    torch.manual_seed(0)
+    w = torch.randn(96, 128) * 0.05
+    ref = {"int8": rtn_int8_per_channel, "int4": lambda x: rtn_int4_groupwise(x, 64), "fp8": rtn_fp8_per_tensor}[scheme](w)
+    got = quanto_fake_quant(w, scheme, 64)
+    assert torch.equal(got, ref)
+    assert not torch.equal(got, w)
+
+
+def test_quantization_grids():
+    torch.manual_seed(1)
+    w = torch.randn(16, 128)
+    q8 = rtn_int8_per_channel(w)
+    scale = w.abs().amax(1, keepdim=True) / 127
+    assert torch.allclose(q8 / scale, torch.round(q8 / scale), atol=1e-4)
+    q4 = rtn_int4_groupwise(w, 64).reshape(-1, 64)
+    assert max(len(torch.unique(row)) for row in q4) <= 16
+    f8 = rtn_fp8_per_tensor(w)
+    s = w.abs().max() / FP8_E4M3_MAX
+    assert torch.equal((f8 / s).to(torch.float8_e4m3fn).float() * s, f8)
+    with pytest.raises(ValueError, match="divisible"):
+        rtn_int4_groupwise(torch.randn(4, 96), 64)
+
+
+def test_quantize_model_touches_only_decoder_linears(tiny_lm):
+    m = copy.deepcopy(tiny_lm.model)
+    emb = m.model.embed_tokens.weight.clone()
+    before = {n: lin.weight.clone() for n, lin in iter_decoder_linears(m)}
+    rep = quantize_model_weights(m, "int4", group_size=64)
+    assert rep.n_matrices == 2 * 7 and rep.backend == "optimum-quanto" and rep.seconds > 0
+    assert 0 < rep.mean_rel_error < 0.5
+    assert torch.equal(m.model.embed_tokens.weight, emb)  # tied lm_head left in float32
+    for n, lin in iter_decoder_linears(m):
+        assert not torch.equal(lin.weight, before[n])
+    fb = copy.deepcopy(tiny_lm.model)
+    rep2 = quantize_model_weights(fb, "int4", group_size=64, use_quanto=False)
+    assert rep2.backend == "torch-rtn"
+    for (n, a), (_, b) in zip(iter_decoder_linears(m), iter_decoder_linears(fb)):
+        assert torch.equal(a.weight, b.weight), n
+    with pytest.raises(ValueError, match="scheme"):
+        quantize_model_weights(fb, "int3")
