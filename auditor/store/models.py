@@ -297,6 +297,7 @@ class DetectorResultRow(Base):
     ran: Mapped[bool] = mapped_column(Boolean, default=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     evidence: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
     run: Mapped[AuditRun] = relationship(back_populates="detector_results")
 

@@ -728,6 +728,7 @@ def store_detector_results(
                 ran=bool(_get(r, "ran", True)),
                 reason=_get(r, "reason"),
                 evidence=json_safe(list(_get(r, "evidence", None) or [])),
+                details=json_safe(dict(_get(r, "details", None) or {})),
             )
         )
     s.add_all(rows)

@@ -140,6 +140,7 @@ def upgrade() -> None:
         sa.Column("ran", sa.Boolean(), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("evidence", sa.JSON(), nullable=False),
+        sa.Column("details", sa.JSON(), nullable=False),
         sa.ForeignKeyConstraint(
             ["run_id"], ["audit_runs.id"], name=op.f("fk_detector_results_run_id_audit_runs"), ondelete="CASCADE"
         ),

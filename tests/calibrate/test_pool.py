@@ -1,0 +1,102 @@
+"""Pools: batched decoding and shared-prompt scoring agree with the simulator and the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def test_score_groups_matches_score_continuations(tiny_lm):
+    from auditor.calibrate import score_groups
+    from reference.scoring import encode_prompt, score_continuations
+
+    prompt = encode_prompt(tiny_lm.tokenizer, [{"role": "user", "content": "Count to five."}], chat=True)
+    rng = np.random.default_rng(0)
+    conts = [rng.integers(100, 5000, size=n).tolist() for n in (7, 3, 0, 11)]
+    got = score_groups(tiny_lm, prompt, conts, top_k=5, max_rows_tokens=15)  # forces two chunks
+    ref = score_continuations(tiny_lm, [prompt] * 4, conts, top_k=5)
+    for g, r, c in zip(got, ref, conts):
+        assert g["token_lp"].shape == (len(c),)
+        if not c:
+            continue
+        np.testing.assert_allclose(g["token_lp"], r.logprobs, atol=2e-4)
+        np.testing.assert_allclose(g["top_lp"], r.top_logprobs, atol=2e-4)
+        assert (g["top_ids"][:, 0] == r.top_ids[:, 0]).all()
+
+
+def test_batched_greedy_equals_simulator_engine(tiny_lm, mini_cfg):
+    """At T=0 a strict profile's batched pool reproduces the simulator's speculative output exactly."""
+    from auditor.calibrate import build_requests, collect_pool
+    from reference.simulator.engine import SimulatorEngine
+    from reference.simulator.profiles import get_profile
+
+    pool = collect_pool("honest-fp32", tiny_lm, mini_cfg)
+    assert pool.meta["backend_t0"] == "batched"
+    eng = SimulatorEngine(get_profile("honest-fp32"), tiny_lm, seed=0)
+    reqs = [r for r in build_requests(tiny_lm.tokenizer, mini_cfg) if r.temperature == 0]
+    assert len(reqs) == pool.items_at(0.0).size or pool.item_lengths.min() == 0
+    for r in reqs:
+        ch = eng.generate(list(r.prompt_ids), max_tokens=r.max_tokens, temperature=0.0, seed=1, top_n=5)
+        i = int(np.flatnonzero(pool.item_keys == r.key)[0])
+        a, b = pool.item_offsets[i], pool.item_offsets[i + 1]
+        assert pool.token_ids[a:b].tolist() == [t.token_id for t in ch.tokens]
+        np.testing.assert_allclose(pool.prov_logprob[a:b], [t.logprob for t in ch.tokens], atol=2e-4)
+        # the served model is the reference: its rows are the reference rows
+        np.testing.assert_allclose(pool.ref_token_lp["float32"][a:b], pool.prov_logprob[a:b])
+
+
+def test_pool_shapes_backends_and_roundtrip(tiny_refs, mini_cfg, tmp_path):
+    from auditor.calibrate import PROVIDER_TOP_N, REF_TOP_K, Pool, load_or_collect_pool
+
+    pool, cached = load_or_collect_pool("relaxed-threshold", tiny_refs, mini_cfg, cache_dir=tmp_path)
+    assert not cached
+    # relaxed acceptance only changes sampling: T=1 through the engine, T=0 batched
+    assert pool.meta["backend_t0"] == "batched" and pool.meta["backend_t1"] == "engine"
+    s = pool.summary()
+    assert s["t0_items"] == 4 and s["t1_items"] == 4 * mini_cfg.engine_sampling_samples
+    N = int(pool.item_offsets[-1])
+    assert pool.token_ids.shape == (N,)
+    assert pool.prov_top_ids.shape == (N, PROVIDER_TOP_N)
+    assert set(pool.references) == {"float32", "bfloat16"}
+    for r in pool.references:
+        assert pool.ref_top_ids[r].shape == (N, REF_TOP_K)
+        assert np.all(pool.ref_top_lp[r] <= 1e-6)
+        # the emitted token's reference logprob is finite and not above the reference top-1
+        assert np.all(np.isfinite(pool.ref_token_lp[r]))
+        assert np.all(pool.ref_token_lp[r] <= pool.ref_top_lp[r][:, 0] + 1e-4)
+    # bf16 reference differs from fp32 but only slightly
+    d = np.abs(pool.ref_token_lp["float32"] - pool.ref_token_lp["bfloat16"])
+    assert d.max() > 0 and np.median(d) < 0.1
+    again, cached2 = load_or_collect_pool("relaxed-threshold", tiny_refs, mini_cfg, cache_dir=tmp_path)
+    assert cached2
+    for k in Pool._ARRAYS:
+        np.testing.assert_array_equal(getattr(again, k), getattr(pool, k))
+    np.testing.assert_array_equal(again.ref_top_lp["bfloat16"], pool.ref_top_lp["bfloat16"])
+    np.testing.assert_array_equal(again.item_prompt_tokens, pool.item_prompt_tokens)
+
+
+def test_quantized_pool_differs_from_reference(tiny_refs, mini_cfg):
+    from auditor.calibrate import collect_pool
+
+    pool = collect_pool("int4", tiny_refs, mini_cfg)
+    a = pool.items_at(0.0)
+    sel = np.concatenate([np.arange(pool.item_offsets[i], pool.item_offsets[i + 1]) for i in a])
+    # provider logprob of its own (greedy) token vs the reference's: int4 moves them
+    diff = np.abs(pool.prov_logprob[sel] - pool.ref_token_lp["float32"][sel])
+    assert diff.mean() > 1e-3
+
+
+def test_truncated_sampling_pool_has_no_deep_tail(tiny_refs, mini_cfg):
+    """truncated-sampling (engine top_p=0.8) never emits a token outside the served 0.8-nucleus."""
+    from auditor.calibrate import collect_pool
+
+    pool = collect_pool("truncated-sampling", tiny_refs, mini_cfg)
+    idx = pool.items_at(1.0)
+    sel = np.concatenate([np.arange(pool.item_offsets[i], pool.item_offsets[i + 1]) for i in idx])
+    p = np.exp(pool.prov_top_lp[sel])
+    cum_before = np.cumsum(p, 1) - p
+    rank = np.argmax(pool.prov_top_ids[sel] == pool.token_ids[sel][:, None], axis=1)
+    listed = (pool.prov_top_ids[sel] == pool.token_ids[sel][:, None]).any(1)
+    # emitted tokens are within the top-20 and the mass strictly before them is < 0.8
+    ok = listed & (cum_before[np.arange(sel.size), rank] < 0.8 + 1e-4)
+    assert ok.mean() == pytest.approx(1.0)
