@@ -71,6 +71,9 @@ __all__ = [
 REFERENCE_TOP_K = 20
 #: Default teacher-forcing batch size (sequences per forward).
 SCORE_BATCH_SIZE = 8
+#: logprob-divergence uses positions requested at temperature <= this (greedy), where its noise
+#: floor was measured (the floor's honest variants generate greedily).
+LOGPROB_TEST_MAX_TEMPERATURE = 1e-6
 #: Characters of provider text kept before an evidence position (``context``).
 EVIDENCE_CONTEXT_CHARS = 60
 
@@ -282,6 +285,24 @@ def _stored_token_records(rows: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _retokenize(text: str, tokenizer: Any) -> list[Any]:
+    """TokenRecords of ``text`` tokenized by the reference tokenizer (no logprobs, no alternatives).
+
+    Fallback for responses without per-token data (the provider returned no logprobs): it assumes
+    the provider emitted the canonical tokenization of its text, which holds for almost every
+    position of a model with the same tokenizer (a sampler can emit a non-canonical split; such a
+    position is then scored as its canonical merge). Each record carries ``retokenized``.
+    """
+    from probes.normalize import TokenRecord
+
+    bv = _byte_vocab(tokenizer)
+    out = []
+    for i, tid in enumerate(tokenizer.encode(text, add_special_tokens=False)):
+        b = bv.id_bytes.get(int(tid))
+        out.append(TokenRecord(index=i, token=_token_text(bv, int(tid)), bytes=b, logprob=None, anomalies=["retokenized"]))
+    return out
+
+
 def load_observations(store: Any, run_id: str, config: Any, tokenizer: Any) -> list[Observation]:
     """Normalize and align every ``done`` probe of a run (and store the aligned reference ids).
 
@@ -318,6 +339,9 @@ def load_observations(store: Any, run_id: str, config: Any, tokenizer: Any) -> l
                 anomalies = list(norm.anomalies)
             if tokens is None:
                 tokens = _stored_token_records(q.tokens_for_probe(s, pid))
+            if not tokens and p.text:
+                tokens = _retokenize(p.text, tokenizer)
+                anomalies.append("retokenized_text")
             if not tokens:
                 continue
             if "messages" in req:
@@ -560,7 +584,12 @@ def run_reference_detectors(
     per_ref: dict[str, dict[str, Any]] = {}
     for r, batch in batches.items():
         floor = floors.floors.get(r) if floors is not None else None
-        for res in run_detectors(batch, floor, names=list(REFERENCE_DETECTORS), seed=seed):
+        names = [k for k in REFERENCE_DETECTORS if k != "logprob-divergence"]
+        res_all = run_detectors(batch, floor, names=names, seed=seed)
+        # the logprob floor is measured on greedy continuations: compare like with like (T = 0)
+        greedy = batch.subset(batch.temperatures <= LOGPROB_TEST_MAX_TEMPERATURE)
+        res_all += run_detectors(greedy, floor, names=["logprob-divergence"], seed=seed)
+        for res in res_all:
             per_ref.setdefault(res.name, {})[r] = res
     for name, by in per_ref.items():
         ran = {r: res for r, res in by.items() if res.ran}
@@ -814,7 +843,7 @@ def analyze_run(
         prev.pop("runner", None)
         prev.update(summary)
         q.update_run(
-            s, run_id, alpha=alpha, summary=prev, reference_model=first.name, reference_revision=first.revision,
+            s, run_id, alpha=alpha, summary=prev, reference_model=config.reference, reference_revision=first.revision,
             reference_dtype="+".join(lms),
         )
         q.set_run_status(s, run_id, "completed")

@@ -413,13 +413,13 @@ def _decode_rows(
 
     Args:
         model: the served model (``ServedModel`` or a causal LM).
-        prompts: [B] prompt id lists; with ``expand > 1`` exactly one prompt, decoded ``expand``
-            times (its prefill is computed once and the cache repeated).
+        prompts: [B] prompt id lists; with ``expand > 1`` every prompt is decoded ``expand`` times
+            (its prefill is computed once and the cache repeated); rows are prompt-major.
         max_new_tokens: tokens per row at most (EOS ends a row early; EOS is not emitted, as the
             simulator's responses exclude it).
         temperature, top_p, top_k: sampling (``reference.sampling.logits_to_probs``; 0 = greedy).
         eos_ids: end-of-sequence ids.
-        seeds: one seed per decoded row; rows' draws come from one generator seeded by their hash.
+        seeds: the decoded rows' seeds; the batch's draws come from one generator seeded by their hash.
         top_n: alternatives recorded per position.
         expand: rows per prompt (see ``prompts``).
 
@@ -432,8 +432,8 @@ def _decode_rows(
 
     from reference.sampling import logits_to_probs
 
-    if expand > 1 and len(prompts) != 1:
-        raise ValueError("expand > 1 needs exactly one prompt")
+    if expand < 1:
+        raise ValueError(f"expand={expand} must be >= 1")
     B0 = len(prompts)
     B = B0 * expand
     L = max(len(p) for p in prompts)
@@ -724,25 +724,29 @@ def collect_pool(
             by: dict[str, list[PoolRequest]] = {}
             for r in rs:
                 by.setdefault(r.prompt_id, []).append(r)
-            for g, (_, group) in enumerate(by.items()):
+            groups = list(by.values())
+            n_s = max(len(g) for g in groups)
+            per = max(1, cfg.batch_size // n_s)  # prompts per batch; each decoded n_s times
+            for b in range(0, len(groups), per):
+                chunk = [g for g in groups[b : b + per]]
                 if hasattr(model, "nonce"):
-                    model.nonce = group[0].seed
+                    model.nonce = chunk[0][0].seed
                 outs = _decode_rows(
                     model,
-                    [group[0].prompt_ids],
-                    max_new_tokens=max(r.max_tokens for r in group),
+                    [g[0].prompt_ids for g in chunk],
+                    max_new_tokens=max(r.max_tokens for g in chunk for r in g),
                     temperature=temperature,
                     top_p=eff_p,
                     top_k=eff_k,
                     eos_ids=eos,
-                    seeds=[r.seed for r in group],
-                    expand=len(group),
+                    seeds=[r.seed for g in chunk for r in g],
+                    expand=n_s,
                 )
-                for r, o in zip(group, outs):
-                    results[r.key] = _cut(o, r.max_tokens)
-                    backends["batched"] += 1
-                if (g + 1) % 10 == 0:
-                    say(f"{profile_name}: T=1 {g + 1}/{len(by)} prompts")
+                for gi, g in enumerate(chunk):
+                    for si, r in enumerate(g):
+                        results[r.key] = _cut(outs[gi * n_s + si], r.max_tokens)
+                        backends["batched"] += 1
+                say(f"{profile_name}: T=1 {min(b + per, len(groups))}/{len(groups)} prompts")
 
     for temp, rs in ((0.0, t0), (1.0, t1)):
         if not rs:
@@ -903,19 +907,25 @@ MODES = ("greedy", "logprob", "sampling")
 
 @dataclass(frozen=True)
 class AuditMix:
-    """How an audit of B tokens is spent: token share and ``top_logprobs`` width per probe mode.
+    """How an audit of B planned tokens is spent, per probe mode (as ``auditor.audit.plan_budget`` does).
 
     Attributes:
         name: mix name (``default`` = the default suite's proportions).
-        shares: mode → fraction of the budget (greedy and logprob are temperature-0 requests,
-            sampling temperature 1); sums to 1.
+        shares: mode → fraction of the planned budget (greedy and logprob are temperature-0
+            requests, sampling temperature 1); sums to 1.
         top_m: mode → ``top_logprobs`` requested (0 = no logprobs asked).
+        max_tokens: mode → workload → ``max_tokens`` of one request (the budget each request is
+            charged, whatever it actually returns); a missing workload uses the mode's largest.
         description: one line for reports.
+
+    Raises:
+        ValueError: unknown modes, shares not summing to 1.
     """
 
     name: str
     shares: dict[str, float]
     top_m: dict[str, int]
+    max_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -926,25 +936,37 @@ class AuditMix:
         if not math.isclose(tot, 1.0, abs_tol=1e-6):
             raise ValueError(f"mix {self.name!r}: shares sum to {tot}, not 1")
 
+    def request_tokens(self, mode: str, workload: str, default: int) -> int:
+        """``max_tokens`` of a request of ``mode`` on ``workload`` (``default`` when the mix has none)."""
+        by = self.max_tokens.get(mode) or {}
+        if workload in by:
+            return int(by[workload])
+        return int(max(by.values())) if by else int(default)
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "shares": dict(self.shares), "top_m": dict(self.top_m), "description": self.description}
+        return {"name": self.name, "shares": dict(self.shares), "top_m": dict(self.top_m),
+                "max_tokens": {k: dict(v) for k, v in self.max_tokens.items()}, "description": self.description}
 
 
 def default_mix(suite: str = "default") -> AuditMix:
-    """The mix of a shipped suite: each mode's share of the suite's completion tokens
-    (max_tokens × samples) and the largest ``top_logprobs`` its probes of that mode request."""
+    """The mix of a shipped suite: each mode's share of the suite's planned completion tokens
+    (max_tokens × samples), the largest ``top_logprobs`` its probes of that mode request, and its
+    ``max_tokens`` per mode and workload."""
     from probes.suites import load_suite
 
     s = load_suite(suite)
     tok: Counter = Counter()
     m: dict[str, int] = {k: 0 for k in MODES}
+    mt: dict[str, dict[str, int]] = {k: {} for k in MODES}
     for p in s.probes:
         tok[p.mode] += p.max_tokens * p.n_samples
         m[p.mode] = max(m[p.mode], int(p.top_logprobs or 0))
+        mt[p.mode][p.workload] = max(mt[p.mode].get(p.workload, 0), int(p.max_tokens))
     tot = sum(tok.values())
     shares = {k: tok[k] / tot for k in MODES}
-    desc = ", ".join(f"{k} {shares[k]:.0%} (top_logprobs={m[k]})" for k in MODES)
-    return AuditMix(suite, shares, m, f"suite {suite!r} v{s.version}: {desc}")
+    desc = ", ".join(f"{k} {shares[k]:.0%} (top_logprobs={m[k]}, max_tokens {min(mt[k].values(), default=0)}-"
+                     f"{max(mt[k].values(), default=0)})" for k in MODES)
+    return AuditMix(suite, shares, m, {k: v for k, v in mt.items() if v}, f"suite {suite!r} v{s.version}: {desc}")
 
 
 @dataclass
@@ -952,18 +974,27 @@ class AuditDraw:
     """One resampled audit: which pool items, how many of their tokens, under which mode.
 
     Attributes:
-        items: [(item index, tokens used, mode, reuse round)]; the reuse round is 0 unless the
-            pool ran out of distinct sampling items (then items are drawn again, round 1, ...).
-        tokens: mode → completion tokens spent.
+        items: [(item index, tokens returned, mode, reuse round)]; the reuse round is 0 unless
+            the pool ran out of distinct sampling items (then items are drawn again, round 1, ...).
+        tokens: mode → completion tokens actually returned (EOS ends continuations early).
+        planned: mode → planned tokens (Σ max_tokens of the requests: what the budget counts).
+        prompt_tokens: Σ prompt tokens of the requests (input tokens, for the price).
     """
 
     items: list[tuple[int, int, str, int]]
     tokens: dict[str, int]
+    planned: dict[str, int] = field(default_factory=dict)
     prompt_tokens: int = 0
 
     @property
     def total(self) -> int:
+        """Completion tokens actually returned."""
         return int(sum(self.tokens.values()))
+
+    @property
+    def planned_total(self) -> int:
+        """Planned completion tokens (the ``--budget-tokens`` this audit used)."""
+        return int(sum(self.planned.values()))
 
     @property
     def reused(self) -> bool:
@@ -971,16 +1002,17 @@ class AuditDraw:
 
 
 class AuditDrawer:
-    """Draws one audit's probes from a pool, incrementally: ``extend_to(B)`` grows the same audit.
+    """Draws one audit's requests from a pool, incrementally: ``extend_to(B)`` grows the same audit.
 
-    Nested draws are what a sequential audit needs (look k+1 sees every token of look k). At
-    each step the mode furthest below its share of the target budget gets the next tokens:
-    temperature-0 modes (greedy, logprob) from one random permutation of the pool's T=0 items
-    (each prompt at most once: at T=0 a prompt has one answer), sampling from a permutation of
-    the T=1 items. An item is consumed in order; the current item of a mode is extended before a
-    new one is taken (for the last, partly used item this is a shorter ``max_tokens``). When the
-    T=0 items run out, their share goes to sampling; when the T=1 items run out they are drawn
-    again (``reuse round`` > 0, reported as ``reused``).
+    Budget semantics are ``auditor check --budget-tokens``'s (``auditor.audit.plan_budget``): a
+    request is charged its ``max_tokens`` whatever it returns, requests are added while they fit,
+    always to the mode furthest below its share of the budget. Temperature-0 requests (greedy,
+    logprob) come from one random permutation of the pool's T=0 items, each prompt at most once (at
+    T=0 a prompt has one answer); sampling requests from a permutation of the T=1 items. A pool
+    item longer than the request's ``max_tokens`` is cut to it (the continuation a shorter request
+    returns). When the T=0 items run out, their share goes to sampling; when the T=1 items run out
+    they are drawn again (``reuse round`` > 0, reported as ``reused``). Nested draws are what a
+    sequential audit needs: look k+1 sees every request of look k.
 
     Args:
         pool: the profile's pool.
@@ -994,75 +1026,88 @@ class AuditDrawer:
     def __init__(self, pool: Pool, mix: AuditMix, rng: np.random.Generator):
         self.pool, self.mix, self.rng = pool, mix, rng
         self.lens = pool.item_lengths
-        self.t0 = list(rng.permutation(pool.items_at(0.0)))
-        self.t1_src = pool.items_at(1.0)
-        if not self.t0 and not self.t1_src.size:
-            raise ValueError(f"pool of profile {pool.profile!r} holds no tokens")
-        self.t1 = list(rng.permutation(self.t1_src))
         self.t0_src = pool.items_at(0.0)
+        self.t1_src = pool.items_at(1.0)
+        if not self.t0_src.size and not self.t1_src.size:
+            raise ValueError(f"pool of profile {pool.profile!r} holds no tokens")
+        self.t0 = list(rng.permutation(self.t0_src))
+        self.t1 = list(rng.permutation(self.t1_src))
         self.rnd = {"t0": 0, "t1": 0}
-        self.items: list[list] = []  # [item, n, mode, round]
-        self.spent = {m: 0 for m in MODES}
-        self.current: dict[str, int] = {}  # mode -> index into self.items of its open item
+        self.items: list[tuple[int, int, str, int]] = []
+        self.tokens = {m: 0 for m in MODES}
+        self.planned = {m: 0 for m in MODES}
+        self.prompt_tokens = 0
+        self._pending: dict[str, tuple[int, int]] = {}  # mode -> (item, round) drawn but not yet fitting
 
-    def _new_item(self, mode: str) -> int | None:
+    def _peek(self, mode: str) -> tuple[int, int] | None:
+        if mode in self._pending:
+            return self._pending[mode]
         if mode == "sampling":
             if not self.t1_src.size:
                 return None
             if not self.t1:
                 self.rnd["t1"] += 1
                 self.t1 = list(self.rng.permutation(self.t1_src))
-            i, r = int(self.t1.pop()), self.rnd["t1"]
+            got = (int(self.t1.pop()), self.rnd["t1"])
         else:
             if not self.t0:
                 if self.t1_src.size or not self.t0_src.size:
                     return None
                 self.rnd["t0"] += 1  # no sampling items at all: reuse T=0 items
                 self.t0 = list(self.rng.permutation(self.t0_src))
-            i, r = int(self.t0.pop()), self.rnd["t0"]
-        self.items.append([i, 0, mode, r])
-        return len(self.items) - 1
+            got = (int(self.t0.pop()), self.rnd["t0"])
+        self._pending[mode] = got
+        return got
+
+    def _cost(self, mode: str, item: int) -> int:
+        w = str(self.pool.item_workload[item])
+        return self.mix.request_tokens(mode, w, int(self.lens[item]) or 1)
 
     def extend_to(self, budget: int) -> AuditDraw:
-        """Grow the audit to ``budget`` completion tokens in all (no-op when already there).
+        """Grow the audit to at most ``budget`` planned tokens (no-op when already there).
 
         Raises:
             ValueError: budget < 1.
         """
         if budget < 1:
             raise ValueError(f"budget={budget} must be >= 1 token")
-        active = [m for m in MODES if self.mix.shares.get(m, 0.0) > 0]
-        dead: set[str] = set()
-        while sum(self.spent.values()) < budget:
-            left = budget - sum(self.spent.values())
-            cands = [m for m in active if m not in dead] or [m for m in MODES if m not in dead]
-            if not cands:
-                break
-            want = {m: self.mix.shares.get(m, 0.0) * budget - self.spent[m] for m in cands}
-            mode = max(cands, key=lambda m: (want[m], -MODES.index(m)))
-            j = self.current.get(mode)
-            if j is None or self.items[j][1] >= self.lens[self.items[j][0]]:
-                j = self._new_item(mode)
-                if j is None:
-                    dead.add(mode)
+        active = [m for m in MODES if self.mix.shares.get(m, 0.0) > 0] or list(MODES)
+        while True:
+            spent = sum(self.planned.values())
+            order = sorted(active, key=lambda m: (self.planned[m] - self.mix.shares.get(m, 0.0) * budget, MODES.index(m)))
+            took = False
+            for mode in order:
+                nxt = self._peek(mode)
+                if nxt is None:
                     continue
-                self.current[mode] = j
-            it = self.items[j]
-            room = int(self.lens[it[0]] - it[1])
-            n = int(min(room, left, max(1, math.ceil(want[mode]))))
-            it[1] += n
-            self.spent[mode] += n
-        used = [tuple(x) for x in self.items if x[1] > 0]
-        pt = self.pool.item_prompt_tokens
-        prompt = int(sum(int(pt[i]) for i, *_ in used)) if pt is not None else 0
-        return AuditDraw(used, dict(self.spent), prompt)
+                i, r = nxt
+                cost = self._cost(mode, i)
+                if spent + cost > budget:
+                    continue
+                del self._pending[mode]
+                n = int(min(self.lens[i], cost))
+                self.items.append((i, n, mode, r))
+                self.tokens[mode] += n
+                self.planned[mode] += cost
+                pt = self.pool.item_prompt_tokens
+                self.prompt_tokens += int(pt[i]) if pt is not None else 0
+                took = True
+                break
+            if not took:
+                break
+        if not self.items:
+            raise ValueError(
+                f"budget {budget} is smaller than the smallest request of the {self.mix.name!r} mix "
+                f"({min(self._cost(m, int(x)) for m, src in (('greedy', self.t0_src), ('sampling', self.t1_src)) for x in src[:1])} tokens)"
+            )
+        return AuditDraw([x for x in self.items if x[1] > 0], dict(self.tokens), dict(self.planned), self.prompt_tokens)
 
 
 def draw_audit(pool: Pool, budget: int, mix: AuditMix, rng: np.random.Generator) -> AuditDraw:
-    """Draw one audit of exactly ``budget`` completion tokens from the pool (see :class:`AuditDrawer`).
+    """Draw one audit of at most ``budget`` planned completion tokens (see :class:`AuditDrawer`).
 
     Raises:
-        ValueError: budget < 1, or the pool holds no tokens at all.
+        ValueError: budget < 1 or below the smallest request, or the pool holds no tokens at all.
     """
     return AuditDrawer(pool, mix, rng).extend_to(budget)
 
@@ -1121,47 +1166,33 @@ def evidence_for(pool: Pool, draw: AuditDraw, mix: AuditMix, reference: str = "f
 
 
 def audit_verdict(batches: Any, floors: Any, *, alpha: float = 0.05, seed: int = 0) -> Any:
-    """Per-position evidence → detector results → verdict (what ``auditor check`` decides on).
+    """Per-position evidence → detector results → verdict, exactly as ``auditor check`` decides.
 
-    For each honest reference precision r (``auditor.noise``: float32, bfloat16) the detectors run
-    on the evidence against r with r's noise floor (``run_detectors``); the results are combined
-    as an intersection–union test (Berger 1982): per detector the result with the largest p-value
-    (the nearest honest reference) is kept, so a provider is accused only when it is inconsistent
-    with every honest reference. Then ``decide_verdict`` (Holm at family-wise ``alpha`` + the rules
-    of docs/detectors.md).
+    Calls the pipeline's ``auditor.audit.run_reference_detectors`` (every detector against every
+    honest reference precision with that precision's noise floor, combined as an
+    intersection–union test: per detector the nearest reference's result) and then
+    ``auditor.verdict.decide_verdict`` with the floor of the reference nearest in
+    logprob-divergence — the same steps as ``auditor.audit.analyze_run``.
 
     Args:
-        batches: reference dtype → EvidenceBatch (or one batch for a single reference).
-        floors: reference dtype → NoiseFloor, an ``auditor.noise.FloorSet``, or one NoiseFloor.
-        alpha: family-wise level.
+        batches: reference dtype → EvidenceBatch (same positions), or one batch (float32).
+        floors: ``auditor.noise.FloorSet``.
+        alpha: family-wise level (Holm).
         seed: detector randomisation seed.
 
     Returns:
-        ``auditor.verdict.Verdict`` (its ``results`` carry the Holm-adjusted p-values;
-        ``details["nearest_reference"]`` names, per detector, the reference kept).
+        ``auditor.verdict.Verdict`` (its ``results`` carry the Holm-adjusted p-values).
     """
-    from auditor.detectors import run_detectors
+    from auditor.audit import run_reference_detectors
     from auditor.verdict import decide_verdict
 
     if not isinstance(batches, dict):
         batches = {"float32": batches}
-    fl = getattr(floors, "floors", floors)
-    if not isinstance(fl, dict):
-        fl = {r: fl for r in batches}
-    per_ref = {r: run_detectors(b, fl.get(r), seed=seed) for r, b in batches.items()}
-    refs = list(per_ref)
-    combined = []
-    chosen: dict[str, str] = {}
-    for j, res in enumerate(per_ref[refs[0]]):
-        cands = [(r, per_ref[r][j]) for r in refs]
-        ran = [(r, x) for r, x in cands if x.ran and not math.isnan(x.p_value)]
-        r, best = max(ran, key=lambda rx: rx[1].p_value) if ran else cands[0]
-        combined.append(best)
-        chosen[best.name] = r
-    lp_ref = chosen.get("logprob-divergence", refs[0])
-    v = decide_verdict(combined, alpha, floor=fl.get(lp_ref))
-    v.details["nearest_reference"] = chosen
-    return v
+    results = run_reference_detectors(batches, floors, seed=seed)
+    fl = getattr(floors, "floors", None) or {}
+    lp = next((r for r in results if r.name == "logprob-divergence" and r.ran), None)
+    lp_floor = fl.get(lp.details.get("nearest_reference")) if lp is not None else None
+    return decide_verdict(results, alpha, floor=lp_floor or fl.get(next(iter(batches))))
 
 
 @dataclass
@@ -1176,6 +1207,7 @@ class AuditOutcome:
     tokens: dict[str, int]
     reused: bool
     prompt_tokens: int = 0
+    planned: dict[str, int] = field(default_factory=dict)
 
 
 def _outcome(budget: int, draw: AuditDraw, v: Any) -> AuditOutcome:
@@ -1189,6 +1221,7 @@ def _outcome(budget: int, draw: AuditDraw, v: Any) -> AuditOutcome:
         tokens=dict(draw.tokens),
         reused=draw.reused,
         prompt_tokens=draw.prompt_tokens,
+        planned=dict(draw.planned),
     )
 
 
@@ -1260,7 +1293,9 @@ class CalibrationRecord:
         verdicts: verdict → count (the confusion row of this profile).
         detectors: detector → {"ran": share of audits it ran, "rejected": share where it rejected
             after Holm}; rules: deciding rule → count.
-        tokens: mean completion tokens per mode; sampled_tokens: mean T=1 tokens;
+        budget_tokens is the planned budget (Σ max_tokens of the requests, ``--budget-tokens``);
+        tokens: mean completion tokens actually returned per mode; completion_tokens: their
+        mean total; sampled_tokens: mean T=1 tokens returned; planned_tokens: mean planned total;
         prompt_tokens: mean prompt (input) tokens per audit (for its price).
         reused_rate: share of audits that had to reuse sampling items (pool too small).
         pool: pool sizes; mix: probe-mix name; alpha; model, revision; design: ``fixed``.
@@ -1284,6 +1319,8 @@ class CalibrationRecord:
     rules: dict[str, int]
     tokens: dict[str, float]
     sampled_tokens: float
+    completion_tokens: float
+    planned_tokens: float
     prompt_tokens: float
     reused_rate: float
     pool: dict
@@ -1344,6 +1381,8 @@ def summarize_audits(
                 rules=dict(Counter(o.rule for o in os_)),
                 tokens=tokens,
                 sampled_tokens=tokens["sampling"],
+                completion_tokens=float(np.mean([sum(o.tokens.values()) for o in os_])),
+                planned_tokens=float(np.mean([sum(o.planned.values()) for o in os_])),
                 prompt_tokens=float(np.mean([o.prompt_tokens for o in os_])),
                 reused_rate=sum(o.reused for o in os_) / n,
                 pool=pool.summary(),
@@ -1377,8 +1416,8 @@ def run_sequential_audits(
 
     Returns:
         A JSON-able record: profile, design, audits, rejection_rate with Clopper–Pearson CI,
-        cause_correct_rate, verdicts, mean/median tokens used, tokens_saved (1 − mean/max),
-        stop-look histogram.
+        cause_correct_rate, verdicts, mean/median planned tokens used at the stopping look,
+        mean completion tokens returned, tokens_saved (1 − mean/max), stop-look histogram.
     """
     from auditor.sequential import SequentialAudit
     from reference.simulator.profiles import get_profile
@@ -1388,6 +1427,7 @@ def run_sequential_audits(
     fl = getattr(floor, "floors", floor)
     refs = [r for r in pool.references if not isinstance(fl, dict) or r in fl] or pool.references[:1]
     used: list[int] = []
+    actual: list[int] = []
     verdicts: Counter = Counter()
     stops: Counter = Counter()
     for j in range(audits):
@@ -1398,12 +1438,13 @@ def run_sequential_audits(
             d = drawer.extend_to(target)
             batches = {r: evidence_for(pool, d, mix, r) for r in refs}
             dec = seq.update(
-                d.total, lambda a, _b=batches: audit_verdict(_b, floor, alpha=a, seed=seed * 1_000_003 + j)
+                d.planned_total, lambda a, _b=batches: audit_verdict(_b, floor, alpha=a, seed=seed * 1_000_003 + j)
             )
             if dec.stop:
                 break
         last = seq.decisions[-1]
         used.append(last.tokens)
+        actual.append(d.total)
         verdicts[last.verdict] += 1
         stops[last.look] += 1
     n = audits
@@ -1428,6 +1469,7 @@ def run_sequential_audits(
         "inconclusive_rate": verdicts["INCONCLUSIVE"] / n,
         "verdicts": dict(verdicts),
         "mean_tokens": float(np.mean(used)),
+        "mean_completion_tokens": float(np.mean(actual)),
         "median_tokens": float(np.median(used)),
         "tokens_saved": 1.0 - float(np.mean(used)) / design.max_tokens,
         "stop_look": {str(k): v for k, v in sorted(stops.items())},

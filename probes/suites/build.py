@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SUITE_VERSION = "1.0"
+SUITE_VERSION = "1.1"
 HERE = Path(__file__).parent
 
 # -- prompts ---------------------------------------------------------------------------------
@@ -133,6 +133,11 @@ PLANS = {
 
 MAX_TOKENS_CODE_BONUS = 16  # code answers are longer
 
+#: Alternatives asked on sampling probes. Asking for logprobs gives the emitted tokens themselves
+#: (ids by bytes, not a re-tokenization of the text) and the provider's own distribution for the
+#: self-consistency tests (suite 1.1; 1.0 asked none).
+SAMPLING_TOP_LOGPROBS = 5
+
 
 def _probes(workload: str, plan: tuple[int, ...], code: list[tuple[str, str]], seed_base: int) -> list[dict[str, Any]]:
     g_n, g_len, l_n, l_len, s_n, s_k, s_len = plan
@@ -156,7 +161,7 @@ def _probes(workload: str, plan: tuple[int, ...], code: list[tuple[str, str]], s
                         max_tokens=l_len + bonus, temperature=0.0, top_logprobs=5))
     for j, (tag, msgs, raw) in enumerate(take(s_n)):
         out.append(dict(id=f"{workload}-sampling-{tag}", workload=workload, mode="sampling", messages=msgs, prompt=raw,
-                        max_tokens=s_len, temperature=1.0, top_logprobs=None, n_samples=s_k, seed=seed_base + 100 * j))
+                        max_tokens=s_len, temperature=1.0, top_logprobs=SAMPLING_TOP_LOGPROBS, n_samples=s_k, seed=seed_base + 100 * j))
     return out
 
 

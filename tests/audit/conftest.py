@@ -82,3 +82,15 @@ def tiny_sims(tiny_lm) -> Iterator[SimFactory]:
     f = SimFactory(tiny_lm, "tiny")
     yield f
     f.stop()
+
+
+@pytest.fixture
+def small_floors(monkeypatch, audit_home) -> Path:
+    """Make noise floors small (4 prompts x 8 tokens) and cached under the session directory."""
+    import auditor.noise as noise
+
+    monkeypatch.setattr(noise, "FLOOR_PROMPTS", 4)
+    monkeypatch.setattr(noise, "FLOOR_MAX_NEW_TOKENS", 8)
+    d = audit_home / "noise-small"
+    monkeypatch.setattr(noise, "noise_cache_dir", lambda: d)
+    return d

@@ -16,8 +16,12 @@ runner = CliRunner()
 
 def _json(result):
     assert result.exit_code == 0, result.output
-    line = [ln for ln in result.stdout.splitlines() if ln.startswith("{") or ln.startswith("[")][-1]
-    return json.loads(line)
+    out = result.stdout.strip()
+    try:
+        return json.loads(out)
+    except json.JSONDecodeError:
+        line = [ln for ln in out.splitlines() if ln.startswith("{") or ln.startswith("[")][-1]
+        return json.loads(line)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,11 @@ def test_ngram_latest_occurrence_and_longest_match():
 
 def test_ngram_fewer_than_k_and_none():
     d = NgramDrafter(min_n=2, max_n=4)
-    assert d.find([1, 2, 3, 1, 2], 5) == [3, 1, 2]  # match at 0: continuation is 3,1,2 (ends at the suffix)
+    nd = NgramDrafter(min_n=2, max_n=4, periodic=False)
+    assert nd.find([1, 2, 3, 1, 2], 5) == [3, 1, 2]  # match at 0: the span ends at the suffix
+    assert d.find([1, 2, 3, 1, 2], 5) == [3, 1, 2, 3, 1]  # periodic: continue with period 3
+    assert d.find([9, 7, 8, 7, 8], 5) == [7, 8, 7, 8, 7]  # (7,8) latest at 1 -> period 2
+    assert nd.find([9, 7, 8, 7, 8], 5) == [7, 8]
     ids, q = d.propose([1, 2, 3, 4], 4)
     assert ids.numel() == 0 and q is None
     assert d.find([7], 3) == []

@@ -61,7 +61,8 @@ def test_rounds_are_delivered_as_bursts(tiny_lm):
     chunks = []
     res = eng.generate(ids, max_tokens=11, temperature=0.0, on_chunk=lambda part: chunks.append(len(part)))
     assert [t.token_id for t in res.tokens] == [t.token_id for t in first.tokens]
-    assert chunks == res.chunks == [1, 5, 5]  # prefill token, then k+1 per round
+    assert chunks == res.chunks and sum(chunks) == 11
+    assert chunks.count(5) == 2  # two full rounds of k drafts + 1 token, each one chunk
 
 
 def test_stop_string_truncates_output(honest):
@@ -118,7 +119,7 @@ def test_truncated_sampling_never_emits_the_tail(peaked_lm):
     assert eng.effective_sampling(1.0, 1.0, 0)["top_p"] == 0.8
     assert eng.effective_sampling(0.0, 1.0, 0)["top_p"] == 1.0
     ids = eng.encode_text(PROMPT)
-    res = eng.generate(ids, max_tokens=40, temperature=1.0, top_n=20, seed=5)
+    res = eng.generate(ids, max_tokens=20, temperature=1.0, top_n=20, seed=5)
     for t in res.tokens:
         probs = np.exp(t.top_logprobs)
         rank = t.top_ids.index(t.token_id)

@@ -1,0 +1,55 @@
+"""Noise-floor calibration: measured on honest variants, merged, cached (tiny model)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from auditor.detectors import compute_noise_floor
+from auditor.noise import HONEST_BY_REFERENCE, FloorSet, floor_prompts, get_floors, merge_floors
+
+
+def _floor(scale: float, seed: int, name: str):
+    rng = np.random.default_rng(seed)
+    ref = rng.normal(size=(60, 50)) * 3
+    honest = ref + rng.normal(size=ref.shape) * scale
+    return compute_noise_floor(ref, honest, prompt_ids=np.repeat(np.arange(6), 10), variant_names=[name])
+
+
+def test_merge_keeps_the_most_lenient_floor() -> None:
+    a, b = _floor(0.01, 0, "quiet"), _floor(0.2, 1, "loud")
+    m = merge_floors([a, b])
+    assert m.variants == ["quiet", "loud"]
+    assert m.margin_band == max(a.margin_band, b.margin_band) > a.margin_band
+    for k in a.kl:
+        assert m.kl[k].variant == "loud" and m.kl[k].mean_kl == b.kl[k].mean_kl
+    assert merge_floors([a]) is a
+
+
+def test_floor_prompts_cover_every_workload(tiny_lm) -> None:
+    names, ids = floor_prompts(tiny_lm.tokenizer, 8)
+    assert len(names) == len(ids) == 8
+    assert {n.split("-")[0] for n in names} == {"code", "math", "chat", "repetition"}
+    assert all(len(x) > 5 for x in ids)
+
+
+def test_get_floors_measures_then_caches(tiny_lm, tmp_path) -> None:
+    calls = []
+    fs = get_floors({"float32": tiny_lm}, n_prompts=3, max_new_tokens=6, cache_dir=tmp_path,
+                    progress=lambda stage, d, t: calls.append(stage))
+    assert fs.meta["cached"] is False and list(fs.floors) == ["float32"]
+    fl = fs.floors["float32"]
+    assert set(fl.variants) == set(HONEST_BY_REFERENCE["float32"])
+    assert fl.n_prompts == 3 and fl.n_positions > 0 and fl.margin_band > 0
+    # the honest variants really differ from the reference: bf16 and logit noise have nonzero KL,
+    # the float32 variant (same weights, another computation path) is nearly exact
+    ck = fs.cross_kl["float32"]
+    assert ck["honest-fp32"] < 1e-6 < ck["honest-noisy"] and ck["honest-bf16"] > 1e-6
+    assert {s.split(": ")[1] for s in calls} == set(HONEST_BY_REFERENCE["float32"])
+    again = get_floors({"float32": tiny_lm}, n_prompts=3, max_new_tokens=6, cache_dir=tmp_path)
+    assert again.meta["cached"] is True and again.key == fs.key
+    assert json.loads(again.to_json())["floors"] == json.loads(fs.to_json())["floors"]
+    assert FloorSet.from_json(fs.to_json()).summary()["references"] == fs.summary()["references"]
+    other = get_floors({"float32": tiny_lm}, n_prompts=2, max_new_tokens=6, cache_dir=tmp_path)
+    assert other.key != fs.key and other.meta["cached"] is False  # the key covers the prompt set

@@ -1,0 +1,152 @@
+"""The check pipeline end to end on a tiny random model served by in-process simulators:
+storage, alignment, reference cache, summary figures, report re-rendering, resume, CLI, errors.
+(Verdicts on the real model and real profiles: test_profiles.py.)"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+from typer.testing import CliRunner
+
+from auditor.audit import AuditError, run_check
+from auditor.cli import app
+from auditor.report import load_report, render_json, render_junit, render_markdown
+from auditor.store import open_store
+from auditor.store import queries as q
+
+from .conftest import providers_toml
+
+
+@pytest.fixture
+def tiny_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
+    """A providers file with an honest tiny simulator ('sim') and a dead port ('dead'); the reference
+    'tiny-ref' resolves to the tiny model."""
+    import auditor.audit as audit
+    from reference.simulator.server import free_port
+
+    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    url = tiny_sims.url("honest-fp32")
+    cfg = tmp_path / "providers.toml"
+    cfg.write_text(providers_toml({"sim": url, "dead": f"http://127.0.0.1:{free_port()}/v1"}, "tiny", reference="tiny-ref"))
+    return {"config": str(cfg), "db": f"sqlite:///{tmp_path / 'a.db'}", "tmp": tmp_path}
+
+
+def test_run_check_stores_everything_and_rerenders_identically(tiny_env) -> None:
+    rep = run_check("sim", suite="smoke", budget_tokens=96, db_url=tiny_env["db"], config_path=tiny_env["config"])
+    assert rep.status == "completed" and rep.verdict in ("PASS", "INCONCLUSIVE")  # tiny model: power is tiny
+    assert rep.tokens["budget"] == 96 and rep.tokens["completion"] <= 96 and rep.tokens["prompt"] > 0
+    assert rep.tokens["scored_positions"] > 0 and rep.cost_usd > 0
+    assert rep.reference["model"] == "tiny-ref" and rep.reference["revision"] == "tiny-llama-seed0"
+    names = [d["name"] for d in rep.detectors]
+    assert names[:2] == ["greedy-match", "logprob-divergence"] and "self-greedy" in names
+    for d in rep.detectors:
+        assert d["ran"] == (d["reason"] is None or d["p_value"] is not None)
+        if d["ran"]:
+            assert 0 <= d["p_value"] <= d["p_adjusted"] <= 1
+    gm = rep.detector("greedy-match")
+    assert gm["details"]["nearest_reference"] == "float32"
+    # speed figures from the stream timing
+    s = rep.summary
+    assert s["ttft_median_s"] > 0 and s["tpot_median_s"] >= 0 and s["tokens_per_s"] > 0
+    assert s["mean_tokens_per_chunk"] >= 1 and sum(s["tokens_per_chunk"].values()) > 0
+    assert s["noise_floor"] is not None and "clear_mismatch_rate" in s
+    # stored: run fields, detector rows, verdict, aligned ids, reference cache
+    st = open_store(tiny_env["db"])
+    with st.session() as ses:
+        run = q.get_run(ses, rep.run_id)
+        assert run.kind == "audit" and run.verdict == rep.verdict and run.alpha == 0.05 and run.budget_tokens == 96
+        assert run.reference_revision == "tiny-llama-seed0" and run.reference_dtype == "float32"
+        assert len(q.detector_results_for_run(ses, rep.run_id)) == len(rep.detectors)
+        toks = q.tokens_per_probe(ses, rep.run_id)
+        assert toks and all(t.ref_token_id is not None for ts in toks.values() for t in ts)
+        n_cache = ses.query(q.ReferenceCache).count()
+        n_attempts = q.run_detail(ses, rep.run_id).n_attempts
+    assert n_cache == sum(1 for _ in toks)
+    # re-rendered from the database: the same report, in every format
+    again = load_report(rep.run_id[:8], tiny_env["db"])
+    assert again.to_dict() == rep.to_dict()
+    assert json.loads(render_json(again)) == json.loads(render_json(rep))
+    assert render_markdown(again) == render_markdown(rep)
+    ET.fromstring(render_junit(again).split("\n", 1)[1])
+    # resume of a finished audit: no new requests, reference scores from the cache, same verdict
+    rep2 = run_check("sim", suite="smoke", budget_tokens=96, db_url=tiny_env["db"], config_path=tiny_env["config"],
+                     resume=rep.run_id)
+    assert rep2.run_id == rep.run_id and rep2.verdict == rep.verdict
+    with st.session() as ses:
+        assert q.run_detail(ses, rep.run_id).n_attempts == n_attempts
+        assert ses.query(q.ReferenceCache).count() == n_cache
+    st.close()
+
+
+def test_cli_check_formats_report_and_exit_codes(tiny_env) -> None:
+    runner = CliRunner()
+    jpath = tiny_env["tmp"] / "r.json"
+    base = ["check", "--provider", "sim", "--suite", "smoke", "--budget-tokens", "64", "--config", tiny_env["config"],
+            "--db", tiny_env["db"], "--no-progress"]
+    res = runner.invoke(app, base + ["--format", "json", "--json", str(jpath)])
+    d = json.loads(res.stdout)
+    assert res.exit_code == {"PASS": 0, "INCONCLUSIVE": 2}[d["verdict"]] == d["exit_code"]
+    assert json.loads(jpath.read_text()) == d
+    rid = d["run_id"]
+    for fmt in ("markdown", "json", "junit", "text"):
+        r = runner.invoke(app, ["report", rid, "--format", fmt, "--db", tiny_env["db"]])
+        assert r.exit_code == 0, r.output
+        if fmt == "json":
+            assert json.loads(r.stdout) == d
+        elif fmt == "junit":
+            ET.fromstring(r.stdout.split("\n", 1)[1])
+        elif fmt == "markdown":
+            assert r.stdout.startswith(f"# Inference audit: sim — **{d['verdict']}**") and rid in r.stdout
+        else:
+            assert f"verdict: {d['verdict']}" in r.stdout
+    out = tiny_env["tmp"] / "r.md"
+    assert runner.invoke(app, ["report", rid, "-f", "markdown", "-o", str(out), "--db", tiny_env["db"]]).exit_code == 0
+    assert "## Token-level evidence" in out.read_text()
+    # an inconclusive audit (too small to have power) exits 2
+    res = runner.invoke(app, base[:6] + ["16"] + base[7:] + ["--format", "junit"])
+    assert res.exit_code == 2, res.output
+    assert ET.fromstring(res.stdout.split("\n", 1)[1]).find("testsuite").get("errors") == "1"
+
+
+def _one_line_error(res) -> str:
+    lines = [x for x in res.output.strip().splitlines() if x.strip()]
+    assert res.exit_code == 3, res.output
+    assert "Traceback" not in res.output
+    assert lines and lines[0].startswith("error: ")
+    return res.output
+
+
+def test_cli_errors_exit_3_with_a_clear_message(tiny_env, tmp_path) -> None:
+    runner = CliRunner()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[providers.x]\nbase_url = "ftp://nowhere"\nmodel = "m"\n')
+    out = _one_line_error(runner.invoke(app, ["check", "--provider", "x", "--config", str(bad), "--db", tiny_env["db"]]))
+    assert "providers.x.base_url" in out and "Fix" in out
+    bad.write_text('[providers.x]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "m"\ncapabilites = {}\n')
+    out = _one_line_error(runner.invoke(app, ["check", "--provider", "x", "--config", str(bad)]))
+    assert "capabilites" in out and "did you mean 'capabilities'" in out
+    out = _one_line_error(runner.invoke(app, ["check", "--provider", "nope", "--config", tiny_env["config"]]))
+    assert "no provider named 'nope'" in out
+    out = _one_line_error(runner.invoke(app, ["check", "--provider", "sim", "--config", str(tmp_path / "missing.toml")]))
+    assert "missing.toml" in out
+    out = _one_line_error(runner.invoke(app, ["check", "--provider", "sim", "--config", tiny_env["config"], "--suite", "nosuch"]))
+    assert "no suite named 'nosuch'" in out
+    out = _one_line_error(runner.invoke(app, ["check", "--provider", "sim", "--config", tiny_env["config"], "--alpha", "1.5"]))
+    assert "--alpha" in out
+    out = _one_line_error(runner.invoke(app, ["check", "--provider", "sim", "--config", tiny_env["config"], "--format", "pdf"]))
+    assert "--format" in out
+    out = _one_line_error(runner.invoke(app, ["report", "feedfacecafe", "--db", tiny_env["db"]]))
+    assert "no run 'feedfacecafe'" in out
+    res = runner.invoke(app, ["check", "--provider", "dead", "--suite", "smoke", "--config", tiny_env["config"],
+                              "--db", tiny_env["db"], "--no-progress"])
+    out = _one_line_error(res)
+    assert "no probe succeeded" in out and "dead" in out
+
+
+def test_run_check_api_errors(tiny_env) -> None:
+    with pytest.raises(AuditError, match="--budget-tokens 3 is smaller"):
+        run_check("sim", suite="smoke", budget_tokens=3, db_url=tiny_env["db"], config_path=tiny_env["config"])
+    with pytest.raises(AuditError, match="alpha"):
+        run_check("sim", alpha=0.0, db_url=tiny_env["db"], config_path=tiny_env["config"])

