@@ -31,7 +31,19 @@ _EXPORTS = {
     "make_verifier": "verifiers",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "FaultInjector",
+    "PROFILES",
+    "Profile",
+    "ServerThread",
+    "SimulatorEngine",
+    "build_served_model",
+    "create_app",
+    "get_profile",
+    "list_profiles",
+    "make_verifier",
+    "serve_in_thread",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -120,7 +120,7 @@ class ServedModel(torch.nn.Module):
         self.last_logits: torch.Tensor | None = None  # [n, V] of the last forward's first sequence
 
     @property
-    def config(self):  # noqa: D401 - mirrors the HF attribute
+    def config(self):
         """The inner model's config."""
         return self.inner.config
 
@@ -147,7 +147,7 @@ class ServedModel(torch.nn.Module):
             rows.append(cache[pos])
         return (torch.stack(rows) * self.sigma).reshape(*positions.shape, V).to(device)
 
-    def forward(self, input_ids: torch.Tensor | None = None, **kwargs: Any):  # noqa: D417
+    def forward(self, input_ids: torch.Tensor | None = None, **kwargs: Any):
         """Run the inner model; perturb and record its logits (see class doc)."""
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past = int(cache.get_seq_length()) if cache is not None else 0
@@ -385,6 +385,7 @@ class SimulatorEngine:
         self.k = int(k)
         self.adaptive_k = adaptive_k
         self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()  # separate from the generation lock: never blocks the event loop
         self._lock = threading.Lock()
         self.n_requests = 0
 
@@ -416,8 +417,8 @@ class SimulatorEngine:
         return encode_prompt(self.tokenizer, prompt, chat=False)
 
     def next_seed(self) -> int:
-        """A fresh 63-bit seed from the server RNG (thread-safe)."""
-        with self._lock:
+        """A fresh 63-bit seed from the server RNG (thread-safe; does not wait for a running generation)."""
+        with self._rng_lock:
             return self._rng.getrandbits(63)
 
     @staticmethod
@@ -481,8 +482,8 @@ class SimulatorEngine:
         Raises:
             ValueError: invalid arguments (from the reference loop).
         """
-        from reference.speculative import speculative_generate
         from reference.simulator.verifiers import make_verifier
+        from reference.speculative import speculative_generate
 
         if seed is None:
             seed = self.next_seed()
@@ -611,14 +612,14 @@ def mean_kl(p_logprobs: torch.Tensor, q_logprobs: torch.Tensor) -> float:
 
 
 __all__ = [
+    "ChoiceResult",
     "ServedModel",
     "SimulatorEngine",
     "TokenInfo",
-    "ChoiceResult",
     "build_served_model",
     "build_vocab_bytes",
     "bytes_to_unicode",
-    "token_display",
-    "prune_layers_",
     "mean_kl",
+    "prune_layers_",
+    "token_display",
 ]

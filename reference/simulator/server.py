@@ -42,7 +42,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from reference.simulator.engine import ChoiceResult, SimulatorEngine, TokenInfo
 from reference.simulator.faults import FaultInjector
 from reference.simulator.profiles import Profile, get_profile
-from reference.simulator.schemas import ChatCompletionRequest, CompletionRequest, InvalidRequest
+from reference.simulator.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    InvalidRequest,
+)
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -62,8 +66,7 @@ def _validation_to_invalid(e: ValidationError) -> InvalidRequest:
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err.get("loc", ()) if x not in ("function-after",))
     msg = err.get("msg", "invalid value")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
+    msg = msg.removeprefix("Value error, ")
     inp = err.get("input")
     shown = "" if isinstance(inp, dict) or err.get("type") == "missing" else f" (got {json.dumps(inp, default=str)[:80]})"
     return InvalidRequest(f"{loc or 'body'}: {msg}{shown}", param=loc or None, code="invalid_value")
@@ -628,9 +631,11 @@ class ServerThread:
 
     @property
     def base_url(self) -> str:
+        """``http://HOST:PORT/v1``."""
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self) -> ServerThread:
+        """Start serving; returns once uvicorn accepts connections (RuntimeError after ``timeout``)."""
         self.thread.start()
         t0 = time.monotonic()
         while not self.server.started:
@@ -640,13 +645,14 @@ class ServerThread:
         return self
 
     def stop(self) -> None:
+        """Ask uvicorn to exit and wait for the thread (at most ``timeout`` seconds)."""
         self.server.should_exit = True
         self.thread.join(timeout=self.timeout)
 
     def __enter__(self) -> ServerThread:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

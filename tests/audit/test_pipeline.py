@@ -29,7 +29,9 @@ def tiny_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
     url = tiny_sims.url("honest-fp32")
     cfg = tmp_path / "providers.toml"
-    cfg.write_text(providers_toml({"sim": url, "dead": f"http://127.0.0.1:{free_port()}/v1"}, "tiny", reference="tiny-ref"))
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    cfg.write_text(providers_toml({"sim": url, "dead": dead}, "tiny", reference="tiny-ref")
+                   + "[providers.dead.retry]\nmax_attempts = 1\n")
     return {"config": str(cfg), "db": f"sqlite:///{tmp_path / 'a.db'}", "tmp": tmp_path}
 
 

@@ -263,10 +263,9 @@ def _bad_json(line: str) -> bool:
 
 def test_slow_fault_trips_a_client_timeout(tiny_lm):
     inj = FaultInjector(1.0, seed=0, delay_s=3.0, kinds=("slow",))
-    with ServerThread(create_app("honest-fp32", tiny_lm, faults=inj)) as srv:
-        with pytest.raises(httpx.TimeoutException):
-            httpx.post(srv.base_url + "/chat/completions", json={"model": NAME, "messages": CHAT, "max_tokens": 2},
-                       timeout=0.5)
+    body = {"model": NAME, "messages": CHAT, "max_tokens": 2}
+    with ServerThread(create_app("honest-fp32", tiny_lm, faults=inj)) as srv, pytest.raises(httpx.TimeoutException):
+        httpx.post(srv.base_url + "/chat/completions", json=body, timeout=0.5)
 
 
 def test_usage_and_max_tokens_zero_echo_scoring(relaxed_app, client):
@@ -277,3 +276,19 @@ def test_usage_and_max_tokens_zero_echo_scoring(relaxed_app, client):
     assert ch["text"] == "Hello there world" and r["usage"]["completion_tokens"] == 0
     assert len(ch["logprobs"]["tokens"]) == r["usage"]["prompt_tokens"]
     assert all(math.isfinite(x) for x in ch["logprobs"]["token_logprobs"][1:])
+
+
+def test_concurrent_requests_are_served_and_models_stays_responsive(server):
+    """Generations are serialized, but the event loop is never blocked by a running one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = {"model": NAME, "messages": CHAT, "max_tokens": 24, "temperature": 1.0}
+    with ThreadPoolExecutor(3) as ex:
+        futs = [ex.submit(httpx.post, server.base_url + "/chat/completions", json=body, timeout=120) for _ in range(3)]
+        time.sleep(0.2)
+        t0 = time.perf_counter()
+        assert httpx.get(server.base_url + "/models", timeout=10).status_code == 200
+        models_latency = time.perf_counter() - t0
+        results = [f.result() for f in futs]
+    assert all(r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None for r in results)
+    assert models_latency < 2.0

@@ -1,0 +1,120 @@
+"""Sequential stopping: α spending, union-bound validity under H0, early stopping under H1."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from auditor.sequential import (
+    SPENDING_FUNCTIONS,
+    SequentialAudit,
+    SequentialDesign,
+    alpha_spent,
+    run_sequential,
+    tokens_saved,
+)
+
+
+@pytest.mark.parametrize("spending", SPENDING_FUNCTIONS)
+def test_spending_functions_are_monotone_and_spend_alpha(spending):
+    ts = np.linspace(0, 1, 101)
+    a = [alpha_spent(t, 0.05, spending) for t in ts]
+    assert a[0] == 0 and a[-1] == pytest.approx(0.05)
+    assert all(y >= x - 1e-15 for x, y in zip(a, a[1:]))
+    d = SequentialDesign.geometric(3000, 100, alpha=0.05, spending=spending)
+    assert d.looks[0] == 100 and d.looks[-1] == 3000
+    assert sum(d.look_alphas()) == pytest.approx(0.05)
+    assert all(x >= 0 for x in d.look_alphas())
+
+
+def test_obrien_fleming_spends_little_early():
+    assert alpha_spent(0.1, 0.05) < 1e-6 < alpha_spent(0.5, 0.05) < alpha_spent(1.0, 0.05)
+    assert alpha_spent(0.5, 0.05, "pocock") > alpha_spent(0.5, 0.05, "obrien-fleming")
+
+
+def test_design_validation():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        SequentialDesign((100, 100, 200))
+    with pytest.raises(ValueError, match="spending"):
+        SequentialDesign((100, 200), spending="haybittle")
+    with pytest.raises(ValueError):
+        SequentialDesign.geometric(50, first=100)
+    with pytest.raises(ValueError, match="alpha"):
+        alpha_spent(0.5, 1.5)
+
+
+def _brownian_world(rng, drift, looks):
+    """A z-statistic on cumulative data at each look (Brownian motion with drift per unit info)."""
+    n_max = looks[-1]
+    inc = rng.normal(drift, 1.0, size=n_max)
+    cum = np.cumsum(inc)
+    return {n: cum[n - 1] / math.sqrt(n) for n in looks}
+
+
+def _verdict_for(z):
+    def at(tokens, alpha):
+        p = stats.norm.sf(z[tokens])
+        if p <= alpha:
+            return SimpleNamespace(verdict="QUANTIZATION")
+        return SimpleNamespace(verdict="INCONCLUSIVE")
+
+    return at
+
+
+@pytest.mark.parametrize("spending", SPENDING_FUNCTIONS)
+def test_false_rejection_rate_is_at_most_alpha_under_h0(spending):
+    """Dependent looks (cumulative statistic), 4000 seeded worlds: rejection rate <= alpha."""
+    design = SequentialDesign.geometric(800, 50, alpha=0.05, spending=spending)
+    rng = np.random.default_rng(1)
+    rej = 0
+    n = 4000
+    for _ in range(n):
+        seq = run_sequential(design, _verdict_for(_brownian_world(rng, 0.0, design.looks)))
+        rej += seq.final_verdict.verdict == "QUANTIZATION"
+    rate = rej / n
+    # union bound: at most alpha (plus binomial slack); conservative since looks are correlated
+    assert rate <= 0.05 + 2.6 * math.sqrt(0.05 * 0.95 / n)
+    assert rate > 0.01  # but not vacuous
+
+
+def test_strong_effect_stops_early_and_saves_tokens():
+    design = SequentialDesign.geometric(3200, 100, alpha=0.05, spending="pocock")
+    rng = np.random.default_rng(2)
+    used = []
+    for _ in range(300):
+        seq = run_sequential(design, _verdict_for(_brownian_world(rng, 0.5, design.looks)))
+        assert seq.final_verdict.verdict == "QUANTIZATION"
+        used.append(seq.decisions[-1].tokens)
+    assert np.mean(used) < 0.2 * design.max_tokens
+    assert tokens_saved(used, design.max_tokens) > 0.8
+
+
+def test_accept_stops_and_last_look_is_final():
+    design = SequentialDesign((100, 200, 400))
+    calls = []
+
+    def at(tokens, alpha):
+        calls.append((tokens, alpha))
+        return SimpleNamespace(verdict="PASS" if tokens >= 200 else "INCONCLUSIVE")
+
+    seq = run_sequential(design, at)
+    assert seq.final_verdict.verdict == "PASS" and [d.action for d in seq.decisions] == ["continue", "accept"]
+    assert seq.alpha_spent <= 0.05
+    seq2 = run_sequential(design, lambda t, a: SimpleNamespace(verdict="INCONCLUSIVE"))
+    assert [d.action for d in seq2.decisions] == ["continue", "continue", "final"]
+    assert seq2.alpha_spent == pytest.approx(0.05)
+    with pytest.raises(RuntimeError, match="already finished"):
+        seq2.update(400, lambda a: SimpleNamespace(verdict="PASS"))
+    s = seq2.summary()
+    assert s["tokens_used"] == 400 and len(s["looks"]) == 3
+
+
+def test_overshooting_tokens_spend_the_rest():
+    seq = SequentialAudit(SequentialDesign((100, 200, 400)))
+    seq.update(120, lambda a: SimpleNamespace(verdict="INCONCLUSIVE"))
+    d = seq.update(450, lambda a: SimpleNamespace(verdict="INCONCLUSIVE"))
+    assert d.action == "final" and seq.alpha_spent == pytest.approx(0.05)
