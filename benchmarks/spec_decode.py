@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -30,10 +31,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reference.drafters import NgramDrafter, SelfDrafter  # noqa: E402
-from reference.models import load_model  # noqa: E402
-from reference.scoring import encode_prompt  # noqa: E402
-from reference.speculative import autoregressive_generate, speculative_generate  # noqa: E402
+from reference.drafters import NgramDrafter, SelfDrafter
+from reference.models import load_model
+from reference.scoring import encode_prompt
+from reference.speculative import autoregressive_generate, speculative_generate
 
 PASSAGES = [
     "The Great Barrier Reef is the world's largest coral reef system, composed of over 2,900 individual reefs "
@@ -158,7 +159,7 @@ def main(argv=None) -> dict:
                     t, dt, ml = methods[m](ids)
                     toks[m] = t
                     times[m].append(dt)
-                    if ml == ml:
+                    if not math.isnan(ml):
                         mal[m].append(ml)
             row = {"prompt": pname, "n_tokens": len(toks["plain"])}
             for m in names:

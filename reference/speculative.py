@@ -179,12 +179,12 @@ class AdaptiveK:
 
     def plan(self, limit: int) -> int:
         """k to draft (drafting cost counted), 0..min(k_max, limit)."""
-        ks = range(0, max(0, min(self.k_max, limit)) + 1)
+        ks = range(max(0, min(self.k_max, limit)) + 1)
         return max(ks, key=lambda k: (self.value(k), -k))
 
     def truncate(self, n_proposed: int) -> int:
         """How many of ``n_proposed`` already-drafted tokens to verify (drafting cost is sunk)."""
-        ks = range(0, n_proposed + 1)
+        ks = range(n_proposed + 1)
         return max(ks, key=lambda k: (self.value(k, include_draft=False), -k))
 
 
@@ -266,7 +266,7 @@ def speculative_generate(
             generator.manual_seed(int(seed))
         else:
             generator.seed()
-    eos = set(int(e) for e in (eos_token_ids if eos_token_ids is not None else eos_token_ids_of(model, tok)))
+    eos = {int(e) for e in (eos_token_ids if eos_token_ids is not None else eos_token_ids_of(model, tok))}
     verifier = verifier or StrictVerifier()
     device = next(model.parameters()).device
 

@@ -20,7 +20,7 @@ def _json(result):
     try:
         return json.loads(out)
     except json.JSONDecodeError:
-        line = [ln for ln in out.splitlines() if ln.startswith("{") or ln.startswith("[")][-1]
+        line = [ln for ln in out.splitlines() if ln.startswith(("{", "["))][-1]
         return json.loads(line)
 
 

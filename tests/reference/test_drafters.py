@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from reference.drafters import (
-    DraftModelDrafter,
     Drafter,
+    DraftModelDrafter,
     NgramDrafter,
     ScriptedDrafter,
     SelfDrafter,

@@ -10,9 +10,19 @@ import pytest
 import torch
 from scipy import stats
 
-from reference.drafters import DraftModelDrafter, NgramDrafter, ScriptedDrafter, SelfDrafter, SequenceDrafter
+from reference.drafters import (
+    DraftModelDrafter,
+    NgramDrafter,
+    ScriptedDrafter,
+    SelfDrafter,
+    SequenceDrafter,
+)
 from reference.sampling import sample_from
-from reference.speculative import AdaptiveK, autoregressive_generate, speculative_generate
+from reference.speculative import (
+    AdaptiveK,
+    autoregressive_generate,
+    speculative_generate,
+)
 from reference.verify import VerifyResult, rejection_dist
 
 from ..conftest import make_tiny_model

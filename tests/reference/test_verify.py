@@ -155,7 +155,6 @@ def test_saturated_all_accepted_gives_k_plus_1_tokens():
 
 @pytest.mark.parametrize("i", [0, 1, 2])
 def test_reject_at_i_emits_residual_token(i):
-    k = 3
     target = [2, 2, 2, 2]
     drafts = [2, 2, 2]
     drafts[i] = 4  # p(4) = 0 at position i -> must be rejected, residual = p = one-hot(2)
