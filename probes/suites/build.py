@@ -133,6 +133,9 @@ PLANS = {
 
 MAX_TOKENS_CODE_BONUS = 16  # code answers are longer
 
+#: Alternatives asked on greedy probes (suite 1.1; 1.0 asked 2). Five, like the logprob probes, so
+#: that every temperature-0 position gives the logprob-divergence test the same width M = 5.
+GREEDY_TOP_LOGPROBS = 5
 #: Alternatives asked on sampling probes. Asking for logprobs gives the emitted tokens themselves
 #: (ids by bytes, not a re-tokenization of the text) and the provider's own distribution for the
 #: self-consistency tests (suite 1.1; 1.0 asked none).
@@ -155,7 +158,7 @@ def _probes(workload: str, plan: tuple[int, ...], code: list[tuple[str, str]], s
 
     for tag, msgs, raw in take(g_n):
         out.append(dict(id=f"{workload}-greedy-{tag}", workload=workload, mode="greedy", messages=msgs, prompt=raw,
-                        max_tokens=g_len + bonus, temperature=0.0, top_logprobs=2))
+                        max_tokens=g_len + bonus, temperature=0.0, top_logprobs=GREEDY_TOP_LOGPROBS))
     for tag, msgs, raw in take(l_n):
         out.append(dict(id=f"{workload}-logprob-{tag}", workload=workload, mode="logprob", messages=msgs, prompt=raw,
                         max_tokens=l_len + bonus, temperature=0.0, top_logprobs=5))
