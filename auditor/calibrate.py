@@ -1482,11 +1482,21 @@ def run_sequential_audits(
 # =============================================================================================
 
 
-def get_noise_floor(ref_lms: Any, *, cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Any:
+def get_noise_floor(
+    ref_lms: Any,
+    *,
+    cache_dir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+    **floor_kwargs: Any,
+) -> Any:
     """The pipeline's noise floors for the reference (``auditor.noise.get_floors``; cached on disk).
 
     Args:
         ref_lms: reference dtype → LoadedModel (``float32`` and usually ``bfloat16``).
+        cache_dir: cache root (floors under ``noise/``); None = ``auditor.noise``'s own cache,
+            shared with ``auditor check``.
+        floor_kwargs: passed to ``get_floors`` (``n_prompts``, ``max_new_tokens``: miniatures only —
+            the benchmark must use the floor ``auditor check`` uses, i.e. the defaults).
 
     Returns:
         ``auditor.noise.FloorSet`` (``.floors``: dtype → NoiseFloor).
@@ -1499,7 +1509,8 @@ def get_noise_floor(ref_lms: Any, *, cache_dir: Path | None = None, progress: Ca
         def cb(stage: str, done: int, total: int) -> None:
             if done == total or done % 8 == 0:
                 progress(f"{stage} {done}/{total}")
-    return get_floors(refs, cache_dir=None if cache_dir is None else Path(cache_dir) / "noise", progress=cb)
+    return get_floors(refs, cache_dir=None if cache_dir is None else Path(cache_dir) / "noise", progress=cb,
+                      **floor_kwargs)
 
 
 @dataclass
@@ -1559,6 +1570,7 @@ def run_calibration(
     refresh: bool = False,
     sequential: Any = "auto",
     sequential_audits: int | None = None,
+    floor_kwargs: dict | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CalibrationRun:
     """Run the detection benchmark: pools (cached), resampled fixed-budget audits, sequential audits.
@@ -1579,6 +1591,7 @@ def run_calibration(
         sequential: a ``SequentialDesign``, None (skip), or "auto" (geometric looks from the
             smallest budget to the largest, O'Brien–Fleming spending).
         sequential_audits: audits per profile for the sequential simulation (default ``audits``).
+        floor_kwargs: extra arguments of ``auditor.noise.get_floors`` (CI miniatures only).
         progress: callback for one-line status messages.
 
     Returns:
@@ -1607,7 +1620,7 @@ def run_calibration(
     timings["load_models_s"] = time.perf_counter() - t
     first = refs["float32"]
     t = time.perf_counter()
-    floors = get_noise_floor(refs, cache_dir=cache_dir, progress=say)
+    floors = get_noise_floor(refs, cache_dir=cache_dir, progress=say, **(floor_kwargs or {}))
     timings["noise_floor_s"] = time.perf_counter() - t
     say(f"noise floor ready ({'cached' if floors.meta.get('cached') else 'computed'}, {timings['noise_floor_s']:.0f}s)")
     mix = mix or default_mix()

@@ -104,8 +104,8 @@ def main() -> None:
             "quant_backend": (info.quant or {}).get("backend"),
             "layers": info.layers,
             "peak_rss_mib": round(rss_mib(), 1),
-            "note": "p unchanged; deviation is in the sampling law" if prof.family in ("relaxed",)
-            or prof.verifier == "decode-noncompliant" or prof.forced_top_p else "",
+            "note": "p unchanged; the sampling law deviates" if prof.family == "relaxed" or prof.forced_top_p
+            else "p unchanged; greedy tokens deviate" if prof.verifier == "decode-noncompliant" else "",
         }
         rows.append(row)
         del served

@@ -32,8 +32,8 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "FaultInjector",
     "PROFILES",
+    "FaultInjector",
     "Profile",
     "ServerThread",
     "SimulatorEngine",

@@ -24,6 +24,7 @@ def mini_run(tiny_refs, mini_cfg, tmp_path_factory):
     run = run_calibration(
         PROFILES, budgets=[60, 150], audits=4, ref_lms=tiny_refs, pool_cfg=mini_cfg, cache_dir=cache,
         sequential=SequentialDesign((60, 150), spending="pocock"), sequential_audits=3, progress=msgs.append,
+        floor_kwargs={"n_prompts": 4, "max_new_tokens": 8},
     )
     return run, cache, msgs
 
@@ -44,7 +45,9 @@ def test_records_have_the_required_fields(mini_run):
         assert sum(r["verdicts"].values()) == r["audits"]
         assert r["planned_tokens"] <= r["budget_tokens"]
         assert r["completion_tokens"] <= r["planned_tokens"]
-        assert set(r["detectors"]) >= {"greedy-match", "sampling-argmax"}
+        assert "greedy-match" in r["detectors"]
+        if r["budget_tokens"] == 150:
+            assert r["detectors"]["sampling-argmax"]["ran"] > 0
         if r["profile"] == "honest-fp32":
             assert r["cause_correct_rate"] is None and r["honest"]
     for r in seq:
