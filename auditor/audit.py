@@ -14,16 +14,19 @@
    reference tokenizer through bytes (``probes.align``); the aligned ids are written back to
    ``normalized_tokens.ref_token_id``. Only positions that map 1:1 are compared (a 1:n token has
    no single reference distribution); alignment failures end a continuation and are counted.
-4. **Reference scoring**: the reference model teacher-forced at the provider's own prefixes, in
-   every honest precision (``float32`` and ``bfloat16``, see ``auditor.noise``), batched, with
-   the top-20 alternatives and the emitted token's logprob per position; results are cached in
-   ``reference_cache`` keyed by model revision + dtype + prompt ids + continuation ids + top-k.
+4. **Reference scoring**: the reference model teacher-forced at the provider's own prefixes
+   (float32 by default; more honest precisions with ``reference_dtypes``, see ``auditor.noise``),
+   batched, with the top-20 alternatives and the emitted token's logprob per position; results
+   are cached in ``reference_cache`` keyed by model revision + dtype + prompt ids + continuation
+   ids + top-k.
 5. **Evidence → detectors**: one ``EvidenceBatch`` per reference precision; every reference
-   detector (greedy-match, logprob-divergence, sampling-gof/-argmax/-tail) runs against each,
-   with that precision's noise floor, and the per-detector p-value is the **maximum over the
-   references** (intersection–union test: the provider is accused only if it is inconsistent
-   with every honest precision; ``details['nearest_reference']`` names the one that fit best).
-   ``self-greedy`` runs once on the provider's own logprobs with the most lenient band.
+   detector (greedy-match, logprob-divergence, sampling-gof/-argmax/-tail) runs against each with
+   that precision's noise floor (measured on the simulator's honest profiles, ``auditor.noise``).
+   logprob-divergence uses the temperature-0 positions (where its floor is measured). With
+   several references the per-detector p-value is the **maximum over them** (intersection–union
+   test: accuse only if inconsistent with every honest precision; ``details['nearest_reference']``
+   names the one that fit best). ``self-greedy`` runs once on the provider's own logprobs with the
+   most lenient band.
 6. **Holm → verdict** (``auditor.verdict.decide_verdict``) → detector_results, verdict and the
    run summary (TTFT/TPOT medians, tokens/s, tokens per stream chunk, mean KL, clear-mismatch
    rate, noise floor) stored → :class:`auditor.report.AuditReport`.

@@ -85,18 +85,21 @@ __all__ = [
     "run_audits",
     "run_calibration",
     "score_groups",
+    "score_prompt_groups",
     "store_results",
     "summarize_audits",
     "write_outputs",
 ]
 
 #: Bump whenever the pool arrays or their meaning change (invalidates cached pools).
-POOL_FORMAT = 2
+POOL_FORMAT = 3
 DEFAULT_BUDGETS = (100, 300, 1000, 3000)
 DEFAULT_AUDITS = 200
 #: Reference top-K kept per position, and provider alternatives kept (OpenAI's maximum).
 REF_TOP_K = 20
 PROVIDER_TOP_N = 20
+#: Teacher-forcing batch size of the pipeline (``auditor.audit.SCORE_BATCH_SIZE``).
+SCORE_BATCH_SIZE = 8
 #: Suites whose prompts make up the pools (distinct prompts; the default suite first).
 POOL_SUITES = ("default", "chat", "code", "math", "repetition")
 
@@ -149,6 +152,9 @@ class PoolConfig:
         max_prompts: use only the first N distinct prompts (CI miniature); None = all.
         seed: base seed of every request (reproducible pools).
         batch_size: sequences per batched forward.
+        emulate_rules: serve greedy-verify's sampling and decode-noncompliant's greedy requests by
+            batched decoding with the verifier's per-position rule (exactly its output law;
+            ~8x cheaper) instead of through the simulator engine.
     """
 
     suites: tuple[str, ...] = POOL_SUITES
@@ -159,10 +165,12 @@ class PoolConfig:
     max_prompts: int | None = None
     seed: int = 0
     batch_size: int = 32
+    emulate_rules: bool = True
 
     def key_dict(self) -> dict:
         d = asdict(self)
         d.pop("batch_size")  # does not change the content (up to float reduction order)
+        d.pop("emulate_rules")  # enters the pool key through the backends it selects (pool_path)
         return d
 
 
@@ -408,6 +416,8 @@ def _decode_rows(
     seeds: Sequence[int],
     top_n: int = PROVIDER_TOP_N,
     expand: int = 1,
+    rule: str | None = None,
+    flip_rate: float = 0.0,
 ) -> list[dict]:
     """Plain autoregressive decoding of a batch (left padding, KV cache) with per-position records.
 
@@ -422,6 +432,11 @@ def _decode_rows(
         seeds: the decoded rows' seeds; the batch's draws come from one generator seeded by their hash.
         top_n: alternatives recorded per position.
         expand: rows per prompt (see ``prompts``).
+        rule: None (plain decoding), ``argmax`` (emit the argmax whatever the temperature: the
+            output law of ``greedy-verify``'s verifier), or ``flip2nd`` (at T=0 emit the 2nd-ranked
+            token with probability ``flip_rate`` per position, independently: the output law of
+            ``decode-noncompliant``'s verifier, reference/simulator/verifiers.py).
+        flip_rate: see ``rule``.
 
     Returns:
         One dict per row: ``token_ids`` [T] int64, ``logprob`` [T] float64 (raw log-softmax of the
@@ -460,8 +475,12 @@ def _decode_rows(
         last_pos = pos[:, -1]
         for _t in range(max_new_tokens):
             logp = torch.log_softmax(logits, dim=-1)
-            if temperature == 0:
+            if temperature == 0 or rule == "argmax":
                 nxt = logits.argmax(-1)
+                if rule == "flip2nd":
+                    second = torch.topk(logits, 2, dim=-1).indices[:, 1]
+                    coin = torch.rand(nxt.shape[0], dtype=torch.float64, generator=gen) < flip_rate
+                    nxt = torch.where(coin, second, nxt)
             else:
                 probs = logits_to_probs(logits, temperature, top_k, top_p, dtype=torch.float64)
                 nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
@@ -512,83 +531,114 @@ def score_groups(
     top_k: int = REF_TOP_K,
     max_rows_tokens: int = 1024,
 ) -> list[dict]:
-    """Teacher-force several continuations of ONE prompt: the prompt's prefill is computed once.
+    """Teacher-force several continuations of ONE prompt (its prefill computed once).
+
+    See :func:`score_prompt_groups` (this is the one-group case).
+    """
+    return score_prompt_groups(lm, [(prompt_ids, continuations)], top_k=top_k, max_rows_tokens=max_rows_tokens)[0]
+
+
+def score_prompt_groups(
+    lm: Any,
+    groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]],
+    *,
+    top_k: int = REF_TOP_K,
+    max_rows_tokens: int = 1024,
+    max_prompts: int = 16,
+) -> list[list[dict]]:
+    """Teacher-force continuations grouped by prompt, batched, each prompt's prefill computed once.
 
     Same values as ``reference.scoring.score_continuations`` (raw log-softmax, nats) at a fraction
-    of the cost when many samples share a prompt: prefill the prompt (batch 1, KV cache), repeat
-    the cache, then one forward over the right-padded continuations.
+    of the cost when many samples share a prompt: the prompts of a chunk are prefilled together
+    (left padding, KV cache), the cache rows are repeated for each continuation
+    (``DynamicCache.batch_select_indices``), then one forward runs over the right-padded
+    continuations (position ids continue each prompt).
 
     Args:
-        lm: reference ``LoadedModel`` or causal LM (float32).
-        prompt_ids: [P] prompt ids (non-empty).
-        continuations: [n] lists of continuation ids (may be empty).
+        lm: reference ``LoadedModel`` or causal LM.
+        groups: [(prompt ids (non-empty), [continuation ids, ...]), ...].
         top_k: alternatives per position.
-        max_rows_tokens: rows × length per forward at most (bounds the [rows, T, V] logits memory).
+        max_rows_tokens: continuation rows × length per forward at most (bounds the
+            [rows, T, V] float32 logits: 1024 × 49152 × 4 B ≈ 200 MB).
+        max_prompts: prompts per chunk at most.
 
     Returns:
-        Per continuation: ``top_ids`` [T, top_k] int64, ``top_lp`` [T, top_k] float64,
+        Per group, per continuation: ``top_ids`` [T, top_k] int64, ``top_lp`` [T, top_k] float64,
         ``token_lp`` [T] float64 (reference log p of each continuation token).
 
     Raises:
-        ValueError: empty prompt.
+        ValueError: an empty prompt.
     """
     import torch
     from transformers import DynamicCache
 
     model = _inner(lm)
-    if not prompt_ids:
-        raise ValueError("score_groups: prompt_ids is empty")
-    P = len(prompt_ids)
-    out_list: list[dict | None] = [None] * len(continuations)
-    todo = []
-    for i, c in enumerate(continuations):
-        if len(c) == 0:
-            out_list[i] = {
-                "top_ids": np.zeros((0, top_k), np.int64),
-                "top_lp": np.zeros((0, top_k)),
-                "token_lp": np.zeros(0),
-            }
-        else:
-            todo.append(i)
-    if not todo:
-        return out_list  # type: ignore[return-value]
+    out: list[list[dict | None]] = [[None] * len(c) for _, c in groups]
+    empty = {"top_ids": np.zeros((0, top_k), np.int64), "top_lp": np.zeros((0, top_k)), "token_lp": np.zeros(0)}
+    for gi, (pr, conts) in enumerate(groups):
+        if not len(pr):
+            raise ValueError(f"score_prompt_groups: group {gi} has an empty prompt")
+        for ci, c in enumerate(conts):
+            if len(c) == 0:
+                out[gi][ci] = dict(empty)
+    # chunks of groups bounded by rows × length
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    rows = t_max = 0
+    for gi, (_, conts) in enumerate(groups):
+        live = [c for c in conts if len(c)]
+        if not live:
+            continue
+        r2, t2 = rows + len(live), max(t_max, max(len(c) for c in live))
+        if cur and (r2 * t2 > max_rows_tokens or len(cur) >= max_prompts):
+            chunks.append(cur)
+            cur, rows, t_max = [], 0, 0
+            r2, t2 = len(live), max(len(c) for c in live)
+        cur.append(gi)
+        rows, t_max = r2, t2
+    if cur:
+        chunks.append(cur)
     with torch.inference_mode():
-        base = DynamicCache()
-        pre = model(input_ids=torch.tensor([list(prompt_ids)]), cache=base, use_cache=True, logits_to_keep=1)
-        base = pre.past_key_values if getattr(pre, "past_key_values", None) is not None else base
-        first = torch.log_softmax(pre.logits[0, -1].float(), -1)  # [V] predicts continuation token 0
-        T_all = max(len(continuations[i]) for i in todo)
-        rows_per = max(1, max_rows_tokens // max(1, T_all))
-        for b in range(0, len(todo), rows_per):
-            chunk = todo[b : b + rows_per]
-            n = len(chunk)
-            T = max(len(continuations[i]) for i in chunk)
-            cache = _copy_cache(base)
-            if n > 1:
-                cache.batch_repeat_interleave(n)
-            ids = torch.zeros((n, T), dtype=torch.long)
-            m = torch.ones((n, P + T), dtype=torch.long)
-            for r, i in enumerate(chunk):
-                c = list(continuations[i])
-                ids[r, : len(c)] = torch.tensor(c)
-                m[r, P + len(c) :] = 0
-            posn = torch.arange(P, P + T).unsqueeze(0).expand(n, T)
-            out = model(input_ids=ids, attention_mask=m, position_ids=posn, cache=cache, use_cache=True)
-            logp = torch.log_softmax(out.logits.float(), -1)  # [n, T, V]; [:, t] predicts token t+1
-            for r, i in enumerate(chunk):
-                c = list(continuations[i])
-                Tc = len(c)
-                rows = torch.cat([first.unsqueeze(0), logp[r, : Tc - 1]], 0)  # [Tc, V]
-                tid, tlp = _top(rows, top_k)
-                tok = rows.gather(1, torch.tensor(c).unsqueeze(1)).squeeze(1).double().numpy()
-                out_list[i] = {"top_ids": tid, "top_lp": tlp, "token_lp": tok}
-    return out_list  # type: ignore[return-value]
-
-
-def _copy_cache(cache: Any) -> Any:
-    import copy
-
-    return copy.deepcopy(cache)
+        for chunk in chunks:
+            prompts = [list(groups[g][0]) for g in chunk]
+            B0, P = len(prompts), max(len(p) for p in prompts)
+            ids = torch.zeros((B0, P), dtype=torch.long)
+            mask = torch.zeros((B0, P), dtype=torch.long)
+            for r, p in enumerate(prompts):
+                ids[r, P - len(p) :] = torch.tensor(p)
+                mask[r, P - len(p) :] = 1
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            cache = DynamicCache()
+            pre = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                        logits_to_keep=1)
+            cache = pre.past_key_values if getattr(pre, "past_key_values", None) is not None else cache
+            first = torch.log_softmax(pre.logits[:, -1].float(), -1)  # [B0, V] predicts token 0
+            src: list[tuple[int, int, int]] = []  # (row in chunk, group, continuation index)
+            for r, g in enumerate(chunk):
+                for ci, c in enumerate(groups[g][1]):
+                    if len(c):
+                        src.append((r, g, ci))
+            R = len(src)
+            T = max(len(groups[g][1][ci]) for _, g, ci in src)
+            cache.batch_select_indices(torch.tensor([r for r, _, _ in src]))
+            cids = torch.zeros((R, T), dtype=torch.long)
+            cmask = torch.cat([mask[[r for r, _, _ in src]], torch.zeros((R, T), dtype=torch.long)], 1)
+            plen = torch.tensor([len(prompts[r]) for r, _, _ in src])
+            for k, (_, g, ci) in enumerate(src):
+                c = list(groups[g][1][ci])
+                cids[k, : len(c)] = torch.tensor(c)
+                cmask[k, P : P + len(c)] = 1
+            cpos = plen.unsqueeze(1) + torch.arange(T).unsqueeze(0)
+            o = model(input_ids=cids, attention_mask=cmask, position_ids=cpos, cache=cache, use_cache=True)
+            logp = torch.log_softmax(o.logits.float(), -1)  # [R, T, V]; [:, t] predicts token t+1
+            for k, (r, g, ci) in enumerate(src):
+                c = list(groups[g][1][ci])
+                rows_lp = torch.cat([first[r].unsqueeze(0), logp[k, : len(c) - 1]], 0)  # [Tc, V]
+                tid, tlp = _top(rows_lp, top_k)
+                tok = rows_lp.gather(1, torch.tensor(c).unsqueeze(1)).squeeze(1).double().numpy()
+                out[g][ci] = {"top_ids": tid, "top_lp": tlp, "token_lp": tok}
+            del logp, o
+    return out  # type: ignore[return-value]
 
 
 # =============================================================================================
@@ -603,14 +653,28 @@ _LOSSY_AT = {
     "greedy-verify": "sampling",
     "decode-noncompliant": "greedy",
 }
+#: Lossy verifiers whose output law does not depend on the drafts, so batched decoding with a
+#: per-position rule reproduces it exactly (the rule is the verifier's own, per its docstring):
+#: greedy-verify emits argmax p at every position; decode-noncompliant emits the 2nd-ranked token
+#: of p with probability ``greedy_flip_rate`` per position, independently.
+_RULES = {"greedy-verify": "argmax", "decode-noncompliant": "flip2nd"}
 
 
-def backend_for(profile: Any, temperature: float) -> str:
-    """``engine`` when the profile's verifier changes the output law at this temperature, else ``batched``."""
+def backend_for(profile: Any, temperature: float, *, emulate: bool = True) -> str:
+    """How a profile's requests at ``temperature`` are served in the pool.
+
+    Returns:
+        ``batched`` (plain decoding of the served model: strict verification is lossless),
+        ``rule`` (batched decoding with the verifier's draft-independent rule, see ``_RULES``;
+        only with ``emulate``), or ``engine`` (the simulator's speculative loop: the verifier's
+        law depends on the drafts — relaxed-threshold, typical-acceptance).
+    """
     at = _LOSSY_AT.get(profile.verifier)
-    if at is None:
+    if at is None or (at == "sampling") != (temperature > 0):
         return "batched"
-    return "engine" if (at == "sampling") == (temperature > 0) else "batched"
+    if emulate and profile.verifier in _RULES:
+        return "rule"
+    return "engine"
 
 
 def _served_is_reference(profile: Any) -> bool:
@@ -658,8 +722,8 @@ def collect_pool(
     t_start = time.perf_counter()
     served_lm, info = build_served_model(profile, ref_lm, copy_model=True)
     eos = list(ref_lm.eos_token_ids)
-    engine_t1 = backend_for(profile, 1.0) == "engine"
-    reqs = build_requests(ref_lm.tokenizer, cfg, engine=engine_t1)
+    be = {t: backend_for(profile, t, emulate=cfg.emulate_rules) for t in (0.0, 1.0)}
+    reqs = build_requests(ref_lm.tokenizer, cfg, engine=be[1.0] == "engine")
     results: dict[str, dict] = {}
     backends: Counter = Counter()
     engine = None
@@ -701,6 +765,8 @@ def collect_pool(
 
     def via_batched(rs: list[PoolRequest], temperature: float) -> None:
         model = served_lm.model
+        rule = _RULES.get(profile.verifier) if be[temperature] == "rule" else None
+        tag = "rule" if rule else "batched"
         if temperature == 0:
             for b in range(0, len(rs), cfg.batch_size):
                 chunk = rs[b : b + cfg.batch_size]
@@ -715,10 +781,12 @@ def collect_pool(
                     top_k=0,
                     eos_ids=eos,
                     seeds=[r.seed for r in chunk],
+                    rule=rule,
+                    flip_rate=profile.greedy_flip_rate,
                 )
                 for r, o in zip(chunk, outs):
                     results[r.key] = _cut(o, r.max_tokens)
-                    backends["batched"] += 1
+                    backends[tag] += 1
                 say(f"{profile_name}: T=0 {min(b + cfg.batch_size, len(rs))}/{len(rs)} requests")
         else:
             by: dict[str, list[PoolRequest]] = {}
@@ -741,17 +809,19 @@ def collect_pool(
                     eos_ids=eos,
                     seeds=[r.seed for g in chunk for r in g],
                     expand=n_s,
+                    rule=rule,
+                    flip_rate=profile.greedy_flip_rate,
                 )
                 for gi, g in enumerate(chunk):
                     for si, r in enumerate(g):
                         results[r.key] = _cut(outs[gi * n_s + si], r.max_tokens)
-                        backends["batched"] += 1
+                        backends[tag] += 1
                 say(f"{profile_name}: T=1 {min(b + per, len(groups))}/{len(groups)} prompts")
 
     for temp, rs in ((0.0, t0), (1.0, t1)):
         if not rs:
             continue
-        if backend_for(profile, temp) == "engine":
+        if be[temp] == "engine":
             via_engine(rs)
         else:
             via_batched(rs, temp)
@@ -766,10 +836,11 @@ def collect_pool(
     ref: dict[str, dict[str, dict]] = {}
     for dt, lm in ref_lms.items():
         rd: dict[str, dict] = {}
+        todo: list[tuple[tuple[int, ...], list[PoolRequest]]] = []
         for prompt, group in by_prompt.items():
             need = []
             for r in group:
-                if dt == "float32" and same and backend_for(profile, r.temperature) == "batched":
+                if dt == "float32" and same and be[r.temperature] == "batched":
                     # the served model IS the float32 reference: its rows are the reference rows
                     o = results[r.key]
                     rd[r.key] = {"top_ids": o["top_ids"][:, :REF_TOP_K], "top_lp": o["top_lp"][:, :REF_TOP_K],
@@ -777,9 +848,28 @@ def collect_pool(
                 else:
                     need.append(r)
             if need:
-                scored = score_groups(lm, list(prompt), [results[r.key]["token_ids"].tolist() for r in need])
-                for r, sc in zip(need, scored):
-                    rd[r.key] = sc
+                todo.append((prompt, need))
+        # temperature-0 items (where logprob-divergence and greedy-match look) through the
+        # pipeline's own scorer and batching (auditor.audit.score_observations uses
+        # reference.scoring.score_continuations, batch 8), so low-precision references see the
+        # same numerics as in `auditor check`; sampled items share their prompt's prefill.
+        t0_need = [r for _, need in todo for r in need if r.temperature == 0]
+        if t0_need:
+            from reference.scoring import score_continuations
+
+            sc0 = score_continuations(lm, [list(r.prompt_ids) for r in t0_need],
+                                      [results[r.key]["token_ids"].tolist() for r in t0_need],
+                                      top_k=REF_TOP_K, batch_size=SCORE_BATCH_SIZE)
+            for r, x in zip(t0_need, sc0):
+                rd[r.key] = {"top_ids": x.top_ids, "top_lp": x.top_logprobs, "token_lp": x.logprobs}
+        groups1 = [(pr, [r for r in need if r.temperature > 0]) for pr, need in todo]
+        groups1 = [(pr, need) for pr, need in groups1 if need]
+        scored = score_prompt_groups(
+            lm, [(list(pr), [results[r.key]["token_ids"].tolist() for r in need]) for pr, need in groups1]
+        )
+        for (_, need), sc in zip(groups1, scored):
+            for r, x in zip(need, sc):
+                rd[r.key] = x
         ref[dt] = rd
         say(f"{profile_name}: reference {dt} scored")
     ref_s = time.perf_counter() - t_ref
@@ -791,8 +881,8 @@ def collect_pool(
             "suites": _suite_fingerprint(cfg),
             "profile": profile.describe(),
             "backends": dict(backends),
-            "backend_t0": backend_for(profile, 0.0),
-            "backend_t1": backend_for(profile, 1.0),
+            "backend_t0": be[0.0],
+            "backend_t1": be[1.0],
             "served": {"dtype": info.dtype, "layers": info.layers, "quant": info.quant},
             "generate_s": round(gen_s, 2),
             "reference_s": round(ref_s, 2),
@@ -852,22 +942,25 @@ def _assemble(profile_name: str, ref_lm: Any, reqs: list[PoolRequest], results: 
 
 def pool_path(profile_name: str, ref_lms: Any, cfg: PoolConfig, cache_dir: Path | None = None) -> Path:
     """Cache file of a pool: keyed by model revision, reference precisions, profile recipe,
-    suites, pool config and pool format."""
+    suites (versions and digests), pool config, the backends that serve it, and pool format."""
     from reference.simulator.profiles import get_profile
 
     refs = _as_refs(ref_lms)
     ref_lm = refs["float32"]
-    key = _sha(
-        {
-            "revision": str(ref_lm.revision),
-            "model": str(ref_lm.name),
-            "profile": get_profile(profile_name).describe(),
-            "suites": _suite_fingerprint(cfg),
-            "cfg": cfg.key_dict(),
-            "references": sorted(refs),
-            "format": POOL_FORMAT,
-        }
-    )
+    prof = get_profile(profile_name)
+    backends = [backend_for(prof, t, emulate=cfg.emulate_rules) for t in (0.0, 1.0)]
+    key_src: dict[str, Any] = {
+        "revision": str(ref_lm.revision),
+        "model": str(ref_lm.name),
+        "profile": prof.describe(),
+        "suites": _suite_fingerprint(cfg),
+        "cfg": cfg.key_dict(),
+        "references": sorted(refs),
+        "format": POOL_FORMAT,
+    }
+    if backends != ["batched", "batched"]:
+        key_src["backends"] = backends
+    key = _sha(key_src)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(ref_lm.revision))[:12]
     return (cache_dir or calibration_cache_dir()) / "pools" / f"{profile_name}-{safe}-{key}.npz"
 
@@ -2152,8 +2245,8 @@ def make_plan(
         plan["usd"] = worst["usd"]
         fa = worst["false_accusation_max"]
         plan["message"] = (
-            f"To detect {target} with {power:.0%} power on {model}: about {worst['tokens']:,} completion tokens per audit "
-            f"with the {mix!r} suite mix"
+            f"To detect {target} with {power:.0%} power on {model}: a budget of {worst['tokens']:,} completion tokens "
+            f"per audit (--budget-tokens, the {mix!r} suite's mix)"
             + (f" (~${worst['usd']:.4f} at the provider's prices)" if worst["usd"] is not None else "")
             + (f"; measured false-accusation rate at that budget <= {fa:.1%}" if fa is not None else "")
             + "."

@@ -1,38 +1,40 @@
 """Noise-floor calibration per reference model: measured, not assumed, and cached on disk.
 
-Why several references. An honest provider may serve the original weights in float32 *or* in
-bfloat16, and bf16 rounding moves the distribution roughly as much as int8 weight-only
-quantization does (docs/detectors.md has the measured numbers on SmolLM2-135M). A floor of
-"KL vs fp32 of an honest bf16 deployment" is therefore so lenient that int8 hides under it. So the
-audit compares the provider with the **nearest honest reference**: the reference model is
-teacher-forced in every honest precision R = {float32, bfloat16}, each reference r has its own
-floor — the detectors' statistics between r (teacher-forced) and honest providers *of that
-precision* (the simulator's honest profiles served through the real speculative decode path:
-incremental KV cache, verification rounds, kernel/batch-order noise) — and the detectors are run
-against every r. The pipeline combines them as an intersection–union test: a provider is accused
-only if it is inconsistent with *every* honest reference (p = max over r), which is a valid level-α
-test of "the provider is one of the honest variants" without any multiplicity correction
-(Berger 1982, "Multiparameter hypothesis testing and acceptance sampling").
+An honest provider does not reproduce the reference bit for bit: it may serve the original weights
+in bfloat16, and its kernels, batch composition and speculative verification rounds change the
+reduction order. The detectors therefore test a provider against the spread of *honest*
+deployments, measured here on the real serving path:
 
-What is measured (:func:`compute_floors`), per reference precision r:
-- the honest profiles of precision r (:data:`HONEST_BY_REFERENCE`: float32 → ``honest-fp32``
-  and ``honest-noisy`` (logit noise 0.02 nats, the batch-order/kernel noise of real GPUs);
-  bfloat16 → ``honest-bf16``) each generate greedy continuations of :data:`FLOOR_PROMPTS`
-  prompts through ``reference.speculative.speculative_generate`` with their drafter and the strict
-  verifier, returning the full ``[n, V]`` log-softmax the provider would report;
-- the reference r teacher-forces the same continuations (``reference.scoring.score_continuations``,
-  batched exactly like the audit);
+- every honest simulator profile of :data:`HONEST_BY_REFERENCE` (``honest-fp32``; ``honest-noisy``,
+  logit noise 0.02 nats standing for GPU batch-order/kernel noise; ``honest-bf16``) generates
+  greedy continuations of :data:`FLOOR_PROMPTS` prompts through
+  ``reference.speculative.speculative_generate`` with its drafter and the strict verifier, which
+  returns the full ``[n, V]`` log-softmax the provider would report;
+- the reference teacher-forces the same continuations (``reference.scoring.score_continuations``,
+  batched exactly like an audit);
 - ``auditor.detectors.compute_noise_floor`` turns (reference rows, provider rows) into a
   :class:`~auditor.detectors.NoiseFloor` (greedy near-tie band, honest clear-mismatch rate,
-  bucketed-KL null per top_logprobs width M with prompt-level variance components); several
-  variants of one precision merge into the most lenient floor.
-- for the record, the full-vocabulary mean KL of every honest variant against every reference
-  (``cross_kl``), which shows why the nearest-reference design is needed.
+  bucketed-KL null per top_logprobs width M with prompt-level variance components); the floors
+  of several variants merge into the most lenient one (:func:`merge_floors`);
+- ``cross_kl`` records the full-vocabulary mean KL of every honest variant against every reference.
+
+**Nearest honest reference, measured.** bf16 rounding moves SmolLM2-135M's distribution about as
+much as int8 weight-only quantization does (full-vocabulary mean KL vs fp32: bf16 8.4e-4, int8
+1.9e-3, fp8 1.2e-2, int4 0.22 nats), so we measured whether comparing a provider with the *nearest*
+of an fp32 and a bf16 reference (intersection–union: accuse only if far from both) separates int8
+better than one fp32 reference whose floor includes the bf16 deployment. It does not: a bf16
+teacher-forced reference and a bf16 server that decodes incrementally differ by 1.2e-3 nats — as
+much as bf16 differs from fp32 — because bf16 rounding is re-drawn by any change of computation
+order. bf16 is a noise *level*, not a point to compare with, and int8 is about 2.3× that level from
+either reference. So the default is one float32 reference whose floor is the most lenient of the
+three honest profiles (:data:`REFERENCE_DTYPES`); the intersection–union machinery stays available
+(``run_check(reference_dtypes=("float32", "bfloat16"))``), e.g. for a reference served in another
+precision. Numbers and the resulting power: docs/detectors.md ("Noise floor in the pipeline").
 
 Cache: one JSON file per (model revision, method, variant recipes, prompts, settings, torch
 version) under ``<cache>/noise/`` (``$SPEC_AUDITOR_HOME/noise`` or the platformdirs user cache),
-so the floor is computed once per model and machine setup (about a minute on 2 CPU cores for the
-default model) and re-used by every audit.
+computed once per model and machine setup (a few minutes on 2 CPU cores for the default model)
+and re-used by every audit.
 """
 
 from __future__ import annotations

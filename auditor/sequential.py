@@ -48,7 +48,9 @@ __all__ = [
     "SequentialAudit",
     "SequentialDesign",
     "alpha_spent",
+    "AUTO_MAX_TOKENS",
     "run_sequential",
+    "run_sequential_check",
     "tokens_saved",
 ]
 
@@ -299,3 +301,115 @@ def tokens_saved(used: Sequence[int], max_tokens: int) -> float:
     if not used:
         return math.nan
     return 1.0 - (sum(used) / len(used)) / max_tokens
+
+
+#: ``--budget-tokens auto``: the maximum budget (tokens) and the first look, unless given.
+AUTO_MAX_TOKENS = 3000
+AUTO_FIRST_LOOK = 100
+#: Spending of ``--budget-tokens auto`` (measured against the others in docs/calibration.md).
+AUTO_SPENDING = "obrien-fleming"
+
+
+def _union_suite(suite: Any, prev: Any) -> Any:
+    """``suite`` with every request of ``prev`` kept (samples per probe = the larger): the requests
+    already sent stay planned, so a resumed run never loses a stored probe."""
+    if prev is None:
+        return suite
+    n_prev = {p.id: p.n_samples for p in prev.probes}
+    n_new = {p.id: p.n_samples for p in suite.probes}
+    full = {p.id: p for p in list(prev.probes) + list(suite.probes)}
+    order = [p.id for p in prev.probes] + [p.id for p in suite.probes if p.id not in n_prev]
+    kept = [full[i].model_copy(update={"n_samples": max(n_prev.get(i, 0), n_new.get(i, 0))}) for i in order]
+    return suite.model_copy(update={"probes": kept})
+
+
+def run_sequential_check(
+    provider_name: str,
+    *,
+    design: SequentialDesign | None = None,
+    suite: str | None = None,
+    alpha: float = 0.05,
+    on_look: Callable[[LookDecision], None] | None = None,
+    **check_kwargs: Any,
+) -> tuple[Any, SequentialAudit]:
+    """``auditor check --budget-tokens auto``: probe in rounds and stop once the evidence is decisive.
+
+    Each look k plans the suite cut to the look's token count (``auditor.audit.plan_budget``, kept
+    a superset of what was already sent), sends only the new requests (the same run, resumed), and
+    re-analyses all evidence with ``auditor.audit.run_check`` at the look's spent level α_k; the
+    :class:`SequentialAudit` decides whether to stop. The report of the stopping look is returned;
+    the run's summary records the sequential design and every look.
+
+    Args:
+        provider_name: the provider to audit.
+        design: looks and spending; default :meth:`SequentialDesign.geometric` from
+            ``AUTO_FIRST_LOOK`` to min(``AUTO_MAX_TOKENS``, the suite's planned tokens).
+        suite: suite name or JSON path (default ``default``).
+        alpha: family-wise level of the whole sequential audit.
+        on_look: called with each LookDecision (progress output).
+        check_kwargs: passed to ``run_check`` (db_url, config_path, progress, console, seed,
+            provider_config, reference_dtypes, floors_cache_dir, reference_models).
+
+    Returns:
+        (AuditReport of the stopping look, the SequentialAudit).
+
+    Raises:
+        AuditError: as ``run_check`` (config, suite, database, connection, budget).
+    """
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from auditor.audit import load_suite_spec, plan_budget, run_check
+
+    full = load_suite_spec(suite)
+    if design is None:
+        top = min(AUTO_MAX_TOKENS, full.max_completion_tokens())
+        first = min(AUTO_FIRST_LOOK, top)
+        design = SequentialDesign.geometric(top, first=first, alpha=alpha, spending=AUTO_SPENDING) if top > first \
+            else SequentialDesign((top,), alpha=alpha, spending=AUTO_SPENDING)
+    seq = SequentialAudit(design)
+    run_id: str | None = None
+    sent = None
+    report: Any = None
+    with tempfile.TemporaryDirectory(prefix="auditor-seq-") as tmp:
+        while (target := seq.next_look_tokens()) is not None:
+            plan = _union_suite(plan_budget(full, target), sent)
+            path = Path(tmp) / f"{full.name}.json"
+            path.write_text(json.dumps(plan.model_dump(mode="json")), encoding="utf-8")
+            box: dict[str, Any] = {}
+
+            def verdict_at(a: float, _path: Path = path) -> Any:
+                rep = run_check(provider_name, suite=str(_path), budget_tokens=None, alpha=a, resume=run_id, **check_kwargs)
+                box["report"] = rep
+                return rep
+
+            d = seq.update(plan.max_completion_tokens(), verdict_at)
+            report = box["report"]
+            run_id = report.run_id
+            sent = plan
+            if on_look is not None:
+                on_look(d)
+            if d.stop:
+                break
+    _record(report, seq, check_kwargs.get("db_url"))
+    return report, seq
+
+
+def _record(report: Any, seq: SequentialAudit, db_url: str | None) -> None:
+    """Store the sequential summary and the overall α / planned budget in the run."""
+    from auditor.store import open_store
+    from auditor.store import queries as q
+
+    store = open_store(db_url)
+    try:
+        with store.session() as s:
+            run = q.get_run(s, report.run_id)
+            summary = dict(run.summary or {})
+            summary["sequential"] = seq.summary()
+            q.update_run(s, report.run_id, summary=summary, alpha=seq.design.alpha,
+                         budget_tokens=seq.decisions[-1].tokens if seq.decisions else None)
+    finally:
+        store.close()
+    if isinstance(getattr(report, "summary", None), dict):
+        report.summary["sequential"] = seq.summary()

@@ -102,13 +102,13 @@ DEFAULT_POWER = 0.8
 #: Mean bucketed KL (nats/position) beyond which a logprob divergence is a different model.
 #: Calibrated on the simulator with SmolLM2-135M (default suite, top_logprobs 5, 400-600 tokens):
 #: int4 0.09-0.12 nats, top-1 agreement 85%, clear-mismatch rate 10-11%; the substituted
-#: (half-depth) model 0.33-0.47 nats, top-1 56-58%, clear-mismatch rate 35-37%. The thresholds
-#: sit between the two (geometric middle for KL and rates, arithmetic for agreement).
+#: (half-depth) model 0.33-0.47 nats, top-1 56-58%, clear-mismatch rate 35-37%. The KL and
+#: agreement thresholds sit between the two (geometric middle for KL, arithmetic for agreement).
 SUBSTITUTION_MIN_MEAN_KL = 0.25
 #: ... together with the provider's reported top-1 agreeing with the reference argmax at most this often.
 SUBSTITUTION_MAX_TOP1_AGREEMENT = 0.7
 #: Greedy-only audits: clear-mismatch rate at or above which the cause is substitution.
-SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE = 0.2
+SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE = 0.35
 #: Reported logprobs "match the reference" when logprob-divergence did not reject and its mean
 #: KL is at most this multiple of the honest floor's.
 LOGPROBS_CONSISTENT_MAX_RATIO = 2.0

@@ -215,9 +215,10 @@ def _print_plan(plan: dict) -> None:
             typer.echo(f"  {row['profile']:<20} not reached ({row['power_at_max']:.0%} at {row['max_budget']} tokens)")
         else:
             usd = f", ~${row['usd']:.4f}" if row.get("usd") is not None else ""
+            est = f", interpolated ~{row['estimate']:,}" if row.get("estimate") is not None else ""
             typer.echo(
-                f"  {row['profile']:<20} {row['tokens']:>6} completion tokens (~{row['prompt_tokens']:.0f} prompt tokens{usd}); "
-                f"calibrated budget {row['grid_budget']} reaches {row['power_at_grid']:.0%}"
+                f"  {row['profile']:<20} {row['tokens']:>6,} tokens (~{row['prompt_tokens']:.0f} prompt tokens{usd}): "
+                f"measured power {row['power_at_grid']:.0%}{est}"
             )
     for n in plan.get("notes", []):
         typer.echo(f"note: {n}")

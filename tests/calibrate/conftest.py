@@ -35,8 +35,23 @@ def mini_cfg():
 
 
 @pytest.fixture(scope="session")
-def honest_pool(tiny_refs, mini_cfg):
-    """honest-fp32 pool of the miniature config on the tiny model."""
-    from auditor.calibrate import collect_pool
+def pool_cache(tmp_path_factory):
+    """One pool cache for the whole session (pools are collected once and shared by the tests)."""
+    return tmp_path_factory.mktemp("pool-cache")
 
-    return collect_pool("honest-fp32", tiny_refs, mini_cfg)
+
+@pytest.fixture(scope="session")
+def get_pool(tiny_refs, mini_cfg, pool_cache):
+    """``get_pool(profile) -> Pool``: the miniature pool of a profile, collected once per session."""
+    from auditor.calibrate import load_or_collect_pool
+
+    def get(name: str):
+        return load_or_collect_pool(name, tiny_refs, mini_cfg, cache_dir=pool_cache)[0]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def honest_pool(get_pool):
+    """honest-fp32 pool of the miniature config on the tiny model."""
+    return get_pool("honest-fp32")

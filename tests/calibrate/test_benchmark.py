@@ -15,11 +15,11 @@ PROFILES = ["honest-fp32", "int4", "relaxed-threshold"]
 
 
 @pytest.fixture(scope="module")
-def mini_run(tiny_refs, mini_cfg, tmp_path_factory):
+def mini_run(tiny_refs, mini_cfg, pool_cache):
     from auditor.calibrate import run_calibration
     from auditor.sequential import SequentialDesign
 
-    cache = tmp_path_factory.mktemp("cal-cache")
+    cache = pool_cache  # pools shared with the other tests (collected once per session)
     msgs: list[str] = []
     run = run_calibration(
         PROFILES, budgets=[60, 150], audits=4, ref_lms=tiny_refs, pool_cfg=mini_cfg, cache_dir=cache,

@@ -24,13 +24,13 @@ def test_score_groups_matches_score_continuations(tiny_lm):
         assert (g["top_ids"][:, 0] == r.top_ids[:, 0]).all()
 
 
-def test_batched_greedy_equals_simulator_engine(tiny_lm, mini_cfg):
+def test_batched_greedy_equals_simulator_engine(tiny_lm, mini_cfg, honest_pool):
     """At T=0 a strict profile's batched pool reproduces the simulator's speculative output exactly."""
-    from auditor.calibrate import build_requests, collect_pool
+    from auditor.calibrate import build_requests
     from reference.simulator.engine import SimulatorEngine
     from reference.simulator.profiles import get_profile
 
-    pool = collect_pool("honest-fp32", tiny_lm, mini_cfg)
+    pool = honest_pool
     assert pool.meta["backend_t0"] == "batched"
     eng = SimulatorEngine(get_profile("honest-fp32"), tiny_lm, seed=0)
     reqs = [r for r in build_requests(tiny_lm.tokenizer, mini_cfg) if r.temperature == 0]
@@ -45,11 +45,11 @@ def test_batched_greedy_equals_simulator_engine(tiny_lm, mini_cfg):
         np.testing.assert_allclose(pool.ref_token_lp["float32"][a:b], pool.prov_logprob[a:b])
 
 
-def test_pool_shapes_backends_and_roundtrip(tiny_refs, mini_cfg, tmp_path):
-    from auditor.calibrate import PROVIDER_TOP_N, REF_TOP_K, Pool, load_or_collect_pool
+def test_pool_shapes_backends_and_roundtrip(tiny_refs, mini_cfg, get_pool, pool_cache, tmp_path):
+    from auditor.calibrate import PROVIDER_TOP_N, REF_TOP_K, Pool, load_or_collect_pool, pool_path
 
-    pool, cached = load_or_collect_pool("relaxed-threshold", tiny_refs, mini_cfg, cache_dir=tmp_path)
-    assert not cached
+    pool = get_pool("relaxed-threshold")
+    assert pool_path("relaxed-threshold", tiny_refs, mini_cfg, pool_cache).is_file()
     # relaxed acceptance only changes sampling: T=1 through the engine, T=0 batched
     assert pool.meta["backend_t0"] == "batched" and pool.meta["backend_t1"] == "engine"
     s = pool.summary()
@@ -67,18 +67,18 @@ def test_pool_shapes_backends_and_roundtrip(tiny_refs, mini_cfg, tmp_path):
     # bf16 reference differs from fp32 but only slightly
     d = np.abs(pool.ref_token_lp["float32"] - pool.ref_token_lp["bfloat16"])
     assert d.max() > 0 and np.median(d) < 0.1
-    again, cached2 = load_or_collect_pool("relaxed-threshold", tiny_refs, mini_cfg, cache_dir=tmp_path)
+    again, cached2 = load_or_collect_pool("relaxed-threshold", tiny_refs, mini_cfg, cache_dir=pool_cache)
     assert cached2
+    pool.save(tmp_path / "p.npz")
+    again = Pool.load(tmp_path / "p.npz")
     for k in Pool._ARRAYS:
         np.testing.assert_array_equal(getattr(again, k), getattr(pool, k))
     np.testing.assert_array_equal(again.ref_top_lp["bfloat16"], pool.ref_top_lp["bfloat16"])
     np.testing.assert_array_equal(again.item_prompt_tokens, pool.item_prompt_tokens)
 
 
-def test_quantized_pool_differs_from_reference(tiny_refs, mini_cfg):
-    from auditor.calibrate import collect_pool
-
-    pool = collect_pool("int4", tiny_refs, mini_cfg)
+def test_quantized_pool_differs_from_reference(get_pool):
+    pool = get_pool("int4")
     a = pool.items_at(0.0)
     sel = np.concatenate([np.arange(pool.item_offsets[i], pool.item_offsets[i + 1]) for i in a])
     # provider logprob of its own (greedy) token vs the reference's: int4 moves them
@@ -104,3 +104,32 @@ def test_batched_sampling_truncation_and_expand(tiny_lm):
     again = _decode_rows(tiny_lm.model, [prompt], max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=3,
                          eos_ids=[], seeds=[1, 2, 3, 4, 5], expand=5)
     assert all((a["token_ids"] == b["token_ids"]).all() for a, b in zip(rows, again))
+
+
+def test_rule_backends_reproduce_the_verifiers(tiny_lm, mini_cfg, get_pool):
+    """greedy-verify's sampling = the engine's tokens exactly (argmax); decode-noncompliant flips
+    to the 2nd-ranked token at about its flip rate, reporting true logprobs."""
+    from auditor.calibrate import build_requests, collect_pool
+    from reference.simulator.engine import SimulatorEngine
+    from reference.simulator.profiles import get_profile
+
+    gv = get_pool("greedy-verify")
+    assert gv.meta["backend_t1"] == "rule" and gv.meta["backend_t0"] == "batched"
+    eng = SimulatorEngine(get_profile("greedy-verify"), tiny_lm, seed=0)
+    reqs = [r for r in build_requests(tiny_lm.tokenizer, mini_cfg) if r.temperature > 0][:3]
+    for r in reqs:
+        ch = eng.generate(list(r.prompt_ids), max_tokens=r.max_tokens, temperature=1.0, seed=r.seed)
+        i = int(np.flatnonzero(gv.item_keys == r.key)[0])
+        assert gv.token_ids[gv.item_offsets[i]:gv.item_offsets[i + 1]].tolist() == [t.token_id for t in ch.tokens]
+
+    cfg = type(mini_cfg)(**{**mini_cfg.__dict__, "t0_max_tokens": 40, "max_prompts": 8})
+    dn = collect_pool("decode-noncompliant", tiny_lm, cfg)
+    assert dn.meta["backend_t0"] == "rule"
+    sel = np.concatenate([np.arange(dn.item_offsets[i], dn.item_offsets[i + 1]) for i in dn.items_at(0.0)])
+    first = dn.token_ids[sel] == dn.prov_top_ids[sel, 0]
+    second = dn.token_ids[sel] == dn.prov_top_ids[sel, 1]
+    assert (first | second).all()
+    rate = second.mean()
+    assert 0.03 < rate < 0.2, rate  # flip rate 0.10 over a few hundred positions
+    # reported logprobs are the served model's own (the reference: fp32 weights)
+    np.testing.assert_allclose(dn.prov_logprob[sel], dn.ref_token_lp["float32"][sel], atol=2e-4)

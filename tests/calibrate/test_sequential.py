@@ -67,11 +67,11 @@ def _verdict_for(z):
 
 @pytest.mark.parametrize("spending", SPENDING_FUNCTIONS)
 def test_false_rejection_rate_is_at_most_alpha_under_h0(spending):
-    """Dependent looks (cumulative statistic), 4000 seeded worlds: rejection rate <= alpha."""
+    """Dependent looks (cumulative statistic), 2500 seeded worlds: rejection rate <= alpha."""
     design = SequentialDesign.geometric(800, 50, alpha=0.05, spending=spending)
     rng = np.random.default_rng(1)
     rej = 0
-    n = 4000
+    n = 2500
     for _ in range(n):
         seq = run_sequential(design, _verdict_for(_brownian_world(rng, 0.0, design.looks)))
         rej += seq.final_verdict.verdict == "QUANTIZATION"

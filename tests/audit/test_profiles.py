@@ -1,0 +1,91 @@
+"""``auditor check`` on the real default model against the simulator's profiles (issue 5's proof).
+
+Each case serves one profile in-process on loopback, runs ``auditor check`` through the CLI with a
+small token budget on the default suite, and asserts the verdict, the exit code and the deciding
+detector. The noise floor is measured once (first case; cached in the user cache afterwards).
+Budgets: deviations are caught with large margins at 400 planned completion tokens; PASS needs
+the audit to have 80% power in every family (about 500+ tokens, see auditor.verdict), and the
+relaxed-threshold case about 250 sampled positions, so those run at 700 and 600.
+Run with ``-s`` to see the per-profile table (verdict, Holm p-values, tokens, wall time).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from auditor.cli import app
+
+from .conftest import SimFactory, providers_toml
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "smollm2-135m-instruct"
+CASES = [
+    # profile, expected verdict, exit code, budget (planned completion tokens), detector that must reject
+    ("honest-fp32", "PASS", 0, 700, None),
+    ("honest-bf16", "PASS", 0, 700, None),
+    ("int4", "QUANTIZATION", 1, 400, "logprob-divergence"),
+    ("relaxed-threshold", "RELAXED_VERIFICATION", 1, 600, "sampling-argmax"),
+    ("substituted", "SUBSTITUTION", 1, 400, "logprob-divergence"),
+    # greedy verification of sampling requests: the temperature is ignored (every sampled token is
+    # the argmax) -> DECODING_NONCOMPLIANT by rule 4a (docs/detectors.md)
+    ("greedy-verify", "DECODING_NONCOMPLIANT", 1, 400, "sampling-argmax"),
+    ("decode-noncompliant", "DECODING_NONCOMPLIANT", 1, 400, "self-greedy"),
+]
+
+_RESULTS: list[dict] = []
+
+
+@pytest.fixture(scope="module")
+def real_env(real_lm, tmp_path_factory):
+    import auditor.audit as audit
+
+    mp = pytest.MonkeyPatch()
+    mp.setitem(audit._MODELS, (MODEL, "float32"), real_lm)  # share the session's model
+    sims = SimFactory(real_lm, MODEL)
+    yield {"sims": sims, "tmp": tmp_path_factory.mktemp("profiles")}
+    sims.stop()
+    mp.undo()
+    if _RESULTS:
+        print("\nprofile               verdict                 tokens  wall_s  Holm p (ran)")
+        for r in _RESULTS:
+            ps = ", ".join(f"{k}={v:.2g}" for k, v in r["p_adjusted"].items() if v is not None)
+            print(f"{r['profile']:21s} {r['verdict']:23s} {r['tokens']:6d} {r['wall_s']:7.1f}  {ps}")
+
+
+@pytest.mark.parametrize(("profile", "expected", "code", "budget", "rejecting"), CASES, ids=[c[0] for c in CASES])
+def test_check_names_the_cause(real_env, profile, expected, code, budget, rejecting) -> None:
+    tmp = real_env["tmp"]
+    url = real_env["sims"].url(profile)
+    cfg = tmp / f"{profile}.toml"
+    cfg.write_text(providers_toml({f"sim-{profile}": url}, MODEL))
+    jpath = tmp / f"{profile}.json"
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(app, ["check", "--provider", f"sim-{profile}", "--budget-tokens", str(budget), "--config",
+                                   str(cfg), "--db", f"sqlite:///{tmp / 'audits.db'}", "--json", str(jpath), "--no-progress"])
+    wall = time.perf_counter() - t0
+    real_env["sims"].stop(profile)
+    assert jpath.exists(), res.output
+    d = json.loads(jpath.read_text())
+    _RESULTS.append({"profile": profile, "verdict": d["verdict"], "tokens": d["tokens"]["total"], "wall_s": wall,
+                     "p_adjusted": {x["name"]: x["p_adjusted"] for x in d["detectors"] if x["ran"]}})
+    assert d["verdict"] == expected, d["verdict_reason"]
+    assert res.exit_code == code
+    assert d["tokens"]["completion"] <= budget
+    by = {x["name"]: x for x in d["detectors"]}
+    if rejecting is None:
+        assert not any(x["rejects"] for x in d["detectors"])
+    else:
+        assert by[rejecting]["rejects"], by[rejecting]
+        ev = by[rejecting]["evidence"]
+        assert ev and {"prompt_id", "position", "token_id", "token"} <= set(ev[0])
+    if profile == "relaxed-threshold":  # the reported distribution is right; only the sampling law is not
+        assert not by["logprob-divergence"]["rejects"] and by["logprob-divergence"]["ran"]
+    if profile == "decode-noncompliant":
+        assert not by["logprob-divergence"]["rejects"]
+    if profile == "honest-bf16":  # measurably not fp32, yet within the honest floor
+        assert by["logprob-divergence"]["effect"] > 1e-5

@@ -1,0 +1,94 @@
+"""`auditor plan`: the budget (and USD) for a wanted power, from calibration records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from auditor.cli import app
+
+
+def _records(model="m"):
+    rows = []
+    curves = {
+        "honest-fp32": [0.0, 0.01, 0.02, 0.03],
+        "int8": [0.1, 0.5, 0.97, 1.0],
+        "int4": [0.96, 1.0, 1.0, 1.0],
+        "fp8": [0.05, 0.2, 0.6, 0.9],
+    }
+    for p, ys in curves.items():
+        for b, y in zip((100, 300, 1000, 3000), ys):
+            rows.append({
+                "profile": p, "budget_tokens": b, "audits": 100, "rejection_rate": y, "ci_low": max(0, y - 0.05),
+                "ci_high": min(1, y + 0.05), "cause_correct_rate": None if p.startswith("honest") else 1.0,
+                "honest": p.startswith("honest"), "model": model, "design": "fixed", "sampled_tokens": b * 0.45,
+                "prompt_tokens": b * 2.0, "mix": "default",
+            })
+    return rows
+
+
+@pytest.fixture
+def cal_file(tmp_path):
+    p = tmp_path / "calibration.json"
+    p.write_text(json.dumps(_records()))
+    return p
+
+
+def test_make_plan_picks_the_first_calibrated_budget_reaching_the_power():
+    from auditor.calibrate import make_plan
+    from probes.config import Pricing
+
+    plan = make_plan(_records(), model="m", target="int8", power=0.95, pricing=Pricing(usd_per_1m_input=1.0, usd_per_1m_output=2.0))
+    assert plan["covered"] and plan["reached"]
+    assert plan["budget_tokens"] == 1000
+    row = plan["rows"][0]
+    assert row["estimate"] <= 1000 and row["power_at_grid"] == 0.97
+    assert plan["usd"] == pytest.approx((2000 * 1.0 + 1000 * 2.0) / 1e6)
+    assert "--budget-tokens 1000" in plan["command"]
+    assert row["false_accusation_max"] == 0.02
+
+
+def test_make_plan_any_and_unreached_and_uncovered():
+    from auditor.calibrate import make_plan
+
+    any_plan = make_plan(_records(), model="m", target="any", power=0.95)
+    assert not any_plan["reached"]  # fp8 never reaches 95% here
+    assert "fp8" in any_plan["message"] and "never reaches" in any_plan["message"]
+    assert any(("relaxed" in n or "not in the calibration" in n) for n in any_plan["notes"])
+    low = make_plan(_records(), model="m", target="any", power=0.85)
+    assert low["reached"] and low["budget_tokens"] == 3000
+    other = make_plan(_records(), model="other", target="int8")
+    assert not other["covered"] and "does not cover model 'other'" in other["message"]
+    with pytest.raises(KeyError):
+        make_plan(_records(), model="m", target="int2")
+
+
+def test_cli_plan_with_model_and_provider(cal_file, tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(app, ["plan", "--model", "m", "--target", "int8", "--calibration", str(cal_file)])
+    assert r.exit_code == 0, r.output
+    assert "budget of 1,000 completion tokens" in r.output and "auditor check" in r.output
+    cfg = tmp_path / "providers.toml"
+    cfg.write_text('[providers.x]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "mm"\nreference = "m"\n\n'
+                   "[providers.x.pricing]\nusd_per_1m_input = 1.0\nusd_per_1m_output = 2.0\n\n"
+                   "[providers.x.capabilities]\nlogprobs = false\n")
+    r = runner.invoke(app, ["plan", "--provider", "x", "--config", str(cfg), "--target", "int4", "--json",
+                            "--calibration", str(cal_file)])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    assert plan["budget_tokens"] == 100 and plan["usd"] == pytest.approx((200 + 200) / 1e6)
+    assert any("no logprobs" in n for n in plan["notes"])
+
+
+def test_cli_plan_exit_codes(cal_file):
+    runner = CliRunner()
+    r = runner.invoke(app, ["plan", "--model", "nope", "--calibration", str(cal_file)])
+    assert r.exit_code == 2 and "does not cover" in r.output
+    r = runner.invoke(app, ["plan", "--model", "m", "--target", "fp8", "--calibration", str(cal_file)])
+    assert r.exit_code == 2 and "never reaches" in r.output
+    r = runner.invoke(app, ["plan", "--calibration", str(cal_file)])
+    assert r.exit_code == 3 and "exactly one of" in r.output
+    r = runner.invoke(app, ["plan", "--model", "m", "--target", "int2", "--calibration", str(cal_file)])
+    assert r.exit_code == 3 and "--target" in r.output

@@ -1,0 +1,53 @@
+"""`--budget-tokens auto` end to end: rounds of probes on one run against a loopback simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def sim_env(tmp_path, tiny_lm, tiny_refs, monkeypatch):
+    import auditor.audit as audit
+    import auditor.noise as noise
+    from reference.simulator.server import ServerThread, create_app
+
+    monkeypatch.setattr(noise, "FLOOR_PROMPTS", 4)
+    monkeypatch.setattr(noise, "FLOOR_MAX_NEW_TOKENS", 8)
+    monkeypatch.setattr(noise, "noise_cache_dir", lambda: tmp_path / "noise")
+    for dt, lm in tiny_refs.items():
+        monkeypatch.setitem(audit._MODELS, ("tiny-ref", dt), lm)
+    srv = ServerThread(create_app("honest-fp32", lm=tiny_lm, served_model_name="tiny", seed=0), timeout=120).start()
+    cfg = tmp_path / "providers.toml"
+    cfg.write_text(
+        f'[providers.sim]\nbase_url = "{srv.base_url}"\nmodel = "tiny"\napi = "chat"\nreference = "tiny-ref"\n'
+        "timeout_s = 300\n\n[providers.sim.capabilities]\nmax_top_logprobs = 20\nlogprobs = true\nseed = true\n"
+        "streaming = true\n\n[providers.sim.rate_limits]\nconcurrency = 2\n"
+    )
+    yield {"config": str(cfg), "db": f"sqlite:///{tmp_path / 'seq.db'}"}
+    srv.stop()
+
+
+def test_sequential_check_probes_in_rounds_on_one_run(sim_env):
+    from auditor.sequential import SequentialDesign, run_sequential_check
+    from auditor.store import open_store
+    from auditor.store import queries as q
+
+    looks = []
+    design = SequentialDesign((40, 80), spending="pocock")
+    rep, seq = run_sequential_check(
+        "sim", design=design, suite="smoke", db_url=sim_env["db"], config_path=sim_env["config"], on_look=looks.append
+    )
+    assert looks and looks[-1].stop and seq.done
+    assert rep.verdict in ("PASS", "INCONCLUSIVE")  # an honest provider is never accused here
+    assert seq.alpha_spent <= 0.05 + 1e-12
+    st = open_store(sim_env["db"])
+    with st.session() as s:
+        runs = q.list_runs(s, provider="sim")
+        assert len(runs) == 1  # every round resumed the same run
+        run = q.get_run(s, rep.run_id)
+        assert run.summary["sequential"]["design"]["looks"] == [40, 80]
+        assert run.alpha == pytest.approx(0.05)
+        n_probes = sum(q.probe_counts(s, rep.run_id).values())
+    if len(looks) == 2:  # the second round added requests to the same run
+        assert looks[1].tokens > looks[0].tokens
+    assert n_probes >= 1
