@@ -56,6 +56,7 @@ from auditor.report import AuditReport, report_from_store
 
 __all__ = [
     "AuditError",
+    "AuditInterrupted",
     "Observation",
     "REFERENCE_TOP_K",
     "plan_budget",
@@ -79,6 +80,15 @@ SCORE_BATCH_SIZE = 8
 LOGPROB_TEST_MAX_TEMPERATURE = 1e-6
 #: Characters of provider text kept before an evidence position (``context``).
 EVIDENCE_CONTEXT_CHARS = 60
+
+
+class AuditInterrupted(KeyboardInterrupt):
+    """Ctrl-C/SIGTERM during an audit; ``run_id`` is the run to continue with ``resume`` (None if
+    it was interrupted before the run was created)."""
+
+    def __init__(self, run_id: str | None):
+        super().__init__(run_id)
+        self.run_id = run_id
 
 
 class AuditError(RuntimeError):
@@ -917,7 +927,8 @@ def run_check(
 
     Raises:
         AuditError: config/suite/database/connection/budget problems (exit code 3).
-        KeyboardInterrupt: interrupted (the run is marked ``interrupted``; continue with ``resume``).
+        AuditInterrupted: Ctrl-C (a KeyboardInterrupt; the run is marked ``interrupted``; continue with
+            ``resume=exc.run_id``).
     """
     from auditor.runner import RunnerError, run_probes
     from auditor.store import StoreError, open_store
@@ -946,6 +957,8 @@ def run_check(
             )
         except RunnerError as exc:
             raise AuditError(str(exc)) from None
+        except KeyboardInterrupt:
+            raise AuditInterrupted(started.get("run_id")) from None
         with store.session() as s:
             run = q.get_run(s, rid)
             status = run.status
@@ -977,7 +990,7 @@ def run_check(
         except KeyboardInterrupt:
             with contextlib.suppress(Exception), store.session() as s:
                 q.set_run_status(s, rid, "interrupted")
-            raise
+            raise AuditInterrupted(rid) from None
         except BaseException:
             with contextlib.suppress(Exception), store.session() as s:
                 q.set_run_status(s, rid, "failed")

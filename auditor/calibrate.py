@@ -161,7 +161,7 @@ class PoolConfig:
     t0_max_tokens: int = 64
     sampling_samples: int = 4
     engine_sampling_samples: int = 2
-    sampling_max_tokens: int = 32
+    sampling_max_tokens: int = 24
     max_prompts: int | None = None
     seed: int = 0
     batch_size: int = 32
@@ -1899,6 +1899,33 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
 # =============================================================================================
 
 
+#: Hand-written analysis below this marker in docs/calibration.md survives re-generation.
+ANALYSIS_MARKER = "<!-- analysis: text below this line is kept when `auditor calibrate` rewrites the file -->"
+
+METHOD_MD = """## Method
+
+- **Pools** (`auditor/calibrate.py`): per simulator profile, one temperature-0 continuation of every
+  distinct prompt of the shipped suites and several temperature-1 samples per prompt, with the
+  provider's top-20 logprobs and the reference's top-20 at the provider's own prefix, in both honest
+  reference precisions (float32, bfloat16). Profiles whose verification is lossless at a temperature
+  are decoded in batches from the simulator's own served model (`build_served_model`: lossless
+  speculative decoding has the output law of plain decoding); `greedy-verify` (sampling) and
+  `decode-noncompliant` (greedy) by batched decoding with their verifier's per-position rule;
+  `relaxed-threshold` and `typical-acceptance` (sampling), whose law depends on the drafts, through
+  the simulator engine itself (n-gram drafter, ideal-draft fallback, seeds). Pools are cached on disk
+  keyed by model revision, profile recipe, suite versions/digests and pool configuration.
+- **Audits**: each audit draws requests without replacement in the default suite's proportions,
+  charging each request its `max_tokens` exactly like `auditor check --budget-tokens`
+  (`auditor.audit.plan_budget`), and decides with the pipeline's own functions
+  (`auditor.audit.run_reference_detectors`: every detector against both honest references with
+  their noise floors, intersection–union; then Holm and the rules of `auditor.verdict`).
+- **Intervals**: Clopper–Pearson 95% for the rejection rate. Audits resample one finite pool per
+  profile; at large budgets they share requests, so the interval understates pool-to-pool spread.
+- **Sequential** (`auditor/sequential.py`): group-sequential looks at 100, 200, 400, … tokens,
+  Lan–DeMets α spending, union bound over looks (valid for any dependence between looks).
+"""
+
+
 def _pct(x: Any, nd: int = 1) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * float(x):.{nd}f}%"
 
@@ -2002,6 +2029,7 @@ def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
                      f"{m.get('backend_t0')} / {m.get('backend_t1')} | {m.get('collect_s')} |")
         L.append("")
     L.append(f"Timings (s): {meta.get('timings')}.\n")
+    L.append(METHOD_MD)
     return "\n".join(L) + "\n"
 
 
@@ -2062,7 +2090,12 @@ def write_outputs(run: CalibrationRun, out_dir: Path | str) -> dict[str, Path]:
     from auditor.detectors.base import _json_safe
 
     paths["meta"].write_text(json.dumps(_json_safe(run.meta), indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    paths["markdown"].write_text(render_markdown(records, run.meta), encoding="utf-8")
+    kept = ""
+    if paths["markdown"].is_file():
+        old = paths["markdown"].read_text(encoding="utf-8")
+        if ANALYSIS_MARKER in old:
+            kept = old[old.index(ANALYSIS_MARKER) + len(ANALYSIS_MARKER):]
+    paths["markdown"].write_text(render_markdown(records, run.meta) + "\n" + ANALYSIS_MARKER + kept, encoding="utf-8")
     render_plot(records, paths["png"], alpha=float(run.meta.get("alpha", 0.05)))
     return paths
 
@@ -2115,7 +2148,8 @@ def committed_calibration_path() -> Path:
 
 def load_calibration(db_url: str | None = None, *, path: Path | None = None, model: str | None = None) -> tuple[list[dict], str]:
     """Calibration records for ``auditor plan``: from the database when it holds rows for the
-    model, else from the committed ``docs/calibration.json``.
+    model, else from ``path`` or the committed ``docs/calibration.json`` (all of its rows when
+    none is for the model, so the caller can say which models are covered).
 
     Returns:
         (records as dicts with at least profile, budget_tokens, rejection_rate, ci_low, ci_high,
@@ -2150,8 +2184,8 @@ def load_calibration(db_url: str | None = None, *, path: Path | None = None, mod
     if not rows:
         p = path or committed_calibration_path()
         if p.is_file():
-            rows = json.loads(p.read_text(encoding="utf-8"))
-            rows = [r for r in rows if model is None or r.get("model") == model]
+            allrows = json.loads(p.read_text(encoding="utf-8"))
+            rows = [r for r in allrows if model is None or r.get("model") == model] or allrows
             src = str(p)
     return rows, src
 

@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         ),
         max_prompts: int | None = typer.Option(None, "--max-prompts", min=1, help="Use only N distinct prompts (quick runs)."),
         t0_max_tokens: int = typer.Option(64, "--t0-max-tokens", min=1, help="Max tokens of a temperature-0 request."),
-        sampling_max_tokens: int = typer.Option(32, "--sampling-max-tokens", min=1, help="Max tokens of a sampling request."),
+        sampling_max_tokens: int = typer.Option(24, "--sampling-max-tokens", min=1, help="Max tokens of a sampling request."),
         sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="Also simulate --budget-tokens auto."),
         sequential_audits: int | None = typer.Option(None, "--sequential-audits", min=1, help="Audits per profile (default --audits)."),
         spending: str = typer.Option("obrien-fleming", "--spending", help="α spending: obrien-fleming | pocock | linear."),
@@ -162,7 +162,7 @@ def register(app: typer.Typer) -> None:
             caps = pc.capabilities
         if calibration is not None and not calibration.is_file():
             _fail(f"--calibration {calibration} does not exist")
-        rows, src = cal.load_calibration(db, path=calibration)
+        rows, src = cal.load_calibration(db, path=calibration, model=str(model))
         plan = cal.make_plan(rows, model=str(model), target=target, power=power, pricing=pricing, capabilities=caps)
         plan["source"] = src
         plan["provider"] = provider

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
     def check_cmd(
         provider: str = typer.Option(..., "--provider", "-p", help="Provider name in providers.toml."),
         suite: str = typer.Option("default", "--suite", "-s", help="Packaged suite name or a suite .json file."),
-        budget_tokens: int | None = typer.Option(None, "--budget-tokens", min=1, help="Cap on planned completion tokens (default: the whole suite)."),
+        budget_tokens: str | None = typer.Option(None, "--budget-tokens", help="Cap on planned completion tokens (default: the whole suite), or 'auto': probe in rounds and stop once decisive (auditor/sequential.py)."),
         alpha: float = typer.Option(0.05, "--alpha", help="Family-wise significance level (Holm across detectors)."),
         json_path: Path | None = typer.Option(None, "--json", help="Also write the JSON report to PATH."),
         fmt: str = typer.Option("text", "--format", "-f", help="Output on stdout: text | json | markdown | junit."),
@@ -63,17 +63,38 @@ def register(app: typer.Typer) -> None:
         if not 0 < alpha < 1:
             raise _fail(f"--alpha {alpha}: must be in (0, 1), e.g. 0.05")
         err = Console(stderr=True)
+        auto = budget_tokens is not None and budget_tokens.strip().lower() == "auto"
+        budget: int | None = None
+        if budget_tokens is not None and not auto:
+            try:
+                budget = int(budget_tokens)
+            except ValueError:
+                budget = 0
+            if budget < 1:
+                raise _fail(f"--budget-tokens {budget_tokens!r}: a positive number of tokens or 'auto'")
         try:
-            rep = run_check(
-                provider, suite=suite, budget_tokens=budget_tokens, alpha=alpha, db_url=db,
-                config_path=str(config) if config else None, resume=resume, progress=True if progress else None,
-                console=err, seed=seed,
-            )
+            if auto:  # sequential stopping (group-sequential design, alpha spending): auditor/sequential.py
+                from auditor.sequential import run_sequential_check
+
+                if resume:
+                    raise _fail("--budget-tokens auto cannot --resume; resume with a fixed --budget-tokens")
+                rep, _seq = run_sequential_check(
+                    provider, suite=suite, alpha=alpha, db_url=db, config_path=str(config) if config else None,
+                    progress=True if progress else None, console=err, seed=seed,
+                    on_look=lambda d: err.print(f"look {d.look}: {d.tokens} tokens, alpha_k={d.alpha_look:.2g}: "
+                                                f"{d.verdict} ({d.action})", highlight=False),
+                )
+            else:
+                rep = run_check(
+                    provider, suite=suite, budget_tokens=budget, alpha=alpha, db_url=db,
+                    config_path=str(config) if config else None, resume=resume, progress=True if progress else None,
+                    console=err, seed=seed,
+                )
         except AuditError as exc:
             raise _fail(str(exc), exc.exit_code) from None
-        except KeyboardInterrupt:
-            raise _fail(f"interrupted; continue with: auditor check --provider {provider} --resume <RUN_ID> "
-                        "(the RUN_ID is printed above)", 130) from None
+        except KeyboardInterrupt as exc:
+            rid = getattr(exc, "run_id", None) or "<RUN_ID>"
+            raise _fail(f"interrupted; continue with: auditor check --provider {provider} --resume {rid}", 130) from None
         if json_path is not None:
             _emit(render_json(rep) + "\n", json_path)
         if fmt == "text":

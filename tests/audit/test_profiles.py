@@ -5,7 +5,7 @@ small token budget on the default suite, and asserts the verdict, the exit code 
 detector. The noise floor is measured once (first case; cached in the user cache afterwards).
 Budgets: deviations are caught with large margins at 400 planned completion tokens; PASS needs
 the audit to have 80% power in every family (about 500+ tokens, see auditor.verdict), and the
-relaxed-threshold case about 250 sampled positions, so those run at 700 and 600.
+relaxed-threshold case about 250 sampled positions, so those run at 600.
 Run with ``-s`` to see the per-profile table (verdict, Holm p-values, tokens, wall time).
 """
 
@@ -26,8 +26,8 @@ pytestmark = pytest.mark.real_model
 MODEL = "smollm2-135m-instruct"
 CASES = [
     # profile, expected verdict, exit code, budget (planned completion tokens), detector that must reject
-    ("honest-fp32", "PASS", 0, 700, None),
-    ("honest-bf16", "PASS", 0, 700, None),
+    ("honest-fp32", "PASS", 0, 600, None),
+    ("honest-bf16", "PASS", 0, 600, None),
     ("int4", "QUANTIZATION", 1, 400, "logprob-divergence"),
     ("relaxed-threshold", "RELAXED_VERIFICATION", 1, 600, "sampling-argmax"),
     ("substituted", "SUBSTITUTION", 1, 400, "logprob-divergence"),

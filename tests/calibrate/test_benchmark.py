@@ -81,6 +81,11 @@ def test_outputs_json_markdown_png(mini_run, tmp_path):
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     meta = json.loads(paths["meta"].read_text())
     assert meta["budgets"] == [60, 150] and meta["noise_floor"]["model"]
+    # hand-written analysis below the marker survives a re-run
+    paths["markdown"].write_text(paths["markdown"].read_text() + "\nMy analysis of int8.\n")
+    write_outputs(run, tmp_path / "docs")
+    again = paths["markdown"].read_text()
+    assert again.count("My analysis of int8.") == 1 and again.count("<!-- analysis") == 1
 
 
 def test_results_are_stored_for_the_dashboard(mini_run, tmp_path):

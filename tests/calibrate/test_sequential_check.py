@@ -51,3 +51,24 @@ def test_sequential_check_probes_in_rounds_on_one_run(sim_env):
     if len(looks) == 2:  # the second round added requests to the same run
         assert looks[1].tokens > looks[0].tokens
     assert n_probes >= 1
+
+
+def test_cli_check_budget_auto(sim_env, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    import auditor.sequential as sq
+    from auditor.cli import app
+
+    monkeypatch.setattr(sq, "AUTO_MAX_TOKENS", 80)
+    monkeypatch.setattr(sq, "AUTO_FIRST_LOOK", 40)
+    r = CliRunner().invoke(app, ["check", "--provider", "sim", "--suite", "smoke", "--budget-tokens", "auto",
+                                 "--config", sim_env["config"], "--db", sim_env["db"], "--no-progress", "--format", "json"])
+    assert r.exit_code in (0, 2), r.output
+    assert "look 1:" in r.output
+    rep = json.loads(r.output[r.output.index("{"):])
+    assert rep["verdict"] in ("PASS", "INCONCLUSIVE")
+    bad = CliRunner().invoke(app, ["check", "--provider", "sim", "--budget-tokens", "lots", "--config", sim_env["config"],
+                                   "--db", sim_env["db"]])
+    assert bad.exit_code == 3 and "'auto'" in bad.output
