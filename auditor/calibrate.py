@@ -54,7 +54,7 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,7 @@ __all__ = [
     "DEFAULT_AUDITS",
     "DEFAULT_BUDGETS",
     "POOL_FORMAT",
+    "AuditDrawer",
     "AuditMix",
     "CalibrationRecord",
     "Pool",
@@ -77,7 +78,6 @@ __all__ = [
     "clopper_pearson",
     "collect_pool",
     "default_mix",
-    "AuditDrawer",
     "draw_audit",
     "evidence_for",
     "get_noise_floor",
@@ -459,7 +459,7 @@ def _decode_rows(
         mask[r, L - len(p) :] = 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     gen = torch.Generator().manual_seed(int(_sha(list(seeds), 15), 16))
-    eos = torch.tensor(sorted(set(int(e) for e in eos_ids)) or [-1])
+    eos = torch.tensor(sorted({int(e) for e in eos_ids}) or [-1])
     recs = [{"token_ids": [], "logprob": [], "top_ids": [], "top_lp": []} for _ in range(B)]
     done = torch.zeros(B, dtype=torch.bool)
     with torch.inference_mode():
@@ -1531,7 +1531,7 @@ def run_sequential_audits(
             d = drawer.extend_to(target)
             batches = {r: evidence_for(pool, d, mix, r) for r in refs}
             dec = seq.update(
-                d.planned_total, lambda a, _b=batches: audit_verdict(_b, floor, alpha=a, seed=seed * 1_000_003 + j)
+                d.planned_total, lambda a, _b=batches, _j=j: audit_verdict(_b, floor, alpha=a, seed=seed * 1_000_003 + _j)
             )
             if dec.stop:
                 break
@@ -2253,12 +2253,12 @@ def make_plan(
         prompt = float(at.get("prompt_tokens") or 0.0)
         usd = None
         if pricing is not None and grid is not None:
-            usd = float(pricing.cost_usd(int(round(prompt)), grid))
+            usd = float(pricing.cost_usd(round(prompt), grid))
         fa = [r["rejection_rate"] for r in honest if r["budget_tokens"] == (grid or rs[-1]["budget_tokens"])]
         out_rows.append({
             "profile": p,
             "tokens": grid,
-            "estimate": None if tp["interpolated"] is None else int(math.ceil(tp["interpolated"])),
+            "estimate": None if tp["interpolated"] is None else math.ceil(tp["interpolated"]),
             "power_at_grid": at["rejection_rate"],
             "power_ci": [at.get("ci_low"), at.get("ci_high")],
             "cause_correct_rate": at.get("cause_correct_rate"),

@@ -43,12 +43,12 @@ from typing import Any
 from scipy import stats
 
 __all__ = [
+    "AUTO_MAX_TOKENS",
     "SPENDING_FUNCTIONS",
     "LookDecision",
     "SequentialAudit",
     "SequentialDesign",
     "alpha_spent",
-    "AUTO_MAX_TOKENS",
     "run_sequential",
     "run_sequential_check",
     "tokens_saved",
@@ -134,7 +134,7 @@ class SequentialDesign:
         looks = []
         n = float(first)
         while n < max_tokens:
-            looks.append(int(round(n)))
+            looks.append(round(n))
             n *= factor
         if looks and max_tokens - looks[-1] < 0.25 * looks[-1]:
             looks[-1] = max_tokens  # avoid a tiny last round
@@ -379,9 +379,9 @@ def run_sequential_check(
             path.write_text(json.dumps(plan.model_dump(mode="json")), encoding="utf-8")
             box: dict[str, Any] = {}
 
-            def verdict_at(a: float, _path: Path = path) -> Any:
-                rep = run_check(provider_name, suite=str(_path), budget_tokens=None, alpha=a, resume=run_id, **check_kwargs)
-                box["report"] = rep
+            def verdict_at(a: float, _path: Path = path, _rid: str | None = run_id, _box: dict = box) -> Any:
+                rep = run_check(provider_name, suite=str(_path), budget_tokens=None, alpha=a, resume=_rid, **check_kwargs)
+                _box["report"] = rep
                 return rep
 
             d = seq.update(plan.max_completion_tokens(), verdict_at)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 
 def test_score_groups_matches_score_continuations(tiny_lm):
@@ -46,7 +45,13 @@ def test_batched_greedy_equals_simulator_engine(tiny_lm, mini_cfg, honest_pool):
 
 
 def test_pool_shapes_backends_and_roundtrip(tiny_refs, mini_cfg, get_pool, pool_cache, tmp_path):
-    from auditor.calibrate import PROVIDER_TOP_N, REF_TOP_K, Pool, load_or_collect_pool, pool_path
+    from auditor.calibrate import (
+        PROVIDER_TOP_N,
+        REF_TOP_K,
+        Pool,
+        load_or_collect_pool,
+        pool_path,
+    )
 
     pool = get_pool("relaxed-threshold")
     assert pool_path("relaxed-threshold", tiny_refs, mini_cfg, pool_cache).is_file()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
@@ -24,7 +25,7 @@ def test_spending_functions_are_monotone_and_spend_alpha(spending):
     ts = np.linspace(0, 1, 101)
     a = [alpha_spent(t, 0.05, spending) for t in ts]
     assert a[0] == 0 and a[-1] == pytest.approx(0.05)
-    assert all(y >= x - 1e-15 for x, y in zip(a, a[1:]))
+    assert all(y >= x - 1e-15 for x, y in itertools.pairwise(a))
     d = SequentialDesign.geometric(3000, 100, alpha=0.05, spending=spending)
     assert d.looks[0] == 100 and d.looks[-1] == 3000
     assert sum(d.look_alphas()) == pytest.approx(0.05)

@@ -7,8 +7,7 @@ import pytest
 
 @pytest.fixture
 def sim_env(tmp_path, tiny_lm, tiny_refs, monkeypatch):
-    import auditor.audit as audit
-    import auditor.noise as noise
+    from auditor import audit, noise
     from reference.simulator.server import ServerThread, create_app
 
     monkeypatch.setattr(noise, "FLOOR_PROMPTS", 4)

@@ -59,9 +59,12 @@ def test_relaxed_threshold_overemits_on_real_model(real_lm):
 
     eng = SimulatorEngine(get_profile("relaxed-threshold"), real_lm)
     hits, pmax = [], []
-    for i, p in enumerate(PROMPTS):
+    # Two seeds per prompt: at s=0.5 the expected z is ~3.5 with one seed (n≈60 positions in the
+    # band), too close to the threshold; ~130 positions put it near 5.
+    runs = [(i, p, seed) for i, p in enumerate(PROMPTS) for seed in (i, 100 + i)]
+    for _i, p, seed in runs:
         res = eng.generate(eng.encode_chat([{"role": "user", "content": p}]), max_tokens=64, temperature=1.0,
-                           seed=i, top_n=1)
+                           seed=seed, top_n=1)
         for t in res.tokens:
             pa = float(np.exp(t.top_logprobs[0]))
             if 0.5 <= pa <= 0.9:
