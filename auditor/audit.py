@@ -55,20 +55,20 @@ import numpy as np
 from auditor.report import AuditReport, report_from_store
 
 __all__ = [
+    "REFERENCE_TOP_K",
     "AuditError",
     "AuditInterrupted",
     "Observation",
-    "REFERENCE_TOP_K",
-    "plan_budget",
-    "load_suite_spec",
+    "analyze_run",
+    "build_evidence",
     "get_reference_models",
     "load_observations",
-    "score_observations",
-    "build_evidence",
-    "run_reference_detectors",
-    "speed_summary",
-    "analyze_run",
+    "load_suite_spec",
+    "plan_budget",
     "run_check",
+    "run_reference_detectors",
+    "score_observations",
+    "speed_summary",
 ]
 
 #: Reference alternatives kept per position (top-K, with the emitted token's own logprob).
@@ -591,7 +591,12 @@ def run_reference_detectors(
         reference), with ``details['nearest_reference']`` and ``details['by_reference']``
         (p_value, statistic, effect, n per reference).
     """
-    from auditor.detectors import DETECTORS, REFERENCE_DETECTORS, SELF_SAMPLING_DETECTORS, run_detectors
+    from auditor.detectors import (
+        DETECTORS,
+        REFERENCE_DETECTORS,
+        SELF_SAMPLING_DETECTORS,
+        run_detectors,
+    )
 
     out: dict[str, Any] = {}
     per_ref: dict[str, dict[str, Any]] = {}
@@ -738,14 +743,20 @@ class _Stage:
     def __enter__(self) -> _Stage:
         if self.progress is True:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=self.console or Console(stderr=True))
             self._bar.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()
 
@@ -808,10 +819,7 @@ def analyze_run(
             scored[dt] = score_observations(
                 store, lm, dt, observations, progress=lambda d, t, dt=dt: stage.update(f"reference scoring ({dt})", d, t)
             )
-    batches = {}
-    index = None
-    for dt in lms:
-        batches[dt], index = build_evidence(observations, scored[dt], tokenizer)
+    batches = {dt: build_evidence(observations, scored[dt], tokenizer)[0] for dt in lms}
     results = run_reference_detectors(batches, floors, seed=seed)
     results = _enrich_evidence(results, observations, tokenizer)
     lp_floor = None

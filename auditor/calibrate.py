@@ -146,6 +146,10 @@ class PoolConfig:
         suites: suites whose distinct prompts are used (chat messages; the pools are chat-API).
         t0_max_tokens: max completion tokens of a temperature-0 request (the greedy/logprob probes).
         sampling_samples: temperature-1 samples per prompt for batched (plain-decoding) profiles.
+        honest_sampling_samples: samples per prompt for honest profiles (None = ``sampling_samples``).
+            Their pools must be much larger than an audit's sampled tokens: audits resample one
+            pool, and a pool whose realised tail or PIT happens to sit 1.5 sd off would bias every
+            audit drawn from it (the false-accusation estimate is the delicate one).
         engine_sampling_samples: samples per prompt where the simulator engine must run
             (lossy verifiers; single-sequence speculative loop, ~8x slower on CPU).
         sampling_max_tokens: max completion tokens of a temperature-1 request.
@@ -161,6 +165,7 @@ class PoolConfig:
     t0_max_tokens: int = 64
     sampling_samples: int = 4
     engine_sampling_samples: int = 2
+    honest_sampling_samples: int | None = 12
     sampling_max_tokens: int = 24
     max_prompts: int | None = None
     seed: int = 0
@@ -171,7 +176,16 @@ class PoolConfig:
         d = asdict(self)
         d.pop("batch_size")  # does not change the content (up to float reduction order)
         d.pop("emulate_rules")  # enters the pool key through the backends it selects (pool_path)
+        d.pop("honest_sampling_samples")  # enters the key of honest profiles only (pool_path)
         return d
+
+    def samples_for(self, profile: Any, engine: bool) -> int:
+        """Temperature-1 samples per prompt for ``profile`` (engine-served or batched)."""
+        if engine:
+            return self.engine_sampling_samples
+        if getattr(profile, "honest", False) and self.honest_sampling_samples is not None:
+            return self.honest_sampling_samples
+        return self.sampling_samples
 
 
 @dataclass(frozen=True)
@@ -229,14 +243,17 @@ def _suite_fingerprint(cfg: PoolConfig) -> dict:
     return {n: [load_suite(n).version, load_suite(n).digest] for n in cfg.suites}
 
 
-def build_requests(tokenizer: Any, cfg: PoolConfig, *, engine: bool = False) -> list[PoolRequest]:
+def build_requests(
+    tokenizer: Any, cfg: PoolConfig, *, engine: bool = False, n_samples: int | None = None
+) -> list[PoolRequest]:
     """The pool's requests: one T=0 request per distinct prompt and ``n`` T=1 samples per prompt.
 
     Args:
         tokenizer: the reference tokenizer (chat template).
         cfg: pool configuration.
         engine: True when the T=1 requests will run through the simulator engine (uses
-            ``cfg.engine_sampling_samples`` samples per prompt).
+            ``cfg.engine_sampling_samples`` samples per prompt unless ``n_samples`` is given).
+        n_samples: samples per prompt (overrides the config; see ``PoolConfig.samples_for``).
 
     Returns:
         T=0 requests first, then T=1 requests grouped by prompt.
@@ -244,7 +261,7 @@ def build_requests(tokenizer: Any, cfg: PoolConfig, *, engine: bool = False) -> 
     from reference.scoring import encode_prompt
 
     reqs: list[PoolRequest] = []
-    n_s = cfg.engine_sampling_samples if engine else cfg.sampling_samples
+    n_s = n_samples if n_samples is not None else (cfg.engine_sampling_samples if engine else cfg.sampling_samples)
     prompts = _distinct_prompts(cfg)
     enc = {pid: tuple(encode_prompt(tokenizer, msgs, chat=True)) for pid, _, msgs in prompts}
     for i, (pid, w, _) in enumerate(prompts):
@@ -723,7 +740,7 @@ def collect_pool(
     served_lm, info = build_served_model(profile, ref_lm, copy_model=True)
     eos = list(ref_lm.eos_token_ids)
     be = {t: backend_for(profile, t, emulate=cfg.emulate_rules) for t in (0.0, 1.0)}
-    reqs = build_requests(ref_lm.tokenizer, cfg, engine=be[1.0] == "engine")
+    reqs = build_requests(ref_lm.tokenizer, cfg, n_samples=cfg.samples_for(profile, be[1.0] == "engine"))
     results: dict[str, dict] = {}
     backends: Counter = Counter()
     engine = None
@@ -960,6 +977,8 @@ def pool_path(profile_name: str, ref_lms: Any, cfg: PoolConfig, cache_dir: Path 
     }
     if backends != ["batched", "batched"]:
         key_src["backends"] = backends
+    if prof.honest and cfg.honest_sampling_samples is not None:
+        key_src["honest_samples"] = cfg.honest_sampling_samples
     key = _sha(key_src)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(ref_lm.revision))[:12]
     return (cache_dir or calibration_cache_dir()) / "pools" / f"{profile_name}-{safe}-{key}.npz"
@@ -1258,7 +1277,7 @@ def evidence_for(pool: Pool, draw: AuditDraw, mix: AuditMix, reference: str = "f
     )
 
 
-def audit_verdict(batches: Any, floors: Any, *, alpha: float = 0.05, seed: int = 0) -> Any:
+def audit_verdict(batches: Any, floors: Any, *, alpha: float = 0.05, seed: int = 0, power: float | None = None) -> Any:
     """Per-position evidence → detector results → verdict, exactly as ``auditor check`` decides.
 
     Calls the pipeline's ``auditor.audit.run_reference_detectors`` (every detector against every
@@ -1272,12 +1291,13 @@ def audit_verdict(batches: Any, floors: Any, *, alpha: float = 0.05, seed: int =
         floors: ``auditor.noise.FloorSet``.
         alpha: family-wise level (Holm).
         seed: detector randomisation seed.
+        power: power a PASS needs against the target effects (None: the verdict's default).
 
     Returns:
         ``auditor.verdict.Verdict`` (its ``results`` carry the Holm-adjusted p-values).
     """
     from auditor.audit import run_reference_detectors
-    from auditor.verdict import decide_verdict
+    from auditor.verdict import DEFAULT_POWER, decide_verdict
 
     if not isinstance(batches, dict):
         batches = {"float32": batches}
@@ -1285,7 +1305,8 @@ def audit_verdict(batches: Any, floors: Any, *, alpha: float = 0.05, seed: int =
     fl = getattr(floors, "floors", None) or {}
     lp = next((r for r in results if r.name == "logprob-divergence" and r.ran), None)
     lp_floor = fl.get(lp.details.get("nearest_reference")) if lp is not None else None
-    return decide_verdict(results, alpha, floor=lp_floor or fl.get(next(iter(batches))))
+    return decide_verdict(results, alpha, floor=lp_floor or fl.get(next(iter(batches))),
+                          power=DEFAULT_POWER if power is None else power)
 
 
 @dataclass
@@ -1531,7 +1552,9 @@ def run_sequential_audits(
             d = drawer.extend_to(target)
             batches = {r: evidence_for(pool, d, mix, r) for r in refs}
             dec = seq.update(
-                d.planned_total, lambda a, _b=batches, _j=j: audit_verdict(_b, floor, alpha=a, seed=seed * 1_000_003 + _j)
+                d.planned_total,
+                lambda a, power=None, _b=batches, _j=j: audit_verdict(_b, floor, alpha=a, seed=seed * 1_000_003 + _j,
+                                                                     power=power),
             )
             if dec.stop:
                 break

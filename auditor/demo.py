@@ -28,12 +28,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEMO_PROFILES", "EXPECTED", "DemoError", "DemoResult", "SimulatorProcess", "run_demo", "render_demo_table"]
+__all__ = ["DEMO_BUDGET_TOKENS", "DEMO_PROFILES", "EXPECTED", "DemoError", "DemoResult", "SimulatorProcess", "render_demo_table", "run_demo"]
 
 #: The profiles the demo serves, in display order.
 DEMO_PROFILES = ("honest-bf16", "int4", "relaxed-threshold")
@@ -43,6 +44,9 @@ EXPECTED = {
     "int4": "QUANTIZATION",
     "relaxed-threshold": "RELAXED_VERIFICATION",
 }
+#: Planned completion tokens per audit (of the default suite's ~1.7k): enough for PASS to have
+#: power in every detector family and for both deviations to be named with margin, in minutes.
+DEMO_BUDGET_TOKENS = 800
 #: Seconds to wait for a simulator to load its model and answer /v1/models.
 START_TIMEOUT_S = 600.0
 
@@ -180,7 +184,7 @@ def run_demo(
     *,
     profiles: tuple[str, ...] = DEMO_PROFILES,
     suite: str | None = None,
-    budget_tokens: int | None = None,
+    budget_tokens: int | None = DEMO_BUDGET_TOKENS,
     db_url: str | None = None,
     json_path: str | os.PathLike[str] | None = None,
     progress: bool = True,
@@ -192,7 +196,8 @@ def run_demo(
 
     Args:
         profiles: simulator profiles to serve and audit.
-        suite: probe suite (default ``default``); budget_tokens: per-audit cap (None = whole suite).
+        suite: probe suite (default ``default``); budget_tokens: per-audit cap on planned completion
+            tokens (default :data:`DEMO_BUDGET_TOKENS`; None = the whole suite).
         db_url: where runs are stored (default database when None).
         json_path: also write the list of the JSON reports there.
         progress: rich progress bars on stderr (``console``).
@@ -211,6 +216,12 @@ def run_demo(
 
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="auditor-demo-"))
+    # SIGTERM (e.g. `kill`, a CI timeout) must also shut the servers down: turn it into Ctrl-C.
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+        def _term(_sig: int, _frame: Any) -> None:
+            raise KeyboardInterrupt
+        old_term = signal.signal(signal.SIGTERM, _term)
     servers = [SimulatorProcess(p, tmp, extra_args=serve_args) for p in profiles]
     reports = []
     say = (lambda m: console.print(m, highlight=False)) if console is not None else (lambda m: None)
@@ -234,6 +245,8 @@ def run_demo(
     finally:
         for s in servers:
             s.stop()
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     out = None
     if json_path is not None:
         p = Path(json_path)
@@ -263,9 +276,13 @@ def render_demo_table(result: DemoResult, console: Any = None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    t = Table(title="auditor demo — three simulated providers", title_justify="left")
-    for c in ("provider (simulator profile)", "expected", "verdict", "", "deciding tests (Holm p)", "tokens", "USD", "wall s", "run"):
-        t.add_column(c)
+    if not console.is_terminal and console.width < 140:
+        console = Console(width=140, file=console.file)
+    t = Table(title="auditor demo — simulated providers (profile hidden from the auditor)", title_justify="left")
+    for c, kw in (("provider", {"no_wrap": True}), ("expected", {}), ("verdict", {}), ("", {}),
+                  ("deciding tests (Holm-adjusted p)", {"ratio": 1}), ("tokens", {"justify": "right"}),
+                  ("USD", {"justify": "right"}), ("s", {"justify": "right"}), ("run", {"no_wrap": True})):
+        t.add_column(c, **kw)
     for p, r in zip(result.profiles, result.reports):
         ok = r.verdict == result.expected.get(p)
         t.add_row(

@@ -54,18 +54,18 @@ import numpy as np
 from auditor.detectors.noise_floor import KLFloor, NoiseFloor, compute_noise_floor
 
 __all__ = [
+    "FLOOR_MAX_NEW_TOKENS",
+    "FLOOR_PROMPTS",
+    "HONEST_BY_REFERENCE",
     "NOISE_METHOD",
     "REFERENCE_DTYPES",
-    "HONEST_BY_REFERENCE",
-    "FLOOR_PROMPTS",
-    "FLOOR_MAX_NEW_TOKENS",
     "FloorSet",
-    "merge_floors",
-    "floor_prompts",
-    "noise_cache_dir",
-    "floor_cache_key",
     "compute_floors",
+    "floor_cache_key",
+    "floor_prompts",
     "get_floors",
+    "merge_floors",
+    "noise_cache_dir",
 ]
 
 #: Version of the floor method; part of the cache key (bump when the measurement changes).

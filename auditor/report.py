@@ -31,18 +31,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
-    "AuditReport",
-    "REPORT_SCHEMA",
-    "JSON_FIELDS",
     "FORMATS",
+    "JSON_FIELDS",
+    "REPORT_SCHEMA",
+    "AuditReport",
     "ReportError",
-    "render",
-    "render_text",
-    "render_json",
-    "render_markdown",
-    "render_junit",
-    "load_report",
     "exit_code_for",
+    "load_report",
+    "render",
+    "render_json",
+    "render_junit",
+    "render_markdown",
+    "render_text",
 ]
 
 #: Identifier of the JSON layout (bump on incompatible changes).
@@ -259,8 +259,10 @@ def _tok(s: Any, limit: int = 40) -> str:
 
 
 def _md(s: str) -> str:
-    """Escape a cell for a Markdown table."""
-    return str(s).replace("\\", "\\\\").replace("|", "\\|").replace("`", "'").replace("\n", " ")
+    """Make text safe inside a Markdown table cell (and code spans): escape pipes, no backticks or
+    newlines. Backslashes stay as they are (``_tok`` shows ``\\n`` for a newline, which Markdown
+    renders literally)."""
+    return str(s).replace("|", "\\|").replace("`", "'").replace("\n", " ")
 
 
 # ------------------------------------------------------------------------------------------ text
@@ -426,8 +428,8 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Mean KL vs reference", f"{_fmt_num(s.get('mean_kl'))} nats" if s.get("mean_kl") is not None else "—"),
         ("Honest noise floor (mean KL)", f"{_fmt_num(s.get('noise_floor'))} nats" if s.get("noise_floor") is not None else "—"),
         ("Greedy clear-mismatch rate", _fmt_num(s.get("clear_mismatch_rate")) if s.get("clear_mismatch_rate") is not None else "—"),
-        ("Probes", f"{r.probes.get('ok', 0)} ok, {r.probes.get('failed', 0)} failed of {r.probes.get('total', 0)}; "
-         f"{r.probes.get('attempts', 0)} attempts ({r.probes.get('retries', 0)} retries)"),
+        ("Probes", (f"{r.probes.get('ok', 0)} ok, {r.probes.get('failed', 0)} failed of {r.probes.get('total', 0)}; "
+                    f"{r.probes.get('attempts', 0)} attempts ({r.probes.get('retries', 0)} retries)")),
     ]
     out.append("| | |")
     out.append("|---|---|")

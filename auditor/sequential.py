@@ -95,6 +95,10 @@ class SequentialDesign:
         looks: strictly increasing cumulative token counts; the last is the maximum budget N.
         alpha: family-wise level of the whole sequential audit.
         spending: ``obrien-fleming`` (default) | ``pocock`` | ``linear``.
+        accept_power: power against the verdict's target effects that a PASS must have to stop
+            the audit *before* the last look (None: the verdict's own default, 0.8). Early
+            acceptance only ever removes chances to reject, so it does not touch the level; a
+            higher value trades tokens saved on honest providers for power on subtle deviations.
 
     Raises:
         ValueError: empty or non-increasing looks, non-positive tokens, bad alpha/spending.
@@ -103,6 +107,7 @@ class SequentialDesign:
     looks: tuple[int, ...]
     alpha: float = 0.05
     spending: str = "obrien-fleming"
+    accept_power: float | None = None
 
     def __post_init__(self) -> None:
         if not self.looks:
@@ -113,6 +118,8 @@ class SequentialDesign:
             raise ValueError(f"spending={self.spending!r}; choose one of {SPENDING_FUNCTIONS}")
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if self.accept_power is not None and not 0 < self.accept_power < 1:
+            raise ValueError(f"accept_power must be in (0, 1), got {self.accept_power}")
 
     @property
     def max_tokens(self) -> int:
@@ -122,7 +129,7 @@ class SequentialDesign:
     @classmethod
     def geometric(
         cls, max_tokens: int = 3000, first: int = 100, factor: float = 2.0, *, alpha: float = 0.05,
-        spending: str = "obrien-fleming",
+        spending: str = "obrien-fleming", accept_power: float | None = None,
     ) -> SequentialDesign:
         """Looks at ``first, first·factor, first·factor², …`` tokens, capped by (and ending at) ``max_tokens``.
 
@@ -140,7 +147,7 @@ class SequentialDesign:
             looks[-1] = max_tokens  # avoid a tiny last round
         else:
             looks.append(int(max_tokens))
-        return cls(tuple(sorted(set(looks))), alpha, spending)
+        return cls(tuple(sorted(set(looks))), alpha, spending, accept_power)
 
     def look_alphas(self) -> list[float]:
         """α_k for the planned looks (they sum to ``alpha``)."""
@@ -153,7 +160,7 @@ class SequentialDesign:
 
     def to_dict(self) -> dict:
         return {"looks": list(self.looks), "alpha": self.alpha, "spending": self.spending,
-                "look_alphas": self.look_alphas()}
+                "accept_power": self.accept_power, "look_alphas": self.look_alphas()}
 
 
 @dataclass
@@ -190,8 +197,9 @@ class SequentialAudit:
                 break
         verdict = seq.final_verdict   # a Verdict object as returned by the callback
 
-    ``update`` calls ``verdict_at(alpha_k)`` once; it must return an object with a ``verdict``
-    attribute (``auditor.verdict.Verdict``).
+    ``update`` calls ``verdict_at(alpha_k)`` once — ``verdict_at(alpha_k, power=accept_power)``
+    before the last look when the design sets ``accept_power`` — and it must return an object with
+    a ``verdict`` attribute (``auditor.verdict.Verdict``).
     """
 
     def __init__(self, design: SequentialDesign):
@@ -228,7 +236,8 @@ class SequentialAudit:
 
         Args:
             tokens: completion tokens actually collected so far (>= 1).
-            verdict_at: ``alpha -> Verdict`` on all evidence so far at family-wise level alpha.
+            verdict_at: ``alpha -> Verdict`` on all evidence so far at family-wise level alpha
+                (called with ``power=`` too, see the class doc).
 
         Returns:
             The LookDecision (``stop`` tells the caller to stop probing).
@@ -246,7 +255,10 @@ class SequentialAudit:
         if a_k <= 0.0:
             # nothing to spend (a look before any information): the verdict cannot reject
             a_k = 1e-300
-        v = verdict_at(min(a_k, 0.999999))
+        if not last and self.design.accept_power is not None:
+            v = verdict_at(min(a_k, 0.999999), power=self.design.accept_power)
+        else:
+            v = verdict_at(min(a_k, 0.999999))
         verdict = str(getattr(v, "verdict", v))
         if verdict in _DEVIATIONS:
             action, stop = "reject", True

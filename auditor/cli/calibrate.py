@@ -58,6 +58,9 @@ def register(app: typer.Typer) -> None:
         alpha: float = typer.Option(0.05, "--alpha", min=1e-6, max=0.5, help="Family-wise level of each audit."),
         seed: int = typer.Option(0, "--seed", help="Seed of the resampling and the detectors."),
         samples: int = typer.Option(4, "--samples", min=1, help="Temperature-1 samples per prompt in each pool."),
+        honest_samples: int = typer.Option(
+            12, "--honest-samples", min=1, help="Samples per prompt in honest profiles' pools (false accusations need big pools)."
+        ),
         engine_samples: int = typer.Option(
             2, "--engine-samples", min=1, help="Samples per prompt where the simulator engine must run (lossy verifiers)."
         ),
@@ -96,6 +99,7 @@ def register(app: typer.Typer) -> None:
         )
         cfg = cal.PoolConfig(
             sampling_samples=samples,
+            honest_sampling_samples=honest_samples,
             engine_sampling_samples=engine_samples,
             max_prompts=max_prompts,
             t0_max_tokens=t0_max_tokens,

@@ -3,7 +3,7 @@
     auditor check --provider NAME [--suite S] [--budget-tokens N] [--alpha A] [--json PATH]
                   [--format text|json|markdown|junit] [--db URL] [--config F] [--resume RUN_ID]
     auditor report RUN_ID [--format markdown|json|junit|text] [--output PATH] [--db URL]
-    auditor demo [--json PATH] [--suite S] [--budget-tokens N] [--db URL] [--keep-going]
+    auditor demo [--json PATH] [--suite S] [--budget-tokens N] [--db URL]
 
 Exit codes of ``check`` (and ``demo``, for the worst verdict): 0 PASS, 1 a deviation
 (QUANTIZATION / RELAXED_VERIFICATION / SUBSTITUTION / DECODING_NONCOMPLIANT), 2 INCONCLUSIVE,
@@ -132,7 +132,7 @@ def register(app: typer.Typer) -> None:
     def demo_cmd(
         json_path: Path | None = typer.Option(None, "--json", help="Write the list of the JSON reports to PATH."),
         suite: str = typer.Option("default", "--suite", "-s", help="Probe suite for every audit."),
-        budget_tokens: int | None = typer.Option(None, "--budget-tokens", min=1, help="Cap on planned completion tokens per audit."),
+        budget_tokens: int = typer.Option(800, "--budget-tokens", min=1, help="Cap on planned completion tokens per audit (the default suite plans ~1.7k)."),
         db: str | None = typer.Option(None, "--db", help="Database URL (default $AUDITOR_DB_URL or the user data dir SQLite file)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars on stderr."),
     ) -> None:

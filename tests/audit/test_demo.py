@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import auditor.demo as demo
+from auditor import demo
 from auditor.demo import DemoError, SimulatorProcess, render_demo_table, run_demo
 
 

@@ -7,7 +7,13 @@ import json
 import numpy as np
 
 from auditor.detectors import compute_noise_floor
-from auditor.noise import HONEST_BY_REFERENCE, FloorSet, floor_prompts, get_floors, merge_floors
+from auditor.noise import (
+    HONEST_BY_REFERENCE,
+    FloorSet,
+    floor_prompts,
+    get_floors,
+    merge_floors,
+)
 
 
 def _floor(scale: float, seed: int, name: str):

@@ -23,7 +23,7 @@ from .conftest import providers_toml
 def tiny_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
     """A providers file with an honest tiny simulator ('sim') and a dead port ('dead'); the reference
     'tiny-ref' resolves to the tiny model."""
-    import auditor.audit as audit
+    from auditor import audit
     from reference.simulator.server import free_port
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)

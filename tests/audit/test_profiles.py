@@ -42,7 +42,7 @@ _RESULTS: list[dict] = []
 
 @pytest.fixture(scope="module")
 def real_env(real_lm, tmp_path_factory):
-    import auditor.audit as audit
+    from auditor import audit
 
     mp = pytest.MonkeyPatch()
     mp.setitem(audit._MODELS, (MODEL, "float32"), real_lm)  # share the session's model

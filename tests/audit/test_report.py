@@ -8,7 +8,16 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from auditor.report import FORMATS, JSON_FIELDS, AuditReport, exit_code_for, render, render_json, render_junit, render_markdown
+from auditor.report import (
+    FORMATS,
+    JSON_FIELDS,
+    AuditReport,
+    exit_code_for,
+    render,
+    render_json,
+    render_junit,
+    render_markdown,
+)
 
 
 def make_report(verdict: str = "QUANTIZATION") -> AuditReport:

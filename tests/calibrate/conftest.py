@@ -30,7 +30,7 @@ def mini_cfg():
     """A miniature pool: 4 prompts, short continuations, few samples (seconds on CPU)."""
     from auditor.calibrate import PoolConfig
 
-    return PoolConfig(max_prompts=4, t0_max_tokens=12, sampling_samples=3, engine_sampling_samples=2,
+    return PoolConfig(max_prompts=4, t0_max_tokens=12, sampling_samples=3, engine_sampling_samples=2, honest_sampling_samples=4,
                       sampling_max_tokens=8)
 
 

@@ -31,6 +31,8 @@ def test_batched_greedy_equals_simulator_engine(tiny_lm, mini_cfg, honest_pool):
 
     pool = honest_pool
     assert pool.meta["backend_t0"] == "batched"
+    # honest profiles get the larger sampling pool (false-accusation estimates need it)
+    assert pool.summary()["t1_items"] == 4 * mini_cfg.honest_sampling_samples
     eng = SimulatorEngine(get_profile("honest-fp32"), tiny_lm, seed=0)
     reqs = [r for r in build_requests(tiny_lm.tokenizer, mini_cfg) if r.temperature == 0]
     assert len(reqs) == pool.items_at(0.0).size or pool.item_lengths.min() == 0
