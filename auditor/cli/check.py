@@ -1,13 +1,14 @@
 """CLI commands: ``auditor check``, ``auditor report``, ``auditor demo``.
 
-    auditor check --provider NAME [--suite S] [--budget-tokens N] [--alpha A] [--json PATH]
+    auditor check --provider NAME [--suite S] [--budget-tokens N|auto] [--alpha A] [--json PATH]
                   [--format text|json|markdown|junit] [--db URL] [--config F] [--resume RUN_ID]
     auditor report RUN_ID [--format markdown|json|junit|text] [--output PATH] [--db URL]
     auditor demo [--json PATH] [--suite S] [--budget-tokens N] [--db URL]
 
-Exit codes of ``check`` (and ``demo``, for the worst verdict): 0 PASS, 1 a deviation
-(QUANTIZATION / RELAXED_VERIFICATION / SUBSTITUTION / DECODING_NONCOMPLIANT), 2 INCONCLUSIVE,
-3 usage/config/connection error (one line on stderr, no traceback), 130 interrupted.
+Exit codes of ``check``: 0 PASS, 1 a deviation (QUANTIZATION / RELAXED_VERIFICATION / SUBSTITUTION /
+DECODING_NONCOMPLIANT), 2 INCONCLUSIVE, 3 usage/config/connection error (one line on stderr, no
+traceback), 130 interrupted. ``report``: 0, or 3 for an unknown run. ``demo``: 0 when every
+simulator's cause was named, 1 otherwise, 3 when a simulator did not start.
 """
 
 from __future__ import annotations
