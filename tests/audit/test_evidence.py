@@ -1,0 +1,100 @@
+"""Evidence building: provider tokens aligned by bytes, 1:n tokens skipped but teacher-forced,
+alternatives mapped to reference ids, untrusted rows flagged, reference rows at the right offsets."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from auditor.audit import Observation, build_evidence, run_reference_detectors
+from probes.align import align_to_reference
+from probes.normalize import TokenRecord
+from reference.scoring import ScoredContinuation
+
+
+def _tok(tokenizer, text: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) == 1, (text, ids)
+    return ids[0]
+
+
+def test_build_evidence_positions_and_alternatives(smollm2_tokenizer) -> None:
+    tk = smollm2_tokenizer
+    two = "Hello world"  # one provider token = two reference tokens (1:n)
+    assert len(tk.encode(two, add_special_tokens=False)) == 2
+    tokens = [
+        TokenRecord(index=0, token=two, bytes=two.encode(), logprob=-0.5, top_logprobs=[(two, two.encode(), -0.5)]),
+        TokenRecord(index=1, token=" again", bytes=b" again", logprob=-0.2,
+                    top_logprobs=[(" again", b" again", -0.2), (" and", b" and", -2.0), (two, two.encode(), -3.0)]),
+        TokenRecord(index=2, token="!", bytes=b"!", logprob=-0.1, top_logprobs=[("!", b"!", -0.1)],
+                    anomalies=["positive_logprob"]),
+    ]
+    al = align_to_reference(tokens, tk)
+    assert al.ref_token_ids[0] is None and al.spans[1] == (2, 3) and al.spans[2] == (3, 4)
+    obs = Observation(
+        probe_id=1, probe_key="p#0", mode="logprob", workload="chat", temperature=0.0, top_p=1.0, request={},
+        prompt_ids=[1, 2, 3], tokens=tokens, ref_ids=al.ref_ids, spans=al.spans, one_to_one=al.ref_token_ids,
+    )
+    T, K = len(al.ref_ids), 4
+    top_ids = np.arange(T * K).reshape(T, K) + 100
+    top_lp = np.tile(np.log([0.6, 0.2, 0.1, 0.05]), (T, 1))
+    sc = ScoredContinuation(al.ref_ids, np.full(T, -1.0) - np.arange(T), top_ids, top_lp)
+    batch, index = build_evidence([obs], [sc], tk)
+    assert len(batch) == 2 and list(batch.positions) == [1, 2]  # the 1:n token is not a trial
+    assert index.rows == [(0, 1), (0, 2)]
+    assert list(batch.token_ids) == [_tok(tk, " again"), _tok(tk, "!")]
+    # reference rows come from continuation offsets 2 and 3 (after both pieces of token 0)
+    assert batch.ref_token_logprobs.tolist() == [-3.0, -4.0]
+    assert set(batch.ref_top_ids[0]) == set(top_ids[2])
+    # alternatives: the two single-token ones mapped, the multi-token one dropped
+    listed = {int(i) for i in batch.provider_top_ids[0] if i >= 0}
+    assert listed == {_tok(tk, " again"), _tok(tk, " and")}
+    assert batch.provider_trusted.tolist() == [True, False]
+    assert batch.token_texts.tolist() == [" again", "!"]
+    # without a reference only the provider side is built
+    b2, _ = build_evidence([obs], None, tk)
+    assert not b2.has_reference and len(b2) == 2
+
+
+def test_sampling_with_top_p_below_one_is_excluded(smollm2_tokenizer) -> None:
+    tk = smollm2_tokenizer
+    tokens = [TokenRecord(index=i, token=" a", bytes=b" a", logprob=None) for i in range(3)]
+    al = align_to_reference(tokens, tk)
+    obs = Observation(probe_id=1, probe_key="s#0", mode="sampling", workload="chat", temperature=1.0, top_p=0.9,
+                      request={}, prompt_ids=[1], tokens=tokens, ref_ids=al.ref_ids, spans=al.spans,
+                      one_to_one=al.ref_token_ids)
+    batch, _ = build_evidence([obs], None, tk)
+    assert len(batch) == 0
+
+
+def test_intersection_union_keeps_the_nearest_reference(smollm2_tokenizer) -> None:
+    """With two references the kept result is the one with the larger p-value, per detector."""
+    from auditor.detectors import EvidenceBatch, compute_noise_floor
+    from auditor.noise import FloorSet
+
+    rng = np.random.default_rng(0)
+    n, V = 200, 30
+    ref = rng.normal(size=(n, V)) * 2
+    far = ref + rng.normal(size=(n, V)) * 1.0  # a provider far from this reference
+    near = ref.copy()  # ... and identical to the other one
+    prompts = np.repeat(np.arange(20), 10).astype(str)
+
+    def batch(reference):
+        lp = reference - np.log(np.exp(reference).sum(1, keepdims=True))
+        prov = near - np.log(np.exp(near).sum(1, keepdims=True))
+        tok = prov.argmax(1)
+        top_p = np.argsort(-prov, 1)[:, :5]
+        return EvidenceBatch.from_arrays(
+            prompt_ids=prompts, token_ids=tok, temperatures=np.zeros(n), ref_full_logprobs=lp.astype(np.float32),
+            provider_top_ids=top_p, provider_top_logprobs=np.take_along_axis(prov, top_p, 1),
+            provider_token_logprobs=prov[np.arange(n), tok],
+        )
+
+    fl = compute_noise_floor(ref, ref + rng.normal(size=(n, V)) * 0.01, prompt_ids=prompts)
+    floors = FloorSet("m", "r", {"a": fl, "b": fl})
+    res = {r.name: r for r in run_reference_detectors({"a": batch(far), "b": batch(near)}, floors)}
+    lp = res["logprob-divergence"]
+    assert lp.ran and lp.details["nearest_reference"] == "b"
+    by = lp.details["by_reference"]
+    assert by["a"]["p_value"] < 1e-6 and lp.p_value == by["b"]["p_value"] > 0.05
+    alone = {r.name: r for r in run_reference_detectors({"a": batch(far)}, floors)}
+    assert alone["logprob-divergence"].p_value < 1e-6
