@@ -782,6 +782,7 @@ def analyze_run(
     wall_start: float | None = None,
     floors_cache_dir: str | None = None,
     reference_models: Mapping[str, Any] | None = None,
+    power: float | None = None,
 ) -> AuditReport:
     """Steps 3–6 of the pipeline on a run whose probes are stored; stores and returns the report.
 
@@ -794,6 +795,8 @@ def analyze_run(
         floors_cache_dir: noise floor cache directory (default ``auditor.noise.noise_cache_dir()``).
         reference_models: reference dtype → LoadedModel to use instead of loading
             ``config.reference`` (tests, calibration).
+        power: power a PASS needs against the verdict's target effects (None: its default;
+            ``--budget-tokens auto`` raises it for early stops, auditor/sequential.py).
 
     Raises:
         AuditError: no probe produced tokens (connection/config problem).
@@ -826,7 +829,8 @@ def analyze_run(
     lp = next((r for r in results if r.name == "logprob-divergence" and r.ran), None)
     if lp is not None:
         lp_floor = floors.floors.get(lp.details.get("nearest_reference"))
-    verdict = decide_verdict(results, alpha, floor=lp_floor or floors.floors.get(next(iter(lms))))
+    verdict = decide_verdict(results, alpha, floor=lp_floor or floors.floors.get(next(iter(lms))),
+                             **({} if power is None else {"power": power}))
     adj = {r.name: r for r in verdict.results}
 
     # ---- headline figures (against the float32 reference, the model as published)
@@ -911,6 +915,7 @@ def run_check(
     reference_dtypes: Sequence[str] | None = None,
     floors_cache_dir: str | None = None,
     reference_models: Mapping[str, Any] | None = None,
+    power: float | None = None,
 ) -> AuditReport:
     """Audit one provider end to end (see the module docstring) and return its report.
 
@@ -929,6 +934,7 @@ def run_check(
         reference_dtypes: honest reference precisions (default float32 and bfloat16).
         floors_cache_dir: override the noise-floor cache directory.
         reference_models: reference dtype → LoadedModel (instead of loading ``config.reference``).
+        power: power a PASS needs against the target effects (None: the verdict's default).
 
     Returns:
         AuditReport (``exit_code``: 0 PASS, 1 deviation, 2 INCONCLUSIVE).
@@ -993,7 +999,7 @@ def run_check(
             rep = analyze_run(
                 store, rid, cfg, alpha=alpha, seed=seed, reference_dtypes=reference_dtypes, progress=progress,
                 console=console, wall_start=t0, floors_cache_dir=floors_cache_dir,
-                reference_models=reference_models,
+                reference_models=reference_models, power=power,
             )
         except KeyboardInterrupt:
             with contextlib.suppress(Exception), store.session() as s:

@@ -1705,7 +1705,8 @@ def run_calibration(
             :func:`calibration_cache_dir` for pools and ``auditor.noise``'s cache for floors.
         refresh: recollect pools even when cached.
         sequential: a ``SequentialDesign``, None (skip), or "auto" (geometric looks from the
-            smallest budget to the largest, O'Brien–Fleming spending).
+            smallest budget to the largest with the spending and early-acceptance power of
+            ``auditor check --budget-tokens auto``).
         sequential_audits: audits per profile for the sequential simulation (default ``audits``).
         floor_kwargs: extra arguments of ``auditor.noise.get_floors`` (CI miniatures only).
         progress: callback for one-line status messages.
@@ -1742,7 +1743,10 @@ def run_calibration(
     mix = mix or default_mix()
     cfg = pool_cfg or PoolConfig()
     if sequential == "auto":
-        sequential = SequentialDesign.geometric(max(budgets), first=min(budgets), alpha=alpha)
+        from auditor.sequential import AUTO_ACCEPT_POWER, AUTO_SPENDING
+
+        sequential = SequentialDesign.geometric(max(budgets), first=min(budgets), alpha=alpha, spending=AUTO_SPENDING,
+                                                accept_power=AUTO_ACCEPT_POWER)
     records: list[CalibrationRecord] = []
     seq_records: list[dict] = []
     pools_meta: dict[str, dict] = {}

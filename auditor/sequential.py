@@ -5,8 +5,8 @@ completion-token counts ``n_1 < n_2 < … < n_K = N`` (the maximum budget). Look
 fraction ``t_k = n_k / N`` and spends ``α_k = α(t_k) − α(t_{k−1})`` of the family-wise level,
 where α(·) is a Lan–DeMets (1983) spending function:
 
-- ``obrien-fleming`` (default): α(t) = 2 − 2Φ(z_{1−α/2} / √t) — almost nothing early, most at the end;
-- ``pocock``: α(t) = α · ln(1 + (e − 1) t) — evenly spread;
+- ``obrien-fleming``: α(t) = 2 − 2Φ(z_{1−α/2} / √t) — almost nothing early, most at the end;
+- ``pocock`` (``--budget-tokens auto``): α(t) = α · ln(1 + (e − 1) t) — evenly spread;
 - ``linear``: α(t) = α · t.
 
 At look k the whole audit decision — every detector, Holm across them, the decision rules
@@ -14,8 +14,8 @@ At look k the whole audit decision — every detector, Holm across them, the dec
 
 - a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, DECODING_NONCOMPLIANT)
   stops the audit: **reject**;
-- PASS (nothing rejects *and* every detector family that ran has the configured power against its
-  target effect at level α_k — the verdict's own adequacy check) stops it: **accept**;
+- PASS (nothing rejects *and* every detector family that ran has the design's ``accept_power``
+  against its target effect at level α_k — the verdict's own adequacy check) stops it: **accept**;
 - otherwise (INCONCLUSIVE) the audit continues; at the last look its verdict is final.
 
 Validity (why this is anytime-valid at the design's looks). The looks' tests are dependent (each
@@ -43,7 +43,9 @@ from typing import Any
 from scipy import stats
 
 __all__ = [
+    "AUTO_ACCEPT_POWER",
     "AUTO_MAX_TOKENS",
+    "AUTO_SPENDING",
     "SPENDING_FUNCTIONS",
     "LookDecision",
     "SequentialAudit",
@@ -295,14 +297,18 @@ def run_sequential(
     Args:
         design: the looks and spending.
         verdict_after: ``(tokens, alpha_k) -> Verdict``: the verdict on the first ``tokens``
-            cumulative completion tokens of the audit at family-wise level ``alpha_k``.
+            cumulative completion tokens of the audit at family-wise level ``alpha_k`` (called
+            with ``power=`` as well when the design sets ``accept_power``).
 
     Returns:
         The finished SequentialAudit (``final_verdict``, ``decisions``, ``summary()``).
     """
     seq = SequentialAudit(design)
     while (target := seq.next_look_tokens()) is not None:
-        d = seq.update(target, lambda a, _t=target: verdict_after(_t, a))
+        d = seq.update(
+            target,
+            lambda a, power=None, _t=target: verdict_after(_t, a) if power is None else verdict_after(_t, a, power=power),
+        )
         if d.stop:
             break
     return seq
@@ -318,8 +324,12 @@ def tokens_saved(used: Sequence[int], max_tokens: int) -> float:
 #: ``--budget-tokens auto``: the maximum budget (tokens) and the first look, unless given.
 AUTO_MAX_TOKENS = 3000
 AUTO_FIRST_LOOK = 100
-#: Spending of ``--budget-tokens auto`` (measured against the others in docs/calibration.md).
-AUTO_SPENDING = "obrien-fleming"
+#: Spending and early-acceptance power of ``--budget-tokens auto``, chosen on the simulator
+#: (docs/calibration.md): Pocock-type spending stops blatant deviations within a few hundred tokens,
+#: and requiring 99% (not the verdict's 80%) power for an early PASS keeps subtle ones (int8,
+#: relaxed acceptance) from being waved through at the first adequately powered look.
+AUTO_SPENDING = "pocock"
+AUTO_ACCEPT_POWER = 0.99
 
 
 def _union_suite(suite: Any, prev: Any) -> Any:
@@ -355,7 +365,8 @@ def run_sequential_check(
     Args:
         provider_name: the provider to audit.
         design: looks and spending; default :meth:`SequentialDesign.geometric` from
-            ``AUTO_FIRST_LOOK`` to min(``AUTO_MAX_TOKENS``, the suite's planned tokens).
+            ``AUTO_FIRST_LOOK`` to min(``AUTO_MAX_TOKENS``, the suite's planned tokens), with
+            ``AUTO_SPENDING`` and ``AUTO_ACCEPT_POWER``.
         suite: suite name or JSON path (default ``default``).
         alpha: family-wise level of the whole sequential audit.
         on_look: called with each LookDecision (progress output).
@@ -378,8 +389,12 @@ def run_sequential_check(
     if design is None:
         top = min(AUTO_MAX_TOKENS, full.max_completion_tokens())
         first = min(AUTO_FIRST_LOOK, top)
-        design = SequentialDesign.geometric(top, first=first, alpha=alpha, spending=AUTO_SPENDING) if top > first \
+        design = (
+            SequentialDesign.geometric(top, first=first, alpha=alpha, spending=AUTO_SPENDING,
+                                       accept_power=AUTO_ACCEPT_POWER)
+            if top > first
             else SequentialDesign((top,), alpha=alpha, spending=AUTO_SPENDING)
+        )
     seq = SequentialAudit(design)
     run_id: str | None = None
     sent = None
@@ -391,8 +406,11 @@ def run_sequential_check(
             path.write_text(json.dumps(plan.model_dump(mode="json")), encoding="utf-8")
             box: dict[str, Any] = {}
 
-            def verdict_at(a: float, _path: Path = path, _rid: str | None = run_id, _box: dict = box) -> Any:
-                rep = run_check(provider_name, suite=str(_path), budget_tokens=None, alpha=a, resume=_rid, **check_kwargs)
+            def verdict_at(
+                a: float, power: float | None = None, _path: Path = path, _rid: str | None = run_id, _box: dict = box
+            ) -> Any:
+                rep = run_check(provider_name, suite=str(_path), budget_tokens=None, alpha=a, resume=_rid, power=power,
+                                **check_kwargs)
                 _box["report"] = rep
                 return rep
 

@@ -69,7 +69,10 @@ def register(app: typer.Typer) -> None:
         sampling_max_tokens: int = typer.Option(24, "--sampling-max-tokens", min=1, help="Max tokens of a sampling request."),
         sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="Also simulate --budget-tokens auto."),
         sequential_audits: int | None = typer.Option(None, "--sequential-audits", min=1, help="Audits per profile (default --audits)."),
-        spending: str = typer.Option("obrien-fleming", "--spending", help="α spending: obrien-fleming | pocock | linear."),
+        spending: str = typer.Option("pocock", "--spending", help="α spending: pocock (auto's) | obrien-fleming | linear."),
+        accept_power: float = typer.Option(
+            0.99, "--accept-power", min=0.5, max=0.9999, help="Power an early PASS needs in the sequential simulation (auto's: 0.99)."
+        ),
         refresh: bool = typer.Option(False, "--refresh", help="Recollect pools even when cached."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache root for pools (default: the user cache dir)."),
         threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice)."),
@@ -93,7 +96,7 @@ def register(app: typer.Typer) -> None:
 
             torch.set_num_threads(threads)
         design = (
-            SequentialDesign.geometric(max(bl), first=min(bl), alpha=alpha, spending=spending)
+            SequentialDesign.geometric(max(bl), first=min(bl), alpha=alpha, spending=spending, accept_power=accept_power)
             if sequential and max(bl) > min(bl)
             else None
         )

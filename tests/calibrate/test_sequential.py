@@ -119,3 +119,22 @@ def test_overshooting_tokens_spend_the_rest():
     seq.update(120, lambda a: SimpleNamespace(verdict="INCONCLUSIVE"))
     d = seq.update(450, lambda a: SimpleNamespace(verdict="INCONCLUSIVE"))
     assert d.action == "final" and seq.alpha_spent == pytest.approx(0.05)
+
+
+def test_accept_power_delays_early_acceptance():
+    """With accept_power, an early PASS must hold at that power; the last look decides at the default."""
+    calls = []
+
+    def at(tokens, alpha, power=None):
+        calls.append(power)
+        # "adequately powered" only at the verdict's default power until the last look
+        return SimpleNamespace(verdict="PASS" if power is None or tokens >= 400 else "INCONCLUSIVE")
+
+    plain = run_sequential(SequentialDesign((100, 200, 400)), at)
+    assert plain.decisions[-1].look == 1 and plain.final_verdict.verdict == "PASS"
+    calls.clear()
+    strict = run_sequential(SequentialDesign((100, 200, 400), accept_power=0.99), at)
+    assert [d.action for d in strict.decisions] == ["continue", "continue", "accept"]
+    assert calls == [0.99, 0.99, None]  # the last look is decided at the verdict's own power
+    with pytest.raises(ValueError, match="accept_power"):
+        SequentialDesign((100,), accept_power=1.5)
