@@ -78,6 +78,7 @@ __all__ = [
     "clopper_pearson",
     "collect_pool",
     "default_mix",
+    "mix_budgets",
     "draw_audit",
     "evidence_for",
     "get_noise_floor",
@@ -1029,6 +1030,8 @@ class AuditMix:
         max_tokens: mode → workload → ``max_tokens`` of one request (the budget each request is
             charged, whatever it actually returns); a missing workload uses the mode's largest.
         description: one line for reports.
+        max_total: planned completion tokens of the whole suite (the most ``auditor check
+            --suite NAME`` can spend), None when the mix is not a shipped suite.
 
     Raises:
         ValueError: unknown modes, shares not summing to 1.
@@ -1039,6 +1042,7 @@ class AuditMix:
     top_m: dict[str, int]
     max_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
     description: str = ""
+    max_total: int | None = None
 
     def __post_init__(self) -> None:
         bad = set(self.shares) - set(MODES)
@@ -1057,7 +1061,8 @@ class AuditMix:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "shares": dict(self.shares), "top_m": dict(self.top_m),
-                "max_tokens": {k: dict(v) for k, v in self.max_tokens.items()}, "description": self.description}
+                "max_tokens": {k: dict(v) for k, v in self.max_tokens.items()}, "description": self.description,
+                "max_total": self.max_total}
 
 
 def default_mix(suite: str = "default") -> AuditMix:
@@ -1077,8 +1082,9 @@ def default_mix(suite: str = "default") -> AuditMix:
     tot = sum(tok.values())
     shares = {k: tok[k] / tot for k in MODES}
     desc = ", ".join(f"{k} {shares[k]:.0%} (top_logprobs={m[k]}, max_tokens {min(mt[k].values(), default=0)}-"
-                     f"{max(mt[k].values(), default=0)})" for k in MODES)
-    return AuditMix(suite, shares, m, {k: v for k, v in mt.items() if v}, f"suite {suite!r} v{s.version}: {desc}")
+                     f"{max(mt[k].values(), default=0)})" for k in MODES if shares[k] > 0)
+    return AuditMix(suite, shares, m, {k: v for k, v in mt.items() if v}, f"suite {suite!r} v{s.version}: {desc}",
+                    int(s.max_completion_tokens()))
 
 
 @dataclass
@@ -1662,6 +1668,18 @@ class CalibrationRun:
         return out
 
 
+def mix_budgets(mix: AuditMix, budgets: Sequence[int], *, primary: bool = False) -> list[int]:
+    """The budgets a mix is calibrated at: all of them for the primary mix; for the others those
+    its suite can spend (``<= mix.max_total``), plus ``max_total`` itself when some budget exceeds it."""
+    bl = sorted({int(b) for b in budgets})
+    if primary or mix.max_total is None:
+        return bl
+    keep = [b for b in bl if b <= mix.max_total]
+    if any(b > mix.max_total for b in bl):
+        keep.append(int(mix.max_total))
+    return sorted(set(keep))
+
+
 def load_reference_models(model: str | None = None) -> dict[str, Any]:
     """The reference in every honest precision (``auditor.noise.REFERENCE_DTYPES``)."""
     from auditor.noise import REFERENCE_DTYPES
@@ -1679,7 +1697,7 @@ def run_calibration(
     ref_lms: Any = None,
     model: str | None = None,
     pool_cfg: PoolConfig | None = None,
-    mix: AuditMix | None = None,
+    mix: AuditMix | Sequence[AuditMix] | None = None,
     alpha: float = 0.05,
     seed: int = 0,
     cache_dir: Path | None = None,
@@ -1698,7 +1716,11 @@ def run_calibration(
         ref_lms: reference dtype → LoadedModel (default: :func:`load_reference_models`).
         model: reference model name when ``ref_lms`` is None.
         pool_cfg: pool configuration.
-        mix: probe mix (default: the default suite's).
+        mix: probe mix, or several (default: the default suite's). With several, the first is the
+            primary one (every budget; the sequential simulation); each further mix (a targeted
+            suite such as ``precision`` or ``verification``) runs at the budgets it can spend
+            (``budget <= mix.max_total``, plus ``max_total`` itself when a budget exceeds it), and
+            its records carry its name in ``mix``.
         alpha: family-wise level of every audit.
         seed: base seed (pools use ``pool_cfg.seed``).
         cache_dir: cache root (pools under ``pools/``, floors under ``noise/``); default
@@ -1740,7 +1762,10 @@ def run_calibration(
     floors = get_noise_floor(refs, cache_dir=cache_dir, progress=say, **(floor_kwargs or {}))
     timings["noise_floor_s"] = time.perf_counter() - t
     say(f"noise floor ready ({'cached' if floors.meta.get('cached') else 'computed'}, {timings['noise_floor_s']:.0f}s)")
-    mix = mix or default_mix()
+    mixes = [default_mix()] if mix is None else ([mix] if isinstance(mix, AuditMix) else list(mix))
+    if not mixes:
+        raise ValueError("mix: give at least one probe mix")
+    mix = mixes[0]
     cfg = pool_cfg or PoolConfig()
     if sequential == "auto":
         from auditor.sequential import AUTO_ACCEPT_POWER, AUTO_SPENDING
@@ -1768,13 +1793,18 @@ def run_calibration(
         }
         say(f"{p}: pool ready ({'cache' if cached else 'collected'}, {dt:.0f}s) {pool.summary()}")
         t = time.perf_counter()
-        outs = run_audits(pool, floors, budgets=budgets, audits=audits, mix=mix, alpha=alpha, seed=seed, progress=say)
-        recs = summarize_audits(outs, pool, mix=mix, alpha=alpha)
+        recs = []
+        for mi, m in enumerate(mixes):
+            bl = mix_budgets(m, budgets, primary=mi == 0)
+            outs = run_audits(pool, floors, budgets=bl, audits=audits, mix=m, alpha=alpha, seed=seed, progress=say)
+            for r in summarize_audits(outs, pool, mix=m, alpha=alpha):
+                r.extra["suite_max_tokens"] = m.max_total
+                recs.append(r)
         records.extend(recs)
         t_audits += time.perf_counter() - t
         for r in recs:
             say(
-                f"{p} @ {r.budget_tokens}: rejection {r.rejection_rate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] "
+                f"{p} [{r.mix}] @ {r.budget_tokens}: rejection {r.rejection_rate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] "
                 f"cause {r.cause_correct_rate if r.cause_correct_rate is None else round(r.cause_correct_rate, 3)} "
                 f"{r.verdicts}"
             )
@@ -1802,6 +1832,7 @@ def run_calibration(
         "alpha": alpha,
         "seed": seed,
         "mix": mix.to_dict(),
+        "mixes": [m.to_dict() for m in mixes],
         "pool_config": cfg.key_dict(),
         "pool_format": POOL_FORMAT,
         "pools": pools_meta,
@@ -1886,38 +1917,60 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
     for r in fixed:
         by.setdefault(r["profile"], []).append(r)
     rows = []
-    for p, rs in by.items():
+    mix_names = list(dict.fromkeys(str(r.get("mix") or "default") for r in fixed))
+    for p, rs_all in by.items():
         prof = PROFILES.get(p)
         if prof is not None and prof.honest:
-            worst = max(rs, key=lambda r: (r["rejection_rate"], r["ci_high"]))
-            rows.append({
-                "profile": p,
-                "target": f"false accusation <= {MAX_FALSE_ACCUSATION} (upper CI <= {MAX_FALSE_ACCUSATION_UPPER}) at every budget",
-                "measured": f"max {worst['rejection_rate']:.3f} [{worst['ci_low']:.3f}, {worst['ci_high']:.3f}] at {worst['budget_tokens']} tokens",
-                "met": all(r["rejection_rate"] <= MAX_FALSE_ACCUSATION and r["ci_high"] <= MAX_FALSE_ACCUSATION_UPPER for r in rs),
-            })
+            for mname in mix_names:  # one row per suite: each is a way to audit, each must hold
+                rs = [r for r in rs_all if str(r.get("mix") or "default") == mname]
+                if not rs:
+                    continue
+                worst = max(rs, key=lambda r: (r["rejection_rate"], r["ci_high"]))
+                rows.append({
+                    "profile": p,
+                    "suite": mname,
+                    "target": f"false accusation <= {MAX_FALSE_ACCUSATION} (upper CI <= {MAX_FALSE_ACCUSATION_UPPER}) at every "
+                              f"budget, suite `{mname}`",
+                    "measured": f"max {worst['rejection_rate']:.3f} [{worst['ci_low']:.3f}, {worst['ci_high']:.3f}] at "
+                                f"{worst['budget_tokens']} tokens; mean {np.mean([r['rejection_rate'] for r in rs]):.3f} over "
+                                f"{len(rs)} budgets",
+                    "met": all(r["rejection_rate"] <= MAX_FALSE_ACCUSATION and r["ci_high"] <= MAX_FALSE_ACCUSATION_UPPER
+                               for r in rs),
+                })
     for p, (limit, unit) in POWER_TARGETS.items():
         if p not in by:
             continue
-        tp = tokens_for_power(by[p], TARGET_POWER, unit=unit)
-        x = tp["interpolated"]
+        per_mix: dict[str, list[dict]] = {}
+        for r in by[p]:
+            per_mix.setdefault(str(r.get("mix") or "default"), []).append(r)
+        found = {m: tokens_for_power(rs, TARGET_POWER, unit=unit) for m, rs in per_mix.items()}
+        parts = []
+        for m, tp in found.items():
+            x = tp["interpolated"]
+            parts.append(f"`{m}`: " + (f"{x:.0f} {unit} (grid {tp['grid']:.0f})" if x is not None
+                                        else f"not reached ({tp['power_at_max']:.2f} at its largest budget)"))
+        reached = {m: tp["interpolated"] for m, tp in found.items() if tp["interpolated"] is not None}
+        best = min(reached, key=reached.get) if reached else None
         rows.append({
             "profile": p,
             "target": f">= {TARGET_POWER:.0%} power at <= {limit} {'sampled tokens' if unit == 'sampled' else 'tokens'}",
-            "measured": (f"{x:.0f} {unit} (grid {tp['grid']:.0f})" if x is not None
-                         else f"not reached; {tp['power_at_max']:.2f} at the largest budget"),
-            "met": x is not None and x <= limit,
+            "measured": "; ".join(parts),
+            "best_suite": best,
+            "met": best is not None and reached[best] <= limit,
         })
-    rej = [r for r in fixed if not (PROFILES.get(r["profile"]) and PROFILES[r["profile"]].honest)]
-    n_rej = sum(r["rejections"] for r in rej if r.get("rejections"))
-    n_ok = sum(round(r["rejections"] * (r["cause_correct_rate"] or 0.0)) for r in rej if r.get("rejections"))
-    if n_rej:
-        rows.append({
-            "profile": "all deviating profiles",
-            "target": f"cause named right in >= {MIN_CAUSE_CORRECT:.0%} of rejections",
-            "measured": f"{n_ok / n_rej:.3f} ({n_ok}/{n_rej})",
-            "met": n_ok / n_rej >= MIN_CAUSE_CORRECT,
-        })
+    for mname in mix_names:
+        rej = [r for r in fixed if str(r.get("mix") or "default") == mname
+               and not (PROFILES.get(r["profile"]) and PROFILES[r["profile"]].honest)]
+        n_rej = sum(r["rejections"] for r in rej if r.get("rejections"))
+        n_ok = sum(round(r["rejections"] * (r["cause_correct_rate"] or 0.0)) for r in rej if r.get("rejections"))
+        if n_rej:
+            rows.append({
+                "profile": "all deviating profiles",
+                "suite": mname,
+                "target": f"cause named right in >= {MIN_CAUSE_CORRECT:.0%} of rejections, suite `{mname}`",
+                "measured": f"{n_ok / n_rej:.3f} ({n_ok}/{n_rej})",
+                "met": n_ok / n_rej >= MIN_CAUSE_CORRECT,
+            })
     return rows
 
 
@@ -1961,8 +2014,11 @@ def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
     """The Markdown report (docs/calibration.md) from the JSON records and the run's meta."""
     from reference.simulator.profiles import PROFILES
 
-    fixed = [r for r in run_list if r.get("design", "fixed") == "fixed"]
+    all_fixed = [r for r in run_list if r.get("design", "fixed") == "fixed"]
     seq = [r for r in run_list if r.get("design") == "sequential"]
+    mix_names = list(dict.fromkeys(str(r.get("mix") or "default") for r in all_fixed))
+    primary = mix_names[0] if mix_names else "default"
+    fixed = [r for r in all_fixed if str(r.get("mix") or "default") == primary]
     budgets = sorted({r["budget_tokens"] for r in fixed})
     profiles = list(dict.fromkeys(r["profile"] for r in fixed))
     L: list[str] = []
@@ -1978,6 +2034,30 @@ def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
              "**power**. Brackets: Clopper–Pearson 95% interval; *cause* = share of rejections that name the "
              "profile's cause.\n")
     L.append("## Rejection rate by profile and budget (completion tokens per audit)\n")
+    mixes_meta = {m.get("name"): m for m in (meta.get("mixes") or [meta.get("mix") or {}])}
+    for mname in mix_names:
+        L.extend(_rate_table([r for r in all_fixed if str(r.get("mix") or "default") == mname], mname,
+                             mixes_meta.get(mname) or {}, primary=mname == primary))
+    L.append("Mean sampled (temperature-1) tokens per audit (`" + primary + "` suite): " + ", ".join(
+        f"{b:,} → {np.mean([r['sampled_tokens'] for r in fixed if r['budget_tokens'] == b]):.0f}" for b in budgets) + ".\n")
+    L.append("![power vs tokens](calibration.png)\n")
+    L.extend(_rest_of_markdown(run_list, meta, all_fixed, fixed, seq, budgets, profiles))
+    return "\n".join(L) + "\n"
+
+
+def _rate_table(fixed: Sequence[dict], mname: str, mmeta: dict, *, primary: bool) -> list[str]:
+    """One Markdown table of rejection rates (profile × budget) for the records of one probe mix."""
+    from reference.simulator.profiles import PROFILES
+
+    budgets = sorted({r["budget_tokens"] for r in fixed})
+    profiles = list(dict.fromkeys(r["profile"] for r in fixed))
+    L: list[str] = []
+    cap = mmeta.get("max_total")
+    L.append(f"### Suite `{mname}`" + (" (primary)" if primary else "") + "\n")
+    if mmeta.get("description"):
+        L.append(f"{mmeta['description']}" + (f"; the whole suite plans {cap:,} completion tokens" if cap else "")
+                 + (" (larger budgets draw more prompts from the pool in the same proportions)." if primary and cap
+                    and budgets and budgets[-1] > cap else ".") + "\n")
     hdr = "| profile | expected | " + " | ".join(f"{b:,} tok" for b in budgets) + " |"
     L.append(hdr)
     L.append("|" + "---|" * (2 + len(budgets)))
@@ -1997,16 +2077,21 @@ def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
         exp = PROFILES[p].expected_verdict if p in PROFILES else ""
         L.append(f"| `{p}` | {exp} | " + " | ".join(cells) + " |")
     L.append("")
-    L.append("Mean sampled (temperature-1) tokens per audit: " + ", ".join(
-        f"{b:,} → {np.mean([r['sampled_tokens'] for r in fixed if r['budget_tokens'] == b]):.0f}" for b in budgets) + ".\n")
-    L.append("![power vs tokens](calibration.png)\n")
+    return L
+
+
+def _rest_of_markdown(run_list: Sequence[dict], meta: dict, all_fixed: Sequence[dict], fixed: Sequence[dict],
+                      seq: Sequence[dict], budgets: Sequence[int], profiles: Sequence[str]) -> list[str]:
+    """Targets, sequential audits, verdict/detector tables, pools, timings and the method."""
+    L: list[str] = []
     tg = check_targets(run_list)
     if tg:
         L.append("## Targets (issue 7)\n")
         L.append("| profile | target | measured | met |")
         L.append("|---|---|---|---|")
         for t in tg:
-            L.append(f"| `{t['profile']}` | {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |")
+            met = ("yes" if t["met"] else "**no**") + (f" (`{t['best_suite']}`)" if t.get("best_suite") else "")
+            L.append(f"| `{t['profile']}` | {t['target']} | {t['measured']} | {met} |")
         L.append("")
     if seq:
         L.append("## Sequential audits (`auditor check --budget-tokens auto`)\n")
@@ -2057,7 +2142,7 @@ def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
         L.append("")
     L.append(f"Timings (s): {meta.get('timings')}.\n")
     L.append(METHOD_MD)
-    return "\n".join(L) + "\n"
+    return L
 
 
 def render_plot(run_list: Sequence[dict], path: Path, *, alpha: float = 0.05) -> None:
@@ -2069,12 +2154,29 @@ def render_plot(run_list: Sequence[dict], path: Path, *, alpha: float = 0.05) ->
 
     from reference.simulator.profiles import PROFILES
 
-    fixed = [r for r in run_list if r.get("design", "fixed") == "fixed"]
-    profiles = list(dict.fromkeys(r["profile"] for r in fixed))
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    all_fixed = [r for r in run_list if r.get("design", "fixed") == "fixed"]
+    mix_names = list(dict.fromkeys(str(r.get("mix") or "default") for r in all_fixed)) or ["default"]
+    profiles = list(dict.fromkeys(r["profile"] for r in all_fixed))
+    fig, axes = plt.subplots(1, len(mix_names), figsize=(9 + 4.5 * (len(mix_names) - 1), 5.5), dpi=110, squeeze=False,
+                             sharey=True)
     cmap = plt.get_cmap("tab20")
+    for mi, (mname, ax) in enumerate(zip(mix_names, axes[0])):
+        fixed = [r for r in all_fixed if str(r.get("mix") or "default") == mname]
+        _plot_mix(ax, fixed, profiles, cmap, PROFILES, alpha=alpha, title=f"suite {mname!r}", ylabel=mi == 0)
+    fig.suptitle("Detection benchmark on the simulator: rejection rate vs token budget")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_mix(ax: Any, fixed: Sequence[dict], profiles: Sequence[str], cmap: Any, PROFILES: Any, *, alpha: float,
+              title: str, ylabel: bool) -> None:
+    """One panel of :func:`render_plot`: the records of one probe mix."""
     for i, p in enumerate(profiles):
         rs = sorted((r for r in fixed if r["profile"] == p), key=lambda r: r["budget_tokens"])
+        if not rs:
+            continue
         x = [r["budget_tokens"] for r in rs]
         y = [r["rejection_rate"] for r in rs]
         lo = [r["rejection_rate"] - r["ci_low"] for r in rs]
@@ -2087,14 +2189,11 @@ def render_plot(run_list: Sequence[dict], path: Path, *, alpha: float = 0.05) ->
     ax.set_xscale("log")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("completion tokens per audit")
-    ax.set_ylabel("rejection rate (power; false accusation for honest)")
-    ax.set_title("Detection benchmark on the simulator: rejection rate vs token budget")
+    if ylabel:
+        ax.set_ylabel("rejection rate (power; false accusation for honest)")
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2, loc="center right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    ax.legend(fontsize=6, ncol=2, loc="center right")
 
 
 def write_outputs(run: CalibrationRun, out_dir: Path | str) -> dict[str, Path]:
@@ -2248,8 +2347,10 @@ def make_plan(
             than the calibrated probe mix asks for).
 
     Returns:
-        JSON-able dict: covered, reached, message, rows (per profile: tokens, estimate,
-        prompt_tokens, usd, power_at_grid, false_accusation), budget_tokens, usd, command, notes.
+        JSON-able dict: covered, reached, message, suite (the calibrated suite that reaches the
+        power with the fewest tokens, counting only budgets that suite can spend), alternatives
+        (the other suites), rows (per profile: tokens, estimate, prompt_tokens, usd,
+        power_at_grid, false_accusation), budget_tokens, usd, command, notes.
 
     Raises:
         KeyError: unknown target.
@@ -2267,12 +2368,139 @@ def make_plan(
             f"Token budgets measured on another model do not transfer; run `auditor calibrate --model {model}` first."
         )
         return plan
+    mixes = list(dict.fromkeys(_mix_of(r) for r in mine))
+    options = []
+    for m in mixes:
+        usable = [r for r in mine if _mix_of(r) == m and (_suite_cap(r) is None or r["budget_tokens"] <= _suite_cap(r))]
+        rows_m = _plan_rows(usable, target, power, pricing)
+        ok = bool(rows_m) and all(r["tokens"] is not None for r in rows_m) and \
+            {r["profile"] for r in rows_m} == {p for p in PLAN_TARGETS[target] if any(x["profile"] == p for x in mine)}
+        worst = max((r["tokens"] for r in rows_m), default=None) if ok else None
+        options.append({"suite": m, "rows": rows_m, "reached": ok, "budget_tokens": worst})
+    for p in PLAN_TARGETS[target]:
+        if not any(r["profile"] == p for r in mine):
+            plan["notes"].append(f"profile {p!r} is not in the calibration")
+    good = [o for o in options if o["reached"]]
+    if not good and len(options) > 1:
+        combo = _combine_suites(options, [p for p in PLAN_TARGETS[target] if any(x["profile"] == p for x in mine)])
+        if combo is not None:
+            return _capability_notes(_combined_plan(plan, combo, target, power, model, pricing), capabilities)
+    best = min(good, key=lambda o: (o["budget_tokens"], mixes.index(o["suite"]))) if good else options[0]
+    mix = best["suite"]
+    out_rows = best["rows"]
+    plan["suite"] = mix
+    plan["alternatives"] = [{"suite": o["suite"], "reached": o["reached"], "budget_tokens": o["budget_tokens"]}
+                            for o in options if o is not best]
+    plan["rows"] = out_rows
+    reached = [r for r in out_rows if r["tokens"] is not None]
+    plan["reached"] = bool(out_rows) and len(reached) == len(out_rows) and best["reached"]
+    if plan["reached"]:
+        worst = max(out_rows, key=lambda r: r["tokens"])
+        plan["budget_tokens"] = worst["tokens"]
+        plan["usd"] = worst["usd"]
+        fa = worst["false_accusation_max"]
+        plan["message"] = (
+            f"To detect {target} with {power:.0%} power on {model}: a budget of {worst['tokens']:,} completion tokens "
+            f"per audit with the {mix!r} suite (--suite {mix} --budget-tokens {worst['tokens']})"
+            + (f" (~${worst['usd']:.4f} at the provider's prices)" if worst["usd"] is not None else "")
+            + (f"; measured false-accusation rate at that budget <= {fa:.1%}" if fa is not None else "")
+            + "."
+        )
+        plan["command"] = f"auditor check --suite {mix} --budget-tokens {worst['tokens']}"
+        for o in plan["alternatives"]:
+            plan["notes"].append(
+                f"suite {o['suite']!r}: " + (f"{o['budget_tokens']:,} tokens" if o["reached"] else
+                                            f"does not reach {power:.0%} within the budgets it can spend")
+            )
+    else:
+        missing = [r["profile"] for r in out_rows if r["tokens"] is None]
+        plan["message"] = (
+            f"The calibration of {model} never reaches {power:.0%} power against {', '.join(missing) or target} within the "
+            f"calibrated budgets any one suite can spend (largest {max((r['max_budget'] for r in out_rows), default=0):,} "
+            "tokens). Calibrate larger budgets (`auditor calibrate --budgets ...`) or use a probe mix with more "
+            "logprob/sampling tokens."
+        )
+    return _capability_notes(plan, capabilities)
+
+
+def _capability_notes(plan: dict, capabilities: Any) -> dict:
+    """Notes where the provider offers less than the calibrated suites ask for."""
+    if capabilities is not None:
+        if not getattr(capabilities, "logprobs", True):
+            plan["notes"].append(
+                "this provider returns no logprobs: the calibration assumes top_logprobs 5; "
+                "without them only greedy-match and the sampling tests run, so more tokens are needed than shown"
+            )
+        elif int(getattr(capabilities, "max_top_logprobs", 20)) < 5:
+            plan["notes"].append(
+                f"this provider lists at most {capabilities.max_top_logprobs} top_logprobs; the calibration used up to 5"
+            )
+    return plan
+
+
+def _combine_suites(options: Sequence[dict], profiles: Sequence[str]) -> list[dict] | None:
+    """When no one suite reaches the power against every profile: give each profile the suite that
+    reaches it with the fewest tokens; one audit per suite used, at the largest budget its profiles
+    need. None when some profile is reached by no suite."""
+    cands: dict[str, list[tuple[str, dict]]] = {}
+    for p in profiles:
+        cands[p] = [(o["suite"], r) for o in options for r in o["rows"] if r["profile"] == p and r["tokens"] is not None]
+        if not cands[p]:
+            return None
+    # suites some profile needs (the only one reaching it) are run anyway: give them what they reach
+    needed = {c[0][0] for c in cands.values() if len(c) == 1}
+    pick: dict[str, tuple[str, dict]] = {}
+    for p in profiles:
+        mine = [c for c in cands[p] if c[0] in needed] or cands[p]
+        pick[p] = min(mine, key=lambda c: c[1]["tokens"])
+        needed.add(pick[p][0])
+    audits: dict[str, dict] = {}
+    for p, (suite, row) in pick.items():
+        a = audits.setdefault(suite, {"suite": suite, "budget_tokens": 0, "usd": 0.0, "profiles": [], "rows": []})
+        a["profiles"].append(p)
+        a["rows"].append({**row, "suite": suite})
+    for a in audits.values():
+        worst = max(a["rows"], key=lambda r: r["tokens"])
+        a["budget_tokens"], a["usd"] = worst["tokens"], worst["usd"]
+    return list(audits.values())
+
+
+def _combined_plan(plan: dict, audits: list[dict], target: str, power: float, model: str, pricing: Any) -> dict:
+    plan["reached"] = True
+    plan["suite"] = None
+    plan["audits"] = [{k: v for k, v in a.items() if k != "rows"} for a in audits]
+    plan["rows"] = [r for a in audits for r in a["rows"]]
+    plan["budget_tokens"] = sum(a["budget_tokens"] for a in audits)
+    usd = [a["usd"] for a in audits]
+    plan["usd"] = None if any(u is None for u in usd) else float(sum(usd))
+    parts = [f"--suite {a['suite']} --budget-tokens {a['budget_tokens']} (for {', '.join(a['profiles'])})" for a in audits]
+    plan["message"] = (
+        f"No one suite detects every deviation of {target!r} with {power:.0%} power on {model} within what it can spend; "
+        f"{len(audits)} audits do, {plan['budget_tokens']:,} completion tokens in all"
+        + (f" (~${plan['usd']:.4f} at the provider's prices)" if plan["usd"] is not None else "")
+        + ": " + "; ".join(parts) + "."
+    )
+    plan["command"] = " && ".join(f"auditor check --suite {a['suite']} --budget-tokens {a['budget_tokens']}" for a in audits)
+    return plan
+
+
+def _mix_of(r: dict) -> str:
+    return str(r.get("mix") or "default")
+
+
+def _suite_cap(r: dict) -> int | None:
+    """Planned tokens of the record's whole suite (what ``auditor check --suite`` can spend), if known."""
+    cap = (r.get("extra") or {}).get("suite_max_tokens", r.get("suite_max_tokens"))
+    return None if cap is None else int(cap)
+
+
+def _plan_rows(mine: Sequence[dict], target: str, power: float, pricing: Any) -> list[dict]:
+    """Per target profile of one probe mix: the smallest calibrated budget reaching ``power``."""
     honest = [r for r in mine if r.get("honest")]
     out_rows = []
     for p in PLAN_TARGETS[target]:
         rs = sorted((r for r in mine if r["profile"] == p), key=lambda r: r["budget_tokens"])
         if not rs:
-            plan["notes"].append(f"profile {p!r} is not in the calibration")
             continue
         tp = tokens_for_power(rs, power)
         grid = None if tp["grid"] is None else int(tp["grid"])
@@ -2296,38 +2524,4 @@ def make_plan(
             "power_at_max": rs[-1]["rejection_rate"],
             "false_accusation_max": max(fa) if fa else None,
         })
-    plan["rows"] = out_rows
-    reached = [r for r in out_rows if r["tokens"] is not None]
-    plan["reached"] = bool(out_rows) and len(reached) == len(out_rows)
-    mix = (mine[0].get("mix") or "default")
-    if plan["reached"]:
-        worst = max(out_rows, key=lambda r: r["tokens"])
-        plan["budget_tokens"] = worst["tokens"]
-        plan["usd"] = worst["usd"]
-        fa = worst["false_accusation_max"]
-        plan["message"] = (
-            f"To detect {target} with {power:.0%} power on {model}: a budget of {worst['tokens']:,} completion tokens "
-            f"per audit (--budget-tokens, the {mix!r} suite's mix)"
-            + (f" (~${worst['usd']:.4f} at the provider's prices)" if worst["usd"] is not None else "")
-            + (f"; measured false-accusation rate at that budget <= {fa:.1%}" if fa is not None else "")
-            + "."
-        )
-        plan["command"] = f"auditor check --suite {mix} --budget-tokens {worst['tokens']}"
-    else:
-        missing = [r["profile"] for r in out_rows if r["tokens"] is None]
-        plan["message"] = (
-            f"The calibration of {model} never reaches {power:.0%} power against {', '.join(missing) or target} within the "
-            f"calibrated budgets (largest {max((r['max_budget'] for r in out_rows), default=0):,} tokens). "
-            "Calibrate larger budgets (`auditor calibrate --budgets ...`) or use a probe mix with more logprob/sampling tokens."
-        )
-    if capabilities is not None:
-        if not getattr(capabilities, "logprobs", True):
-            plan["notes"].append(
-                "this provider returns no logprobs: the calibration assumes top_logprobs (greedy 2, logprob 5); "
-                "without them only greedy-match and the sampling tests run, so more tokens are needed than shown"
-            )
-        elif int(getattr(capabilities, "max_top_logprobs", 20)) < 5:
-            plan["notes"].append(
-                f"this provider lists at most {capabilities.max_top_logprobs} top_logprobs; the calibration used up to 5"
-            )
-    return plan
+    return out_rows

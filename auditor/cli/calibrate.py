@@ -49,6 +49,10 @@ def register(app: typer.Typer) -> None:
         ),
         budgets: str = typer.Option("100,300,1000,3000", "--budgets", help="Completion-token budgets per audit."),
         audits: int = typer.Option(200, "--audits", min=1, help="Resampled audits per profile and budget."),
+        suites: str = typer.Option(
+            "default,precision,verification", "--suites",
+            help="Probe mixes to calibrate, by suite name; the first is the primary one (all budgets, sequential).",
+        ),
         out: Path | None = typer.Option(
             Path("docs"), "--out", help="Directory for calibration.json/.md/.png (empty string: do not write)."
         ),
@@ -113,9 +117,17 @@ def register(app: typer.Typer) -> None:
         def say(msg: str) -> None:
             typer.echo(f"[{time.perf_counter() - t0:7.0f}s] {msg}", err=True)
 
+        from probes.suites import SuiteError
+
+        try:
+            mixes = [cal.default_mix(x.strip()) for x in suites.split(",") if x.strip()]
+        except (SuiteError, KeyError, ValueError, OSError) as exc:
+            _fail(f"--suites: {exc}")
+        if not mixes:
+            _fail("--suites: give at least one suite name (e.g. default)")
         try:
             run = cal.run_calibration(
-                names, bl, audits, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir,
+                names, bl, audits, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir, mix=mixes,
                 refresh=refresh, sequential=design, sequential_audits=sequential_audits, progress=say,
             )
         except (KeyError, ValueError) as exc:
@@ -185,8 +197,25 @@ def _print_table(records: list[dict], meta: dict) -> None:
     from rich.table import Table
 
     fixed = [r for r in records if r.get("design", "fixed") == "fixed"]
+    for m in dict.fromkeys(str(r.get("mix") or "default") for r in fixed):
+        _print_mix_table([r for r in fixed if str(r.get("mix") or "default") == m], meta, m)
+    seq = [r for r in records if r.get("design") == "sequential"]
+    if seq:
+        s = Table(title="Sequential audits (--budget-tokens auto)")
+        for c in ("profile", "rejection", "mean tokens", "saved"):
+            s.add_column(c)
+        for r in seq:
+            s.add_row(r["profile"], f"{r['rejection_rate']:.2f}", f"{r['mean_tokens']:.0f}", f"{r['tokens_saved']:.0%}")
+        Console(file=sys.stdout).print(s)
+
+
+def _print_mix_table(fixed: list[dict], meta: dict, mix: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     budgets = sorted({r["budget_tokens"] for r in fixed})
-    t = Table(title=f"Rejection rate (95% CI) — {meta.get('model')} @ {meta.get('revision')}, α={meta.get('alpha')}")
+    t = Table(title=f"Rejection rate (95% CI), suite {mix!r} — {meta.get('model')} @ {meta.get('revision')}, "
+                    f"α={meta.get('alpha')}")
     t.add_column("profile")
     t.add_column("expected")
     for b in budgets:
@@ -205,14 +234,6 @@ def _print_table(records: list[dict], meta: dict) -> None:
         exp = next(x["expected_verdict"] for x in fixed if x["profile"] == p)
         t.add_row(p, exp, *cells)
     Console(file=sys.stdout).print(t)
-    seq = [r for r in records if r.get("design") == "sequential"]
-    if seq:
-        s = Table(title="Sequential audits (--budget-tokens auto)")
-        for c in ("profile", "rejection", "mean tokens", "saved"):
-            s.add_column(c)
-        for r in seq:
-            s.add_row(r["profile"], f"{r['rejection_rate']:.2f}", f"{r['mean_tokens']:.0f}", f"{r['tokens_saved']:.0%}")
-        Console(file=sys.stdout).print(s)
 
 
 def _print_plan(plan: dict) -> None:
@@ -220,6 +241,9 @@ def _print_plan(plan: dict) -> None:
     for row in plan.get("rows", []):
         if row.get("tokens") is None:
             typer.echo(f"  {row['profile']:<20} not reached ({row['power_at_max']:.0%} at {row['max_budget']} tokens)")
+        elif row.get("suite"):
+            typer.echo(f"  {row['profile']:<20} suite {row['suite']!r}: {row['tokens']:>6,} tokens, measured power "
+                       f"{row['power_at_grid']:.0%}")
         else:
             usd = f", ~${row['usd']:.4f}" if row.get("usd") is not None else ""
             est = f", interpolated ~{row['estimate']:,}" if row.get("estimate") is not None else ""

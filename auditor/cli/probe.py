@@ -58,7 +58,7 @@ def normalized_to_dict(norm: Any) -> dict[str, Any]:
             }
             for t in norm.tokens
         ],
-        "prompt_tokens": len(norm.prompt_tokens),
+        "echoed_prompt_tokens": len(norm.prompt_tokens),  # echo=True prompt logprobs; usage has the billed count
         "anomaly_details": norm.anomaly_details,
     }
 

@@ -678,8 +678,8 @@ def probe_detail(
 
 def calibration_table(session: Session) -> list[dict[str, Any]]:
     """Rows of ``calibration_results``: ``model``, ``profile``, ``budget_tokens``, ``audits``,
-    ``rejection_rate`` with ``ci_low``/``ci_high``, ``cause_correct_rate``, ``created_at``;
-    sorted by model, profile, budget."""
+    ``rejection_rate`` with ``ci_low``/``ci_high``, ``cause_correct_rate``, ``created_at`` and
+    ``suite`` (the probe mix the audits used, from ``details``); sorted by model, profile, budget."""
     if not inspect(session.get_bind()).has_table("calibration_results"):
         return []
     rows = session.scalars(
@@ -698,6 +698,7 @@ def calibration_table(session: Session) -> list[dict[str, Any]]:
             "ci_high": _num(c.ci_high),
             "cause_correct_rate": _num(c.cause_correct_rate),
             "created_at": c.created_at,
+            "suite": str((c.details or {}).get("mix") or "default"),
         }
         for c in rows
     ]

@@ -30,6 +30,7 @@ def render(db_url: str, filters: Filters) -> None:
         [
             escape_md(r["model"]),
             escape_md(r["profile"]),
+            escape_md(r.get("suite") or "default"),
             fmt_tokens(r["budget_tokens"]),
             fmt_tokens(r["audits"]),
             fmt_pct(r["rejection_rate"]),
@@ -41,8 +42,8 @@ def render(db_url: str, filters: Filters) -> None:
     ]
     st.markdown(
         md_table(
-            ["Model", "Profile", "Budget (tokens)", "Audits", "Rejection rate", "95% CI", "Cause correct", "Measured"],
+            ["Model", "Profile", "Suite", "Budget (tokens)", "Audits", "Rejection rate", "95% CI", "Cause correct", "Measured"],
             table,
-            align=["l", "l", "r", "r", "r", "l", "r", "l"],
+            align=["l", "l", "l", "r", "r", "r", "l", "r", "l"],
         )
     )

@@ -140,6 +140,11 @@ GREEDY_TOP_LOGPROBS = 5
 #: (ids by bytes, not a re-tokenization of the text) and the provider's own distribution for the
 #: self-consistency tests (suite 1.1; 1.0 asked none).
 SAMPLING_TOP_LOGPROBS = 5
+#: ``precision`` and ``verification`` suites: tokens per request, sampling prompts per workload,
+#: samples per sampling prompt.
+TARGETED_MAX_TOKENS = 24
+VERIFICATION_PROMPTS_PER_WORKLOAD = 8
+VERIFICATION_SAMPLES = 4
 
 
 def _probes(workload: str, plan: tuple[int, ...], code: list[tuple[str, str]], seed_base: int) -> list[dict[str, Any]]:
@@ -189,6 +194,31 @@ def build_all() -> dict[str, dict[str, Any]]:
         default += _probes(w, PLANS["default"], code, 1000 * (wi + 1))
         smoke += _probes(w, PLANS["smoke"], code, 1000 * (wi + 1))
         suites[w] = doc(w, f"The {w} workload alone: greedy, logprob and sampling probes.", _probes(w, PLANS["workload"], code, 1000 * (wi + 1)), w == "code")
+    # targeted suites (issue 7, docs/calibration.md): every distinct prompt once, short requests, so
+    # an audit of a given budget spreads over many prompts (the tests' variance is mostly
+    # between prompts, so many short continuations beat few long ones)
+    precision: list[dict[str, Any]] = []
+    verification: list[dict[str, Any]] = []
+    for wi, w in enumerate(workloads):
+        for tag, msgs, raw in _workload_prompts(w, code):
+            precision.append(dict(id=f"{w}-precision-{tag}", workload=w, mode="greedy", messages=msgs, prompt=raw,
+                                  max_tokens=TARGETED_MAX_TOKENS, temperature=0.0, top_logprobs=GREEDY_TOP_LOGPROBS))
+        for j, (tag, msgs, raw) in enumerate(_workload_prompts(w, code)[:VERIFICATION_PROMPTS_PER_WORKLOAD]):
+            verification.append(dict(id=f"{w}-verification-{tag}", workload=w, mode="sampling", messages=msgs, prompt=raw,
+                                     max_tokens=TARGETED_MAX_TOKENS, temperature=1.0, top_logprobs=SAMPLING_TOP_LOGPROBS,
+                                     n_samples=VERIFICATION_SAMPLES, seed=1000 * (wi + 1) + 500 + 100 * j))
+    suites["precision"] = doc(
+        "precision",
+        "Is the model at its original precision? Every prompt once, greedy (T = 0) with top_logprobs 5, "
+        f"{TARGETED_MAX_TOKENS} tokens each: greedy-match and logprob-divergence only (quantization, substitution).",
+        precision, True,
+    )
+    suites["verification"] = doc(
+        "verification",
+        f"Is verification strict? Sampling (T = 1) only, {VERIFICATION_SAMPLES} samples of {TARGETED_MAX_TOKENS} tokens "
+        "per prompt with top_logprobs 5: the sampling and self-consistency tests (relaxed acceptance, truncation).",
+        verification, True,
+    )
     suites["default"] = doc("default", "All four workloads (code, math, chat, repetition) × greedy, logprob and sampling; ~1.8k completion tokens.", default, True)
     suites["smoke"] = doc("smoke", "A tiny end-to-end check: one probe per workload and mode, 8 tokens each.", smoke, True)
     return suites

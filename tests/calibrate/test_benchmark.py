@@ -16,7 +16,7 @@ PROFILES = ["honest-fp32", "int4", "relaxed-threshold"]
 
 @pytest.fixture(scope="module")
 def mini_run(tiny_refs, mini_cfg, pool_cache):
-    from auditor.calibrate import run_calibration
+    from auditor.calibrate import default_mix, run_calibration
     from auditor.sequential import SequentialDesign
 
     cache = pool_cache  # pools shared with the other tests (collected once per session)
@@ -24,6 +24,7 @@ def mini_run(tiny_refs, mini_cfg, pool_cache):
     run = run_calibration(
         PROFILES, budgets=[60, 150], audits=4, ref_lms=tiny_refs, pool_cfg=mini_cfg, cache_dir=cache,
         sequential=SequentialDesign((60, 150), spending="pocock"), sequential_audits=3, progress=msgs.append,
+        mix=[default_mix(), default_mix("precision")],
         floor_kwargs={"n_prompts": 4, "max_new_tokens": 8},
     )
     return run, cache, msgs
@@ -34,7 +35,9 @@ def test_records_have_the_required_fields(mini_run):
     recs = run.to_json_list()
     fixed = [r for r in recs if r["design"] == "fixed"]
     seq = [r for r in recs if r["design"] == "sequential"]
-    assert len(fixed) == len(PROFILES) * 2 and len(seq) == len(PROFILES)
+    assert len(fixed) == len(PROFILES) * 2 * 2 and len(seq) == len(PROFILES)  # 2 budgets × 2 suites
+    assert {r["mix"] for r in fixed} == {"default", "precision"}
+    assert all(r["extra"]["suite_max_tokens"] > 0 for r in fixed)
     for r in recs:
         for k in REQUIRED:
             assert k in r, k
@@ -46,8 +49,10 @@ def test_records_have_the_required_fields(mini_run):
         assert r["planned_tokens"] <= r["budget_tokens"]
         assert r["completion_tokens"] <= r["planned_tokens"]
         assert "greedy-match" in r["detectors"]
-        if r["budget_tokens"] == 150:
+        if r["budget_tokens"] == 150 and r["mix"] == "default":
             assert r["detectors"]["sampling-argmax"]["ran"] > 0
+        if r["mix"] == "precision":  # temperature 0 only: no sampled tokens, no sampling test
+            assert r["sampled_tokens"] == 0 and not r["detectors"].get("sampling-argmax", {}).get("ran")
         if r["profile"] == "honest-fp32":
             assert r["cause_correct_rate"] is None and r["honest"]
     for r in seq:
@@ -78,6 +83,7 @@ def test_outputs_json_markdown_png(mini_run, tmp_path):
     for p in PROFILES:
         assert f"`{p}`" in md
     assert "Sequential audits" in md
+    assert "### Suite `default` (primary)" in md and "### Suite `precision`" in md
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     meta = json.loads(paths["meta"].read_text())
     assert meta["budgets"] == [60, 150] and meta["noise_floor"]["model"]

@@ -92,3 +92,45 @@ def test_cli_plan_exit_codes(cal_file):
     assert r.exit_code == 3 and "exactly one of" in r.output
     r = runner.invoke(app, ["plan", "--model", "m", "--target", "int2", "--calibration", str(cal_file)])
     assert r.exit_code == 3 and "--target" in r.output
+
+
+def test_make_plan_chooses_the_cheapest_suite_within_what_it_can_spend():
+    """With several calibrated suites the plan names the one needing the fewest tokens, and never a
+    budget beyond what that suite holds (``auditor check --suite`` cannot spend more)."""
+    from auditor.calibrate import make_plan
+
+    rows = _records()
+    for r in rows:
+        r["extra"] = {"suite_max_tokens": 1680}  # the default suite holds 1,680 tokens: 3000 is not plannable
+    for b, y in zip((100, 300, 1000, 1248), (0.2, 0.96, 1.0, 1.0)):
+        rows.append({**rows[0], "profile": "int8", "honest": False, "budget_tokens": b, "rejection_rate": y,
+                     "mix": "precision", "extra": {"suite_max_tokens": 1248}})
+    for b in (100, 300, 1000, 1248):
+        rows.append({**rows[0], "budget_tokens": b, "rejection_rate": 0.01, "mix": "precision",
+                     "extra": {"suite_max_tokens": 1248}})
+    plan = make_plan(rows, model="m", target="int8", power=0.95)
+    assert plan["reached"] and plan["suite"] == "precision" and plan["budget_tokens"] == 300
+    assert plan["command"] == "auditor check --suite precision --budget-tokens 300"
+    assert any("'default'" in n and "1,000 tokens" in n for n in plan["notes"])
+    # fp8 reaches 0.9 only at 3000 tokens of the default mix, which the default suite cannot spend
+    fp8 = make_plan(rows, model="m", target="fp8", power=0.85)
+    assert not fp8["reached"] and "never reaches" in fp8["message"]
+
+
+def test_make_plan_any_combines_suites_when_none_covers_everything():
+    """`--target any` with no single suite reaching every deviation: one audit per suite needed."""
+    from auditor.calibrate import make_plan
+
+    rows = [{**r, "extra": {"suite_max_tokens": 3000}} for r in _records() if r["profile"] != "fp8"]
+    # a sampling-only suite reaching relaxed-threshold, which the default mix never does
+    for p, ys in {"relaxed-threshold": (0.3, 0.97), "honest-fp32": (0.02, 0.03), "int8": (0.0, 0.01)}.items():
+        for b, y in zip((100, 300), ys):
+            rows.append({**_records()[0], "profile": p, "honest": p.startswith("honest"), "budget_tokens": b,
+                         "rejection_rate": y, "mix": "verification", "extra": {"suite_max_tokens": 3000}})
+    plan = make_plan(rows, model="m", target="any", power=0.95)
+    assert plan["reached"] and plan["suite"] is None
+    by = {a["suite"]: a for a in plan["audits"]}
+    assert set(by) == {"default", "verification"}
+    assert by["default"]["budget_tokens"] == 1000 and set(by["default"]["profiles"]) == {"int8", "int4"}
+    assert by["verification"]["budget_tokens"] == 300 and by["verification"]["profiles"] == ["relaxed-threshold"]
+    assert plan["budget_tokens"] == 1300 and plan["command"].count("auditor check") == 2

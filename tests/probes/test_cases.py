@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 
 from probes.normalize import ANOMALY_KINDS, normalize_response
 
-CASES_DIR = Path(__file__).parents[2].parent / "shared" / "cases" / "normalizer"
+#: ``SPEC_AUDITOR_SHARED_CASES`` points at a ``shared/cases`` folder elsewhere (a clone that does
+#: not sit beside ``shared/``); by default the folder beside the repository root is used.
+_CASES_ROOT = Path(os.environ.get("SPEC_AUDITOR_SHARED_CASES") or Path(__file__).parents[2].parent / "shared" / "cases")
+CASES_DIR = _CASES_ROOT / "normalizer"
 CASE_FILES = sorted(CASES_DIR.glob("*.json")) if CASES_DIR.is_dir() else []
 
-pytestmark = pytest.mark.skipif(not CASE_FILES, reason=f"shared cases not found at {CASES_DIR}")
+pytestmark = pytest.mark.skipif(
+    not CASE_FILES,
+    reason=f"shared cases not found at {CASES_DIR} (set SPEC_AUDITOR_SHARED_CASES to the shared/cases folder)",
+)
 
 
 def _normalize(case: dict):
