@@ -2157,12 +2157,13 @@ def render_plot(run_list: Sequence[dict], path: Path, *, alpha: float = 0.05) ->
     all_fixed = [r for r in run_list if r.get("design", "fixed") == "fixed"]
     mix_names = list(dict.fromkeys(str(r.get("mix") or "default") for r in all_fixed)) or ["default"]
     profiles = list(dict.fromkeys(r["profile"] for r in all_fixed))
-    fig, axes = plt.subplots(1, len(mix_names), figsize=(9 + 4.5 * (len(mix_names) - 1), 5.5), dpi=110, squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(1, len(mix_names), figsize=(7.5 + 5 * (len(mix_names) - 1) + 2.5, 5.5), dpi=110,
+                             squeeze=False, sharey=True)
     cmap = plt.get_cmap("tab20")
     for mi, (mname, ax) in enumerate(zip(mix_names, axes[0])):
         fixed = [r for r in all_fixed if str(r.get("mix") or "default") == mname]
-        _plot_mix(ax, fixed, profiles, cmap, PROFILES, alpha=alpha, title=f"suite {mname!r}", ylabel=mi == 0)
+        _plot_mix(ax, fixed, profiles, cmap, PROFILES, alpha=alpha, title=f"suite {mname!r}", ylabel=mi == 0,
+                  legend=mi == len(mix_names) - 1)
     fig.suptitle("Detection benchmark on the simulator: rejection rate vs token budget")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -2171,7 +2172,7 @@ def render_plot(run_list: Sequence[dict], path: Path, *, alpha: float = 0.05) ->
 
 
 def _plot_mix(ax: Any, fixed: Sequence[dict], profiles: Sequence[str], cmap: Any, PROFILES: Any, *, alpha: float,
-              title: str, ylabel: bool) -> None:
+              title: str, ylabel: bool, legend: bool = True) -> None:
     """One panel of :func:`render_plot`: the records of one probe mix."""
     for i, p in enumerate(profiles):
         rs = sorted((r for r in fixed if r["profile"] == p), key=lambda r: r["budget_tokens"])
@@ -2193,7 +2194,8 @@ def _plot_mix(ax: Any, fixed: Sequence[dict], profiles: Sequence[str], cmap: Any
         ax.set_ylabel("rejection rate (power; false accusation for honest)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, ncol=2, loc="center right")
+    if legend:  # outside the panel, right of it: the curves stay visible
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), borderaxespad=0.0)
 
 
 def write_outputs(run: CalibrationRun, out_dir: Path | str) -> dict[str, Path]:
@@ -2399,11 +2401,13 @@ def make_plan(
         plan["budget_tokens"] = worst["tokens"]
         plan["usd"] = worst["usd"]
         fa = worst["false_accusation_max"]
+        fa_hi = worst.get("false_accusation_upper")
         plan["message"] = (
             f"To detect {target} with {power:.0%} power on {model}: a budget of {worst['tokens']:,} completion tokens "
             f"per audit with the {mix!r} suite (--suite {mix} --budget-tokens {worst['tokens']})"
             + (f" (~${worst['usd']:.4f} at the provider's prices)" if worst["usd"] is not None else "")
-            + (f"; measured false-accusation rate at that budget <= {fa:.1%}" if fa is not None else "")
+            + (f"; false-accusation rate measured at that budget: at most {fa:.1%} over the honest profiles"
+               + (f" (95% upper bound {fa_hi:.1%})" if fa_hi is not None else "") if fa is not None else "")
             + "."
         )
         plan["command"] = f"auditor check --suite {mix} --budget-tokens {worst['tokens']}"
@@ -2473,7 +2477,15 @@ def _combined_plan(plan: dict, audits: list[dict], target: str, power: float, mo
     plan["budget_tokens"] = sum(a["budget_tokens"] for a in audits)
     usd = [a["usd"] for a in audits]
     plan["usd"] = None if any(u is None for u in usd) else float(sum(usd))
-    parts = [f"--suite {a['suite']} --budget-tokens {a['budget_tokens']} (for {', '.join(a['profiles'])})" for a in audits]
+    def _fa(a: dict) -> str:
+        w = max(a["rows"], key=lambda r: r["tokens"])
+        if w.get("false_accusation_max") is None:
+            return ""
+        hi = w.get("false_accusation_upper")
+        return f"; false accusations measured {w['false_accusation_max']:.1%}" + (f", 95% upper bound {hi:.1%}" if hi is not None else "")
+
+    parts = [f"--suite {a['suite']} --budget-tokens {a['budget_tokens']} (for {', '.join(a['profiles'])}{_fa(a)})"
+             for a in audits]
     plan["message"] = (
         f"No one suite detects every deviation of {target!r} with {power:.0%} power on {model} within what it can spend; "
         f"{len(audits)} audits do, {plan['budget_tokens']:,} completion tokens in all"
@@ -2509,7 +2521,9 @@ def _plan_rows(mine: Sequence[dict], target: str, power: float, pricing: Any) ->
         usd = None
         if pricing is not None and grid is not None:
             usd = float(pricing.cost_usd(round(prompt), grid))
-        fa = [r["rejection_rate"] for r in honest if r["budget_tokens"] == (grid or rs[-1]["budget_tokens"])]
+        at_b = [r for r in honest if r["budget_tokens"] == (grid or rs[-1]["budget_tokens"])]
+        fa = [r["rejection_rate"] for r in at_b]
+        fa_hi = [r["ci_high"] for r in at_b if r.get("ci_high") is not None]
         out_rows.append({
             "profile": p,
             "tokens": grid,
@@ -2523,5 +2537,6 @@ def _plan_rows(mine: Sequence[dict], target: str, power: float, pricing: Any) ->
             "max_budget": rs[-1]["budget_tokens"],
             "power_at_max": rs[-1]["rejection_rate"],
             "false_accusation_max": max(fa) if fa else None,
+            "false_accusation_upper": max(fa_hi) if fa_hi else None,
         })
     return out_rows

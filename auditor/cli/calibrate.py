@@ -185,6 +185,9 @@ def register(app: typer.Typer) -> None:
         plan = cal.make_plan(rows, model=str(model), target=target, power=power, pricing=pricing, capabilities=caps)
         plan["source"] = src
         plan["provider"] = provider
+        if provider is not None and plan.get("command"):  # a line the user can paste as it is
+            who = f"auditor check --provider {provider}" + (f" --config {config}" if config else "")
+            plan["command"] = plan["command"].replace("auditor check", who)
         if as_json:
             typer.echo(json.dumps(plan, indent=1))
         else:
@@ -246,7 +249,8 @@ def _print_plan(plan: dict) -> None:
                        f"{row['power_at_grid']:.0%}")
         else:
             usd = f", ~${row['usd']:.4f}" if row.get("usd") is not None else ""
-            est = f", interpolated ~{row['estimate']:,}" if row.get("estimate") is not None else ""
+            est = (f"; the power curve crosses {plan['power']:.0%} at ~{row['estimate']:,} tokens (interpolated "
+                   "between calibrated budgets)" if row.get("estimate") is not None else "")
             typer.echo(
                 f"  {row['profile']:<20} {row['tokens']:>6,} tokens (~{row['prompt_tokens']:.0f} prompt tokens{usd}): "
                 f"measured power {row['power_at_grid']:.0%}{est}"

@@ -10,7 +10,9 @@ temperature applied, top_p = 1, no top-k). Three tests share one representation,
 - ``sampling-argmax``: count of argmax emissions vs its null law, a Poisson-binomial with
   success probabilities p(argmax) (mean Σp, variance Σp(1−p)); one-sided (too many) — the
   signature of relaxed (lossy) speculative acceptance, where drafts (mostly the argmax) are
-  accepted more often than p allows.
+  accepted more often than p allows. The test counts only positions with p(argmax) ≥
+  ``ARGMAX_TEST_MIN_P`` (the excess lives there; see :func:`argmax_test`); its effect is reported
+  over all positions.
 - ``sampling-tail``: count of tokens emitted outside the reference's top-p = TAIL_TOP_P nucleus
   (the low-probability tail) vs its expected Σ tail mass; one-sided (too few) — the signature
   of truncated sampling nobody asked for (engine-default top-k/top-p/min-p).
@@ -44,6 +46,7 @@ __all__ = [
     "FULL_ROW_TOP_K",
     "TAIL_TOP_P",
     "SamplingView",
+    "ARGMAX_TEST_MIN_P",
     "argmax_test",
     "gof_test",
     "reference_view",
@@ -55,6 +58,14 @@ __all__ = [
 
 #: The tail is everything outside the smallest top set with cumulative probability >= TAIL_TOP_P.
 TAIL_TOP_P = 0.9
+#: ``sampling-argmax`` tests the argmax count only where the reference p(argmax) is at least this.
+#: Relaxed acceptance rules accept a draft when its target probability clears a threshold
+#: (SGLang ``threshold_single``/``threshold_acc``; typical acceptance's min(ε, δ·e^{−H})), so the
+#: argmax excess sits at positions where p(argmax) is large enough to clear it, while positions
+#: with a small p(argmax) add Poisson-binomial variance and almost no signal. Measured on the
+#: simulator (issue 7, docs/calibration.md): relaxed-threshold (s = 0.5) with 500 sampled tokens
+#: is caught in 99% of audits instead of 90% with every position counted, false accusations unchanged.
+ARGMAX_TEST_MIN_P = 0.3
 #: How many top tokens a view keeps when built from full reference rows.
 FULL_ROW_TOP_K = 64
 _T1_TOL = 1e-6
@@ -152,12 +163,26 @@ def gof_test(view: SamplingView, rng: np.random.Generator | int | None = 0) -> d
     }
 
 
-def argmax_test(view: SamplingView, rng: np.random.Generator | int | None = 0) -> dict:
+def argmax_test(
+    view: SamplingView, rng: np.random.Generator | int | None = 0, min_p: float = ARGMAX_TEST_MIN_P
+) -> dict:
     """Argmax over-emission: observed argmax count vs Poisson-binomial(p(argmax)), one-sided greater.
+
+    The test (z, p_value, p_randomized) counts the positions whose reference p(argmax) ≥ ``min_p``
+    (all positions when fewer than ``MIN_POSITIONS`` qualify). The selection depends on the
+    reference only, so under H0 the selected count is still Poisson-binomial and the test stays
+    exact. The effect (excess per position, its CI, argmax_rate) is over all positions, which the
+    verdict's shape rule compares with the tail deficit (docs/detectors.md, rule 4b).
+
+    Args:
+        view: SamplingView ([n, K] float64 probabilities sorted descending, [n] int ranks).
+        rng: seed/generator of the randomized p-value.
+        min_p: smallest p(argmax) a tested position has (``ARGMAX_TEST_MIN_P``; 0 = all).
 
     Returns:
         dict with observed, expected (Σp), sd (sqrt Σp(1−p)), z, p_value (exact, conservative),
-        p_randomized, excess (per position, (obs − exp)/n) with ci, argmax_rate, expected_rate.
+        p_randomized, excess (per position, (obs − exp)/n) with ci, argmax_rate, expected_rate,
+        n_tested, min_p.
     """
     p1 = view.top_probs[:, 0]
     is_arg = view.token_rank == 0
@@ -166,8 +191,13 @@ def argmax_test(view: SamplingView, rng: np.random.Generator | int | None = 0) -
     var = float((p1 * (1 - p1)).sum())
     sd = float(np.sqrt(var))
     n = p1.size
-    p_exact, p_rand = poisson_binomial_test(p1, obs, "greater", rng)
-    z = (obs - exp) / sd if sd > 0 else (np.inf if obs > exp else 0.0)
+    sel = p1 >= min_p
+    if int(sel.sum()) < MIN_POSITIONS:
+        sel = np.ones(n, bool)
+    obs_t, exp_t = int(is_arg[sel].sum()), float(p1[sel].sum())
+    sd_t = float(np.sqrt((p1[sel] * (1 - p1[sel])).sum()))
+    p_exact, p_rand = poisson_binomial_test(p1[sel], obs_t, "greater", rng)
+    z = (obs_t - exp_t) / sd_t if sd_t > 0 else (np.inf if obs_t > exp_t else 0.0)
     exc = (obs - exp) / n
     half = 1.96 * sd / n if sd > 0 else 0.0
     return {
@@ -182,6 +212,8 @@ def argmax_test(view: SamplingView, rng: np.random.Generator | int | None = 0) -
         "argmax_rate": obs / n,
         "expected_rate": exp / n,
         "is_argmax": is_arg,
+        "n_tested": int(sel.sum()),
+        "min_p": float(min_p),
     }
 
 
@@ -311,6 +343,8 @@ def argmax_result(batch, view, name, rng, n_evidence) -> DetectorResult:
             "expected_rate": t["expected_rate"],
             "excess_per_position": t["effect"],
             "var_per_position": t["sd"] ** 2 / max(1, len(view)),
+            "n_tested": t["n_tested"],
+            "min_p_argmax_tested": t["min_p"],
             "p_randomized": t["p_randomized"],
             "source": view.source,
             "n_prompts": _n_prompts(batch, view),

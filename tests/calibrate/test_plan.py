@@ -80,6 +80,8 @@ def test_cli_plan_with_model_and_provider(cal_file, tmp_path):
     plan = json.loads(r.output)
     assert plan["budget_tokens"] == 100 and plan["usd"] == pytest.approx((200 + 200) / 1e6)
     assert any("no logprobs" in n for n in plan["notes"])
+    # the printed command can be pasted as it is: it names the provider and the config file
+    assert plan["command"] == f"auditor check --provider x --config {cfg} --suite default --budget-tokens 100"
 
 
 def test_cli_plan_exit_codes(cal_file):

@@ -170,6 +170,26 @@ def test_argmax_and_tail_closed_form_when_argmax_always_emitted():
     assert g.p_value < 1e-6 and g.effect < -0.2  # U ~ U(0, .5): mean .25
 
 
+def test_argmax_test_counts_only_positions_with_a_large_argmax_probability():
+    """Excess where p(argmax) < ARGMAX_TEST_MIN_P is not tested (no relaxed rule accepts there);
+    the same excess where p(argmax) is large is; the reported effect covers every position."""
+    from auditor.detectors.sampling import ARGMAX_TEST_MIN_P, SamplingView, argmax_test
+
+    n = 200
+    low = np.tile([0.2, 0.2, 0.2, 0.2, 0.2], (n, 1))  # p(argmax) 0.2 < 0.3
+    high = np.tile([0.6, 0.2, 0.1, 0.05, 0.05], (n, 1))
+    rng = np.random.default_rng(0)
+    honest_high = (rng.random(n) >= 0.6).astype(int)  # argmax with probability 0.6
+    view = SamplingView(np.arange(2 * n), np.vstack([low, high]), np.concatenate([np.zeros(n, int), honest_high]), "reference")
+    t = argmax_test(view, 0)
+    assert ARGMAX_TEST_MIN_P == pytest.approx(0.3) and t["n_tested"] == n
+    assert t["p_value"] > 0.01 and t["effect"] > 0.3  # excess only at low p(argmax): not tested, but reported
+    all_pos = argmax_test(view, 0, min_p=0.0)
+    assert all_pos["n_tested"] == 2 * n and all_pos["p_value"] < 1e-10
+    view2 = SamplingView(np.arange(n), high, np.zeros(n, int), "reference")  # always the argmax at p = 0.6
+    assert argmax_test(view2, 0)["p_value"] < 1e-10
+
+
 def test_sampling_exact_draws_pass(synth):
     rng = np.random.default_rng(2)
     g, L = 10, 30

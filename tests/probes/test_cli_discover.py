@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from auditor.cli import app
 from probes.config import ProviderConfig
 from probes.discover import discover_capabilities
 
-CASES = Path(__file__).parents[2].parent / "shared" / "cases" / "normalizer"
+CASES = Path(os.environ.get("SPEC_AUDITOR_SHARED_CASES") or Path(__file__).parents[2].parent / "shared" / "cases") / "normalizer"
 runner = CliRunner()
 
 
