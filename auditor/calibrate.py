@@ -79,6 +79,7 @@ __all__ = [
     "collect_pool",
     "default_mix",
     "mix_budgets",
+    "record_suite",
     "draw_audit",
     "evidence_for",
     "get_noise_floor",
@@ -1917,12 +1918,12 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
     for r in fixed:
         by.setdefault(r["profile"], []).append(r)
     rows = []
-    mix_names = list(dict.fromkeys(str(r.get("mix") or "default") for r in fixed))
+    mix_names = list(dict.fromkeys(record_suite(r) for r in fixed))
     for p, rs_all in by.items():
         prof = PROFILES.get(p)
         if prof is not None and prof.honest:
             for mname in mix_names:  # one row per suite: each is a way to audit, each must hold
-                rs = [r for r in rs_all if str(r.get("mix") or "default") == mname]
+                rs = [r for r in rs_all if record_suite(r) == mname]
                 if not rs:
                     continue
                 worst = max(rs, key=lambda r: (r["rejection_rate"], r["ci_high"]))
@@ -1942,7 +1943,7 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
             continue
         per_mix: dict[str, list[dict]] = {}
         for r in by[p]:
-            per_mix.setdefault(str(r.get("mix") or "default"), []).append(r)
+            per_mix.setdefault(record_suite(r), []).append(r)
         found = {m: tokens_for_power(rs, TARGET_POWER, unit=unit) for m, rs in per_mix.items()}
         parts = []
         for m, tp in found.items():
@@ -1959,7 +1960,7 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
             "met": best is not None and reached[best] <= limit,
         })
     for mname in mix_names:
-        rej = [r for r in fixed if str(r.get("mix") or "default") == mname
+        rej = [r for r in fixed if record_suite(r) == mname
                and not (PROFILES.get(r["profile"]) and PROFILES[r["profile"]].honest)]
         n_rej = sum(r["rejections"] for r in rej if r.get("rejections"))
         n_ok = sum(round(r["rejections"] * (r["cause_correct_rate"] or 0.0)) for r in rej if r.get("rejections"))
@@ -2012,13 +2013,11 @@ def _pct(x: Any, nd: int = 1) -> str:
 
 def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
     """The Markdown report (docs/calibration.md) from the JSON records and the run's meta."""
-    from reference.simulator.profiles import PROFILES
-
     all_fixed = [r for r in run_list if r.get("design", "fixed") == "fixed"]
     seq = [r for r in run_list if r.get("design") == "sequential"]
-    mix_names = list(dict.fromkeys(str(r.get("mix") or "default") for r in all_fixed))
+    mix_names = list(dict.fromkeys(record_suite(r) for r in all_fixed))
     primary = mix_names[0] if mix_names else "default"
-    fixed = [r for r in all_fixed if str(r.get("mix") or "default") == primary]
+    fixed = [r for r in all_fixed if record_suite(r) == primary]
     budgets = sorted({r["budget_tokens"] for r in fixed})
     profiles = list(dict.fromkeys(r["profile"] for r in fixed))
     L: list[str] = []
@@ -2036,12 +2035,12 @@ def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
     L.append("## Rejection rate by profile and budget (completion tokens per audit)\n")
     mixes_meta = {m.get("name"): m for m in (meta.get("mixes") or [meta.get("mix") or {}])}
     for mname in mix_names:
-        L.extend(_rate_table([r for r in all_fixed if str(r.get("mix") or "default") == mname], mname,
+        L.extend(_rate_table([r for r in all_fixed if record_suite(r) == mname], mname,
                              mixes_meta.get(mname) or {}, primary=mname == primary))
     L.append("Mean sampled (temperature-1) tokens per audit (`" + primary + "` suite): " + ", ".join(
         f"{b:,} → {np.mean([r['sampled_tokens'] for r in fixed if r['budget_tokens'] == b]):.0f}" for b in budgets) + ".\n")
     L.append("![power vs tokens](calibration.png)\n")
-    L.extend(_rest_of_markdown(run_list, meta, all_fixed, fixed, seq, budgets, profiles))
+    L.extend(_rest_of_markdown(run_list, meta, fixed, seq, budgets, profiles))
     return "\n".join(L) + "\n"
 
 
@@ -2080,8 +2079,8 @@ def _rate_table(fixed: Sequence[dict], mname: str, mmeta: dict, *, primary: bool
     return L
 
 
-def _rest_of_markdown(run_list: Sequence[dict], meta: dict, all_fixed: Sequence[dict], fixed: Sequence[dict],
-                      seq: Sequence[dict], budgets: Sequence[int], profiles: Sequence[str]) -> list[str]:
+def _rest_of_markdown(run_list: Sequence[dict], meta: dict, fixed: Sequence[dict], seq: Sequence[dict],
+                      budgets: Sequence[int], profiles: Sequence[str]) -> list[str]:
     """Targets, sequential audits, verdict/detector tables, pools, timings and the method."""
     L: list[str] = []
     tg = check_targets(run_list)
@@ -2155,13 +2154,13 @@ def render_plot(run_list: Sequence[dict], path: Path, *, alpha: float = 0.05) ->
     from reference.simulator.profiles import PROFILES
 
     all_fixed = [r for r in run_list if r.get("design", "fixed") == "fixed"]
-    mix_names = list(dict.fromkeys(str(r.get("mix") or "default") for r in all_fixed)) or ["default"]
+    mix_names = list(dict.fromkeys(record_suite(r) for r in all_fixed)) or ["default"]
     profiles = list(dict.fromkeys(r["profile"] for r in all_fixed))
     fig, axes = plt.subplots(1, len(mix_names), figsize=(7.5 + 5 * (len(mix_names) - 1) + 2.5, 5.5), dpi=110,
                              squeeze=False, sharey=True)
     cmap = plt.get_cmap("tab20")
     for mi, (mname, ax) in enumerate(zip(mix_names, axes[0])):
-        fixed = [r for r in all_fixed if str(r.get("mix") or "default") == mname]
+        fixed = [r for r in all_fixed if record_suite(r) == mname]
         _plot_mix(ax, fixed, profiles, cmap, PROFILES, alpha=alpha, title=f"suite {mname!r}", ylabel=mi == 0,
                   legend=mi == len(mix_names) - 1)
     fig.suptitle("Detection benchmark on the simulator: rejection rate vs token budget")
@@ -2370,10 +2369,10 @@ def make_plan(
             f"Token budgets measured on another model do not transfer; run `auditor calibrate --model {model}` first."
         )
         return plan
-    mixes = list(dict.fromkeys(_mix_of(r) for r in mine))
+    mixes = list(dict.fromkeys(record_suite(r) for r in mine))
     options = []
     for m in mixes:
-        usable = [r for r in mine if _mix_of(r) == m and (_suite_cap(r) is None or r["budget_tokens"] <= _suite_cap(r))]
+        usable = [r for r in mine if record_suite(r) == m and (_suite_cap(r) is None or r["budget_tokens"] <= _suite_cap(r))]
         rows_m = _plan_rows(usable, target, power, pricing)
         ok = bool(rows_m) and all(r["tokens"] is not None for r in rows_m) and \
             {r["profile"] for r in rows_m} == {p for p in PLAN_TARGETS[target] if any(x["profile"] == p for x in mine)}
@@ -2496,7 +2495,8 @@ def _combined_plan(plan: dict, audits: list[dict], target: str, power: float, mo
     return plan
 
 
-def _mix_of(r: dict) -> str:
+def record_suite(r: dict) -> str:
+    """The suite (probe mix) of a calibration record; records written before suites existed are ``default``."""
     return str(r.get("mix") or "default")
 
 

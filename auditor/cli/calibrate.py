@@ -200,8 +200,10 @@ def _print_table(records: list[dict], meta: dict) -> None:
     from rich.table import Table
 
     fixed = [r for r in records if r.get("design", "fixed") == "fixed"]
-    for m in dict.fromkeys(str(r.get("mix") or "default") for r in fixed):
-        _print_mix_table([r for r in fixed if str(r.get("mix") or "default") == m], meta, m)
+    from auditor.calibrate import record_suite
+
+    for m in dict.fromkeys(record_suite(r) for r in fixed):
+        _print_mix_table([r for r in fixed if record_suite(r) == m], meta, m)
     seq = [r for r in records if r.get("design") == "sequential"]
     if seq:
         s = Table(title="Sequential audits (--budget-tokens auto)")
