@@ -293,8 +293,8 @@ def render_demo_table(result: DemoResult, console: Any = None) -> None:
     console.print(t)
     console.print(
         f"total {result.wall_s:.0f} s (simulators ready after {result.server_start_s:.0f} s). Runs stored in {result.db_url}.\n"
-        "Open the dashboard:  auditor dashboard" + (f" --db {result.db_url}" if result.db_given else "")
-        + "\nRe-render a run:     auditor report RUN_ID --format markdown" + (f" --db {result.db_url}" if result.db_given else "")
+        "Open the dashboard:  python -m auditor dashboard" + (f" --db {result.db_url}" if result.db_given else "")
+        + "\nRe-render a run:     python -m auditor report RUN_ID --format markdown" + (f" --db {result.db_url}" if result.db_given else "")
         + (f"\nJSON reports:        {result.json_path}" if result.json_path else ""),
         highlight=False,
     )
