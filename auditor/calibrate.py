@@ -2385,7 +2385,7 @@ def make_plan(
     if not good and len(options) > 1:
         combo = _combine_suites(options, [p for p in PLAN_TARGETS[target] if any(x["profile"] == p for x in mine)])
         if combo is not None:
-            return _capability_notes(_combined_plan(plan, combo, target, power, model, pricing), capabilities)
+            return _capability_notes(_combined_plan(plan, combo, target, power, model), capabilities)
     best = min(good, key=lambda o: (o["budget_tokens"], mixes.index(o["suite"]))) if good else options[0]
     mix = best["suite"]
     out_rows = best["rows"]
@@ -2463,21 +2463,21 @@ def _combine_suites(options: Sequence[dict], profiles: Sequence[str]) -> list[di
         a["profiles"].append(p)
         a["rows"].append({**row, "suite": suite})
     for a in audits.values():
-        worst = max(a["rows"], key=lambda r: r["tokens"])
-        a["budget_tokens"], a["usd"] = worst["tokens"], worst["usd"]
+        a["worst"] = max(a["rows"], key=lambda r: r["tokens"])  # the row that sets the audit's budget
+        a["budget_tokens"], a["usd"] = a["worst"]["tokens"], a["worst"]["usd"]
     return list(audits.values())
 
 
-def _combined_plan(plan: dict, audits: list[dict], target: str, power: float, model: str, pricing: Any) -> dict:
+def _combined_plan(plan: dict, audits: list[dict], target: str, power: float, model: str) -> dict:
     plan["reached"] = True
     plan["suite"] = None
-    plan["audits"] = [{k: v for k, v in a.items() if k != "rows"} for a in audits]
+    plan["audits"] = [{k: v for k, v in a.items() if k not in ("rows", "worst")} for a in audits]
     plan["rows"] = [r for a in audits for r in a["rows"]]
     plan["budget_tokens"] = sum(a["budget_tokens"] for a in audits)
     usd = [a["usd"] for a in audits]
     plan["usd"] = None if any(u is None for u in usd) else float(sum(usd))
     def _fa(a: dict) -> str:
-        w = max(a["rows"], key=lambda r: r["tokens"])
+        w = a["worst"]
         if w.get("false_accusation_max") is None:
             return ""
         hi = w.get("false_accusation_upper")
