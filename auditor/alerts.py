@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -228,9 +228,3 @@ def record_verdict_change(
         session.flush()
     return AlertRecord.from_row(alert)
 
-
-def alert_as_dict(alert: AlertRecord) -> dict[str, Any]:
-    """The alert as a JSON-friendly dict (``created_at`` ISO 8601)."""
-    d = asdict(alert)
-    d["created_at"] = alert.created_at.isoformat()
-    return d

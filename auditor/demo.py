@@ -177,7 +177,7 @@ class DemoResult:
     @property
     def all_expected(self) -> bool:
         """True when every audit named the profile's true cause."""
-        return all(r.verdict == self.expected.get(p) for p, r in zip(self.profiles, self.reports))
+        return all(r.verdict == self.expected.get(p) for p, r in zip(self.profiles, self.reports, strict=True))
 
 
 def run_demo(
@@ -283,7 +283,7 @@ def render_demo_table(result: DemoResult, console: Any = None) -> None:
                   ("deciding tests (Holm-adjusted p)", {"ratio": 1}), ("tokens", {"justify": "right"}),
                   ("USD", {"justify": "right"}), ("s", {"justify": "right"}), ("run", {"no_wrap": True})):
         t.add_column(c, **kw)
-    for p, r in zip(result.profiles, result.reports):
+    for p, r in zip(result.profiles, result.reports, strict=True):
         ok = r.verdict == result.expected.get(p)
         t.add_row(
             f"demo-{p}", result.expected.get(p, "?"), r.verdict, "[green]✓[/green]" if ok else "[red]✗[/red]",

@@ -141,7 +141,9 @@ def make_feed_server(
             if self.path.split("?", 1)[0] not in ("/", "/feed.atom", "/feed.xml"):
                 self.send_error(404, "not found; the feed is at /feed.atom")
                 return
-            h, p = self.server.server_address[:2]
+            addr = self.server.server_address
+            assert isinstance(addr, tuple)  # an AF_INET HTTP server: (host, port)
+            h, p = addr[:2]
             with lock:
                 text = feed_from_store(
                     store, provider_name=provider_name, limit=limit, self_url=f"http://{h}:{p}/feed.atom"

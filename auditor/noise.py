@@ -31,10 +31,23 @@ three honest profiles (:data:`REFERENCE_DTYPES`); the intersection–union machi
 (``run_check(reference_dtypes=("float32", "bfloat16"))``), e.g. for a reference served in another
 precision. Numbers and the resulting power: docs/detectors.md ("Noise floor in the pipeline").
 
-Cache: one JSON file per (model revision, method, variant recipes, prompts, settings, torch
-version) under ``<cache>/noise/`` (``$SPEC_AUDITOR_HOME/noise`` or the platformdirs user cache),
-computed once per model and machine setup (a few minutes on 2 CPU cores for the default model)
-and re-used by every audit.
+**Deterministic.** The measurement has no random or timing-dependent choice: the honest variants
+decode greedily with a fixed speculation depth (``adaptive_k=False``: the draft-length policy, although
+count-based since issue 11, would still change how a continuation is split into verify forwards
+as the drafter changes, and a different split changes the float reduction order, hence the
+logprob rows), every generator is
+seeded (``seed = prompt index``, ``torch.manual_seed(FLOOR_SEED)``, logit-noise nonce = 1000 +
+prompt index), and teacher forcing uses a fixed batch size. Two measurements with the same key on
+the same machine give identical numbers (``tests/audit/test_noise.py``).
+
+Cache: one JSON file per key under :func:`noise_cache_dir`
+(``$SPEC_AUDITOR_NOISE_DIR``, else ``$SPEC_AUDITOR_HOME/noise``, else the platformdirs user cache).
+The key (:func:`floor_cache_key`) covers everything the numbers depend on: the method version
+(:data:`NOISE_METHOD`), the model revision, the reference precisions, the honest profiles' recipes,
+the suite and prompt token ids, the measurement settings (tokens, k, batch size, seed), the torch
+and transformers versions and the CPU kernel family (``torch.backends.cpu.get_cpu_capability()``:
+bf16 arithmetic differs between AVX2 and AVX-512 machines). It is computed once per model and
+machine setup (a few minutes on 2 CPU cores for the default model) and re-used by every audit.
 """
 
 from __future__ import annotations
@@ -54,8 +67,13 @@ import numpy as np
 from auditor.detectors.noise_floor import KLFloor, NoiseFloor, compute_noise_floor
 
 __all__ = [
+    "ENV_NOISE_DIR",
+    "FLOOR_BATCH_SIZE",
+    "FLOOR_K",
     "FLOOR_MAX_NEW_TOKENS",
     "FLOOR_PROMPTS",
+    "FLOOR_SEED",
+    "FLOOR_SUITE",
     "HONEST_BY_REFERENCE",
     "NOISE_METHOD",
     "REFERENCE_DTYPES",
@@ -69,7 +87,7 @@ __all__ = [
 ]
 
 #: Version of the floor method; part of the cache key (bump when the measurement changes).
-NOISE_METHOD = "nearest-honest-reference/1"
+NOISE_METHOD = "nearest-honest-reference/2"  # 2: fixed k, seeded, key covers CPU + versions
 #: Precisions the reference is teacher-forced in by default. One (float32) — see the module
 #: docstring: bf16 rounding is a noise *level* (bf16 vs bf16 on another computation path diverges
 #: as much as bf16 vs fp32), so a second, bf16 reference buys no separation and costs a second
@@ -84,12 +102,25 @@ HONEST_BY_REFERENCE: dict[str, tuple[str, ...]] = {
 FLOOR_PROMPTS = 16
 #: Greedy tokens generated per floor prompt.
 FLOOR_MAX_NEW_TOKENS = 32
-#: Speculation depth used by the honest variants (the simulator's default).
+#: Speculation depth used by the honest variants (the simulator's default), fixed every round.
 FLOOR_K = 4
+#: Seed of the measurement (``torch.manual_seed``; per prompt the generator seed is the prompt index).
+FLOOR_SEED = 0
+#: Teacher-forcing batch size of the measurement (sequences per forward; part of the key).
+FLOOR_BATCH_SIZE = 8
+#: Suite whose greedy/logprob prompts the floor is measured on.
+FLOOR_SUITE = "default"
+#: Environment variable naming the floor cache directory (overrides ``$SPEC_AUDITOR_HOME/noise``).
+ENV_NOISE_DIR = "SPEC_AUDITOR_NOISE_DIR"
 
 
 def noise_cache_dir() -> Path:
-    """``$SPEC_AUDITOR_HOME/noise`` or ``<platformdirs user cache>/spec-auditor/noise``."""
+    """``$SPEC_AUDITOR_NOISE_DIR``, else ``$SPEC_AUDITOR_HOME/noise``, else
+    ``<platformdirs user cache>/spec-auditor/noise`` (the tests point the first at a session
+    directory, so that no test reads the user's floors)."""
+    own = os.environ.get(ENV_NOISE_DIR)
+    if own:
+        return Path(own).expanduser()
     home = os.environ.get("SPEC_AUDITOR_HOME")
     if home:
         return Path(home).expanduser() / "noise"
@@ -238,7 +269,7 @@ def merge_floors(floors: Sequence[NoiseFloor]) -> NoiseFloor:
     )
 
 
-def floor_prompts(tokenizer: Any, n: int = FLOOR_PROMPTS, suite: str = "default") -> tuple[list[str], list[list[int]]]:
+def floor_prompts(tokenizer: Any, n: int = FLOOR_PROMPTS, suite: str = FLOOR_SUITE) -> tuple[list[str], list[list[int]]]:
     """The floor's prompts: the first ``n`` greedy/logprob probes of ``suite`` (chat template).
 
     Returns:
@@ -252,7 +283,7 @@ def floor_prompts(tokenizer: Any, n: int = FLOOR_PROMPTS, suite: str = "default"
     by_w: dict[str, list] = {}
     for p in probes:
         by_w.setdefault(p.workload, []).append(p)
-    order = []
+    order: list[Any] = []
     while any(by_w.values()) and len(order) < n:
         for w in list(by_w):
             if by_w[w] and len(order) < n:
@@ -270,11 +301,22 @@ def floor_cache_key(
     honest: Mapping[str, Sequence[str]] = HONEST_BY_REFERENCE,
     max_new_tokens: int = FLOOR_MAX_NEW_TOKENS,
     k: int = FLOOR_K,
+    suite: str = FLOOR_SUITE,
+    batch_size: int = FLOOR_BATCH_SIZE,
+    seed: int = FLOOR_SEED,
 ) -> str:
-    """First 16 hex of the sha256 over everything the floor depends on (see module docstring)."""
-    import torch
+    """First 16 hex of the sha256 over everything the floor depends on (see module docstring).
 
-    from reference.simulator.profiles import get_profile
+    Args:
+        revision: reference weights revision; prompts: [P] prompt token ids (the prompt set).
+        references: reference precisions (dtype names) measured; honest: their honest profiles
+            (keyed by recipe, ``simulator.profiles.Profile.describe()``).
+        max_new_tokens, k, suite, batch_size, seed: measurement settings.
+    """
+    import torch
+    import transformers
+
+    from simulator.profiles import get_profile
 
     recipes = {r: [get_profile(p).describe() for p in honest[r]] for r in references}
     blob = json.dumps(
@@ -283,10 +325,15 @@ def floor_cache_key(
             "revision": revision,
             "references": list(references),
             "recipes": recipes,
+            "suite": suite,
             "prompts": [[int(t) for t in p] for p in prompts],
             "max_new_tokens": int(max_new_tokens),
             "k": int(k),
-            "torch": torch.__version__.split("+")[0],
+            "batch_size": int(batch_size),
+            "seed": int(seed),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "cpu": _cpu_capability(),
         },
         sort_keys=True,
         default=str,
@@ -294,10 +341,22 @@ def floor_cache_key(
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _cpu_capability() -> str:
+    """The CPU kernel family torch dispatches to (``AVX2``, ``AVX512``, ...; bf16 results depend on it)."""
+    import torch
+
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):  # pragma: no cover - old torch
+        import platform
+
+        return platform.machine()
+
+
 def _served(lm: Any, sigma: float) -> Any:
     """``lm`` wrapped as the simulator serves it (logit tap + optional kernel noise), no copy."""
     from reference.models import LoadedModel
-    from reference.simulator.engine import ServedModel
+    from simulator.engine import ServedModel
 
     served = ServedModel(lm.model, sigma=sigma)
     served.eval()
@@ -326,7 +385,8 @@ def compute_floors(
     honest: Mapping[str, Sequence[str]] = HONEST_BY_REFERENCE,
     max_new_tokens: int = FLOOR_MAX_NEW_TOKENS,
     k: int = FLOOR_K,
-    batch_size: int = 8,
+    batch_size: int = FLOOR_BATCH_SIZE,
+    seed: int = FLOOR_SEED,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> FloorSet:
     """Measure the noise floor of every reference precision in ``ref_lms`` (see module docstring).
@@ -337,8 +397,9 @@ def compute_floors(
         prompt_names, prompts: [P] names and prompt token ids.
         honest: reference dtype → honest simulator profile names of that precision.
         max_new_tokens: greedy tokens per prompt and variant.
-        k: speculation depth of the honest variants.
+        k: speculation depth of the honest variants, used every round (no adaptive depth).
         batch_size: teacher-forcing batch size.
+        seed: ``torch.manual_seed`` of the measurement; prompt ``i`` decodes with seed ``seed + i``.
         progress: ``progress(stage, done, total)`` callback.
 
     Returns:
@@ -351,13 +412,13 @@ def compute_floors(
 
     from reference.drafters import make_drafter
     from reference.scoring import score_continuations
-    from reference.simulator.profiles import get_profile
     from reference.speculative import speculative_generate
     from reference.verify import StrictVerifier
+    from simulator.profiles import get_profile
 
     if not prompts:
         raise ValueError("compute_floors needs at least one prompt")
-    refs = [r for r in ref_lms]
+    refs = list(ref_lms)
     variants: dict[str, Any] = {}
     for r in refs:
         for name in honest.get(r, ()):
@@ -371,6 +432,7 @@ def compute_floors(
             models[dtype] = _cast(models["float32"], dtype)
         return models[dtype]
 
+    torch.manual_seed(int(seed))
     t0 = time.perf_counter()
     total = len(variants) * len(prompts)
     done = 0
@@ -382,12 +444,15 @@ def compute_floors(
         served = _served(base, prof.logit_noise)
         drafter = make_drafter(prof.default_drafter, base.model)
         eos = list(base.eos_token_ids)
-        cs, rs, gs = [], [], []
+        cs: list[list[int]] = []
+        rs: list[np.ndarray] = []
+        gs: list[str] = []
         for i, ids in enumerate(prompts):
             served.model.nonce = 1_000 + i
             res = speculative_generate(
                 served, list(ids), drafter=drafter, k=k, max_new_tokens=max_new_tokens, temperature=0.0,
-                eos_token_ids=eos, verifier=StrictVerifier(), return_logprobs=True, seed=i,
+                eos_token_ids=eos, verifier=StrictVerifier(), return_logprobs=True, seed=int(seed) + i,
+                adaptive_k=False,  # a fixed depth: one split into verify forwards, whatever the policy
             )
             toks = list(res.token_ids)
             lp = res.logprobs
@@ -440,6 +505,10 @@ def compute_floors(
             "prompts": list(prompt_names),
             "max_new_tokens": int(max_new_tokens),
             "k": int(k),
+            "adaptive_k": False,
+            "seed": int(seed),
+            "batch_size": int(batch_size),
+            "cpu": _cpu_capability(),
             "positions": n_pos,
             "seconds": round(time.perf_counter() - t0, 2),
             "torch": torch.__version__,

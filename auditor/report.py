@@ -17,6 +17,13 @@ Renderers (all pure functions of the report):
   CI system shows an audit like a test run: a rejecting detector is a ``failure``, a detector
   that could not run is ``skipped``, an INCONCLUSIVE verdict is an ``error``.
 
+Every renderer shows every cause, not only the primary one (issue 13): the verdict's
+``secondary_causes`` with their deciding evidence, the provider failures (share and kinds) when
+probes failed, and the parameter-compliance pre-flight checks (``auditor.preflight``; failed ones
+named). In JSON they are the top-level ``secondary_causes``, ``provider_failures`` and
+``preflight_checks``; in JUnit one failing ``testcase`` per secondary cause and one ``testcase`` per
+pre-flight check (exit codes are unchanged: they follow the primary verdict only).
+
 Units: log-probabilities and KL in nats, tokens in tokens, money in USD, times in seconds;
 timestamps are ISO 8601 UTC strings.
 """
@@ -29,6 +36,8 @@ import math
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from auditor.detectors.speculation import speculation_line
 
 __all__ = [
     "FORMATS",
@@ -160,11 +169,30 @@ class AuditReport:
         """``{detector: Holm-adjusted p}`` for the detectors that ran."""
         return {d["name"]: d.get("p_adjusted") for d in self.detectors if d.get("ran")}
 
+    @property
+    def secondary_causes(self) -> list[dict]:
+        """Every other established cause (``verdict``, ``rule``, ``reason``, ``evidence``), see auditor.verdict."""
+        return list((self.verdict_details or {}).get("secondary_causes") or [])
+
+    @property
+    def provider_failures(self) -> dict | None:
+        """``failed``, ``total``, ``share``, ``kinds`` of the run's probes (None when not recorded)."""
+        return (self.verdict_details or {}).get("provider_failures")
+
+    @property
+    def preflight_checks(self) -> list[dict]:
+        """The parameter-compliance pre-flight checks (``auditor.preflight``), [] when none ran."""
+        return list(((self.summary or {}).get("preflight") or {}).get("checks") or [])
+
     def to_dict(self) -> dict:
         """The JSON report (strict JSON: NaN/inf become null)."""
         d = asdict(self)
         d["schema"] = REPORT_SCHEMA
         d["exit_code"] = self.exit_code
+        d["secondary_causes"] = self.secondary_causes
+        d["provider_failures"] = self.provider_failures
+        d["preflight_checks"] = self.preflight_checks
+        d["speculation"] = (self.summary or {}).get("speculation")  # auditor.detectors.speculation; evidence only
         return _json_safe(d)
 
     @classmethod
@@ -175,7 +203,8 @@ class AuditReport:
 
 
 #: Top-level keys every JSON report carries.
-JSON_FIELDS = tuple(AuditReport.__dataclass_fields__) + ("schema", "exit_code")
+JSON_FIELDS = tuple(AuditReport.__dataclass_fields__) + (
+    "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "speculation")
 
 
 # ------------------------------------------------------------------------------------------ utils
@@ -265,6 +294,21 @@ def _md(s: str) -> str:
     return str(s).replace("|", "\\|").replace("`", "'").replace("\n", " ")
 
 
+def _evidence_str(c: dict) -> str:
+    return ", ".join(f"{e.get('detector')} p_adj={_fmt_p(e.get('p_adjusted'))}" for e in c.get("evidence") or [])
+
+
+def _failure_line(f: dict | None) -> str | None:
+    if not f or not f.get("failed"):
+        return None
+    kinds = ", ".join(f"{k} {v}" for k, v in (f.get("kinds") or {}).items()) or "unknown"
+    return f"{f.get('failed')} of {f.get('total')} probes failed ({float(f.get('share') or 0):.0%}): {kinds}"
+
+
+def _check_mark(c: dict) -> str:
+    return {True: "pass", False: "FAIL", None: "not run"}[c.get("passed")]
+
+
 # ------------------------------------------------------------------------------------------ text
 def render_text(report: AuditReport, console: Any | None = None) -> None:
     """Print the report with rich: verdict, detector table, cost. ``console`` defaults to stdout."""
@@ -301,6 +345,20 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         )
     console.print(t)
     console.print(f"[bold {colour}]verdict: {report.verdict}[/bold {colour}] — {report.verdict_reason}", highlight=False)
+    for c in report.secondary_causes:
+        console.print(f"  also [bold red]{c.get('verdict')}[/bold red] ({c.get('rule')}): {c.get('reason')} "
+                      f"[{_evidence_str(c)}]", highlight=False)
+    fl = _failure_line(report.provider_failures)
+    if fl:
+        console.print(f"  [yellow]provider failures: {fl}[/yellow]", highlight=False)
+    checks = report.preflight_checks
+    if checks:
+        bad = [c for c in checks if c.get("passed") is False]
+        console.print(f"pre-flight: {sum(1 for c in checks if c.get('passed'))} of {len(checks)} parameter checks "
+                      f"passed" + (f"; failed: {', '.join(c['name'] for c in bad)}" if bad else ""), highlight=False)
+        for c in bad:
+            console.print(f"  [red]{c['name']}[/red]: {c.get('summary')}"
+                          + (f" (p={_fmt_p(c.get('p_value'))})" if c.get("p_value") is not None else ""), highlight=False)
     tk = report.tokens or {}
     s = report.summary or {}
     speed = []
@@ -312,6 +370,8 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         speed.append(f"{s['tokens_per_s']:.1f} tokens/s")
     if s.get("mean_tokens_per_chunk") is not None:
         speed.append(f"{s['mean_tokens_per_chunk']:.2f} tokens/chunk")
+    if speculation_line(s.get("speculation")):
+        speed.append(speculation_line(s.get("speculation")))
     console.print(
         f"cost: {tk.get('prompt', 0)} prompt + {tk.get('completion', 0)} completion tokens = {tk.get('total', 0)} tokens, "
         f"{_usd(report.cost_usd)}; {tk.get('scored_positions', 0)} positions scored against the reference"
@@ -376,6 +436,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
          + (f" (budget {tk['budget']} completion tokens)" if tk.get("budget") else "")
          + f"; {tk.get('scored_positions', 0)} positions scored"),
         ("Cost", _usd(r.cost_usd)),
+        ("Provider failures", _failure_line(r.provider_failures) or "none"),
         ("Started / finished", f"{r.started_at} / {r.finished_at}"),
         ("Code version", f"`{r.code_version}`"),
     ]
@@ -383,6 +444,28 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         out.append(f"| {k} | {v} |")
     out.append("")
 
+    out.append("## Every cause found")
+    out.append("")
+    if r.exit_code == 1:
+        out.append(f"- **{r.verdict}** (primary, rule `{vd.get('rule', '—')}`): {_md(r.verdict_reason.split('; also ')[0])}")
+    else:
+        out.append(f"- No primary cause: **{r.verdict}** (rule `{vd.get('rule', '—')}`).")
+    for c in r.secondary_causes:
+        out.append(f"- **{c.get('verdict')}** (also, rule `{c.get('rule')}`): {_md(c.get('reason') or '')} "
+                   f"— deciding evidence: {_md(_evidence_str(c))}")
+    if not r.secondary_causes:
+        out.append(f"- No other cause is established at family-wise α = {r.alpha:g}.")
+    out.append("")
+    checks = r.preflight_checks
+    if checks:
+        out.append("## Parameter-compliance pre-flight")
+        out.append("")
+        out.append("| check | kind | outcome | p | what was seen |")
+        out.append("|---|---|---|---:|---|")
+        for c in checks:
+            out.append(f"| {c.get('name')} | {c.get('kind')} | {_check_mark(c)} | {_fmt_p(c.get('p_value'))} | "
+                       f"{_md(c.get('summary') or '')} |")
+        out.append("")
     findings = vd.get("findings") or []
     out.append("## Findings")
     out.append("")
@@ -425,6 +508,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Throughput", f"{s['tokens_per_s']:.1f} tokens/s" if s.get("tokens_per_s") is not None else "—"),
         ("Tokens per stream chunk", _fmt_num(s.get("mean_tokens_per_chunk"), 3)
          + (f" (histogram {json.dumps(s.get('tokens_per_chunk'))})" if s.get("tokens_per_chunk") else "")),
+        ("Speculation (evidence)", speculation_line(s.get("speculation")) or "—"),
         ("Mean KL vs reference", f"{_fmt_num(s.get('mean_kl'))} nats" if s.get("mean_kl") is not None else "—"),
         ("Honest noise floor (mean KL)", f"{_fmt_num(s.get('noise_floor'))} nats" if s.get("noise_floor") is not None else "—"),
         ("Greedy clear-mismatch rate", _fmt_num(s.get("clear_mismatch_rate")) if s.get("clear_mismatch_rate") is not None else "—"),
@@ -503,15 +587,18 @@ def render_junit(report: AuditReport) -> str:
     """JUnit XML: a ``testsuite`` per audit, a ``testcase`` per detector and one for the verdict."""
     r = report
     ran = [d for d in r.detectors if d.get("ran")]
-    failures = sum(1 for d in ran if d.get("rejects")) + (1 if r.exit_code == 1 else 0)
-    skipped = sum(1 for d in r.detectors if not d.get("ran"))
+    checks = r.preflight_checks
+    causes = r.secondary_causes
+    failures = (sum(1 for d in ran if d.get("rejects")) + (1 if r.exit_code == 1 else 0) + len(causes)
+                + sum(1 for c in checks if c.get("passed") is False))
+    skipped = sum(1 for d in r.detectors if not d.get("ran")) + sum(1 for c in checks if c.get("passed") is None)
     errors = 1 if r.exit_code == 2 else 0
     suites = ET.Element("testsuites", name="spec-auditor")
     ts = ET.SubElement(
         suites,
         "testsuite",
         name=f"spec-auditor.{r.provider}",
-        tests=str(len(r.detectors) + 1),
+        tests=str(len(r.detectors) + 1 + len(causes) + len(checks)),
         failures=str(failures),
         errors=str(errors),
         skipped=str(skipped),
@@ -560,6 +647,23 @@ def render_junit(report: AuditReport) -> str:
     else:
         so = ET.SubElement(tc, "system-out")
         so.text = r.verdict_reason
+    for c in causes:
+        tc = ET.SubElement(ts, "testcase", classname=cls, name=f"cause:{c.get('verdict')}:{c.get('rule')}", time="0")
+        f = ET.SubElement(tc, "failure", type=str(c.get("verdict")), message=str(c.get("reason")))
+        f.text = json.dumps(c.get("evidence") or [], ensure_ascii=False, default=str)
+    for c in checks:
+        tc = ET.SubElement(ts, "testcase", classname=f"{cls}.preflight", name=str(c.get("name")), time="0")
+        if c.get("passed") is None:
+            ET.SubElement(tc, "skipped", message=str(c.get("summary") or "not run"))
+        elif c.get("passed") is False:
+            f = ET.SubElement(tc, "failure", type=f"preflight-{c.get('kind')}", message=str(c.get("summary")))
+            f.text = json.dumps({k: c.get(k) for k in ("p_value", "statistic", "n", "evidence")}, ensure_ascii=False,
+                                default=str)
+        else:
+            ET.SubElement(tc, "system-out").text = str(c.get("summary"))
+    fl = _failure_line(r.provider_failures)
+    if fl:
+        ET.SubElement(props, "property", name="provider_failures", value=fl)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
@@ -648,6 +752,8 @@ def report_from_store(session: Any, run_id: str) -> AuditReport:
         detectors.append(d)
     summary = dict(run.summary or {})
     summary.pop("runner", None)
+    if isinstance(summary.get("preflight"), dict):  # the raw exchanges stay in the store, not in reports
+        summary["preflight"] = {k: v for k, v in summary["preflight"].items() if k != "exchanges"}
     pt, ct = int(run.prompt_tokens or 0), int(run.completion_tokens or 0)
     tokens = {"prompt": pt, "completion": ct, "total": pt + ct, "budget": run.budget_tokens}
     tokens.update(extra.get("tokens_extra") or {})

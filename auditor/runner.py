@@ -46,16 +46,16 @@ from auditor.store.db import Store
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "RunnerError",
+    "PlanItem",
     "RunProgress",
     "RunSummary",
-    "PlanItem",
+    "RunnerError",
     "code_version",
     "plan_suite",
+    "render_summary",
     "run_probes",
     "run_probes_async",
     "summarize_run",
-    "render_summary",
 ]
 
 
@@ -129,7 +129,7 @@ def code_version() -> str:
         from importlib.metadata import version
 
         ver = version("spec-auditor")
-    except Exception:  # noqa: BLE001 - not installed
+    except Exception:
         ver = "0+unknown"
     root = Path(__file__).resolve().parent.parent
     if (root / ".git").exists():
@@ -241,6 +241,7 @@ def summarize_run(store: Store, run_id: str, *, elapsed_s: float | None = None, 
                     ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_(None), ProbeAttempt.latency_s.is_not(None)
                 )
             )
+            if x is not None  # always: selected IS NOT NULL
         ]
         ttft = [
             float(x)
@@ -249,6 +250,7 @@ def summarize_run(store: Store, run_id: str, *, elapsed_s: float | None = None, 
                     ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_(None), ProbeAttempt.ttft_s.is_not(None)
                 )
             )
+            if x is not None  # always: selected IS NOT NULL
         ]
         run = det.run
         return RunSummary(
@@ -446,6 +448,7 @@ async def run_probes_async(
 
     Cancellation (Ctrl-C, SIGTERM via the CLI) marks the run ``interrupted`` and re-raises.
     """
+    from auditor.usage_estimate import UsageEstimates
     from probes.client import ProbeClient, build_payload
     from probes.normalize import normalize_response
 
@@ -485,6 +488,7 @@ async def run_probes_async(
     api = config.api
     pricing = config.pricing
     max_top = config.capabilities.max_top_logprobs
+    usage_est = UsageEstimates(config.reference)  # responses without usage: counted, marked estimated
 
     def finalize(s: Any, key: str, rec: Any) -> str:
         """Mark the probe done/failed from its final attempt ``rec`` (same transaction)."""
@@ -502,7 +506,7 @@ async def run_probes_async(
                     list(norm.anomalies),
                     norm.usage,
                 )
-            except Exception as exc:  # noqa: BLE001 - a malformed body is evidence, not a crash
+            except Exception as exc:
                 log.warning("normalizing %s failed: %s", key, exc)
                 tokens, text, finish, usage = [], None, None, None
                 anomalies = [f"normalize_error: {type(exc).__name__}: {q.scrub(str(exc), secrets)}"]
@@ -512,6 +516,9 @@ async def run_probes_async(
             usage = usage or {}
             pt = int(usage.get("prompt_tokens") or 0)
             ct = int(usage.get("completion_tokens") or len(tokens))
+            if not all(isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens")):
+                pt, ct = usage_est.get().estimate(req, n_tokens=len(tokens), chunk_tokens=rec.tokens_per_chunk, text=text)
+                usage_est.missing += 1
             q.add_run_usage(s, rid, pt, ct, pricing.cost_usd(pt, ct))
             return "done"
         q.mark_probe_done(s, pid, status="failed", anomalies=[rec.error_kind or "error"])
@@ -599,6 +606,7 @@ async def run_probes_async(
             callback(state)
 
     status = "failed"
+    conc: Any = None  # the client's adaptive concurrency limit (its width changes go in the summary)
     loop = asyncio.get_running_loop()
     me = asyncio.current_task()
     sigterm = False
@@ -608,6 +616,7 @@ async def run_probes_async(
             sigterm = True
     try:
         async with ProbeClient(config, transport=transport, api_key=api_key, max_attempts=n_max, sleep=sleep) as client:
+            conc = client.concurrency
             queue: asyncio.Queue[str] = asyncio.Queue()
             for _pid, key, _n in pending:
                 queue.put_nowait(key)
@@ -652,9 +661,13 @@ async def run_probes_async(
             elif status == "completed" and counts.get("failed", 0) and not counts.get("done", 0):
                 status = "failed"  # nothing succeeded: wrong URL, key or model; fix and --retry-failed
             run = q.get_run(s, rid)
+            assert run is not None  # _prepare_run made it (a failure is suppressed like any other here)
             summary = dict(run.summary or {})
             summary.pop("runner", None)
             summary["last_session_s"] = time.perf_counter() - t_start
+            usage_est.record(summary)
+            if conc is not None and conc.changes:
+                summary["concurrency"] = conc.stats()
             run.summary = q.json_safe(summary)
             q.set_run_status(s, rid, status)
     return rid

@@ -31,9 +31,9 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
 from auditor.store.db import Store
@@ -255,12 +255,13 @@ class AuditScheduler:
         process claimed this slot first (or the schedule was disabled/removed)."""
         nxt = next_slot(due, every, now)
         with self.store.session() as s:
-            res = s.execute(
+            # an UPDATE returns a CursorResult (which has ``rowcount``); Session.execute is typed as Result
+            res = cast(CursorResult[Any], s.execute(
                 update(Schedule)
                 .where(Schedule.id == sched_id, Schedule.next_run_at == due, Schedule.enabled.is_(True))
                 .values(next_run_at=nxt, last_run_at=now)
                 .execution_options(synchronize_session=False)
-            )
+            ))
             if res.rowcount != 1:
                 return None
         return nxt
@@ -287,6 +288,7 @@ class AuditScheduler:
             ]
         outcomes = []
         for sched_id, provider, every, suite, budget, due_at in due:
+            assert due_at is not None  # selected with next_run_at IS NOT NULL
             nxt = self._claim(sched_id, due_at, every, now)
             if nxt is None:
                 continue
@@ -310,7 +312,7 @@ class AuditScheduler:
             result = self.runner(provider, suite=suite, budget_tokens=budget, db_url=self.store.url)
             run_id = _field(result, "run_id")
             verdict = _field(result, "verdict")
-        except Exception as exc:  # noqa: BLE001 - a failed audit must not stop the scheduler
+        except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             self._say(f"schedule {sched_id}: audit of {provider} failed: {error}")
         if run_id:

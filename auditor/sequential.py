@@ -38,9 +38,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scipy import stats
+
+if TYPE_CHECKING:
+    from auditor.report import AuditReport
+    from probes.suites import Suite
 
 __all__ = [
     "AUTO_ACCEPT_POWER",
@@ -114,7 +119,7 @@ class SequentialDesign:
     def __post_init__(self) -> None:
         if not self.looks:
             raise ValueError("looks must hold at least one token count")
-        if any(int(n) < 1 for n in self.looks) or any(b <= a for a, b in zip(self.looks, self.looks[1:])):
+        if any(int(n) < 1 for n in self.looks) or any(b <= a for a, b in pairwise(self.looks)):
             raise ValueError(f"looks must be strictly increasing positive token counts, got {self.looks}")
         if self.spending not in SPENDING_FUNCTIONS:
             raise ValueError(f"spending={self.spending!r}; choose one of {SPENDING_FUNCTIONS}")
@@ -186,6 +191,14 @@ class LookDecision:
     details: dict = field(default_factory=dict)
 
 
+class Decided(Protocol):
+    """What a look's callback returns: anything with a ``verdict`` (``auditor.verdict.Verdict``
+    in simulations, ``auditor.report.AuditReport`` in ``run_sequential_check``)."""
+
+    @property
+    def verdict(self) -> str: ...
+
+
 class SequentialAudit:
     """State machine of one sequential audit (the pipeline drives the probing).
 
@@ -207,7 +220,7 @@ class SequentialAudit:
     def __init__(self, design: SequentialDesign):
         self.design = design
         self.decisions: list[LookDecision] = []
-        self.final: Any = None
+        self.final: Decided | None = None
         self._spent = 0.0
         self._done = False
 
@@ -217,7 +230,7 @@ class SequentialAudit:
         return self._done
 
     @property
-    def final_verdict(self) -> Any:
+    def final_verdict(self) -> Decided | None:
         """The verdict object of the stopping look (None before)."""
         return self.final
 
@@ -233,7 +246,7 @@ class SequentialAudit:
         k = len(self.decisions)
         return int(self.design.looks[k]) if k < len(self.design.looks) else None
 
-    def update(self, tokens: int, verdict_at: Callable[[float], Any]) -> LookDecision:
+    def update(self, tokens: int, verdict_at: Callable[..., Decided]) -> LookDecision:
         """Take the next look with ``tokens`` cumulative completion tokens.
 
         Args:
@@ -290,7 +303,7 @@ class SequentialAudit:
 
 def run_sequential(
     design: SequentialDesign,
-    verdict_after: Callable[[int, float], Any],
+    verdict_after: Callable[..., Decided],
 ) -> SequentialAudit:
     """Drive a whole sequential audit with a callback (simulations, tests).
 
@@ -332,7 +345,7 @@ AUTO_SPENDING = "pocock"
 AUTO_ACCEPT_POWER = 0.99
 
 
-def _union_suite(suite: Any, prev: Any) -> Any:
+def _union_suite(suite: Suite, prev: Suite | None) -> Suite:
     """``suite`` with every request of ``prev`` kept (samples per probe = the larger): the requests
     already sent stay planned, so a resumed run never loses a stored probe."""
     if prev is None:
@@ -353,7 +366,7 @@ def run_sequential_check(
     alpha: float = 0.05,
     on_look: Callable[[LookDecision], None] | None = None,
     **check_kwargs: Any,
-) -> tuple[Any, SequentialAudit]:
+) -> tuple[AuditReport, SequentialAudit]:
     """``auditor check --budget-tokens auto``: probe in rounds and stop once the evidence is decisive.
 
     Each look k plans the suite cut to the look's token count (``auditor.audit.plan_budget``, kept
@@ -383,7 +396,8 @@ def run_sequential_check(
     import tempfile
     from pathlib import Path
 
-    from auditor.audit import load_suite_spec, plan_budget, run_check
+    from auditor.audit import run_check
+    from auditor.planning import load_suite_spec, plan_budget
 
     full = load_suite_spec(suite)
     if design is None:
@@ -398,7 +412,7 @@ def run_sequential_check(
     seq = SequentialAudit(design)
     run_id: str | None = None
     sent = None
-    report: Any = None
+    report: AuditReport | None = None
     with tempfile.TemporaryDirectory(prefix="auditor-seq-") as tmp:
         while (target := seq.next_look_tokens()) is not None:
             plan = _union_suite(plan_budget(full, target), sent)
@@ -408,7 +422,7 @@ def run_sequential_check(
 
             def verdict_at(
                 a: float, power: float | None = None, _path: Path = path, _rid: str | None = run_id, _box: dict = box
-            ) -> Any:
+            ) -> AuditReport:
                 rep = run_check(provider_name, suite=str(_path), budget_tokens=None, alpha=a, resume=_rid, power=power,
                                 **check_kwargs)
                 _box["report"] = rep
@@ -422,11 +436,13 @@ def run_sequential_check(
                 on_look(d)
             if d.stop:
                 break
+    if report is None:  # SequentialDesign has at least one look, so a report exists
+        raise ValueError(f"sequential design {design.looks} took no look")
     _record(report, seq, check_kwargs.get("db_url"))
     return report, seq
 
 
-def _record(report: Any, seq: SequentialAudit, db_url: str | None) -> None:
+def _record(report: AuditReport, seq: SequentialAudit, db_url: str | None) -> None:
     """Store the sequential summary and the overall α / planned budget in the run."""
     from auditor.store import open_store
     from auditor.store import queries as q
@@ -435,6 +451,8 @@ def _record(report: Any, seq: SequentialAudit, db_url: str | None) -> None:
     try:
         with store.session() as s:
             run = q.get_run(s, report.run_id)
+            if run is None:
+                return
             summary = dict(run.summary or {})
             summary["sequential"] = seq.summary()
             q.update_run(s, report.run_id, summary=summary, alpha=seq.design.alpha,

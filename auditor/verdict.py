@@ -36,7 +36,33 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    (POWER_TARGETS) at the audit's sample size (Bonferroni level alpha/m, m = tests that ran);
    else INCONCLUSIVE with the extra tokens that would suffice. Families that did not run are
    named as "not tested" in the reason (a provider is audited with what it offers).
+6. A pre-flight parameter check (``auditor.preflight``; ``preflight-*`` results in the same Holm
+   family) rejects: ``preflight-greedy-top1`` (temperature-0 tokens are not the provider's own
+   top-1) or ``preflight-top-p`` (at temperature 1 with ``top_p = 1`` the sampled tokens miss the
+   provider's own low-probability region: a server-side top-k / top-p / min-p) →
+   DECODING_NONCOMPLIANT. Pre-flight results never count towards the power check.
 Every other rejecting detector is listed under details["findings"] with its implication.
+
+Every cause, not just the first: ``details["secondary_causes"]`` lists each other cause that its
+own tests establish at the same family-wise alpha (each with its rule, reason and deciding
+detectors): the decode path (self-greedy, preflight-greedy-top1) and the sampler (rule 4, or
+preflight-top-p) next to a logprob divergence. When the primary cause is a model difference
+(rules 2 and 3 without consistent logprobs) only the reference-free ``self-*`` sampling tests may
+add a sampling cause, since the reference sampling tests are confounded by the model difference —
+unless the divergence is mild (at most MILD_DIVERGENCE_MAX_RATIO x the floor with top-1 agreement
+>= MILD_DIVERGENCE_MIN_TOP1), where the reference still describes the served distribution closely.
+
+Context that overrides the rules (keyword arguments of :func:`decide_verdict`):
+
+- ``provider_failures``: when more than MAX_PROVIDER_FAILURE_SHARE of the probes failed, the
+  verdict is INCONCLUSIVE with reason "provider failures" and the failure kinds (rule
+  ``0-provider-failures``); the causes found in the probes that did succeed move to
+  ``secondary_causes``. More tokens would fail the same way, so no budget is suggested.
+- ``template_mismatch``: the provider's ``usage.prompt_tokens`` differs from the reference's
+  rendering of the same prompt (another chat template, an injected system prompt). The
+  reference-based detectors then compare different contexts, so they are set aside (not run,
+  reason named) and only the reference-free tests decide; the reason says so. A template
+  difference is never turned into QUANTIZATION or SUBSTITUTION.
 The substitution/shape thresholds are named constants to be calibrated on the simulator's
 ``substituted``, ``relaxed-threshold`` and truncation profiles (issue 7).
 """
@@ -44,9 +70,10 @@ The substitution/shape thresholds are named constants to be calibrated on the si
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -61,8 +88,11 @@ __all__ = [
     "EXIT_CODES",
     "GREEDY_SERVED_MIN_ARGMAX_RATE",
     "LOGPROBS_CONSISTENT_MAX_RATIO",
+    "MAX_PROVIDER_FAILURE_SHARE",
+    "MILD_DIVERGENCE_MAX_RATIO",
     "POWER_FAMILIES",
     "POWER_TARGETS",
+    "REFERENCE_DETECTORS",
     "SUBSTITUTION_MAX_TOP1_AGREEMENT",
     "SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE",
     "SUBSTITUTION_MIN_MEAN_KL",
@@ -130,6 +160,23 @@ TAIL_MISSING_MAX_RATIO = 0.0
 #: 84-86% of audits at 1,000 tokens and 99-100% at 3,000 (was 0.8).
 TRUNCATION_SHAPE_RATIO = 0.9
 
+#: Share of failed probes above which the audit is INCONCLUSIVE ("provider failures", issue 13):
+#: failures select (long generations fail more often), so the rest is not a fair sample.
+MAX_PROVIDER_FAILURE_SHARE = 0.10
+#: A significant logprob divergence at most this multiple of the honest floor (with top-1 agreement
+#: >= MILD_DIVERGENCE_MIN_TOP1) is worded as reduced-precision computation of the declared weights.
+#: llama.cpp's CPU kernels (8-bit activation quantization for the matmuls) sit at ~3-4x on
+#: SmolLM2-135M (docs/real-engines.md); weight-only int8 on the simulator lies in the same range.
+MILD_DIVERGENCE_MAX_RATIO = 5.0
+MILD_DIVERGENCE_MIN_TOP1 = 0.9
+#: Detectors that compare with the reference model at the same prompt (set aside on a template mismatch).
+REFERENCE_DETECTORS = ("greedy-match", "logprob-divergence", "sampling-gof", "sampling-argmax", "sampling-tail")
+#: Pre-flight checks that enter the Holm family (auditor.preflight) and the rule each decides.
+PREFLIGHT_RULES = {
+    "preflight-greedy-top1": "6-preflight-greedy",
+    "preflight-top-p": "6-preflight-sampling",
+}
+
 #: Target effects behind the INCONCLUSIVE power calculation (what an audit should be able to see).
 POWER_TARGETS = {
     "clear_mismatch_rate": 0.03,  # greedy-match / self-greedy: 3% clear mismatches (int8-like)
@@ -186,7 +233,7 @@ def apply_holm(results: Sequence[DetectorResult]) -> list[DetectorResult]:
     adj = holm(ps)
     return [
         r.with_adjusted(None if math.isnan(a) else float(a))
-        for r, a in zip(results, adj)
+        for r, a in zip(results, adj, strict=True)
     ]
 
 
@@ -277,17 +324,25 @@ def decide_verdict(
     *,
     floor: NoiseFloor | None = None,
     power: float = DEFAULT_POWER,
+    provider_failures: Mapping[str, Any] | None = None,
+    template_mismatch: Mapping[str, object] | None = None,
 ) -> Verdict:
     """Apply Holm at family-wise level ``alpha`` across the detectors that ran, then the rules above.
 
     Args:
-        results: one audit's DetectorResults (from ``auditor.detectors.run_detectors``).
+        results: one audit's DetectorResults (from ``auditor.detectors.run_detectors``, plus any
+            ``preflight-*`` results from ``auditor.preflight``).
         alpha: overall (family-wise) significance level, in (0, 1).
         floor: the noise floor, used for the logprob power calculation.
         power: target power for the PASS/INCONCLUSIVE adequacy check.
+        provider_failures: ``{"failed": int, "total": int, "kinds": {kind: count}}`` probes of the
+            run (``auditor.preflight.provider_failures``); None = not known.
+        template_mismatch: ``{"provider_prompt_tokens": int, "reference_prompt_tokens": int, ...}``
+            when the provider renders prompts differently from the reference; None = same or unknown.
 
     Returns:
-        Verdict (``results`` carries the Holm-adjusted copies).
+        Verdict (``results`` carries the Holm-adjusted copies; ``details["secondary_causes"]``
+        every other established cause).
 
     Raises:
         ValueError: if alpha or power is outside (0, 1), or two results share a name.
@@ -299,18 +354,15 @@ def decide_verdict(
     names = [r.name for r in results]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate detector names in results: {names}")
+    if template_mismatch:
+        results = [_set_aside(r, template_mismatch) if r.name in REFERENCE_DETECTORS and r.ran else r for r in results]
     adj = apply_holm(results)
     by = {r.name: r for r in adj}
     ran = [r for r in adj if r.ran and r.p_adjusted is not None]
 
     def rejects(name: str) -> bool:
         r = by.get(name)
-        return bool(
-            r is not None
-            and r.ran
-            and r.p_adjusted is not None
-            and r.p_adjusted <= alpha
-        )
+        return bool(r is not None and r.ran and r.p_adjusted is not None and r.p_adjusted <= alpha)
 
     def det(r: DetectorResult) -> dict:
         return {
@@ -319,9 +371,7 @@ def decide_verdict(
             "p_adjusted": _f(r.p_adjusted),
             "statistic": _f(r.statistic),
             "effect": _f(r.effect),
-            "effect_ci": [_f(r.effect_ci[0]), _f(r.effect_ci[1])]
-            if r.effect_ci
-            else None,
+            "effect_ci": [_f(r.effect_ci[0]), _f(r.effect_ci[1])] if r.effect_ci else None,
             "n": r.n,
             "rejects": rejects(r.name),
             "reason": r.reason,
@@ -335,198 +385,330 @@ def decide_verdict(
         "not_run": {r.name: r.reason for r in adj if not r.ran},
     }
     details["findings"] = [
-        {
-            "detector": r.name,
-            "p_adjusted": r.p_adjusted,
-            "implication": _IMPLICATION.get(r.name, ""),
-        }
+        {"detector": r.name, "p_adjusted": r.p_adjusted, "implication": _IMPLICATION.get(r.name, "")}
         for r in ran
         if rejects(r.name)
     ]
-
-    def out(kind: VerdictKind, reason: str, rule: str) -> Verdict:
-        details["rule"] = rule
-        return Verdict(str(kind), reason, _json(details), adj)
-
-    if not ran:
-        budget = _budget(adj, alpha, power, floor, details, n_tests=1)
-        return out(
+    if template_mismatch:
+        details["template_mismatch"] = dict(template_mismatch)
+    ctx = _Ctx(by, rejects, details)
+    cause = _primary_cause(ctx)
+    if cause is None:
+        n_power = sum(1 for r in ran if not r.name.startswith("preflight-"))
+        cause = _no_rejection(adj, alpha, power, floor, details, max(1, n_power))
+    secondary = [c for c in _other_causes(ctx, cause) if c.rule != cause.rule]
+    fail = _failure_summary(provider_failures)
+    if fail is not None:
+        details["provider_failures"] = fail
+    if fail is not None and fail["share"] > MAX_PROVIDER_FAILURE_SHARE:
+        if cause.kind not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE):
+            secondary.insert(0, cause)
+        kinds = ", ".join(f"{k} {v}" for k, v in fail["kinds"].items()) or "unknown"
+        found = "; in the probes that succeeded: " + ", ".join(str(c.kind) for c in secondary) if secondary else ""
+        cause = _Cause(
             VerdictKind.INCONCLUSIVE,
-            "no detector had enough usable positions"
-            + (f"; about {budget} tokens would suffice" if budget else ""),
-            "0-nothing-ran",
+            f"provider failures: {fail['failed']} of {fail['total']} probes ({fail['share']:.0%}) failed ({kinds}); "
+            f"the rest is not a fair sample and more tokens would fail the same way — fix the provider (or lower "
+            f"its concurrency) and audit again{found}",
+            "0-provider-failures",
         )
+        details["suggested_budget_tokens"] = None
+    if template_mismatch:
+        cause = replace(cause, reason=cause.reason + "; " + _template_note(template_mismatch))
+    details["secondary_causes"] = [c.to_dict() for c in secondary]
+    details["rule"] = cause.rule
+    reason = cause.reason
+    if secondary:
+        reason += "; also " + "; ".join(f"{c.kind} ({c.short})" for c in secondary)
+    return Verdict(str(cause.kind), reason, _json(details), adj)
 
-    lp = by.get("logprob-divergence")
-    lp_sig = rejects("logprob-divergence")
-    lp_ratio = (
-        (lp.details or {}).get("ratio_to_floor") if lp is not None and lp.ran else None
-    )
-    lp_consistent = bool(
-        lp is not None
-        and lp.ran
-        and not lp_sig
-        and lp_ratio is not None
-        and lp_ratio <= LOGPROBS_CONSISTENT_MAX_RATIO
-    )
-    details["logprobs_consistent"] = lp_consistent
 
-    # 1. greedy tokens contradict the provider's own reported top-1
-    if rejects("self-greedy") and not lp_sig:
-        r = by["self-greedy"]
-        return out(
-            VerdictKind.DECODING_NONCOMPLIANT,
-            f"at temperature 0 the emitted token contradicts the provider's own reported top-1 at "
-            f"{int(r.statistic)} of {r.n} positions by more than the {r.details.get('band', float('nan')):.3g}-nat "
-            f"noise band (self-greedy p_adj={r.p_adjusted:.3g})",
-            "1-self-greedy",
-        )
-    # 2. reported distribution diverges from the reference
-    if lp_sig:
-        d = lp.details
-        kl, top1 = lp.effect, d.get("top1_agreement", 1.0)
-        if kl >= SUBSTITUTION_MIN_MEAN_KL and top1 <= SUBSTITUTION_MAX_TOP1_AGREEMENT:
-            return out(
-                VerdictKind.SUBSTITUTION,
-                f"reported logprobs diverge far beyond quantization: mean KL {kl:.3g} nats "
-                f"({d.get('ratio_to_floor', float('nan')):.3g}x the honest floor), reported top-1 agrees with the "
-                f"reference argmax at only {top1:.0%} of positions (logprob-divergence p_adj={lp.p_adjusted:.3g})",
-                "2-logprob-substitution",
-            )
-        return out(
-            VerdictKind.QUANTIZATION,
-            f"reported logprobs diverge from the reference beyond the honest noise floor: mean KL {kl:.3g} nats, "
-            f"{d.get('ratio_to_floor', float('nan')):.3g}x the floor, top-1 agreement {top1:.0%} "
-            f"(logprob-divergence p_adj={lp.p_adjusted:.3g})",
-            "2-logprob-quantization",
-        )
-    # 3. greedy clear mismatches against the reference
+@dataclass(frozen=True)
+class _Cause:
+    """One cause with its rule, reason and the detectors that decide it."""
+
+    kind: VerdictKind
+    reason: str
+    rule: str
+    deciding: tuple[str, ...] = ()
+    short: str = ""
+    by: Mapping[str, DetectorResult] = field(default_factory=dict, compare=False, repr=False)
+
+    def to_dict(self) -> dict:
+        ev = []
+        for n in self.deciding:
+            r = self.by.get(n)
+            if r is not None:
+                ev.append({"detector": n, "p_adjusted": _f(r.p_adjusted), "p_value": _f(r.p_value),
+                           "effect": _f(r.effect), "n": r.n, "implication": _IMPLICATION.get(n, "")})
+        return {"verdict": str(self.kind), "rule": self.rule, "reason": self.reason, "evidence": ev}
+
+
+@dataclass
+class _Ctx:
+    by: dict[str, DetectorResult]
+    rejects: Callable[[str], bool]
+    details: dict
+
+    @property
+    def lp(self) -> DetectorResult | None:
+        return self.by.get("logprob-divergence")
+
+    @property
+    def lp_sig(self) -> bool:
+        return self.rejects("logprob-divergence")
+
+    @property
+    def lp_ratio(self) -> float | None:
+        lp = self.lp
+        return (lp.details or {}).get("ratio_to_floor") if lp is not None and lp.ran else None
+
+    @property
+    def lp_consistent(self) -> bool:
+        lp, ratio = self.lp, self.lp_ratio
+        return bool(lp is not None and lp.ran and not self.lp_sig and ratio is not None
+                    and ratio <= LOGPROBS_CONSISTENT_MAX_RATIO)
+
+    def cause(self, kind: VerdictKind, reason: str, rule: str, deciding: Sequence[str], short: str) -> _Cause:
+        return _Cause(kind, reason, rule, tuple(deciding), short, self.by)
+
+
+def _primary_cause(c: _Ctx) -> _Cause | None:
+    """Rules 1-4 and 6 in order (the first that fires), or None when nothing rejects."""
+    by, rejects = c.by, c.rejects
+    c.details["logprobs_consistent"] = c.lp_consistent
+    if rejects("self-greedy") and not c.lp_sig:
+        return _self_greedy(c)
+    if c.lp_sig:
+        return _logprob_cause(c)
     if rejects("greedy-match"):
         g = by["greedy-match"]
         rate = g.effect
-        if lp_consistent:
-            return out(
+        if c.lp_consistent:
+            return c.cause(
                 VerdictKind.DECODING_NONCOMPLIANT,
                 f"greedy tokens differ clearly from the reference argmax at {rate:.1%} of positions while the "
-                f"provider's reported logprobs match the reference ({lp_ratio:.3g}x the floor): the served tokens "
+                f"provider's reported logprobs match the reference ({c.lp_ratio:.3g}x the floor): the served tokens "
                 f"are not the argmax of the distribution it reports (greedy-match p_adj={g.p_adjusted:.3g})",
-                "3-greedy-decode-path",
+                "3-greedy-decode-path", ["greedy-match"], f"greedy-match p_adj={g.p_adjusted:.3g}",
             )
-        kind = (
-            VerdictKind.SUBSTITUTION
-            if rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE
-            else VerdictKind.QUANTIZATION
-        )
-        return out(
+        sub = rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE
+        kind = VerdictKind.SUBSTITUTION if sub else VerdictKind.QUANTIZATION
+        return c.cause(
             kind,
             f"greedy tokens differ clearly (beyond the {g.details.get('band', float('nan')):.3g}-nat noise band) from "
             f"the reference argmax at {rate:.1%} of {g.n} positions (greedy-match p_adj={g.p_adjusted:.3g})"
-            + (
-                "; a rate this high means a different model"
-                if kind == VerdictKind.SUBSTITUTION
-                else ""
-            ),
-            "3-greedy-"
-            + ("substitution" if kind == VerdictKind.SUBSTITUTION else "quantization"),
+            + ("; a rate this high means a different model" if sub else ""),
+            "3-greedy-" + ("substitution" if sub else "quantization"), ["greedy-match"],
+            f"greedy-match p_adj={g.p_adjusted:.3g}",
         )
-    # 4. sampling
-    arg_names, tail_names, gof_names = (
-        ("sampling-argmax", "self-argmax"),
-        ("sampling-tail", "self-tail"),
-        ("sampling-gof", "self-gof"),
+    s = _sampling_cause(c, reference=True, record_shape=True)
+    if s is not None:
+        return s
+    for name in PREFLIGHT_RULES:
+        if rejects(name):
+            return _preflight_cause(c, name)
+    return None
+
+
+def _self_greedy(c: _Ctx) -> _Cause:
+    r = c.by["self-greedy"]
+    return c.cause(
+        VerdictKind.DECODING_NONCOMPLIANT,
+        f"at temperature 0 the emitted token contradicts the provider's own reported top-1 at "
+        f"{int(r.statistic)} of {r.n} positions by more than the {r.details.get('band', float('nan')):.3g}-nat "
+        f"noise band: the greedy path does not follow the request (e.g. a default repetition penalty applied "
+        f"before the pick) (self-greedy p_adj={r.p_adjusted:.3g})",
+        "1-self-greedy", ["self-greedy"], f"greedy tokens are not its own top-1, self-greedy p_adj={r.p_adjusted:.3g}",
     )
+
+
+def _logprob_cause(c: _Ctx) -> _Cause:
+    lp = c.by["logprob-divergence"]
+    d = lp.details or {}
+    kl, top1 = lp.effect, d.get("top1_agreement", 1.0)
+    ratio = d.get("ratio_to_floor", float("nan"))
+    tail = f"(logprob-divergence p_adj={lp.p_adjusted:.3g})"
+    short = f"logprob KL {ratio:.3g}x the floor, p_adj={lp.p_adjusted:.3g}"
+    if kl >= SUBSTITUTION_MIN_MEAN_KL and top1 <= SUBSTITUTION_MAX_TOP1_AGREEMENT:
+        return c.cause(
+            VerdictKind.SUBSTITUTION,
+            f"reported logprobs diverge far beyond quantization: mean KL {kl:.3g} nats ({ratio:.3g}x the honest "
+            f"floor), reported top-1 agrees with the reference argmax at only {top1:.0%} of positions {tail}",
+            "2-logprob-substitution", ["logprob-divergence"], short,
+        )
+    mild = math.isfinite(ratio) and ratio <= MILD_DIVERGENCE_MAX_RATIO and top1 >= MILD_DIVERGENCE_MIN_TOP1
+    what = (
+        "a mild divergence, what reduced-precision computation of the declared weights produces (e.g. 8-bit "
+        "activations or weights); it is not evidence that other weights are served"
+        if mild
+        else "the declared model computed in a cheaper numeric format (quantized weights or activations), not a "
+        "different model"
+    )
+    return c.cause(
+        VerdictKind.QUANTIZATION,
+        f"reported logprobs diverge from the reference beyond the honest noise floor: mean KL {kl:.3g} nats, "
+        f"{ratio:.3g}x the floor, top-1 agreement {top1:.0%} — {what} {tail}",
+        "2-logprob-quantization", ["logprob-divergence"], short,
+    )
+
+
+def _preflight_cause(c: _Ctx, name: str) -> _Cause:
+    r = c.by[name]
+    d = r.details or {}
+    if name == "preflight-greedy-top1":
+        text = (f"pre-flight: at temperature 0 the provider emitted a token other than its own reported top-1 at "
+                f"{int(r.statistic)} of {r.n} positions: its greedy path does not follow the request")
+    else:
+        text = (f"pre-flight: with temperature 1 and top_p=1 the sampled tokens fell among the provider's own "
+                f"least likely tokens {int(r.statistic)} times where {d.get('expected', float('nan')):.1f} were "
+                f"expected from its reported probabilities: the server applies its own top-k / top-p / min-p "
+                f"nobody asked for")
+    return c.cause(VerdictKind.DECODING_NONCOMPLIANT, f"{text} ({name} p_adj={r.p_adjusted:.3g})",
+                   PREFLIGHT_RULES[name], [name], f"{name} p_adj={r.p_adjusted:.3g}")
+
+
+def _sampling_cause(c: _Ctx, *, reference: bool, record_shape: bool = False) -> _Cause | None:
+    """Rule 4 on the sampling tests (``reference=False``: only the provider-self tests)."""
+    by, rejects = c.by, c.rejects
+    arg_names: tuple[str, ...]
+    tail_names: tuple[str, ...]
+    gof_names: tuple[str, ...]
+    if reference:
+        arg_names, tail_names, gof_names = (
+            ("sampling-argmax", "self-argmax"), ("sampling-tail", "self-tail"), ("sampling-gof", "self-gof"))
+    else:
+        arg_names, tail_names, gof_names = ("self-argmax",), ("self-tail",), ("self-gof",)
     arg_sig = any(rejects(k) for k in arg_names)
     tail_sig = any(rejects(k) for k in tail_names)
     gof_sig = any(rejects(k) for k in gof_names)
-    if arg_sig or tail_sig or gof_sig:
-        a = _pick(by, *arg_names)
-        t = _pick(by, *tail_names)
-        excess = (
-            float((a.details or {}).get("excess_per_position", 0.0))
-            if a is not None
-            else 0.0
-        )
-        arate = (
-            float((a.details or {}).get("argmax_rate", 0.0)) if a is not None else 0.0
-        )
-        tratio = (
-            float((t.details or {}).get("tail_ratio", 1.0)) if t is not None else 1.0
-        )
-        deficit = (
-            float((t.details or {}).get("deficit_per_position", 0.0))
-            if t is not None
-            else 0.0
-        )
-        details["shape"] = {
-            "argmax_excess_per_position": excess,
-            "argmax_rate": arate,
-            "tail_ratio": tratio,
-            "tail_deficit_per_position": deficit,
-        }
-        if arg_sig and arate >= GREEDY_SERVED_MIN_ARGMAX_RATE:
-            return out(
-                VerdictKind.DECODING_NONCOMPLIANT,
-                f"sampling requests were served greedily: the argmax was emitted at {arate:.1%} of sampled "
-                f"positions ({_pstr(by, arg_names)})",
-                "4a-greedy-served",
-            )
-        if tail_sig and (
-            tratio <= TAIL_MISSING_MAX_RATIO
-            or deficit >= TRUNCATION_SHAPE_RATIO * max(excess, 0.0)
-        ):
-            return out(
-                VerdictKind.DECODING_NONCOMPLIANT,
-                f"sampled tokens follow a truncated distribution nobody asked for: only {tratio:.0%} of the "
-                f"expected low-probability-tail emissions (deficit {deficit:.3g}/position vs argmax excess "
-                f"{excess:.3g}/position; {_pstr(by, tail_names)})",
-                "4b-truncated",
-            )
-        if arg_sig:
-            return out(
-                VerdictKind.RELAXED_VERIFICATION,
-                f"sampled tokens over-emit the argmax by {excess:.3g} per position (rate {arate:.1%}) with the "
-                f"tail {'intact' if tratio > 0.8 else 'only partly thinned'} ({tratio:.0%} of expected): the "
-                f"signature of lossy speculative acceptance ({_pstr(by, arg_names)})",
-                "4c-relaxed",
-            )
-        self_sig = any(rejects(k) for k in ("self-gof", "self-argmax", "self-tail"))
-        if lp_consistent or self_sig or excess > 0:
-            return out(
-                VerdictKind.RELAXED_VERIFICATION,
-                "sampled tokens do not follow the distribution the provider reports "
-                f"({_pstr(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position",
-                "4d-relaxed",
-            )
-        return out(
-            VerdictKind.QUANTIZATION,
-            f"sampled tokens do not follow the reference distribution ({_pstr(by, gof_names + tail_names)}) and no "
-            "logprobs were available to tell more; no over-emission of the argmax",
-            "4d-quantization",
-        )
-    # 5. nothing rejects
-    budget = _budget(adj, alpha, power, floor, details, n_tests=len(ran))
+    if not (arg_sig or tail_sig or gof_sig):
+        return None
+    a = _pick(by, *arg_names)
+    t = _pick(by, *tail_names)
+    excess = float((a.details or {}).get("excess_per_position", 0.0)) if a is not None else 0.0
+    arate = float((a.details or {}).get("argmax_rate", 0.0)) if a is not None else 0.0
+    tratio = float((t.details or {}).get("tail_ratio", 1.0)) if t is not None else 1.0
+    deficit = float((t.details or {}).get("deficit_per_position", 0.0)) if t is not None else 0.0
+    if record_shape:
+        c.details["shape"] = {"argmax_excess_per_position": excess, "argmax_rate": arate, "tail_ratio": tratio,
+                              "tail_deficit_per_position": deficit}
+    rej = [k for k in arg_names + tail_names + gof_names if rejects(k)]
+    if arg_sig and arate >= GREEDY_SERVED_MIN_ARGMAX_RATE:
+        return c.cause(
+            VerdictKind.DECODING_NONCOMPLIANT,
+            f"sampling requests were served greedily: the argmax was emitted at {arate:.1%} of sampled "
+            f"positions ({_pstr(by, arg_names)})", "4a-greedy-served", rej, f"sampled greedily, {_pstr(by, arg_names)}")
+    if tail_sig and (tratio <= TAIL_MISSING_MAX_RATIO or deficit >= TRUNCATION_SHAPE_RATIO * max(excess, 0.0)):
+        return c.cause(
+            VerdictKind.DECODING_NONCOMPLIANT,
+            f"sampled tokens follow a truncated distribution nobody asked for: only {tratio:.0%} of the "
+            f"expected low-probability-tail emissions (deficit {deficit:.3g}/position vs argmax excess "
+            f"{excess:.3g}/position; {_pstr(by, tail_names)}) — a server-side top-k / top-p / min-p default",
+            "4b-truncated", rej, f"sampling truncated, {tratio:.0%} of the tail, {_pstr(by, tail_names)}")
+    if arg_sig:
+        return c.cause(
+            VerdictKind.RELAXED_VERIFICATION,
+            f"sampled tokens over-emit the argmax by {excess:.3g} per position (rate {arate:.1%}) with the "
+            f"tail {'intact' if tratio > 0.8 else 'only partly thinned'} ({tratio:.0%} of expected): the "
+            f"signature of lossy speculative acceptance ({_pstr(by, arg_names)})",
+            "4c-relaxed", rej, f"argmax over-emitted, {_pstr(by, arg_names)}")
+    self_sig = any(rejects(k) for k in ("self-gof", "self-argmax", "self-tail"))
+    if c.lp_consistent or self_sig or excess > 0:
+        return c.cause(
+            VerdictKind.RELAXED_VERIFICATION,
+            "sampled tokens do not follow the distribution the provider reports "
+            f"({_pstr(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position",
+            "4d-relaxed", rej, _pstr(by, gof_names + tail_names))
+    return c.cause(
+        VerdictKind.QUANTIZATION,
+        f"sampled tokens do not follow the reference distribution ({_pstr(by, gof_names + tail_names)}) and no "
+        "logprobs were available to tell more; no over-emission of the argmax",
+        "4d-quantization", rej, _pstr(by, gof_names + tail_names))
+
+
+def _other_causes(c: _Ctx, primary: _Cause) -> list[_Cause]:
+    """Every cause other than the primary that its own tests establish (see the module docstring)."""
+    if primary.kind in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE):
+        return []
+    out: list[_Cause] = []
+    if c.rejects("self-greedy") and primary.rule != "1-self-greedy":
+        out.append(_self_greedy(c))
+    if not primary.rule.startswith("4"):
+        s = _sampling_cause(c, reference=c.lp_consistent or _mild(c))
+        if s is not None:
+            out.append(s)
+    for name in PREFLIGHT_RULES:
+        if c.rejects(name):
+            out.append(_preflight_cause(c, name))
+    return out
+
+
+def _mild(c: _Ctx) -> bool:
+    """The logprobs diverge only mildly (<= MILD_DIVERGENCE_MAX_RATIO x the floor, top-1 agreement >=
+    MILD_DIVERGENCE_MIN_TOP1): the reference is then close enough to the served distribution for the
+    reference sampling tests to speak about the sampler (a KL of a few times the honest floor cannot
+    remove a sizeable share of the low-probability tail or add argmax emissions)."""
+    lp = c.lp
+    if lp is None or not lp.ran:
+        return False
+    d = lp.details or {}
+    ratio, top1 = d.get("ratio_to_floor"), d.get("top1_agreement", 0.0)
+    return ratio is not None and ratio <= MILD_DIVERGENCE_MAX_RATIO and top1 >= MILD_DIVERGENCE_MIN_TOP1
+
+
+def _no_rejection(adj, alpha: float, power: float, floor, details: dict, n_tests: int) -> _Cause:
+    """Rule 0 / rule 5: nothing rejects → PASS when powered, else INCONCLUSIVE with a budget."""
+    if not any(r.ran and r.p_adjusted is not None for r in adj):
+        budget = _budget(adj, alpha, power, floor, details, n_tests=1)
+        return _Cause(VerdictKind.INCONCLUSIVE, "no detector had enough usable positions"
+                      + (f"; about {budget} tokens would suffice" if budget else ""), "0-nothing-ran")
+    budget = _budget(adj, alpha, power, floor, details, n_tests=n_tests)
     fams = details["power_families"]
     tested = {f: v for f, v in fams.items() if v["ran"]}
     weak = [f for f, v in tested.items() if not v["adequate"]]
+    n_ran = sum(1 for r in adj if r.ran and r.p_adjusted is not None)
     if tested and not weak:
-        return out(
+        untested = [f for f in fams if f not in tested]
+        return _Cause(
             VerdictKind.PASS,
-            f"no detector rejects at family-wise alpha={alpha} ({len(ran)} tests, Holm), with {power:.0%} power "
+            f"no detector rejects at family-wise alpha={alpha} ({n_ran} tests, Holm), with {power:.0%} power "
             f"for the target effects in: {', '.join(tested)}"
-            + (
-                f"; not tested: {', '.join(f for f in fams if f not in tested)}"
-                if len(tested) < len(fams)
-                else ""
-            ),
+            + (f"; not tested: {', '.join(untested)}" if untested else ""),
             "5-pass",
         )
-    return out(
+    return _Cause(
         VerdictKind.INCONCLUSIVE,
         f"no detector rejects, but the audit lacks {power:.0%} power for the target effect in: "
         + (", ".join(weak) if weak else "any family")
         + (f"; about {budget} more tokens would suffice" if budget else ""),
         "5-underpowered",
     )
+
+
+def _set_aside(r: DetectorResult, template: Mapping[str, object]) -> DetectorResult:
+    """``r`` as not run: its reference was scored on a prompt the provider did not see."""
+    return replace(r, ran=False, p_adjusted=None, reason=(
+        "set aside: the provider's prompt differs from the reference rendering "
+        f"({template.get('provider_prompt_tokens')} vs {template.get('reference_prompt_tokens')} prompt tokens)"),
+        details={**(r.details or {}), "set_aside_p_value": _f(r.p_value)})
+
+
+def _template_note(t: Mapping[str, object]) -> str:
+    return (f"the provider counts {t.get('provider_prompt_tokens')} prompt tokens where the reference renders "
+            f"{t.get('reference_prompt_tokens')} (a different chat template or an injected system prompt), so only "
+            "the reference-free tests were scored; the reference comparisons were set aside, not counted against it")
+
+
+def _failure_summary(f: Mapping[str, Any] | None) -> dict | None:
+    if not f:
+        return None
+    total = int(f.get("total") or 0)
+    failed = int(f.get("failed") or 0)
+    if total <= 0:
+        return None
+    kinds = dict(sorted(dict(f.get("kinds") or {}).items(), key=lambda kv: -int(kv[1])))
+    return {"failed": failed, "total": total, "share": failed / total, "kinds": kinds}
 
 
 #: Power families: PASS needs, for every family that ran, one adequately powered detector.
@@ -611,6 +793,8 @@ _IMPLICATION = {
     "self-argmax": "own top-1 over-emitted (relaxed acceptance)",
     "self-tail": "own tail under-emitted (truncated sampling)",
     "self-greedy": "greedy tokens contradict own reported top-1 (decode path differs)",
+    "preflight-greedy-top1": "pre-flight: temperature-0 tokens are not the provider's own top-1",
+    "preflight-top-p": "pre-flight: server-side top-k/top-p/min-p at temperature 1 with top_p=1",
 }
 
 

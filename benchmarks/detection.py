@@ -1,6 +1,6 @@
 """Detection benchmark (issue 7): false-accusation rate and power per simulator profile × token budget.
 
-A thin wrapper around ``auditor calibrate`` (code: ``auditor/calibrate.py``): collects one pool of
+A thin wrapper around ``auditor calibrate`` (code: ``auditor/calibration/``): collects one pool of
 provider outputs per simulator profile (cached under the user cache dir, so re-runs are cheap),
 resamples many audits per budget, and writes docs/calibration.json, docs/calibration.md and
 docs/calibration.png; the cells are also stored in the audit database (``calibration_results``,
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         code = 0
     except SystemExit as exc:  # typer.Exit
         code = int(exc.code or 0)
-    except Exception as exc:  # noqa: BLE001 - click raises its own exception types
+    except Exception as exc:
         code = int(getattr(exc, "exit_code", 1) or 1)
         print(f"error: {exc}", file=sys.stderr)
     print(f"detection benchmark finished in {time.perf_counter() - t0:.0f} s (exit {code})", file=sys.stderr)

@@ -54,9 +54,9 @@ def full_logprobs(model, prompt_ids: list[int], cont: list[int], nonce: int = 0)
 
 def main() -> None:
     from reference.models import load_model
-    from reference.simulator.engine import build_served_model
-    from reference.simulator.profiles import get_profile, list_profiles
     from reference.speculative import autoregressive_generate
+    from simulator.engine import build_served_model
+    from simulator.profiles import get_profile, list_profiles
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=32)
@@ -74,7 +74,7 @@ def main() -> None:
         autoregressive_generate(lm, p, max_new_tokens=args.tokens, temperature=0.0, eos_token_ids=[]).token_ids
         for p in prompts
     ]
-    refs = [full_logprobs(lm.model, p, c) for p, c in zip(prompts, conts)]
+    refs = [full_logprobs(lm.model, p, c) for p, c in zip(prompts, conts, strict=True)]
     names = [n for n in args.profiles.split(",") if n] or [p.name for p in list_profiles()]
     rows = []
     for name in names:
@@ -83,7 +83,7 @@ def main() -> None:
         served, info = build_served_model(prof, lm, copy_model=True)
         build_s = time.perf_counter() - t0
         kls, top1, dmax = [], [], []
-        for i, (p, c, ref) in enumerate(zip(prompts, conts, refs)):
+        for i, (p, c, ref) in enumerate(zip(prompts, conts, refs, strict=True)):
             lp = full_logprobs(served.model, p, c, nonce=1000 + i)
             kl = (ref.exp() * (ref - lp)).sum(-1)
             kls.append(kl)

@@ -61,7 +61,7 @@ def database_state(db_url: str) -> tuple[str, str]:
                 return "no_schema", ""
             n = dashboard_queries.count_runs(s)
         return ("ok" if n else "empty"), str(n)
-    except Exception as exc:  # noqa: BLE001 - shown to the user instead of a traceback
+    except Exception as exc:
         return "error", f"{type(exc).__name__}: {exc}"
 
 

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from probes.normalize import TokenRecord, gpt2_unicode_to_bytes
 
-__all__ = ["ByteVocab", "AlignmentFailure", "AlignmentResult", "align_to_reference", "TokenizerLike"]
+__all__ = ["AlignmentFailure", "AlignmentResult", "ByteVocab", "TokenizerLike", "align_to_reference"]
 
 
 class TokenizerLike(Protocol):
@@ -71,7 +71,7 @@ class ByteVocab:
                 mode = "gpt2"
             elif "▁" in pieces or "<0x0A>" in pieces:
                 mode = "spm"
-        except Exception:  # noqa: BLE001 - tokenizer-like objects vary; default to text
+        except Exception:
             mode = "text"
         by_bytes: dict[bytes, int] = {}
         id_bytes: dict[int, bytes] = {}
@@ -232,7 +232,7 @@ def align_to_reference(tokens: Sequence[TokenRecord], tokenizer: Any) -> Alignme
                     enc = list(tokenizer.encode(b.decode("utf-8"), add_special_tokens=False))
                     if b"".join(bv.id_bytes.get(x, b"\x00\xff") for x in enc) == b:
                         ids = enc
-                except (UnicodeDecodeError, Exception):  # noqa: BLE001 - fall back to the DP
+                except (UnicodeDecodeError, Exception):
                     ids = None
             if ids is None:
                 ids = bv.segment(b)

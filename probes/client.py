@@ -1,16 +1,31 @@
 """Async probe client for OpenAI-compatible endpoints; failures are data, never exceptions.
 
-Layout (after lm-evaluation-harness and HELM): only two pure functions know the wire API —
-:func:`build_payload` (probe + config → request body) and :func:`parse_response` (HTTP status +
-raw body → :class:`ParsedResponse`). :class:`ProbeClient` adds transport: an
+Layout (after lm-evaluation-harness and HELM): only the pure functions of :mod:`probes.wire`
+know the wire API — :func:`build_payload` (probe + config → request body) and
+:func:`parse_response` (HTTP status + raw body → :class:`ParsedResponse`); they are re-exported
+here. :class:`ProbeClient` adds transport: an
 ``httpx.AsyncClient``, a concurrency semaphore and a requests-per-second limiter, per-request
 deadlines, tenacity retries with exponential backoff (honouring ``Retry-After``), SSE streaming
 with timing, and a frozen :class:`ProbeResult` record per request whose ``attempts`` keep every
 try (status, error, latency, raw body). ``on_attempt`` is called after each attempt so a
 runner can persist it before the next one starts.
 
-API docs: OpenAI Chat Completions and (legacy) Completions, including ``stream`` (server-sent
-events, ``data: {...}`` lines ending with ``data: [DONE]``) and ``stream_options.include_usage``.
+Bounded resources (``ProviderConfig.response_limits``): bodies are read incrementally
+(``httpx`` ``client.stream`` + ``aiter_bytes``) and dropped past ``max_response_bytes``
+(``response_too_large``); a stream carrying far more tokens than ``max_tokens`` allows is cut
+(``stream_token_overrun``); the whole request, retries and backoff included, ends at
+``request_deadline_s`` (``deadline_exceeded``). None of these is retried and none raises.
+
+In-band errors (an error object inside an HTTP 200 body or an SSE ``error`` event; parsed by
+:mod:`probes.sse`, the parser the normalizer uses) are ``provider_error``: retried when the
+error's code is 5xx/429 or its type says overloaded / unavailable / server error / rate limit,
+final otherwise.
+
+Adaptive concurrency (:mod:`probes.concurrency`): every attempt is admitted by an AIMD limit
+within ``rate_limits.concurrency``; a run of truncated streams / 429 / overload failures halves
+the width (down to 1), successes grow it back by one; :meth:`ProbeClient.concurrency_stats`
+records each change ("concurrency reduced 8→1 after 4 truncated_stream failures"). Backoff
+sleeps hold no place.
 
 Timing units are seconds (float, ``time.perf_counter``); timestamps are timezone-aware UTC.
 The API key is read once from the environment (``ProviderConfig.resolve_api_key``), sent only in
@@ -20,13 +35,15 @@ the ``Authorization`` header, and scrubbed from every recorded body and error st
 from __future__ import annotations
 
 import asyncio
-import email.utils
+import dataclasses
 import functools
 import inspect
+import itertools
 import json
 import math
 import ssl
 import time
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -35,287 +52,50 @@ from typing import Any
 import httpx
 import tenacity
 
+from probes.concurrency import AdaptiveConcurrency
 from probes.config import ProviderConfig
+from probes.sse import SSELineDecoder, loads_json
+from probes.wire import (
+    LIMIT_KINDS,
+    MALFORMED_KINDS,
+    RETRYABLE_KINDS,
+    RETRYABLE_STATUS,
+    ParsedResponse,
+    build_payload,
+    chunk_tokens_by_choice,
+    count_chunk_tokens,
+    parse_response,
+    parse_retry_after,
+    parse_sse,
+    stream_token_cap,
+)
 
 __all__ = [
-    "ParsedResponse",
+    "LIMIT_KINDS",
+    "RETRYABLE_STATUS",
     "AttemptRecord",
-    "ProbeResult",
+    "ParsedResponse",
     "ProbeClient",
+    "ProbeResult",
     "RateLimiter",
     "build_payload",
-    "parse_response",
-    "parse_sse",
-    "parse_retry_after",
+    "chunk_tokens_by_choice",
     "count_chunk_tokens",
-    "RETRYABLE_STATUS",
+    "parse_response",
+    "parse_retry_after",
+    "parse_sse",
+    "stream_token_cap",
 ]
 
-#: HTTP statuses worth retrying: timeouts, conflicts, rate limits and server errors.
-RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 529})
-#: Error kinds (``ProbeResult.error_kind``) that a retry may fix.
-RETRYABLE_KINDS = frozenset({"timeout", "connect_error", "read_error", "rate_limited", "server_error"})
-#: Error kinds that are retried only when ``RetryPolicy.retry_malformed`` is set.
-MALFORMED_KINDS = frozenset({"malformed_json", "truncated_stream"})
-
+#: Bytes of an over-cap body kept as evidence.
+_EVIDENCE_BYTES = 64 * 1024
+#: Bytes read from a non-2xx body (an error message) at most.
+_ERROR_BODY_BYTES = 1024 * 1024
 _REDACTED = "[REDACTED]"
 #: Connections per pooled ``httpx.AsyncClient`` shard (see ``ProbeClient``).
 _CONNS_PER_SHARD = 8
 
 OnAttempt = Callable[[str, "AttemptRecord"], Awaitable[None] | None]
-
-
-# -- pure per-API functions -----------------------------------------------------------------
-
-def build_payload(
-    api: str,
-    probe: Any,
-    config: ProviderConfig,
-    *,
-    sample: int = 0,
-    stream: bool | None = None,
-) -> dict[str, Any]:
-    """Request body for ``probe`` (a :class:`probes.suites.Probe`) on ``config``'s endpoint. Pure.
-
-    - ``api="chat"``: ``messages``, ``logprobs: true`` and ``top_logprobs = min(k, cap)``;
-      ``api="completions"``: ``prompt`` and ``logprobs = min(k, cap)`` (an int).
-      ``k = probe.top_logprobs`` (``None`` = logprobs not asked); ``cap =
-      config.capabilities.max_top_logprobs``; nothing is asked when ``capabilities.logprobs`` is off.
-    - ``seed = probe.seed + sample`` when set and ``capabilities.seed``; samples of one probe get
-      distinct seeds.
-    - ``stream`` defaults to ``capabilities.streaming``; streamed requests add
-      ``stream_options.include_usage``.
-    - ``config.extra_body`` is merged last (it wins).
-
-    Raises ``ValueError`` for an unknown ``api``.
-    """
-    if api not in ("chat", "completions"):
-        raise ValueError(f"api must be 'chat' or 'completions', got {api!r}")
-    caps = config.capabilities
-    body: dict[str, Any] = {"model": config.model}
-    if api == "chat":
-        body["messages"] = probe.chat_messages()
-    else:
-        body["prompt"] = probe.prompt_text()
-    body["max_tokens"] = int(probe.max_tokens)
-    body["temperature"] = float(probe.temperature)
-    if getattr(probe, "top_p", None) is not None:
-        body["top_p"] = float(probe.top_p)
-    k = getattr(probe, "top_logprobs", None)
-    if k is not None and caps.logprobs:
-        k = min(int(k), caps.max_top_logprobs)
-        if api == "chat":
-            body["logprobs"] = True
-            if k > 0:
-                body["top_logprobs"] = k
-        else:
-            body["logprobs"] = k
-    seed = getattr(probe, "seed", None)
-    if seed is not None and caps.seed:
-        body["seed"] = int(seed) + int(sample)
-    do_stream = caps.streaming if stream is None else bool(stream)
-    if do_stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    body.update(config.extra_body)
-    return body
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedResponse:
-    """Outcome of :func:`parse_response`: the decoded body, or why it is unusable."""
-
-    ok: bool
-    """2xx status and a well-formed body with ``choices``."""
-    json: Any
-    """Decoded body: a dict (plain) or the list of chunk dicts (stream); ``None`` if undecodable."""
-    error_kind: str | None = None
-    """``rate_limited`` | ``server_error`` | ``http_error`` | ``malformed_json`` |
-    ``truncated_stream`` | ``provider_error`` | ``bad_response`` | ``None``."""
-    error: str | None = None
-    """Human-readable detail, prefixed by the kind."""
-    retryable: bool = False
-    """Whether a retry may help (status 429/5xx, malformed or truncated body)."""
-    text: str | None = None
-    """Generated text of choice 0 (concatenated deltas for a stream)."""
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-
-
-def _loads(text: str) -> Any:
-    # Python's json accepts the non-strict NaN / Infinity / -Infinity some engines emit.
-    return json.loads(text)
-
-
-def parse_sse(body: str) -> tuple[list[Any], bool, str | None]:
-    """Split a server-sent-events body into decoded ``data:`` payloads.
-
-    Returns ``(events, done, error)``: ``done`` is True when ``data: [DONE]`` was seen; ``error``
-    describes the first undecodable event (later events are still decoded). Pure.
-    """
-    events: list[Any] = []
-    done = False
-    error: str | None = None
-    for raw in body.splitlines():
-        line = raw.strip()
-        if not line.startswith("data:"):
-            continue  # comments (":"), event:, id:, retry:, blank separators
-        data = line[5:].strip()
-        if data == "[DONE]":
-            done = True
-            continue
-        if not data:
-            continue
-        try:
-            events.append(_loads(data))
-        except ValueError as exc:
-            if error is None:
-                error = f"event {len(events)}: {exc}: {data[:80]!r}"
-    return events, done, error
-
-
-def count_chunk_tokens(api: str, chunk: Any) -> int:
-    """Tokens carried by one streamed chunk (choice 0).
-
-    Uses the chunk's logprobs entries when present (exact); otherwise 1 when the chunk carries
-    non-empty text, else 0 (role-only or usage-only chunks). Without logprobs this is a lower
-    bound: a multi-token chunk counts 1.
-    """
-    if not isinstance(chunk, dict):
-        return 0
-    choices = chunk.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        return 0
-    ch = choices[0]
-    lp = ch.get("logprobs")
-    if isinstance(lp, dict):
-        if api == "chat" and isinstance(lp.get("content"), list):
-            return len(lp["content"])
-        if api == "completions" and isinstance(lp.get("tokens"), list):
-            return len(lp["tokens"])
-    if api == "chat":
-        delta = ch.get("delta") or {}
-        content = delta.get("content") if isinstance(delta, dict) else None
-    else:
-        content = ch.get("text")
-    return 1 if content else 0
-
-
-def _choice_text(api: str, choice: dict[str, Any], stream: bool) -> str:
-    if api == "chat":
-        part = choice.get("delta" if stream else "message") or {}
-        val = part.get("content") if isinstance(part, dict) else None
-    else:
-        val = choice.get("text")
-    return val if isinstance(val, str) else ""
-
-
-def _error_message(body: Any) -> str | None:
-    if isinstance(body, dict) and "error" in body and body["error"]:
-        err = body["error"]
-        if isinstance(err, dict):
-            return str(err.get("message") or err)
-        return str(err)
-    return None
-
-
-def parse_response(api: str, status: int | None, body: str | bytes | None, *, stream: bool = False) -> ParsedResponse:
-    """Classify and decode one HTTP response. Pure; never raises on bad input.
-
-    ``status`` is the HTTP status (``None`` when no response arrived), ``body`` the raw body
-    (for ``stream=True`` the whole SSE text). A stream without ``data: [DONE]`` is
-    ``truncated_stream``; a body that is not JSON is ``malformed_json``; a 2xx with an
-    ``error`` object is ``provider_error``; a 2xx without ``choices`` is ``bad_response``.
-    """
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", errors="replace")
-    body = body or ""
-    if status is None:
-        return ParsedResponse(False, None, "read_error", "read_error: no response", True)
-    if not 200 <= status < 300:
-        try:
-            decoded = _loads(body) if body.strip() else None
-        except ValueError:
-            decoded = None
-        msg = _error_message(decoded) or body.strip()[:200]
-        if status == 429:
-            kind = "rate_limited"
-        elif status >= 500 or status in RETRYABLE_STATUS:
-            kind = "server_error"
-        else:
-            kind = "http_error"
-        return ParsedResponse(False, decoded, kind, f"http_{status}: {msg}", status in RETRYABLE_STATUS)
-
-    if stream:
-        events, done, err = parse_sse(body)
-        if not events and not done and err is None and body.lstrip().startswith("{"):
-            # the server ignored stream=true and answered with a plain JSON body
-            return parse_response(api, status, body, stream=False)
-        if err is not None:
-            return ParsedResponse(False, events, "malformed_json", f"malformed_json: {err}", True)
-        for ev in events:
-            msg = _error_message(ev)
-            if msg is not None:
-                return ParsedResponse(False, events, "provider_error", f"provider_error: {msg}", False)
-        if not done:
-            return ParsedResponse(False, events, "truncated_stream", f"truncated_stream: {len(events)} events, no [DONE]", True)
-        text_parts: list[str] = []
-        finish = None
-        usage = None
-        seen_choice = False
-        for ev in events:
-            if not isinstance(ev, dict):
-                return ParsedResponse(False, events, "bad_response", "bad_response: stream event is not an object", False)
-            if isinstance(ev.get("usage"), dict):
-                usage = ev["usage"]
-            for ch in ev.get("choices") or []:
-                if not isinstance(ch, dict) or ch.get("index", 0) != 0:
-                    continue
-                seen_choice = True
-                text_parts.append(_choice_text(api, ch, True))
-                finish = ch.get("finish_reason") or finish
-        if not seen_choice:
-            return ParsedResponse(False, events, "bad_response", "bad_response: stream has no choices", False)
-        return ParsedResponse(True, events, text="".join(text_parts), finish_reason=finish, usage=usage)
-
-    try:
-        decoded = _loads(body)
-    except ValueError as exc:
-        return ParsedResponse(False, None, "malformed_json", f"malformed_json: {exc}: {body[:80]!r}", True)
-    msg = _error_message(decoded)
-    if msg is not None:
-        return ParsedResponse(False, decoded, "provider_error", f"provider_error: {msg}", False)
-    if not isinstance(decoded, dict) or not isinstance(decoded.get("choices"), list) or not decoded["choices"]:
-        return ParsedResponse(False, decoded, "bad_response", "bad_response: no choices in body", False)
-    ch0 = decoded["choices"][0]
-    if not isinstance(ch0, dict):
-        return ParsedResponse(False, decoded, "bad_response", "bad_response: choice is not an object", False)
-    usage = decoded.get("usage") if isinstance(decoded.get("usage"), dict) else None
-    return ParsedResponse(True, decoded, text=_choice_text(api, ch0, False), finish_reason=ch0.get("finish_reason"), usage=usage)
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date; RFC 9110 §10.2.3).
-
-    Returns ``None`` when absent or unparseable; negative values clamp to 0.
-    """
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        dt = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if dt is None:
-        return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    ref = time.time() if now is None else now
-    return max(0.0, dt.timestamp() - ref)
 
 
 # -- records --------------------------------------------------------------------------------
@@ -337,14 +117,19 @@ class AttemptRecord:
     response_text: str | None
     """Raw body (partial for a cut stream); the API key is scrubbed."""
     ttft_s: float | None = None
-    """Time to the first token-bearing SSE chunk (streaming only)."""
+    """Time to the first token-bearing SSE chunk of choice 0 (streaming only)."""
     chunk_gaps_s: tuple[float, ...] = ()
-    """Gaps between successive token-bearing chunks (streaming only)."""
+    """Gaps between successive token-bearing chunks of choice 0 (streaming only)."""
     tokens_per_chunk: tuple[int, ...] = ()
-    """Tokens in each token-bearing chunk (see :func:`count_chunk_tokens`)."""
+    """Tokens in each token-bearing chunk of choice 0 (see :func:`count_chunk_tokens`)."""
     retry_after_s: float | None = None
     """Parsed ``Retry-After`` header, if any."""
     retryable: bool = False
+    tokens_per_chunk_by_choice: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    """``(choice index, tokens per token-bearing chunk)`` for every choice of an ``n > 1``
+    stream (choice 0 included), in index order; empty when not streamed."""
+    bytes_read: int = 0
+    """Body bytes read (after Content-Encoding), at most ``max_response_bytes`` (+ one chunk)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (timestamps ISO 8601, tuples as lists)."""
@@ -352,6 +137,7 @@ class AttemptRecord:
         d["started_at"] = self.started_at.isoformat()
         d["chunk_gaps_s"] = list(self.chunk_gaps_s)
         d["tokens_per_chunk"] = list(self.tokens_per_chunk)
+        d["tokens_per_chunk_by_choice"] = {str(i): list(v) for i, v in self.tokens_per_chunk_by_choice}
         return d
 
 
@@ -366,7 +152,7 @@ class ProbeResult:
     key: str
     """Caller's key, e.g. the run's ``probe_key`` (``{suite_probe_id}#{sample}``)."""
     request: dict[str, Any]
-    """The JSON body sent (no headers)."""
+    """The JSON body sent in the last attempt (no headers)."""
     stream: bool
     success: bool
     error: str | None
@@ -389,6 +175,19 @@ class ProbeResult:
     """Generated text of choice 0 (from :func:`parse_response`)."""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    """The provider's ``usage`` object (``None`` when it sent none; see :attr:`usage_missing`)."""
+    stream_options_dropped: bool = False
+    """``stream_options`` was removed from ``request`` because the provider rejected it (HTTP 400)."""
+
+    @property
+    def usage_missing(self) -> bool:
+        """True when the provider reported no integer ``prompt_tokens``/``completion_tokens``:
+        spend must be counted with the reference tokenizer and marked estimated."""
+        u = self.usage
+        return not (
+            isinstance(u, dict)
+            and all(isinstance(u.get(k), int) and not isinstance(u.get(k), bool) for k in ("prompt_tokens", "completion_tokens"))
+        )
 
     @property
     def n_attempts(self) -> int:
@@ -459,6 +258,8 @@ class ProbeClient:
             silently).
         sleep: the async sleep used for backoff (tests inject a recorder).
         max_attempts: overrides ``config.retry.max_attempts``.
+        adaptive_concurrency: ``False`` keeps ``rate_limits.concurrency`` fixed instead of
+            backing off on a run of truncated streams / 429s (:class:`AdaptiveConcurrency`).
     """
 
     def __init__(
@@ -470,6 +271,7 @@ class ProbeClient:
         on_attempt: OnAttempt | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
         max_attempts: int | None = None,
+        adaptive_concurrency: bool = True,
     ) -> None:
         self.config = config
         self.url = config.endpoint_url()
@@ -479,9 +281,14 @@ class ProbeClient:
             self._headers["Authorization"] = f"Bearer {self._key}"
         conc = config.rate_limits.concurrency
         self._limiter = RateLimiter(config.rate_limits.requests_per_s)
+        #: AIMD width within ``concurrency``: halves on a run of truncated streams / 429 /
+        #: overload, grows back after successes (:mod:`probes.concurrency`); see :meth:`concurrency_stats`
+        self.concurrency = AdaptiveConcurrency(conc, adaptive=adaptive_concurrency)
         self._on_attempt = on_attempt
         self._sleep = sleep or asyncio.sleep
         self._max_attempts = max_attempts or config.retry.max_attempts
+        #: set once the provider rejects ``stream_options`` with a 400; later requests omit it
+        self._stream_options_rejected = not config.capabilities.stream_usage
         # httpcore's pool scans every connection on each request (O(connections) socket polls;
         # encode/httpx#3215, encode/httpcore#1035), so the connections are sharded over small
         # pools. A slot queue bounds total concurrency and keeps each shard within its own
@@ -517,63 +324,115 @@ class ProbeClient:
         for c in self._shards:
             await c.aclose()
 
+    def concurrency_stats(self) -> dict[str, object]:
+        """Width changes of the adaptive limit (configured, current, min, each change, a
+        one-line ``summary`` such as ``"concurrency reduced 8→1 after 4 truncated_stream
+        failures"``; ``None`` when unchanged). JSON-ready."""
+        return self.concurrency.stats()
+
     # -- helpers --
     def _scrub(self, text: str | None) -> str | None:
         if text is None or not self._key:
             return text
         return text.replace(self._key, _REDACTED)
 
-    def _wait_s(self, state: tenacity.RetryCallState) -> float:
+    def _backoff_s(self, rec: AttemptRecord) -> float:
+        """Wait before the attempt after ``rec``: its ``Retry-After`` (capped), else exponential
+        backoff with jitter from the retry policy (tenacity's ``wait_exponential_jitter``)."""
         pol = self.config.retry
-        rec: AttemptRecord = state.outcome.result()  # type: ignore[union-attr]
         if rec.retry_after_s is not None:
             return min(rec.retry_after_s, pol.max_retry_after_s)
         base = tenacity.wait_exponential_jitter(initial=pol.backoff_initial_s, max=pol.backoff_max_s, jitter=pol.backoff_initial_s)
-        return float(base(state))
+        return float(base(types.SimpleNamespace(attempt_number=rec.attempt_no)))  # type: ignore[arg-type]
 
     def _should_retry(self, rec: AttemptRecord) -> bool:
         return rec.retryable
 
-    async def _attempt(self, key: str, payload: bytes, stream: bool, attempt_no: int, api: str) -> tuple[AttemptRecord, ParsedResponse | None]:
+    async def _attempt(
+        self, key: str, payload: bytes, stream: bool, attempt_no: int, api: str, time_left_s: float, token_cap: int | None
+    ) -> tuple[AttemptRecord, ParsedResponse | None]:
+        """One HTTP attempt, the body read incrementally within the configured bounds."""
+        ticket = await self.concurrency.acquire()
+        try:
+            rec, pr = await self._attempt_admitted(key, payload, stream, attempt_no, api, time_left_s, token_cap)
+        except BaseException:
+            self.concurrency.release(ticket, error_kind="cancelled")
+            raise
+        self.concurrency.release(ticket, error_kind=rec.error_kind, http_status=rec.http_status, retryable=rec.retryable)
+        return rec, pr
+
+    async def _attempt_admitted(
+        self, key: str, payload: bytes, stream: bool, attempt_no: int, api: str, time_left_s: float, token_cap: int | None
+    ) -> tuple[AttemptRecord, ParsedResponse | None]:
         await self._limiter.acquire()
         shard = await self._slots.get()
         http = self._shards[shard]
+        lim = self.config.response_limits
+        cap = lim.max_response_bytes
+        budget = min(float(self.config.timeout_s), max(0.0, time_left_s))
+        deadline_bound = budget < float(self.config.timeout_s)
         try:
             started = _utcnow()
             t0 = time.perf_counter()
             status: int | None = None
             retry_after: float | None = None
-            body_parts: list[str] = []
+            buf = bytearray()
             arrivals: list[float] = []
-            tpc: list[int] = []
+            per_choice: dict[int, list[int]] = {}
+            n_tokens = 0
+            n_events = 0
+            limit_error: tuple[str, str] | None = None
             transport_error: tuple[str, str] | None = None
             try:
-                async with asyncio.timeout(self.config.timeout_s):
-                    if stream:
-                        async with http.stream("POST", self.url, content=payload) as resp:
-                            status = resp.status_code
-                            retry_after = parse_retry_after(resp.headers.get("retry-after"))
-                            if not 200 <= status < 300:
-                                body_parts.append((await resp.aread()).decode("utf-8", errors="replace"))
-                            else:
-                                async for line in resp.aiter_lines():
-                                    body_parts.append(line + "\n")
-                                    s = line.strip()
-                                    if s.startswith("data:") and s[5:].strip() not in ("", "[DONE]"):
-                                        try:
-                                            n = count_chunk_tokens(api, _loads(s[5:].strip()))
-                                        except ValueError:
-                                            n = 0
-                                        if n > 0:
-                                            arrivals.append(time.perf_counter())
-                                            tpc.append(n)
-                    else:
-                        resp = await http.post(self.url, content=payload)
+                async with asyncio.timeout(budget):
+                    async with http.stream("POST", self.url, content=payload) as resp:
                         status = resp.status_code
                         retry_after = parse_retry_after(resp.headers.get("retry-after"))
-                        body_parts.append(resp.text)
+                        ok = 200 <= status < 300
+                        sse = SSELineDecoder() if stream and ok else None
+                        body_cap = cap if ok else min(cap, _ERROR_BODY_BYTES)
+                        async for chunk in resp.aiter_bytes():
+                            if len(buf) + len(chunk) > body_cap:
+                                if ok:
+                                    limit_error = (
+                                        "response_too_large",
+                                        f"response_too_large: body exceeds response_limits.max_response_bytes = {cap} "
+                                        f"bytes; reading stopped, first {_EVIDENCE_BYTES} bytes kept",
+                                    )
+                                buf += chunk[: max(0, body_cap - len(buf))]
+                                break
+                            buf += chunk
+                            if sse is None:
+                                continue
+                            for _event, data in sse.feed(chunk):
+                                if data in ("", "[DONE]"):
+                                    continue
+                                n_events += 1
+                                try:
+                                    counts = chunk_tokens_by_choice(api, loads_json(data))
+                                except ValueError:
+                                    continue
+                                if not counts:
+                                    continue
+                                now = time.perf_counter()
+                                for idx, n in counts.items():
+                                    per_choice.setdefault(idx, []).append(n)
+                                    n_tokens += n
+                                if 0 in counts:
+                                    arrivals.append(now)
+                            if token_cap is not None and (n_tokens > token_cap or n_events > 2 * token_cap + 256):
+                                limit_error = (
+                                    "stream_token_overrun",
+                                    f"stream_token_overrun: {n_tokens} tokens in {n_events} events streamed, more than the "
+                                    f"{token_cap} tokens (or {2 * token_cap + 256} events) that max_tokens allows "
+                                    "(response_limits.stream_token_factor/stream_token_slack); stream cut",
+                                )
+                                break
             except (TimeoutError, httpx.TimeoutException) as exc:
-                transport_error = ("timeout", f"timeout: no complete response within {self.config.timeout_s:g}s ({type(exc).__name__})")
+                if deadline_bound:
+                    transport_error = ("deadline_exceeded", f"deadline_exceeded: the request's {self._deadline_s:g}s deadline ran out during attempt {attempt_no} ({type(exc).__name__})")
+                else:
+                    transport_error = ("timeout", f"timeout: no complete response within {self.config.timeout_s:g}s ({type(exc).__name__})")
             except httpx.ConnectError as exc:
                 transport_error = ("connect_error", f"connect_error: {exc}")
             except httpx.TransportError as exc:
@@ -582,18 +441,29 @@ class ProbeClient:
         finally:
             self._slots.put_nowait(shard)
 
-        body = self._scrub("".join(body_parts)) if body_parts else None
-        if transport_error is not None:
+        n_read = len(buf)
+        if limit_error is not None:
+            del buf[_EVIDENCE_BYTES:]
+        body = self._scrub(buf.decode("utf-8", errors="replace")) if buf else None
+        del buf
+        pr: ParsedResponse | None = None
+        kind: str | None
+        err: str | None
+        if limit_error is not None:
+            kind, err = limit_error
+            retryable = False
+            parsed_ok = False
+        elif transport_error is not None:
             kind, err = transport_error
-            if stream and status is not None and 200 <= status < 300 and body:
+            if kind != "deadline_exceeded" and stream and status is not None and 200 <= status < 300 and body:
                 kind, err = "truncated_stream", f"truncated_stream: {err}"
             retryable = kind in RETRYABLE_KINDS or (kind in MALFORMED_KINDS and self.config.retry.retry_malformed)
             parsed_ok = False
-            pr = None
         else:
             pr = parse_response(api, status, body, stream=stream)
             kind, err, parsed_ok = pr.error_kind, pr.error, pr.ok
             retryable = pr.retryable and (kind not in MALFORMED_KINDS or self.config.retry.retry_malformed)
+        tpc0 = tuple(per_choice.get(0, ()))
         rec = AttemptRecord(
             attempt_no=attempt_no,
             started_at=started,
@@ -603,12 +473,19 @@ class ProbeClient:
             error_kind=None if parsed_ok else kind,
             response_text=body,
             ttft_s=(arrivals[0] - t0) if arrivals else None,
-            chunk_gaps_s=tuple(b - a for a, b in zip(arrivals, arrivals[1:])),
-            tokens_per_chunk=tuple(tpc),
+            chunk_gaps_s=tuple(b - a for a, b in itertools.pairwise(arrivals)),
+            tokens_per_chunk=tpc0,
             retry_after_s=retry_after,
             retryable=(not parsed_ok) and retryable,
+            tokens_per_chunk_by_choice=tuple((i, tuple(v)) for i, v in sorted(per_choice.items())),
+            bytes_read=n_read,
         )
         return rec, pr
+
+    @property
+    def _deadline_s(self) -> float:
+        d = self.config.response_limits.request_deadline_s
+        return float(d) if d is not None else float(self.config.timeout_s) * self._max_attempts
 
     async def send(
         self,
@@ -622,16 +499,46 @@ class ProbeClient:
         transport or body errors; ``asyncio.CancelledError`` and ``on_attempt`` errors propagate).
 
         ``stream`` defaults to ``payload.get("stream")``. ``on_attempt`` overrides the client's.
+        A 400 that names ``stream_options`` is retried at once without that field (and the
+        client leaves it out for this provider from then on). The whole request ends at the
+        deadline (``response_limits.request_deadline_s``): an attempt cut by it, or a retry its
+        wait would push past it, ends as ``deadline_exceeded`` (not retryable, so the
+        ``on_attempt`` record already says it is final).
         """
         api = self.config.api
         do_stream = bool(payload.get("stream")) if stream is None else stream
-        blob = json.dumps(payload, allow_nan=False).encode()
+        sent = dict(payload)
+        if self._stream_options_rejected and "stream_options" in sent:
+            sent.pop("stream_options")
+        blob = [json.dumps(sent, allow_nan=False).encode()]
+        next_wait = [0.0]
+        token_cap = stream_token_cap(payload, self.config) if do_stream else None
         cb = on_attempt if on_attempt is not None else self._on_attempt
         attempts: list[AttemptRecord] = []
         parsed: list[ParsedResponse | None] = [None]
+        t_start = time.monotonic()
+        deadline = t_start + self._deadline_s
 
         async def one() -> AttemptRecord:
-            rec, pr = await self._attempt(key, blob, do_stream, len(attempts) + 1, api)
+            left = deadline - time.monotonic()
+            rec, pr = await self._attempt(key, blob[0], do_stream, len(attempts) + 1, api, left, token_cap)
+            next_wait[0] = 0.0
+            if rec.http_status == 400 and "stream_options" in sent and "stream_options" in (rec.response_text or "").lower():
+                self._stream_options_rejected = True
+                sent.pop("stream_options")
+                blob[0] = json.dumps(sent, allow_nan=False).encode()
+                rec = dataclasses.replace(rec, retryable=rec.attempt_no < self._max_attempts)
+            elif rec.retryable and rec.attempt_no < self._max_attempts:
+                wait = self._backoff_s(rec)
+                if time.monotonic() + wait >= deadline:
+                    rec = dataclasses.replace(
+                        rec,
+                        retryable=False,
+                        error_kind="deadline_exceeded",
+                        error=f"deadline_exceeded: no time left in the request's {self._deadline_s:g}s deadline for a retry after: {rec.error}",
+                    )
+                else:
+                    next_wait[0] = wait
             parsed[0] = pr
             attempts.append(rec)
             if cb is not None:
@@ -642,9 +549,9 @@ class ProbeClient:
 
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(self._max_attempts),
-            wait=self._wait_s,
+            wait=lambda _state: next_wait[0],
             retry=tenacity.retry_if_result(self._should_retry),
-            retry_error_callback=lambda state: state.outcome.result(),  # type: ignore[union-attr]
+            retry_error_callback=lambda st: st.outcome.result(),  # type: ignore[union-attr]
             sleep=self._sleep,
             reraise=True,
         )
@@ -653,7 +560,7 @@ class ProbeClient:
         pr = parsed[0] if last.error is None else None
         return ProbeResult(
             key=key,
-            request=payload,
+            request=sent,
             stream=do_stream,
             success=last.error is None,
             error=last.error,
@@ -671,6 +578,7 @@ class ProbeClient:
             text=pr.text if pr is not None else None,
             finish_reason=pr.finish_reason if pr is not None else None,
             usage=pr.usage if pr is not None else None,
+            stream_options_dropped="stream_options" in payload and "stream_options" not in sent,
         )
 
     async def run_probe(
@@ -715,6 +623,6 @@ def _safe_json(text: str | None, stream: bool) -> Any:
         events, _, _ = parse_sse(text)
         return events or None
     try:
-        return _loads(text)
+        return loads_json(text)
     except ValueError:
         return None

@@ -55,22 +55,28 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 __all__ = [
-    "DEFAULT_REFERENCE",
     "APP_NAME",
-    "ConfigError",
-    "Capabilities",
-    "RateLimits",
-    "Pricing",
-    "RetryPolicy",
-    "ProviderConfig",
-    "find_config_path",
-    "user_config_path",
-    "load_providers",
-    "get_provider",
-    "write_capabilities",
+    "DEFAULT_REFERENCE",
     "EXAMPLE_PROVIDERS_TOML",
+    "Capabilities",
+    "ConfigError",
+    "Pricing",
+    "ProviderConfig",
+    "RateLimits",
+    "ReferenceConfig",
+    "ResponseLimits",
+    "RetryPolicy",
+    "find_config_path",
+    "get_provider",
+    "get_reference",
+    "load_providers",
+    "load_references",
+    "parse_references",
+    "user_config_path",
+    "write_capabilities",
 ]
 
 #: The bundled reference model (see ``reference.models.DEFAULT_MODEL``; duplicated here because
@@ -117,6 +123,18 @@ class Capabilities(_Strict):
     streaming: bool = True
     """Whether ``stream = true`` (server-sent events) works; streaming gives TTFT and chunk timing."""
 
+    stream_usage: bool = True
+    """Whether streamed requests ask for ``stream_options = {include_usage = true}`` (token counts
+    in the last chunk; without them spend is estimated with the reference tokenizer). A provider
+    that rejects the field with HTTP 400 naming ``stream_options`` is retried at once without it,
+    and the client stops sending it to that provider; set ``false`` to never send it."""
+
+    concurrent_streams_ok: bool = True
+    """Whether overlapping requests (two streams, two plain requests) all complete. ``false``
+    when one was cut while another ran (a llama.cpp server cancels a running stream whenever
+    another request waits); ``providers probe --write`` then also lowers
+    ``rate_limits.concurrency`` to the widest overlap that survived (1 if none)."""
+
 
 class RateLimits(_Strict):
     """Client-side limits the probe client enforces for this provider."""
@@ -161,6 +179,148 @@ class RetryPolicy(_Strict):
     """Also retry a 2xx whose body is not valid JSON or a stream cut before ``[DONE]``."""
 
 
+class ResponseLimits(_Strict):
+    """Bounds on what one provider may make the auditor read, so that one hostile or broken
+    provider cannot exhaust the machine that audits the others. Exceeding a bound ends that
+    request with a named failure kind (recorded, never an exception); none of them is retried."""
+
+    max_response_bytes: int = Field(32 * 1024 * 1024, ge=4096, le=1024 * 1024 * 1024)
+    """Largest response body read, in bytes (after any Content-Encoding is undone); the body is
+    read incrementally and dropped at this size: ``response_too_large`` (the first 64 KiB are
+    kept as evidence). Default 32 MiB: a 4096-token answer with 20 alternatives per token, streamed,
+    is about 8 MiB. Peak client memory is about ``concurrency`` × this."""
+
+    stream_token_factor: float = Field(4.0, ge=1.0, le=1000.0)
+    """A stream may carry at most ``stream_token_factor × max_tokens × n + stream_token_slack``
+    tokens (counted per chunk from its logprobs entries, else 1 per text-bearing chunk); a stream
+    beyond that (a provider ignoring ``max_tokens``), or with more than twice that many events
+    plus 256 (empty events), is cut: ``stream_token_overrun``. No bound when the request has no
+    ``max_tokens``."""
+
+    stream_token_slack: int = Field(64, ge=0, le=1_000_000)
+    """Tokens allowed beyond ``stream_token_factor × max_tokens × n`` (see there)."""
+
+    request_deadline_s: float | None = Field(None, gt=0)
+    """Wall-clock bound on one request in seconds, every retry and backoff wait included
+    (``timeout_s`` bounds one attempt). Past it the request ends as ``deadline_exceeded``.
+    ``None`` = ``timeout_s × retry.max_attempts``."""
+
+    @field_validator("request_deadline_s")
+    @classmethod
+    def _finite_deadline(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number of seconds (or omitted)")
+        return v
+
+
+class ReferenceConfig(_Strict):
+    """A named reference engine, ``[references.NAME]``; a provider selects it with ``reference = "NAME"``.
+
+    Example (TOML)::
+
+        [references.llama8b-gpu]
+        kind = "local"                 # transformers in this process
+        model = "/models/Llama-3.1-8B-Instruct"
+        device = "cuda"                # auto | cpu | cuda | cuda:N
+        dtype = "bfloat16"             # float32 (default) | bfloat16 | float16
+
+        [references.llama70b-multi]
+        kind = "local"
+        model = "/models/Llama-3.1-70B-Instruct"
+        dtype = "bfloat16"
+        device_map = "auto"            # spread over every visible GPU (accelerate)
+        max_memory = { "0" = "70GiB", "1" = "70GiB", "cpu" = "200GiB" }
+
+        [references.deepseek-cluster]
+        kind = "vllm"                  # a trusted vLLM server the owner runs
+        model = "deepseek-ai/DeepSeek-V3"
+        base_url = "http://10.0.0.5:8000/v1"
+        api_key_env = "TRUSTED_VLLM_KEY"
+
+    A provider's ``reference`` that names no table keeps meaning a model (bundled name, directory,
+    .gguf file, hub id) loaded locally with the defaults; ``reference = "none"`` runs only the
+    reference-free tests.
+    """
+
+    name: str
+    """The table key."""
+
+    kind: Literal["local", "vllm", "none"] = "local"
+    """``local`` (transformers here), ``vllm`` (a trusted vLLM server), ``none`` (no reference)."""
+
+    model: str | None = None
+    """Model to load (``local``) or the served model name (``vllm``); required unless kind = none."""
+
+    base_url: str | None = None
+    """``vllm`` only: the server's API root up to ``/v1``."""
+
+    api_key_env: str | None = None
+    """``vllm`` only: NAME of the env var holding the server's key (never the key itself)."""
+
+    tokenizer: str | None = None
+    """``vllm``: where to load the served model's tokenizer (bundled name, directory, hub id);
+    default = ``model``."""
+
+    device: str = "auto"
+    """``local``: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """``local``: weight precision (float32 is the reference precision)."""
+
+    device_map: Literal["auto"] | None = None
+    """``local``: ``"auto"`` spreads the model over every visible GPU (then CPU) via accelerate."""
+
+    max_memory: dict[str, str] = Field(default_factory=dict)
+    """``local`` with ``device_map``: per-device caps, keys a GPU index or ``cpu``, values like ``"70GiB"``."""
+
+    token_budget: int = Field(4096, ge=1, le=10_000_000)
+    """Padded tokens per scoring forward pass (``local``) or prompt tokens per request (``vllm``)."""
+
+    timeout_s: float = Field(120.0, gt=0)
+    """``vllm``: per-request deadline in seconds."""
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, v: str) -> str:
+        v = v.strip().lower()
+        if not re.match(r"^(auto|cpu|cuda(:\d+)?)$", v):
+            raise ValueError("use auto, cpu, cuda or cuda:N (e.g. 'cuda:1')")
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_ref_key_env(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v):
+            raise ValueError("must be the NAME of an environment variable (e.g. 'VLLM_API_KEY'), not the key itself")
+        return v
+
+    @field_validator("max_memory")
+    @classmethod
+    def _check_max_memory(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not (k.isdigit() or k == "cpu"):
+                raise ValueError(f"key {k!r} must be a GPU index ('0', '1', ...) or 'cpu'")
+            if not re.match(r"^\d+(\.\d+)?\s*(KiB|MiB|GiB|TiB|KB|MB|GB|TB)$", str(val)):
+                raise ValueError(f"value {val!r} for {k!r} must be a size like '70GiB' or '500MB'")
+        return v
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> ReferenceConfig:
+        if self.kind != "none" and not self.model:
+            raise ValueError(f"kind = '{self.kind}' needs model = \"...\" (a bundled name, directory or served model)")
+        if self.kind == "vllm":
+            if not self.base_url or not re.match(r"^https?://[^/\s]+", self.base_url):
+                raise ValueError("kind = 'vllm' needs base_url = \"http://HOST:PORT/v1\" (the trusted vLLM server)")
+            self.__dict__["base_url"] = self.base_url.rstrip("/")
+        elif self.base_url:
+            raise ValueError(f"base_url is only used with kind = 'vllm' (kind is '{self.kind}'); remove it")
+        if self.max_memory and self.device_map is None:
+            raise ValueError("max_memory needs device_map = \"auto\" (it caps what each device receives)")
+        return self
+
+
 class ProviderConfig(_Strict):
     """One OpenAI-compatible provider endpoint and how to audit it."""
 
@@ -182,8 +342,10 @@ class ProviderConfig(_Strict):
     ``None`` for endpoints without auth. The key itself never appears in the config."""
 
     reference: str = DEFAULT_REFERENCE
-    """Reference model the provider is compared against: a Hugging Face id, a local directory,
-    or the bundled default ``smollm2-135m-instruct``."""
+    """Reference the provider is compared against: the NAME of a ``[references.NAME]`` table
+    (:class:`ReferenceConfig`: local/GPU/vLLM), ``"none"`` (reference-free tests only), or a model
+    loaded locally with the defaults (bundled ``smollm2-135m-instruct`` / ``gemma-3-270m``, a
+    directory, a .gguf file or a Hugging Face id)."""
 
     capabilities: Capabilities = Field(default_factory=Capabilities)
     """Declared or discovered capabilities (``auditor providers probe NAME --write``)."""
@@ -198,7 +360,11 @@ class ProviderConfig(_Strict):
     """Retry and backoff policy."""
 
     timeout_s: float = Field(60.0, gt=0)
-    """Per-request wall-clock deadline in seconds (whole response, streamed or not)."""
+    """Per-attempt wall-clock deadline in seconds (whole response, streamed or not); the whole
+    request, retries included, is bounded by ``response_limits.request_deadline_s``."""
+
+    response_limits: ResponseLimits = Field(default_factory=ResponseLimits)
+    """Per-response byte cap, streamed-token cap and whole-request deadline."""
 
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra JSON fields merged into every request body (e.g. ``{ top_k = -1 }``). They override
@@ -258,6 +424,11 @@ class ProviderConfig(_Strict):
         return self
 
     # -- behaviour -------------------------------------------------------------------------
+    def request_deadline_s(self) -> float:
+        """Whole-request deadline in seconds (``response_limits.request_deadline_s`` or its default)."""
+        d = self.response_limits.request_deadline_s
+        return float(d) if d is not None else float(self.timeout_s) * self.retry.max_attempts
+
     def endpoint_url(self) -> str:
         """Full request URL: ``base_url`` + ``/chat/completions`` or ``/completions``."""
         return self.base_url + ("/chat/completions" if self.api == "chat" else "/completions")
@@ -313,7 +484,7 @@ def find_config_path(path: str | os.PathLike[str] | None = None) -> Path | None:
     return None
 
 
-def _fix_hint(err: dict[str, Any]) -> str:
+def _fix_hint(err: ErrorDetails) -> str:
     typ = err.get("type", "")
     ctx = err.get("ctx") or {}
     if typ == "missing":
@@ -321,7 +492,7 @@ def _fix_hint(err: dict[str, Any]) -> str:
     if typ == "extra_forbidden":
         import difflib
 
-        names = {f for m in (ProviderConfig, Capabilities, RateLimits, Pricing, RetryPolicy) for f in m.model_fields}
+        names = {f for m in (ProviderConfig, Capabilities, RateLimits, Pricing, RetryPolicy, ResponseLimits, ReferenceConfig) for f in m.model_fields}
         loc = err.get("loc") or ("",)
         close = difflib.get_close_matches(str(loc[-1]), sorted(names), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -330,7 +501,7 @@ def _fix_hint(err: dict[str, Any]) -> str:
         return f"use one of {ctx.get('expected', 'the allowed values')}"
     if typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return "use a value in the allowed range"
-    if typ.endswith("_type") or typ.endswith("_parsing"):
+    if typ.endswith(("_type", "_parsing")):
         return f"give a value of the right type ({typ.replace('_parsing', '').replace('_type', '')})"
     if typ == "value_error":
         return "see the message"
@@ -357,11 +528,11 @@ def parse_providers(data: dict[str, Any], source: str = "<providers>") -> dict[s
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a TOML table at the top level.")
-    unknown = set(data) - {"providers"}
+    unknown = set(data) - {"providers", "references"}
     if unknown:
         raise ConfigError(
             f"{source}: unknown top-level key(s) {sorted(unknown)}. Fix: put each provider in a "
-            "[providers.NAME] table."
+            "[providers.NAME] table and each reference engine in a [references.NAME] table."
         )
     provs = data.get("providers", {})
     if isinstance(provs, list):
@@ -396,6 +567,7 @@ def parse_providers(data: dict[str, Any], source: str = "<providers>") -> dict[s
             problems.append(_format_validation_error(source, f"providers.{name}", exc))
     if problems:
         raise ConfigError("\n".join(problems))
+    parse_references(data, source)  # a bad [references.NAME] table fails at load too
     return out
 
 
@@ -417,6 +589,72 @@ def load_providers(path: str | os.PathLike[str] | None = None) -> dict[str, Prov
     return parse_providers(data, str(p))
 
 
+
+def parse_references(data: dict[str, Any], source: str = "<providers>") -> dict[str, ReferenceConfig]:
+    """Validate the ``[references.NAME]`` tables of an already-parsed providers document.
+
+    Returns ``{name: ReferenceConfig}`` (empty when there are none). Raises :class:`ConfigError`
+    naming the file, the dotted field and the fix.
+    """
+    refs = data.get("references", {}) if isinstance(data, dict) else {}
+    if not isinstance(refs, dict):
+        raise ConfigError(f"{source}: 'references' must be a table of [references.NAME] tables.")
+    out: dict[str, ReferenceConfig] = {}
+    problems: list[str] = []
+    for name, body in refs.items():
+        if not isinstance(body, dict):
+            problems.append(f"{source}: references.{name}: expected a table. Fix: write [references.{name}] with kind and model below.")
+            continue
+        if name == "none":
+            problems.append(f"{source}: references.none: 'none' is reserved (no reference). Fix: pick another name.")
+            continue
+        body = dict(body)
+        if "api_key" in body:
+            problems.append(f"{source}: references.{name}.api_key: keys must not be stored in files. Fix: remove it and "
+                            "set api_key_env = \"THAT_VAR\".")
+            continue
+        body["name"] = name
+        try:
+            out[name] = ReferenceConfig.model_validate(body)
+        except ValidationError as exc:
+            problems.append(_format_validation_error(source, f"references.{name}", exc))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return out
+
+
+def load_references(path: str | os.PathLike[str] | None = None) -> dict[str, ReferenceConfig]:
+    """Every ``[references.NAME]`` table of the providers file (same search order); ``{}`` without a file.
+
+    Raises :class:`ConfigError` (missing explicit file, TOML syntax, invalid fields).
+    """
+    p = find_config_path(path)
+    if p is None:
+        return {}
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: TOML syntax error: {exc}. Fix: correct the syntax at that line.") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc}.") from None
+    return parse_references(data, str(p))
+
+
+def get_reference(name: str, path: str | os.PathLike[str] | None = None) -> ReferenceConfig:
+    """Resolve a provider's ``reference`` value to a :class:`ReferenceConfig`.
+
+    ``"none"`` → kind none; a ``[references.NAME]`` table → that table; anything else → a plain
+    model name (``kind = "local"``, defaults: device auto, float32). Raises :class:`ConfigError`
+    when the file's reference tables are invalid.
+    """
+    if name == "none":
+        return ReferenceConfig(name="none", kind="none")
+    refs = load_references(path)
+    if name in refs:
+        return refs[name]
+    return ReferenceConfig(name=name, kind="local", model=name)
+
+
 def get_provider(name: str, path: str | os.PathLike[str] | None = None) -> ProviderConfig:
     """Return provider ``name`` from the providers file. Raises :class:`ConfigError` if absent."""
     provs = load_providers(path)
@@ -432,8 +670,11 @@ def get_provider(name: str, path: str | os.PathLike[str] | None = None) -> Provi
     raise ConfigError(f"{where}: no provider named '{name}' (known: {known}). Fix: add [providers.{name}] or use a known name.")
 
 
-def write_capabilities(name: str, caps: Capabilities, path: str | os.PathLike[str] | None = None) -> Path:
-    """Write discovered ``caps`` into ``[providers.NAME.capabilities]`` of the providers file.
+def write_capabilities(
+    name: str, caps: Capabilities, path: str | os.PathLike[str] | None = None, *, concurrency: int | None = None
+) -> Path:
+    """Write discovered ``caps`` into ``[providers.NAME.capabilities]`` of the providers file
+    (and ``concurrency``, when given, into ``[providers.NAME.rate_limits]``).
 
     The file is re-serialized with ``tomli_w`` (comments are not preserved). Returns the path.
     Raises :class:`ConfigError` when the file or provider is missing.
@@ -448,6 +689,8 @@ def write_capabilities(name: str, caps: Capabilities, path: str | os.PathLike[st
     if name not in provs:
         raise ConfigError(f"{p}: no provider named '{name}'.")
     provs[name]["capabilities"] = caps.model_dump()
+    if concurrency is not None:
+        provs[name].setdefault("rate_limits", {})["concurrency"] = int(concurrency)
     parse_providers(data, str(p))  # never write an invalid file
     p.write_text(tomli_w.dumps(data), encoding="utf-8")
     return p

@@ -8,17 +8,27 @@ Small requests (a few tokens each, ~9 requests in all), each answering one quest
 - ``seed``: two ``T = 1`` requests with the same seed return the same text, a third with another
   seed returns another text;
 - ``echo`` (completions only): ``echo = true`` returns prompt-token logprobs;
-- ``streaming``: ``stream = true`` returns a well-formed SSE stream ending in ``[DONE]``.
+- ``streaming``: ``stream = true`` returns a well-formed SSE stream ending in ``[DONE]``;
+- ``concurrency``: the ``n = 2`` request with the other-seed request, and two streaming
+  requests, are sent at the same time; an attempt of either pair cut (truncated stream, 429/503, dropped connection) while
+  the pair's other request completed means overlapping requests do not survive. A llama.cpp
+  server cancels a running stream whenever another request waits: 48 of 52 requests of one
+  audit at the default width 8 ended as truncated streams. Then ``concurrent_streams_ok`` is
+  false and :attr:`DiscoveryReport.safe_concurrency` is 1, which ``providers probe --write``
+  stores as ``rate_limits.concurrency`` (the widths above 2 are not tried, to keep the probe at
+  ~10 tiny requests; the client's adaptive limit finds the width at run time).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from probes.client import ProbeClient, ProbeResult
+from probes.concurrency import is_pressure
 from probes.config import Capabilities, ProviderConfig
 from probes.normalize import normalize_response
 
@@ -47,6 +57,9 @@ class DiscoveryReport:
     checks: list[CapabilityCheck] = field(default_factory=list)
     capabilities: Capabilities = field(default_factory=Capabilities)
     requests: int = 0
+    safe_concurrency: int | None = None
+    """Concurrency to write into ``rate_limits``: 1 when overlapping requests were cut, ``None``
+    when they survived (the configured width is kept)."""
 
 
 def _base(config: ProviderConfig, **kw: Any) -> dict[str, Any]:
@@ -81,7 +94,13 @@ async def discover_capabilities(
     Raises ``ConfigError`` only when ``api_key_env`` names an unset variable.
     """
     rep = DiscoveryReport(provider=config.name)
-    cfg = config.model_copy(update={"retry": config.retry.model_copy(update={"max_attempts": 2, "backoff_max_s": 2.0})})
+    cfg = config.model_copy(
+        update={
+            "retry": config.retry.model_copy(update={"max_attempts": 2, "backoff_max_s": 2.0}),
+            # at least 2 in flight, so the overlap pairs below really overlap
+            "rate_limits": config.rate_limits.model_copy(update={"concurrency": max(2, config.rate_limits.concurrency)}),
+        }
+    )
     chat = config.api == "chat"
     async with ProbeClient(cfg, transport=transport, api_key=api_key) as client:
 
@@ -111,20 +130,24 @@ async def discover_capabilities(
         rep.checks.append(CapabilityCheck("logprobs", lp_ok, lp_ok, note, status))
         rep.checks.append(CapabilityCheck("max_top_logprobs", cap > 0, cap, note, status))
 
-        # n > 1
-        res = await ask(_base(cfg, n=2, temperature=1.0))
-        n_choices = len(res.json.get("choices", [])) if res.success and isinstance(res.json, dict) else 0
-        rep.checks.append(CapabilityCheck("n", n_choices >= 2, n_choices, res.error or f"{n_choices} choices for n=2", res.http_status))
-
-        # seed
-        # same seed → same text, and another seed → another text (else the seed is not what decides)
+        # seed: same seed → same text, and another seed → another text (else the seed is not
+        # what decides). a and b run one after the other (overlap could change a batch-variant
+        # server's sample); the n = 2 request and c run at the same time: the plain-request
+        # overlap test, neither of which needs a reproducible sample.
         body = _base(cfg, temperature=1.0, seed=12345, max_tokens=16)
         if chat:
             body["messages"] = [{"role": "user", "content": _RANDOM_PROMPT}]
         else:
             body["prompt"] = _RANDOM_PROMPT
-        a, b = await ask(body), await ask(body)
-        c = await ask({**body, "seed": 54321})
+        a = await ask(body)
+        b = await ask(body)
+        res, c = await asyncio.gather(ask(_base(cfg, n=2, temperature=1.0, max_tokens=16)), ask({**body, "seed": 54321}))
+
+        # n > 1
+        res_n = res
+        n_choices = len(res.json.get("choices", [])) if res.success and isinstance(res.json, dict) else 0
+        rep.checks.append(CapabilityCheck("n", n_choices >= 2, n_choices, res.error or f"{n_choices} choices for n=2", res.http_status))
+
         same = a.success and b.success and a.text == b.text
         differs = c.success and c.text != a.text
         seed_ok = same and differs
@@ -147,14 +170,21 @@ async def discover_capabilities(
             res = await ask(body)
             norm = normalize_response("completions", body, response_text=res.response_text) if res.success else None
             echo_ok = bool(norm and norm.prompt_tokens and "echo_ignored" not in norm.anomalies)
-            det = res.error or (f"{len(norm.prompt_tokens)} prompt tokens with logprobs" if echo_ok else "prompt logprobs missing")
+            det = res.error or (f"{len(norm.prompt_tokens)} prompt tokens with logprobs" if echo_ok and norm is not None
+                                else "prompt logprobs missing")
             rep.checks.append(CapabilityCheck("echo", echo_ok, echo_ok, det, res.http_status))
 
-        # streaming
-        res = await ask(_base(cfg, stream=True))
+        # streaming, as two overlapping streams (also the stream overlap test)
+        s1, s2 = await asyncio.gather(ask(_base(cfg, stream=True, max_tokens=16)), ask(_base(cfg, stream=True, max_tokens=16)))
+        res = s1 if s1.success or not s2.success else s2
         st_ok = res.success
         det = res.error or (f"TTFT {res.ttft_s:.3f}s, {len(res.tokens_per_chunk)} chunks" if res.ttft_s is not None else "stream ok")
         rep.checks.append(CapabilityCheck("streaming", st_ok, st_ok, det, res.http_status))
+
+        # concurrency: was any overlapping attempt cut while its twin completed?
+        conc_ok, det = _overlap_verdict({"streams": (s1, s2), "requests": (res_n, c)})
+        rep.safe_concurrency = None if conc_ok else 1
+        rep.checks.append(CapabilityCheck("concurrency", conc_ok, 2 if conc_ok else 1, det, res.http_status))
 
     rep.capabilities = Capabilities(
         max_top_logprobs=cap,
@@ -163,5 +193,28 @@ async def discover_capabilities(
         seed=bool(seed_ok),
         echo=echo_ok,
         streaming=st_ok,
+        concurrent_streams_ok=conc_ok,
     )
     return rep
+
+
+def _overlap_verdict(pairs: dict[str, tuple[ProbeResult, ProbeResult]]) -> tuple[bool, str]:
+    """(overlap survived?, detail) from pairs of requests sent at the same time.
+
+    An overlap failed when an attempt of either request ended in a pressure failure
+    (:func:`probes.concurrency.is_pressure`: truncated stream, 429/503, dropped connection)
+    while some attempt of the pair succeeded — the server can answer, just not two at once.
+    Pairs where nothing succeeded say nothing about overlap (that is the capability's own failure).
+    """
+    cut: list[str] = []
+    for what, pair in pairs.items():
+        tries = [t for r in pair for t in r.attempts]
+        if not any(t.error is None for t in tries):
+            continue
+        kinds = sorted({str(t.error_kind) for t in tries if t.error is not None and is_pressure(t.error_kind, t.http_status, t.retryable)})
+        if kinds:
+            cut.append(f"overlapping {what} were cut ({', '.join(kinds)})")
+    if cut:
+        return False, "; ".join(cut) + ": use rate_limits.concurrency = 1"
+    return True, "2 overlapping streams and 2 overlapping requests completed"
+

@@ -6,14 +6,11 @@ never raises on a malformed body: it returns what it can and lists *anomalies* (
 
 Per generated token it yields a :class:`TokenRecord` with
 
-- ``bytes``: the authoritative bytes, recovered through the answer text. Candidates per token, in
-  order of preference: the ``bytes`` field (chat), the UTF-8 of the token string, the GPT-2
-  byte-to-unicode inverse (``Ġthat`` → `` that``), byte-fallback spellings (``<0xC3>``,
-  ``bytes:\\xc3``, ``\\xc3``), SentencePiece ``▁`` → space, an empty string for special tokens
-  (``<|im_end|>``), and, for bytes reported as U+FFFD, a wildcard of 1–3 non-ASCII bytes. A
-  dynamic program over the text's bytes keeps exactly the token→span assignments that reproduce
-  the whole text; a token gets bytes only when every such assignment agrees on its span,
-  otherwise ``None`` (reported, never guessed);
+- ``bytes``: the authoritative bytes, recovered through the answer text (every reading of a
+  token and the text-guided choice: :mod:`probes.byte_recovery`). A token's correct ``bytes``
+  field is never overwritten by a U+FFFD of the text or token string; a token gets bytes only
+  when every assignment that reproduces the text agrees on its span, otherwise ``None``
+  (reported, never guessed);
 - ``logprob``: the chosen token's logprob in nats as a finite number ≤ 0, or ``None`` when it is
   censored or untrustworthy: null/NaN/±inf (``nonfinite_logprob``), the ``-9999`` "not in top-k"
   sentinel or any value ≤ -9999 (``sentinel_logprob``), ≤ -1e30 (``masked_logit``), > 1e-6
@@ -26,33 +23,60 @@ Per generated token it yields a :class:`TokenRecord` with
 Extra anomaly kinds (beyond the shared vocabulary): ``malformed_json`` (body or an SSE event is
 not JSON), ``truncated_stream`` (no ``data: [DONE]``), ``provider_error`` (an ``error`` object),
 ``malformed_response`` (JSON without the expected structure), ``spm_token_strings`` (SentencePiece
-``▁`` leaked into token strings). Byte spellings of partial characters (``<0xC3>``,
+``▁`` leaked into token strings), ``replacement_char_text`` (the text and token strings carry
+U+FFFD where the tokens' ``bytes`` hold a valid character: per-token decoding by the runtime;
+the bytes are kept). Byte spellings of partial characters (``<0xC3>``,
 ``bytes:\\xc3``, `` \\xc3``) are a legitimate convention and are decoded without an anomaly.
 
 Source for the wire formats: OpenAI API reference (chat ``logprobs.content[]`` with ``token``,
 ``logprob``, ``bytes``, ``top_logprobs``; legacy completions ``tokens``, ``token_logprobs``,
 ``top_logprobs`` dicts, ``text_offset``, ``echo``), and the public bug reports cited by each case.
+Either logprobs shape is accepted on either API (some servers answer ``/v1/completions`` with
+the chat shape). SSE and in-band error objects are read by :mod:`probes.sse`, the parser the
+client uses too. ``text_offset`` is used only when it is monotonic and agrees with the tokens'
+lengths.
+
+Usage: :attr:`NormalizedResponse.usage` keeps the provider's ``usage`` object with its token
+counts checked (non-negative integers); :attr:`NormalizedResponse.usage_missing` is True when
+the provider reported no usable ``prompt_tokens``/``completion_tokens`` (e.g. a stream without
+``stream_options.include_usage``): the caller then counts with the reference tokenizer and marks
+the figure estimated.
 """
 
 from __future__ import annotations
 
-import json
+import builtins
 import math
-import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from probes.byte_recovery import (
+    FFFD as _FFFD,
+)
+from probes.byte_recovery import (
+    SPELLED as _SPELLED,
+)
+from probes.byte_recovery import (
+    alt_bytes,
+    assign_bytes,
+    byte_spelling,
+    candidates,
+    gpt2_unicode_to_bytes,
+    lossy_text_consistent,
+    valid_byte_list,
+)
+from probes.sse import BODY_ANOMALIES, find_error, loads_json, looks_like_plain_json, parse_sse
+
 __all__ = [
-    "TokenRecord",
-    "NormalizedResponse",
-    "normalize_response",
     "ANOMALY_KINDS",
-    "SENTINEL_THRESHOLD",
     "MASKED_THRESHOLD",
+    "SENTINEL_THRESHOLD",
+    "NormalizedResponse",
+    "TokenRecord",
     "gpt2_unicode_to_bytes",
+    "normalize_response",
 ]
 
 #: A logprob at or below this is a placeholder, not a model number (OpenAI documents -9999.0).
@@ -82,11 +106,10 @@ ANOMALY_KINDS: dict[str, str] = {
     "bytes_text_mismatch": "after every recovery, the tokens' bytes still do not reproduce the text",
     "echo_ignored": "echo with logprobs was asked, but no prompt-token logprobs came back",
     "missing_logprobs": "logprobs were asked, none (or not for every token) came back",
-    "malformed_json": "the body or an SSE event is not valid JSON",
-    "truncated_stream": "an SSE stream ended without data: [DONE]",
-    "provider_error": "the body carries an error object",
-    "malformed_response": "valid JSON but not the expected response structure",
     "spm_token_strings": "SentencePiece '▁' word-boundary marks leaked into token strings",
+    "replacement_char_text": "text/token strings carry U+FFFD where the tokens' bytes hold a valid character; bytes kept",
+    "malformed_usage": "the usage object's token counts are not non-negative integers (dropped)",
+    **BODY_ANOMALIES,  # malformed_json, malformed_response, truncated_stream, provider_error: shared with the client
 }
 
 
@@ -106,7 +129,8 @@ class TokenRecord(BaseModel):
     bytes: bytes | None
     """Authoritative bytes after recovery; ``None`` when they cannot be recovered."""
     logprob: float | None
-    top_logprobs: list[tuple[str, bytes | None, float | None]] = Field(default_factory=list)
+    # ``builtins.bytes``: the field ``bytes`` above shadows the builtin inside the class body
+    top_logprobs: list[tuple[str, builtins.bytes | None, float | None]] = Field(default_factory=list)
     """Alternatives as ``(token, bytes, logprob)`` in the order given; logprob ``None`` = unusable."""
     anomalies: list[str] = Field(default_factory=list)
     raw_logprob: float | None = None
@@ -129,9 +153,13 @@ class NormalizedResponse(BaseModel):
     tokens: list[TokenRecord]
     anomalies: list[str]
     finish_reason: str | None = None
-    usage: dict | None = None
+    usage: dict[str, Any] | None = None
     prompt_tokens: list[TokenRecord] = Field(default_factory=list)
     anomaly_details: list[dict[str, Any]] = Field(default_factory=list)
+    usage_missing: bool = True
+    """True when ``usage`` has no non-negative integer ``prompt_tokens`` and ``completion_tokens``
+    (a stream without ``stream_options.include_usage``, a provider that omits it): spend must
+    then be counted with the reference tokenizer and marked estimated."""
 
     @property
     def token_bytes(self) -> list[bytes | None]:
@@ -142,179 +170,6 @@ class NormalizedResponse(BaseModel):
     def logprobs(self) -> list[float | None]:
         """Chosen-token logprobs of each generated token (nats; ``None`` where unusable)."""
         return [t.logprob for t in self.tokens]
-
-
-# -- GPT-2 byte-level alphabet ----------------------------------------------------------------
-
-@lru_cache(maxsize=1)
-def _gpt2_u2b() -> dict[str, int]:
-    # The byte-to-unicode table of GPT-2's encoder (Radford et al. 2019; openai/gpt-2 encoder.py):
-    # printable latin-1 bytes map to themselves, the other 68 bytes to U+0100.. in order.
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-def gpt2_unicode_to_bytes(token: str) -> bytes | None:
-    """Invert GPT-2's byte-to-unicode mapping (``"Ġthat"`` → ``b" that"``); ``None`` if not in that form."""
-    table = _gpt2_u2b()
-    try:
-        return bytes(table[c] for c in token)
-    except KeyError:
-        return None
-
-
-_BYTE_TOKEN_RE = re.compile(r"^(?:<0x[0-9A-Fa-f]{2}>)+$")
-_HEX_ESC_RE = re.compile(r"\\x([0-9A-Fa-f]{2})")
-_SPECIAL_RE = re.compile(r"^(?:<\|[^|]{1,40}\|>|</s>|<s>|<eos>|<\|endoftext\|>)$")
-_FFFD = "\ufffd".encode()
-#: Internal candidate kind: bytes spelled out in the token string (not an anomaly).
-_SPELLED = "~byte_spelling"
-
-
-def _byte_spelling(token: str) -> bytes | None:
-    """Bytes of a token spelled as byte escapes: SentencePiece ``<0xC3>``, vLLM ``bytes:\\xc3``,
-    or OpenAI-style text with ``\\xNN`` escapes for a partial character (`` \\xc3``).
-    ``None`` when the string contains no such spelling."""
-    if _BYTE_TOKEN_RE.match(token):
-        return bytes(int(token[i + 3 : i + 5], 16) for i in range(0, len(token), 6))
-    body = token[6:] if token.startswith("bytes:") else token
-    if not _HEX_ESC_RE.search(body):
-        return None
-    out = bytearray()
-    pos = 0
-    for m in _HEX_ESC_RE.finditer(body):
-        out += body[pos : m.start()].encode("utf-8", errors="surrogatepass")
-        out.append(int(m.group(1), 16))
-        pos = m.end()
-    out += body[pos:].encode("utf-8", errors="surrogatepass")
-    return bytes(out)
-
-
-# -- byte candidates and the text-guided assignment -------------------------------------------
-
-@dataclass(frozen=True)
-class _Cand:
-    """A way to read a token's bytes: literal segments, with ``None`` = 1–3 non-ASCII wildcard bytes."""
-
-    segments: tuple[bytes | None, ...]
-    kind: str | None  # anomaly kind when this candidate is the one that fits; None = no anomaly
-
-    @property
-    def literal(self) -> bytes | None:
-        if any(s is None for s in self.segments):
-            return None
-        return b"".join(self.segments)  # type: ignore[arg-type]
-
-
-def _valid_byte_list(v: Any) -> bytes | None:
-    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 255 for x in v):
-        return bytes(v)
-    return None
-
-
-def _candidates(token: str, given: bytes | None, text_has_fffd: bool) -> list[_Cand]:
-    out: list[_Cand] = []
-    seen: set[bytes] = set()
-
-    def add(b: bytes | None, kind: str | None) -> None:
-        if b is None or b in seen:
-            return
-        seen.add(b)
-        out.append(_Cand((b,), kind))
-
-    add(given, None)
-    add(token.encode("utf-8", errors="surrogatepass"), None)
-    bs = _byte_spelling(token)
-    add(bs, _SPELLED)
-    g = gpt2_unicode_to_bytes(token)
-    add(g, "surrogate_token_strings")
-    if "▁" in token:
-        add(token.replace("▁", " ").encode("utf-8"), "spm_token_strings")
-    if _SPECIAL_RE.match(token):
-        add(b"", None)
-    if not text_has_fffd:
-        for src in (given, token.encode("utf-8", errors="surrogatepass")):
-            if src is not None and _FFFD in src:
-                parts = src.split(_FFFD)
-                segs: list[bytes | None] = []
-                for i, part in enumerate(parts):
-                    if part:
-                        segs.append(part)
-                    if i < len(parts) - 1:
-                        segs.append(None)
-                out.append(_Cand(tuple(segs), "replacement_char_bytes"))
-                break
-    return out
-
-
-def _match_ends(cand: _Cand, text: bytes, p: int) -> list[int]:
-    """End positions where ``cand`` matches ``text`` starting at ``p``."""
-    ends = [p]
-    for seg in cand.segments:
-        nxt: list[int] = []
-        for e in ends:
-            if seg is None:
-                for n in (1, 2, 3):
-                    chunk = text[e : e + n]
-                    if len(chunk) == n and all(b >= 0x80 for b in chunk):
-                        nxt.append(e + n)
-            elif text.startswith(seg, e):
-                nxt.append(e + len(seg))
-        ends = sorted(set(nxt))
-        if not ends:
-            return []
-    return ends
-
-
-def _assign_bytes(cands: list[list[_Cand]], text: bytes) -> tuple[list[bytes | None], list[str | None]] | None:
-    """Text-guided byte assignment. Returns per-token bytes and the anomaly kind of the candidate
-    that fits (``None`` kind = plain), or ``None`` when no assignment reproduces ``text``."""
-    n = len(cands)
-    # forward: reach[i] = positions where token i may start
-    reach: list[set[int]] = [set() for _ in range(n + 1)]
-    reach[0].add(0)
-    edges: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # (p, q, cand idx)
-    for i in range(n):
-        for p in reach[i]:
-            for ci, c in enumerate(cands[i]):
-                for q in _match_ends(c, text, p):
-                    edges[i].append((p, q, ci))
-                    reach[i + 1].add(q)
-        if not reach[i + 1]:
-            return None
-        if len(reach[i + 1]) > 64:  # pathological ambiguity; give up rather than explode
-            return None
-    end = len(text)
-    if end not in reach[n]:
-        return None
-    # backward: alive[i] = positions from which tokens i.. can finish exactly at the end
-    alive: list[set[int]] = [set() for _ in range(n + 1)]
-    alive[n].add(end)
-    for i in range(n - 1, -1, -1):
-        for p, q, _ in edges[i]:
-            if q in alive[i + 1]:
-                alive[i].add(p)
-    out_b: list[bytes | None] = []
-    out_k: list[str | None] = []
-    for i in range(n):
-        valid = [(p, q, ci) for p, q, ci in edges[i] if p in reach[i] and q in alive[i + 1] and p in alive[i]]
-        spans = {(p, q) for p, q, _ in valid}
-        kinds = [cands[i][ci].kind for _, _, ci in valid]
-        kind = None if any(k is None for k in kinds) else (kinds[0] if kinds else None)
-        if len(spans) == 1:
-            p, q = next(iter(spans))
-            out_b.append(text[p:q])
-        else:
-            out_b.append(None)
-        out_k.append(kind)
-    return out_b, out_k
 
 
 # -- logprob values -------------------------------------------------------------------------
@@ -369,19 +224,36 @@ class _Acc:
         self.details.append({"kind": kind, "index": index, "detail": detail})
 
 
-def _loads(text: str) -> Any:
-    return json.loads(text)  # accepts NaN / Infinity / -Infinity
-
-
-def _chat_entries(lp: Any, acc: _Acc) -> list[_RawTok] | None:
+def _entries(lp: Any, acc: _Acc) -> list[_RawTok] | None:
+    """Per-token entries of a ``logprobs`` object in either shape, whatever the API: chat
+    (``content: [{token, logprob, bytes, top_logprobs}]``) or legacy completions (``tokens``,
+    ``token_logprobs``, ``top_logprobs``, ``text_offset``). ``None`` when none came back."""
     if lp is None:
         return None
     if not isinstance(lp, dict):
         acc.add("malformed_response", None, "logprobs is not an object")
         return None
-    content = lp.get("content")
-    if content is None:
-        return None
+    if lp.get("content") is not None:
+        return _chat_entries(lp.get("content"), acc)
+    if lp.get("tokens") is not None:
+        return _completion_entries(lp, acc)
+    return None
+
+
+def _alternatives(tl: Any) -> list[tuple[str, bytes | None, Any]]:
+    """``top_logprobs`` of one token: a list of ``{token, logprob, bytes}`` or a ``{token: logprob}`` dict."""
+    if isinstance(tl, dict):
+        return [(k, None, v) for k, v in tl.items()]
+    top: list[tuple[str, bytes | None, Any]] = []
+    if isinstance(tl, list):
+        for a in tl:
+            if isinstance(a, dict):
+                at = a.get("token")
+                top.append((at if isinstance(at, str) else str(at), valid_byte_list(a.get("bytes")), a.get("logprob")))
+    return top
+
+
+def _chat_entries(content: Any, acc: _Acc) -> list[_RawTok] | None:
     if not isinstance(content, list):
         acc.add("malformed_response", None, "logprobs.content is not a list")
         return None
@@ -392,28 +264,12 @@ def _chat_entries(lp: Any, acc: _Acc) -> list[_RawTok] | None:
             continue
         tok = e.get("token")
         tok = tok if isinstance(tok, str) else ("" if tok is None else str(tok))
-        top: list[tuple[str, bytes | None, Any]] = []
-        tl = e.get("top_logprobs")
-        if isinstance(tl, list):
-            for a in tl:
-                if isinstance(a, dict):
-                    at = a.get("token")
-                    top.append((at if isinstance(at, str) else str(at), _valid_byte_list(a.get("bytes")), a.get("logprob")))
-        elif isinstance(tl, dict):
-            top = [(k, None, v) for k, v in tl.items()]
-        out.append(_RawTok(tok, _valid_byte_list(e.get("bytes")), e.get("logprob"), top))
+        out.append(_RawTok(tok, valid_byte_list(e.get("bytes")), e.get("logprob"), _alternatives(e.get("top_logprobs"))))
     return out
 
 
-def _completion_entries(lp: Any, acc: _Acc) -> list[_RawTok] | None:
-    if lp is None:
-        return None
-    if not isinstance(lp, dict):
-        acc.add("malformed_response", None, "logprobs is not an object")
-        return None
+def _completion_entries(lp: dict[str, Any], acc: _Acc) -> list[_RawTok] | None:
     toks = lp.get("tokens")
-    if toks is None:
-        return None
     if not isinstance(toks, list):
         acc.add("malformed_response", None, "logprobs.tokens is not a list")
         return None
@@ -428,26 +284,22 @@ def _completion_entries(lp: Any, acc: _Acc) -> list[_RawTok] | None:
     out: list[_RawTok] = []
     for i, t in enumerate(toks):
         t = t if isinstance(t, str) else str(t)
-        top_raw = tops[i] if i < len(tops) else None
-        top: list[tuple[str, bytes | None, Any]] = []
-        if isinstance(top_raw, dict):
-            top = [(k, None, v) for k, v in top_raw.items()]
-        elif isinstance(top_raw, list):  # some servers send a list of {token, logprob}
-            for a in top_raw:
-                if isinstance(a, dict):
-                    top.append((str(a.get("token")), _valid_byte_list(a.get("bytes")), a.get("logprob")))
-        off = offs[i] if i < len(offs) and isinstance(offs[i], int) else None
-        out.append(_RawTok(t, None, lps[i] if i < len(lps) else None, top, off))
+        off = offs[i] if i < len(offs) and isinstance(offs[i], int) and not isinstance(offs[i], bool) else None
+        out.append(_RawTok(t, None, lps[i] if i < len(lps) else None, _alternatives(tops[i] if i < len(tops) else None), off))
     return out
 
 
-def _assemble_stream(api: str, events: list[Any], choice: int, acc: _Acc, logprobs_asked: bool):
-    """Merge SSE chunks of one choice → (text, raw tokens or None, finish_reason, usage)."""
+def _assemble_stream(
+    api: str, events: list[Any], choice: int, acc: _Acc, logprobs_asked: bool
+) -> tuple[str, list[_RawTok] | None, Any, Any, int]:
+    """Merge SSE chunks of one choice → (text, raw tokens or None, finish_reason, usage,
+    number of content events, i.e. events that carry this choice)."""
     texts: list[str] = []
     toks: list[_RawTok] | None = None
     finish = None
     usage = None
     chunks_without_lp = 0
+    n_content = 0
     for ev in events:
         if not isinstance(ev, dict):
             acc.add("malformed_response", None, "stream event is not an object")
@@ -460,23 +312,44 @@ def _assemble_stream(api: str, events: list[Any], choice: int, acc: _Acc, logpro
         for ch in chs:
             if not isinstance(ch, dict) or ch.get("index", 0) != choice:
                 continue
+            n_content += 1
             if api == "chat":
-                delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
+                d = ch.get("delta")
+                delta = d if isinstance(d, dict) else {}
                 piece = delta.get("content")
-                entries = _chat_entries(ch.get("logprobs"), acc)
             else:
                 piece = ch.get("text")
-                entries = _completion_entries(ch.get("logprobs"), acc)
+            entries = _entries(ch.get("logprobs"), acc)
             piece = piece if isinstance(piece, str) else ""
             texts.append(piece)
             if entries is not None:
-                toks = (toks or []) + entries
+                if toks is None:
+                    toks = []
+                toks.extend(entries)
             elif piece:
                 chunks_without_lp += 1
             finish = ch.get("finish_reason") or finish
     if logprobs_asked and toks is not None and chunks_without_lp:
         acc.add("missing_logprobs", None, f"{chunks_without_lp} text chunk(s) without logprobs")
-    return "".join(texts), toks, finish, usage
+    return "".join(texts), toks, finish, usage, n_content
+
+
+def _clean_usage(usage: Any, acc: _Acc) -> tuple[dict[str, Any] | None, bool]:
+    """(usage with checked counts, usage_missing). Counts that are not non-negative ints are
+    dropped (``malformed_usage``) so no caller can trip on a hostile value."""
+    if not isinstance(usage, dict):
+        return None, True
+    out = dict(usage)
+    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        if k in out:
+            v = out[k]
+            if v is None:
+                del out[k]
+            elif isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 10**12:
+                acc.add("malformed_usage", None, f"usage.{k} = {str(v)[:40]!r}")
+                del out[k]
+    missing = not ("prompt_tokens" in out and "completion_tokens" in out)
+    return out, missing
 
 
 # -- main entry point -----------------------------------------------------------------------
@@ -537,72 +410,73 @@ def normalize_response(
     body: Any = response
     events: list[Any] | None = None
     if body is None and response_text is not None:
-        if stream and response_text.lstrip().startswith("{") and "data:" not in response_text[:64]:
+        if stream and looks_like_plain_json(response_text):
             stream = False  # the server ignored stream=true and answered with a plain JSON body
         if stream:
-            events = []
-            done = False
-            for raw in response_text.splitlines():
-                line = raw.strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                elif data:
-                    try:
-                        events.append(_loads(data))
-                    except ValueError as exc:
-                        acc.add("malformed_json", None, f"SSE event {len(events)}: {exc}")
-            if not done:
+            sse = parse_sse(response_text)
+            events = list(sse.events)
+            for detail in sse.malformed:
+                acc.add("malformed_json", None, f"SSE {detail}")
+            for idx, sse_err in sse.errors:
+                acc.add("provider_error", None, f"SSE event {idx}: {sse_err.describe()}")
+            if not sse.done:
                 acc.add("truncated_stream", None, f"{len(events)} events, no data: [DONE]")
         else:
             try:
-                body = _loads(response_text)
+                body = loads_json(response_text)
             except ValueError as exc:
-                acc.add("malformed_json", None, str(exc))
+                acc.add("malformed_json", None, str(exc)[:200])
                 body = None
     elif stream and isinstance(body, list):
         events = body
+        for idx, ev in enumerate(events):
+            ev_err = find_error(ev)
+            if ev_err is not None:
+                acc.add("provider_error", None, f"SSE event {idx}: {ev_err.describe()}")
     elif stream and isinstance(body, dict):
-        events = [body]
+        chs0 = body.get("choices")
+        is_chunk = str(body.get("object", "")).endswith("chunk") or (
+            isinstance(chs0, list) and any(isinstance(c, dict) and "delta" in c for c in chs0)
+        )
+        if is_chunk:
+            events = [body]  # one decoded stream chunk
+        else:
+            stream = False  # a decoded plain body passed for a streamed request
 
     text: str | None = None
     raw: list[_RawTok] | None = None
     finish = None
     usage = None
     if events is not None:
-        for ev in events:
-            if isinstance(ev, dict) and ev.get("error"):
-                acc.add("provider_error", None, str(ev.get("error"))[:200])
-        if not any(isinstance(ev, dict) and isinstance(ev.get("choices"), list) and ev["choices"] for ev in events):
-            if events:
-                acc.add("malformed_response", None, "stream has no choices")
-        text, raw, finish, usage = _assemble_stream(api, events, choice, acc, asked)
+        text, raw, finish, usage, n_content = _assemble_stream(api, events, choice, acc, asked)
+        if n_content == 0 and "provider_error" not in acc.anomalies:
+            acc.add("malformed_response", None, f"stream has no content events for choice {choice} ({len(events)} events)")
     elif isinstance(body, dict):
-        if body.get("error"):
-            acc.add("provider_error", None, str(body.get("error"))[:200])
+        err = find_error(body)
+        if err is not None:
+            acc.add("provider_error", None, err.describe())
         chs = body.get("choices")
-        usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+        usage = body.get("usage")
         ch = None
         if isinstance(chs, list):
             ch = next((c for c in chs if isinstance(c, dict) and c.get("index", 0) == choice), None)
             if ch is None and len(chs) > choice and isinstance(chs[choice], dict):
                 ch = chs[choice]
         if ch is None:
-            if not body.get("error"):
+            if err is None:
                 acc.add("malformed_response", None, "no choices")
         else:
             finish = ch.get("finish_reason")
             if api == "chat":
-                msg = ch.get("message") if isinstance(ch.get("message"), dict) else {}
+                m = ch.get("message")
+                msg = m if isinstance(m, dict) else {}
                 text = msg.get("content") if isinstance(msg.get("content"), str) else None
-                raw = _chat_entries(ch.get("logprobs"), acc)
             else:
                 text = ch.get("text") if isinstance(ch.get("text"), str) else None
-                raw = _completion_entries(ch.get("logprobs"), acc)
+            raw = _entries(ch.get("logprobs"), acc)
     elif body is not None:
         acc.add("malformed_response", None, f"body is a {type(body).__name__}, not an object")
+    usage, usage_missing = _clean_usage(usage, acc)
 
     # -- echo: split prompt tokens off (legacy completions) --
     prompt_raw: list[_RawTok] = []
@@ -611,21 +485,7 @@ def normalize_response(
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str) and prompt:
-            split = None
-            if text is not None and text.startswith(prompt) and raw:
-                if all(t.offset is not None for t in raw):
-                    split = sum(1 for t in raw if t.offset < len(prompt))  # type: ignore[operator]
-                else:
-                    target = len(prompt.encode("utf-8"))
-                    acc_b = 0
-                    for i, t in enumerate(raw):
-                        if acc_b == target:
-                            split = i
-                            break
-                        acc_b += len(t.given if t.given is not None else t.token.encode("utf-8"))
-                    else:
-                        if acc_b == target:
-                            split = len(raw)
+            split = _echo_split(raw, text, prompt) if text is not None and text.startswith(prompt) and raw else None
             if split:
                 prompt_raw, raw = raw[:split], raw[split:]  # type: ignore[index]
                 text = text[len(prompt):]  # type: ignore[index]
@@ -661,7 +521,57 @@ def normalize_response(
         usage=usage,
         prompt_tokens=ptoks,
         anomaly_details=acc.details,
+        usage_missing=usage_missing,
     )
+
+
+def _offsets_usable(raw: list[_RawTok]) -> bool:
+    """``text_offset`` values can be trusted: all present, monotonic, starting at 0 (echo), and
+    each step equal to the previous token's length in characters (a token spelled as partial
+    bytes may advance by 0 or 1 character)."""
+    offs = [t.offset for t in raw]
+    if not offs or any(o is None for o in offs) or offs[0] != 0:
+        return False
+    for t, a, b in zip(raw, offs, offs[1:], strict=False):
+        step = b - a  # type: ignore[operator]
+        if step < 0:
+            return False
+        lengths = {len(t.token)}
+        for rec in (byte_spelling(t.token), gpt2_unicode_to_bytes(t.token)):
+            if rec is not None:
+                lengths.add(len(rec.decode("utf-8", errors="ignore")))
+                if rec.decode("utf-8", errors="ignore").encode() != rec:
+                    lengths.update((0, 1))  # a partial character
+        if step not in lengths:
+            return False
+    return True
+
+
+def _echo_split(raw: list[_RawTok], text: str, prompt: str) -> int | None:
+    """Number of leading tokens that spell ``prompt`` in an echoed answer ``text``, or ``None``.
+
+    First the text-guided byte assignment over the whole echoed text (exact when it is
+    unambiguous), then ``text_offset`` when usable (:func:`_offsets_usable`), then a plain
+    count of the tokens' given bytes."""
+    target = len(prompt.encode("utf-8"))
+    tb = text.encode("utf-8", errors="surrogatepass")
+    assigned = assign_bytes([candidates(t.token, t.given, "\ufffd" in text) for t in raw], tb)
+    if assigned is not None and all(b is not None for b in assigned[0]):
+        pos = 0
+        for i, b in enumerate(assigned[0]):
+            if pos == target:
+                return i
+            pos += len(b)  # type: ignore[arg-type]
+        if pos == target:
+            return len(raw)
+    if _offsets_usable(raw):
+        return sum(1 for t in raw if t.offset is not None and t.offset < len(prompt))  # all set when usable
+    pos = 0
+    for i, t in enumerate(raw):
+        if pos == target:
+            return i
+        pos += len(t.given if t.given is not None else t.token.encode("utf-8", errors="surrogatepass"))
+    return len(raw) if pos == target else None
 
 
 def _build_tokens(
@@ -687,8 +597,8 @@ def _build_tokens(
     # ---- bytes ----
     text_bytes = text.encode("utf-8", errors="surrogatepass") if text is not None else None
     has_fffd = text is not None and "\ufffd" in text
-    cands = [_candidates(t.token, t.given, has_fffd or text is None) for t in raw]
-    assigned = _assign_bytes(cands, text_bytes) if text_bytes is not None else None
+    cands = [candidates(t.token, t.given, has_fffd or text is None) for t in raw]
+    assigned = assign_bytes(cands, text_bytes) if text_bytes is not None else None
     token_bytes: list[bytes | None]
     recovery_kind: str | None = None
     spelled = False  # the server spells partial characters as byte escapes (a convention, no anomaly)
@@ -703,14 +613,22 @@ def _build_tokens(
                     recovery_kind = recovery_kind or kd
         if any(b is None for b in token_bytes):
             acc.add("bytes_text_mismatch", None, "token bytes ambiguous or unrecoverable")
+    elif has_fffd and all(t.given is not None and _FFFD not in t.given for t in raw) and lossy_text_consistent(
+        b"".join(t.given for t in raw if t.given is not None), text or ""
+    ):
+        # the runtime's text lost split characters to U+FFFD in its own grouping; every token's
+        # bytes field is valid and agrees with the text everywhere else: keep the bytes
+        token_bytes = [t.given for t in raw]
+        acc.add("replacement_char_text", None, "text carries U+FFFD where the tokens' bytes hold valid characters")
     else:
         token_bytes = []
         for i, t in enumerate(raw):
-            b = t.given if t.given is not None else t.token.encode("utf-8", errors="surrogatepass")
-            if _FFFD in b and not has_fffd and text is not None:
+            tb = t.given if t.given is not None else t.token.encode("utf-8", errors="surrogatepass")
+            if _FFFD in tb and not has_fffd and text is not None:
                 flag(i, "replacement_char_bytes", f"token {t.token!r}")
-                b = None
-            token_bytes.append(b)
+                token_bytes.append(None)
+            else:
+                token_bytes.append(tb)
         if text_bytes is not None:
             known = b"".join(b for b in token_bytes if b is not None)
             detail = "" if known == text_bytes else f"tokens give {known[:60]!r}, text is {text_bytes[:60]!r}"
@@ -735,18 +653,9 @@ def _build_tokens(
                 padded += 1
             elif akind in ("sentinel_logprob", "masked_logit", "positive_logprob"):
                 flag(i, akind, f"alternative {atok!r} logprob {alp!r}")
-            ab = abytes
-            if recovery_kind == "surrogate_token_strings":
-                ab = gpt2_unicode_to_bytes(atok) or ab
-            elif recovery_kind == "spm_token_strings":
-                ab = atok.replace("▁", " ").encode("utf-8")
-            elif ab is None and spelled:
-                ab = _byte_spelling(atok)
-            if ab is None:
-                ab = atok.encode("utf-8", errors="surrogatepass")
-            if _FFFD in ab and text is not None and "\ufffd" not in text:
-                ab = None
-            alts.append((atok, ab, v))
+            ab = alt_bytes(atok, abytes, recovery_kind, spelled)
+            keep = not (_FFFD in ab and text is not None and "\ufffd" not in text)
+            alts.append((atok, ab if keep else None, v))
         if padded:
             flag(i, "top_logprobs_padded", f"{padded} alternative(s) at -inf")
         finite = [a for a in alts if a[2] is not None]
@@ -762,14 +671,14 @@ def _build_tokens(
         ckey_raw = t.token
         in_top = [a for a in alts if a[0] == ckey_raw or (a[1] is not None and a[1] == ckey)]
         others = [a for a in finite if not (a[0] == ckey_raw or (a[1] is not None and a[1] == ckey))]
-        mass = sum(math.exp(a[2]) for a in finite)  # type: ignore[arg-type]
+        mass = sum(math.exp(v) for _, _, v in finite if v is not None)  # `finite` holds no None
         if finite and mass > 1.0 + MASS_TOL:
             flag(i, "mass_exceeds_one", f"listed mass {mass:.4f}")
-        other_mass = sum(math.exp(a[2]) for a in others)  # type: ignore[arg-type]
+        other_mass = sum(math.exp(v) for _, _, v in others if v is not None)
         zwm = rawf == 0.0 and other_mass > MASS_TOL
         zero_with_mass.append(zwm)
         if not prompt and alts and not in_top:
-            min_alt = min((a[2] for a in finite), default=None)
+            min_alt = min((v for _, _, v in finite if v is not None), default=None)
             belongs = greedy or (lp is not None and min_alt is not None and lp > min_alt + POSITIVE_TOL)
             if belongs:
                 flag(i, "chosen_not_in_top", f"chosen {t.token!r} not among {len(alts)} alternatives")
@@ -799,7 +708,7 @@ def _build_tokens(
         else:
             i += 1
     if stream and not prompt:
-        seen: list[tuple[tuple, bytes]] = []
+        seen: list[tuple[tuple[tuple[str, float | None], ...], bytes]] = []
         for i, t in enumerate(raw):
             if not t.top:
                 continue

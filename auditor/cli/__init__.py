@@ -1,9 +1,10 @@
 """The `auditor` command line (Typer + rich).
 
-Each command area lives in its own module under ``auditor.cli`` and exposes
-``register(app: typer.Typer) -> None``; this root only collects them. Heavy
-imports (torch, transformers, streamlit) happen inside command functions so
-that ``auditor --help`` stays fast and audits can run without a GPU stack.
+Each command (or command group) lives in the module of its name under ``auditor.cli``
+(``auditor probe`` in ``probe.py``, ``auditor schedule``/``feed`` in ``schedule.py``, ...) and
+exposes ``register(app: typer.Typer) -> None``; this root only collects them; ``common.py``
+holds the helpers they share. Heavy imports (torch, transformers, streamlit) happen inside
+command functions so that ``auditor --help`` stays fast and audits can run without a GPU stack.
 
 Exit codes (see ``auditor check``): 0 PASS, 1 deviation found,
 2 INCONCLUSIVE, 3 usage/config/connection error.
@@ -29,12 +30,15 @@ COMMAND_MODULES = (
     "serve",  # serve (provider simulator)
     "models",  # models pull|list
     "reference",  # reference generate|score
-    "probe",  # providers, suites, debug
-    "run",  # probe (probes-only run, resumable)
+    "providers",  # providers list|show|probe
+    "suites",  # suites list|show
+    "debug",  # debug normalize
+    "probe",  # probe (probes-only run, resumable)
     "db",  # db upgrade|downgrade|current
     "dashboard",  # dashboard
     "schedule",  # schedule add|list|remove|run, feed
     "calibrate",  # calibrate, plan
+    "speed",  # speed (TTFT/TPOT per workload and load, speculation fingerprint)
 )
 
 for _name in COMMAND_MODULES:

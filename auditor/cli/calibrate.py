@@ -2,7 +2,7 @@
 
 ``auditor calibrate`` measures, on the provider simulator where the truth is known, how often the
 audit accuses an honest provider and how many tokens it needs to catch each kind of cheating
-(``auditor/calibrate.py``); it writes docs/calibration.{json,md,png} (``--out``) and stores the
+(``auditor/calibration/``); it writes docs/calibration.{json,md,png} (``--out``) and stores the
 cells in the ``calibration_results`` table (the dashboard's Calibration page).
 
 ``auditor plan`` answers the inverse question from that calibration: how many tokens (and USD at
@@ -21,21 +21,16 @@ from pathlib import Path
 
 import typer
 
-DB_HELP = "Database URL (SQLAlchemy) or SQLite path; default $AUDITOR_DB_URL or the user data dir file."
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(3)
+from auditor.cli.common import DB_HELP, fail
 
 
 def _ints(text: str, name: str) -> list[int]:
     try:
         vals = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        _fail(f"{name} must be a comma-separated list of integers, got {text!r} (e.g. 100,300,1000,3000)")
+        fail(f"{name} must be a comma-separated list of integers, got {text!r} (e.g. 100,300,1000,3000)")
     if not vals or min(vals) < 1:
-        _fail(f"{name} must hold positive integers, got {text!r}")
+        fail(f"{name} must hold positive integers, got {text!r}")
     return vals
 
 
@@ -81,20 +76,37 @@ def register(app: typer.Typer) -> None:
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache root for pools (default: the user cache dir)."),
         threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice)."),
         as_json: bool = typer.Option(False, "--json", help="Print the records as JSON instead of a table."),
+        device: str | None = typer.Option(None, "--device", help="Where the reference (and the simulated engines) run: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
+        dtype: str | None = typer.Option(None, "--dtype", help="One reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16)."),
     ) -> None:
         """Detection benchmark: false-accusation rate and power per simulator profile and token budget."""
-        from auditor import calibrate as cal
-        from reference.simulator.profiles import PROFILES
+        from auditor import calibration as cal
+        from auditor.calibration.benchmark import DEFAULT_PROFILES
+        from simulator.profiles import PROFILES, get_profile
 
-        names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else list(PROFILES)
-        bad = [p for p in names if p not in PROFILES]
+        def _known(name: str) -> bool:
+            try:
+                get_profile(name)  # also resolves parameterized names (relaxed-threshold:0.7, mix-int4:0.1)
+            except (KeyError, ValueError):
+                return False
+            return True
+
+        names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else list(DEFAULT_PROFILES)
+        bad = [p for p in names if not _known(p)]
         if bad:
-            _fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join(PROFILES)}")
+            fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join(PROFILES)}")
+        from auditor.errors import AuditError
+        from auditor.scoring import check_device
+
+        try:
+            check_device(device, dtype)  # CUDA asked without a GPU → exit 3 before any work
+        except AuditError as exc:
+            fail(f"--{exc.parameter}: {exc}")
         bl = _ints(budgets, "--budgets")
         from auditor.sequential import SPENDING_FUNCTIONS, SequentialDesign
 
         if spending not in SPENDING_FUNCTIONS:
-            _fail(f"--spending must be one of {', '.join(SPENDING_FUNCTIONS)}, got {spending!r}")
+            fail(f"--spending must be one of {', '.join(SPENDING_FUNCTIONS)}, got {spending!r}")
         if threads:
             import torch
 
@@ -122,16 +134,26 @@ def register(app: typer.Typer) -> None:
         try:
             mixes = [cal.default_mix(x.strip()) for x in suites.split(",") if x.strip()]
         except (SuiteError, KeyError, ValueError, OSError) as exc:
-            _fail(f"--suites: {exc}")
+            fail(f"--suites: {exc}")
         if not mixes:
-            _fail("--suites: give at least one suite name (e.g. default)")
+            fail("--suites: give at least one suite name (e.g. default)")
+        ref_lms = None
+        if device is not None or dtype is not None:
+            from auditor.noise import REFERENCE_DTYPES
+            from reference.models import DEFAULT_MODEL, ModelNotAvailableError, load_model
+
+            try:
+                ref_lms = {dt: load_model(model or DEFAULT_MODEL, dtype=dt, device=device or "cpu")
+                           for dt in ([dtype] if dtype else REFERENCE_DTYPES)}
+            except (ModelNotAvailableError, ValueError, OSError) as exc:
+                fail(f"--model/--device/--dtype: {exc}")
         try:
             run = cal.run_calibration(
-                names, bl, audits, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir, mix=mixes,
+                names, bl, audits, ref_lms=ref_lms, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir, mix=mixes,
                 refresh=refresh, sequential=design, sequential_audits=sequential_audits, progress=say,
             )
         except (KeyError, ValueError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
         if out is not None and str(out):
             paths = cal.write_outputs(run, out)
             say("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -161,12 +183,12 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     ) -> None:
         """How many tokens (and USD) an audit needs for the wanted power, from the stored calibration."""
-        from auditor import calibrate as cal
+        from auditor import calibration as cal
 
         if (provider is None) == (model is None):
-            _fail("give exactly one of --provider NAME or --model M")
+            fail("give exactly one of --provider NAME or --model M")
         if target not in cal.PLAN_TARGETS:
-            _fail(f"--target must be one of {', '.join(cal.PLAN_TARGETS)}, got {target!r}")
+            fail(f"--target must be one of {', '.join(cal.PLAN_TARGETS)}, got {target!r}")
         pricing = None
         caps = None
         if provider is not None:
@@ -175,12 +197,12 @@ def register(app: typer.Typer) -> None:
             try:
                 pc = get_provider(provider, config)
             except ConfigError as exc:
-                _fail(str(exc))
+                fail(str(exc))
             model = pc.reference
             pricing = pc.pricing
             caps = pc.capabilities
         if calibration is not None and not calibration.is_file():
-            _fail(f"--calibration {calibration} does not exist")
+            fail(f"--calibration {calibration} does not exist")
         rows, src = cal.load_calibration(db, path=calibration, model=str(model))
         plan = cal.make_plan(rows, model=str(model), target=target, power=power, pricing=pricing, capabilities=caps)
         plan["source"] = src
@@ -200,7 +222,7 @@ def _print_table(records: list[dict], meta: dict) -> None:
     from rich.table import Table
 
     fixed = [r for r in records if r.get("design", "fixed") == "fixed"]
-    from auditor.calibrate import record_suite
+    from auditor.calibration import record_suite
 
     for m in dict.fromkeys(record_suite(r) for r in fixed):
         _print_mix_table([r for r in fixed if record_suite(r) == m], meta, m)
@@ -218,24 +240,21 @@ def _print_mix_table(fixed: list[dict], meta: dict, mix: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    budgets = sorted({r["budget_tokens"] for r in fixed})
+    from auditor.calibration import record_grid
+
+    budgets, grid = record_grid(fixed)
     t = Table(title=f"Rejection rate (95% CI), suite {mix!r} — {meta.get('model')} @ {meta.get('revision')}, "
                     f"α={meta.get('alpha')}")
     t.add_column("profile")
     t.add_column("expected")
     for b in budgets:
         t.add_column(f"{b} tok", justify="right")
-    for p in dict.fromkeys(r["profile"] for r in fixed):
-        cells = []
-        for b in budgets:
-            r = next((x for x in fixed if x["profile"] == p and x["budget_tokens"] == b), None)
-            if r is None:
-                cells.append("")
-                continue
-            c = f"{r['rejection_rate']:.2f} [{r['ci_low']:.2f},{r['ci_high']:.2f}]"
-            if r.get("cause_correct_rate") is not None:
-                c += f" c{r['cause_correct_rate']:.0%}"
-            cells.append(c)
+    for p, recs in grid.items():
+        cells = [
+            "" if r is None else f"{r['rejection_rate']:.2f} [{r['ci_low']:.2f},{r['ci_high']:.2f}]"
+            + ("" if r.get("cause_correct_rate") is None else f" c{r['cause_correct_rate']:.0%}")
+            for r in recs
+        ]
         exp = next(x["expected_verdict"] for x in fixed if x["profile"] == p)
         t.add_row(p, exp, *cells)
     Console(file=sys.stdout).print(t)

@@ -2,6 +2,7 @@
 
     auditor check --provider NAME [--suite S] [--budget-tokens N|auto] [--alpha A] [--json PATH]
                   [--format text|json|markdown|junit] [--db URL] [--config F] [--resume RUN_ID]
+                  [--device auto|cpu|cuda|cuda:N] [--dtype float32|bfloat16|float16]
     auditor report RUN_ID [--format markdown|json|junit|text] [--output PATH] [--db URL]
     auditor demo [--json PATH] [--suite S] [--budget-tokens N] [--db URL]
 
@@ -14,10 +15,43 @@ simulator's cause was named, 1 otherwise, 3 when a simulator did not start.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
+if TYPE_CHECKING:  # pragma: no cover
+    from auditor.errors import AuditError
+
 FORMATS = ("text", "json", "markdown", "junit")
+
+#: ``CheckOptions`` field → the ``auditor check`` flag that sets it (for wording library errors).
+FLAGS = {
+    "suite": "--suite",
+    "budget_tokens": "--budget-tokens",
+    "alpha": "--alpha",
+    "seed": "--seed",
+    "resume": "--resume",
+    "db_url": "--db",
+    "config_path": "--config",
+    "device": "--device",
+    "dtype": "--dtype",
+}
+
+
+def word_audit_error(exc: AuditError, provider: str | None = None) -> str:
+    """A library :class:`~auditor.errors.AuditError` worded for the command line: parameter names
+    become their flags (``budget_tokens=5`` → ``--budget-tokens 5``), and a stored run that can be
+    continued gets the command that continues it."""
+    from auditor.errors import NothingToAuditError
+
+    msg = str(exc)
+    if exc.parameter in FLAGS:
+        flag = FLAGS[exc.parameter]
+        msg = msg.replace(f"{exc.parameter}=", f"{flag} ")
+    if isinstance(exc, NothingToAuditError) and exc.run_id:
+        name = exc.provider or provider or "NAME"
+        msg = msg.replace("resume the run.", f"`auditor check --provider {name} --resume {exc.run_id}`.")
+    return msg
 
 
 def _fail(message: str, code: int = 3) -> typer.Exit:
@@ -52,11 +86,14 @@ def register(app: typer.Typer) -> None:
         resume: str | None = typer.Option(None, "--resume", help="Continue the interrupted audit RUN_ID."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars on stderr while probing and scoring."),
         seed: int = typer.Option(0, "--seed", help="Seed of the detectors' randomization (recorded with the run)."),
+        device: str | None = typer.Option(None, "--device", help="Where a local reference runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: the reference table's, else cpu)."),
+        dtype: str | None = typer.Option(None, "--dtype", help="Reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16, or the reference table's)."),
     ) -> None:
         """Audit a provider: probe it, compare with the reference, print the verdict and the evidence."""
         from rich.console import Console
 
-        from auditor.audit import AuditError, run_check
+        from auditor.audit import CheckOptions, run_check
+        from auditor.errors import AuditError
         from auditor.report import render, render_json
 
         if fmt not in FORMATS:
@@ -74,6 +111,9 @@ def register(app: typer.Typer) -> None:
             if budget < 1:
                 raise _fail(f"--budget-tokens {budget_tokens!r}: a positive number of tokens or 'auto'")
         try:
+            from auditor.scoring import check_device
+
+            check_device(device, dtype)  # CUDA asked without a GPU → exit 3 before anything starts
             if auto:  # sequential stopping (group-sequential design, alpha spending): auditor/sequential.py
                 from auditor.sequential import run_sequential_check
 
@@ -81,18 +121,18 @@ def register(app: typer.Typer) -> None:
                     raise _fail("--budget-tokens auto cannot --resume; resume with a fixed --budget-tokens")
                 rep, _seq = run_sequential_check(
                     provider, suite=suite, alpha=alpha, db_url=db, config_path=str(config) if config else None,
-                    progress=True if progress else None, console=err, seed=seed,
+                    progress=True if progress else None, console=err, seed=seed, device=device, dtype=dtype,
                     on_look=lambda d: err.print(f"look {d.look}: {d.tokens} tokens, alpha_k={d.alpha_look:.2g}: "
                                                 f"{d.verdict} ({d.action})", highlight=False),
                 )
             else:
-                rep = run_check(
-                    provider, suite=suite, budget_tokens=budget, alpha=alpha, db_url=db,
+                rep = run_check(provider, CheckOptions(
+                    suite=suite, budget_tokens=budget, alpha=alpha, db_url=db,
                     config_path=str(config) if config else None, resume=resume, progress=True if progress else None,
-                    console=err, seed=seed,
-                )
+                    console=err, seed=seed, device=device, dtype=dtype,
+                ))
         except AuditError as exc:
-            raise _fail(str(exc), exc.exit_code) from None
+            raise _fail(word_audit_error(exc, provider), exc.exit_code) from None
         except KeyboardInterrupt as exc:
             rid = getattr(exc, "run_id", None) or "<RUN_ID>"
             raise _fail(f"interrupted; continue with: auditor check --provider {provider} --resume {rid}", 130) from None
@@ -102,7 +142,9 @@ def register(app: typer.Typer) -> None:
             render(rep, "text", Console())
             err.print(f"re-render: auditor report {rep.run_id} --format markdown", highlight=False)
         else:
-            _emit(render(rep, fmt), None)
+            out = render(rep, fmt)
+            assert out is not None  # only fmt "text" prints instead of returning a string
+            _emit(out, None)
         raise typer.Exit(rep.exit_code)
 
     @app.command("report")
@@ -127,7 +169,9 @@ def register(app: typer.Typer) -> None:
         if fmt == "text":
             render(rep, "text", Console(file=open(output, "w", encoding="utf-8")) if output else Console())  # noqa: SIM115
             return
-        _emit(render(rep, fmt), output)
+        out = render(rep, fmt)
+        assert out is not None  # only fmt "text" prints instead of returning a string
+        _emit(out, output)
 
     @app.command("demo")
     def demo_cmd(
@@ -140,14 +184,16 @@ def register(app: typer.Typer) -> None:
         """Start three simulators (honest-bf16, int4, relaxed-threshold) on loopback, audit each, compare."""
         from rich.console import Console
 
-        from auditor.audit import AuditError
         from auditor.demo import DemoError, render_demo_table, run_demo
+        from auditor.errors import AuditError
 
         err = Console(stderr=True)
         try:
             result = run_demo(suite=suite, budget_tokens=budget_tokens, db_url=db, json_path=json_path,
                               progress=progress, console=err)
-        except (DemoError, AuditError) as exc:
+        except AuditError as exc:
+            raise _fail(word_audit_error(exc), exc.exit_code) from None
+        except DemoError as exc:
             raise _fail(str(exc), getattr(exc, "exit_code", 3)) from None
         except KeyboardInterrupt:
             raise _fail("interrupted; the simulators were shut down", 130) from None

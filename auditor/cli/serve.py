@@ -4,6 +4,7 @@
                   [--drafter ngram|self:L|none] [--k K] [--seed S] [--faults RATE] [--fault-delay S]
                   [--accept-threshold-single S] [--accept-threshold-acc A] [--greedy-flip-rate R]
                   [--forced-top-p P] [--logit-noise SIGMA] [--expose-profile] [--list-profiles]
+                  [--ignore-seed] [--server-top-k K] [--inject-system-prompt TEXT]   # compliance faults
 
 Loopback by default (FastAPI + uvicorn, as vLLM and SGLang serve). Exit code 3 on usage errors.
 """
@@ -40,16 +41,22 @@ def register(app: typer.Typer) -> None:
         greedy_flip_rate: float | None = typer.Option(None, "--greedy-flip-rate", help="decode-noncompliant: rate of 2nd-ranked tokens at T=0."),
         forced_top_p: float | None = typer.Option(None, "--forced-top-p", help="truncated-sampling: the engine's own top_p."),
         logit_noise: float | None = typer.Option(None, "--logit-noise", help="honest-noisy: logit noise std (nats)."),
+        ignore_seed: bool = typer.Option(False, "--ignore-seed", help="Compliance fault: ignore the request's seed."),
+        server_top_k: int | None = typer.Option(None, "--server-top-k", min=1, help="Compliance fault: the engine's own top-k on sampling requests without top_k."),
+        inject_system_prompt: str | None = typer.Option(None, "--inject-system-prompt", help="Compliance fault: a hidden system prompt put in front of every chat prompt."),
         max_tokens_default: int = typer.Option(256, "--max-tokens-default", min=1, help="Completion length when a chat request gives no max_tokens."),
         expose_profile: bool = typer.Option(False, "--expose-profile", help="Operator mode: x-simulator-profile header, system_fingerprint, /v1/models metadata."),
         list_profiles: bool = typer.Option(False, "--list-profiles", help="List the profiles and exit."),
         log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+        stream_chunking: str = typer.Option("round", "--stream-chunking", help="SSE chunks: round (one per speculative round) | token (one per token) | time (every --stream-interval-ms)."),
+        stream_interval_ms: float = typer.Option(50.0, "--stream-interval-ms", min=0.001, help="Interval of --stream-chunking time (ms)."),
+        device: str | None = typer.Option(None, "--device", help="Where the served model runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
     ) -> None:
         """Serve the reference model over the OpenAI API, honestly or with one named degradation."""
         from rich.console import Console
 
-        from reference.simulator.profiles import get_profile
-        from reference.simulator.profiles import list_profiles as _list
+        from simulator.profiles import get_profile
+        from simulator.profiles import list_profiles as _list
 
         console = Console()
         if list_profiles:
@@ -70,17 +77,27 @@ def register(app: typer.Typer) -> None:
                 greedy_flip_rate=greedy_flip_rate,
                 forced_top_p=forced_top_p,
                 logit_noise=logit_noise,
+                ignore_seed=ignore_seed or None,
+                forced_top_k=server_top_k,
+                inject_system_prompt=inject_system_prompt,
             )
         except KeyError as e:
             raise _fail(str(e.args[0]) + " (see auditor serve --list-profiles)") from None
         except ValueError as e:
             raise _fail(str(e)) from None
+        if device is not None:
+            from reference.models import resolve_device
+
+            try:
+                resolve_device(device)  # CUDA asked without a GPU → exit 3 before the model loads
+            except ValueError as e:
+                raise _fail(str(e).replace("device=", "--device ", 1)) from None
         import time
 
         import uvicorn
 
         from reference.models import ModelNotAvailableError
-        from reference.simulator.server import create_app, free_port
+        from simulator.server import create_app, free_port
 
         t0 = time.perf_counter()
         try:
@@ -95,6 +112,9 @@ def register(app: typer.Typer) -> None:
                 fault_delay=fault_delay,
                 expose_profile=expose_profile,
                 max_tokens_default=max_tokens_default,
+                stream_chunking=stream_chunking,
+                stream_interval_ms=stream_interval_ms,
+                device=device,
             )
         except (ModelNotAvailableError, ValueError) as e:
             raise _fail(str(e)) from None

@@ -1,6 +1,7 @@
 """Statistical detectors: each a pure function (EvidenceBatch, NoiseFloor | None) → DetectorResult.
 
-Registry keys (kebab-case) and what they need:
+Registry keys (kebab-case) and what they need — a summary; the :data:`DETECTORS` entries below are
+authoritative:
 
 | key                  | positions             | needs                         | H1 (one-sided)                     |
 |----------------------|-----------------------|-------------------------------|------------------------------------|
@@ -14,6 +15,13 @@ Registry keys (kebab-case) and what they need:
 | self-tail            | T = 1, top_lps        | —                             | own tail under-emitted             |
 | self-greedy          | T = 0, top_lps        | (floor)                       | emitted ≠ own top-1, clear margin  |
 
+Each key's metadata lives here, in one place (:class:`DetectorSpec` in :data:`DETECTORS`): the
+probe mode it reads, the positions it uses, its test kind, the causes a rejection points at, the
+power family and the target effect of the PASS/INCONCLUSIVE power check. ``auditor.verdict`` and
+the pipeline read it through :func:`spec`, :func:`detectors_where`, :data:`MODES`,
+:data:`IMPLICATIONS`, :data:`POWER_FAMILIES` and :data:`POWER_TARGETS`; names are
+:class:`DetectorName` members, never bare strings.
+
 ``run_detectors`` runs a selection and returns one DetectorResult per key (``ran=False`` with a
 reason when a detector had nothing to work on); ``auditor.verdict.decide_verdict`` applies Holm
 across those that ran and names the cause. Decision rules: docs/detectors.md.
@@ -21,14 +29,17 @@ across those that ran and names the cause. Decision rules: docs/detectors.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
 
 import numpy as np
 
 from .base import (
     MIN_POSITIONS,
     UNTRUSTED_LOGPROB_ANOMALIES,
+    DetectorName,
     DetectorResult,
     EvidenceBatch,
     PositionEvidence,
@@ -43,94 +54,335 @@ from .stats import holm
 
 __all__ = [
     "DETECTORS",
+    "IMPLICATIONS",
     "MIN_POSITIONS",
+    "MODES",
+    "POWER_FAMILIES",
+    "POWER_TARGETS",
     "REFERENCE_DETECTORS",
     "SELF_SAMPLING_DETECTORS",
     "UNTRUSTED_LOGPROB_ANOMALIES",
+    "DetectorFn",
+    "DetectorName",
     "DetectorResult",
     "DetectorSpec",
     "EvidenceBatch",
+    "Mode",
     "NoiseFloor",
     "PositionEvidence",
+    "PowerFamily",
+    "PowerTarget",
+    "TestKind",
     "compute_noise_floor",
+    "detectors_where",
     "holm",
     "not_run",
     "run_detectors",
+    "spec",
 ]
+
+
+class Mode(StrEnum):
+    """Probe mode a detector reads (the store's ``probes.mode``): what the audit must request."""
+
+    GREEDY = "greedy"
+    LOGPROB = "logprob"
+    SAMPLING = "sampling"
+
+
+class TestKind(StrEnum):
+    """The statistic behind a detector (decides its power calculation in ``auditor.verdict``)."""
+
+    __test__ = False  # not a pytest class
+
+    CLEAR_MISMATCH = "clear-mismatch"  # exact binomial on clear mismatches (greedy.py)
+    KL = "kl"  # z-test on mean log bucketed KL against the floor (logprob.py)
+    PIT = "pit"  # randomized-PIT Cramér–von Mises omnibus (sampling.py); no power target
+    ARGMAX = "argmax"  # Poisson-binomial argmax over-emission (sampling.py)
+    TAIL = "tail"  # Poisson-binomial tail deficit (sampling.py)
+
+
+class PowerFamily(StrEnum):
+    """PASS needs, for every family that ran, one detector with enough power for its target."""
+
+    MODEL = "model"
+    ACCEPTANCE = "acceptance"
+    TRUNCATION = "truncation"
+    DECODE_PATH = "decode-path"
+
+
+@dataclass(frozen=True)
+class PowerTarget:
+    """The effect an audit must be able to see (``auditor.verdict.required_positions``).
+
+    Attributes:
+        key: name of the target (the key of :data:`POWER_TARGETS`).
+        value: target effect in ``unit``.
+        unit: unit of the detector's effect the target is stated in.
+        meaning: what an effect of this size corresponds to.
+    """
+
+    key: str
+    value: float
+    unit: str
+    meaning: str
+
+
+_CLEAR_MISMATCH = PowerTarget(
+    "clear_mismatch_rate", 0.03, "fraction of greedy positions", "3% clear mismatches (int8-like)"
+)
+_KL_RATIO = PowerTarget(
+    "kl_ratio", 3.0, "geometric-mean KL / honest floor", "KL three times the honest noise floor"
+)
+_ARGMAX_EXCESS = PowerTarget(
+    "argmax_excess", 0.08, "extra argmax emissions per sampled position", "relaxed acceptance"
+)
+_TAIL_RATIO = PowerTarget(
+    "tail_ratio", 0.0, "observed / expected tail emissions", "the tail entirely missing (truncation)"
+)
+
+#: Target effects by key (read by the verdict's power check): key → value.
+POWER_TARGETS: Mapping[str, float] = MappingProxyType(
+    {t.key: t.value for t in (_CLEAR_MISMATCH, _KL_RATIO, _ARGMAX_EXCESS, _TAIL_RATIO)}
+)
+
+#: A detector: (batch, floor, *, rng, ...) → DetectorResult.
+DetectorFn = Callable[..., DetectorResult]
+
+# verdict names a rejection can lead to (auditor.verdict.VerdictKind values; tests check them)
+_Q, _S, _R, _D = "QUANTIZATION", "SUBSTITUTION", "RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT"
 
 
 @dataclass(frozen=True)
 class DetectorSpec:
-    """Registry entry: key, function, one-line description, whether it needs the reference."""
+    """Registry entry: everything the verdict, the pipeline and reports know about one detector.
 
-    name: str
-    fn: Callable[..., DetectorResult]
+    Attributes:
+        name: registry key.
+        fn: the detector function.
+        description: one line, what it compares.
+        needs_reference: needs the reference model's distribution (else: provider's own logprobs).
+        needs_top_logprobs: needs the provider's reported top_logprobs.
+        mode: the probe mode whose responses it reads.
+        test: the statistic (decides the power calculation).
+        positions: which positions it uses (temperature and what must be known there).
+        causes: verdicts a rejection can lead to (``auditor.verdict.VerdictKind`` values), most
+            likely first; which one is decided by the rules in ``auditor.verdict``.
+        implication: short cause-naming phrase for ``Verdict.details["findings"]``.
+        finding: one sentence for reports (``auditor.report``).
+        power_family: its family in the PASS/INCONCLUSIVE power check, None when it has none
+            (the omnibus PIT tests).
+        power_target: the target effect of that check, None when the family has none.
+    """
+
+    name: DetectorName
+    fn: DetectorFn
     description: str
     needs_reference: bool
+    needs_top_logprobs: bool
+    mode: Mode
+    test: TestKind
+    positions: str
+    causes: tuple[str, ...]
+    implication: str
+    finding: str
+    power_family: PowerFamily | None
+    power_target: PowerTarget | None
 
 
-DETECTORS: dict[str, DetectorSpec] = {
-    s.name: s
-    for s in (
-        DetectorSpec(
-            "greedy-match",
-            greedy_match,
-            "T=0 tokens vs reference argmax; clear mismatches beyond the noise band",
-            True,
-        ),
-        DetectorSpec(
-            "logprob-divergence",
-            logprob_divergence,
-            "reported top_logprobs vs reference: bucketed KL vs honest floor",
-            True,
-        ),
-        DetectorSpec(
-            "sampling-gof",
-            sampling_gof,
-            "sampled tokens: randomized PIT uniformity (Cramér–von Mises)",
-            True,
-        ),
-        DetectorSpec(
-            "sampling-argmax",
-            sampling_argmax,
-            "sampled tokens: argmax over-emission (relaxed acceptance)",
-            True,
-        ),
-        DetectorSpec(
-            "sampling-tail",
-            sampling_tail,
-            "sampled tokens: low-probability tail deficit (truncated sampling)",
-            True,
-        ),
-        DetectorSpec(
-            "self-gof",
-            self_gof,
-            "sampled tokens vs own logprobs: randomized PIT uniformity",
-            False,
-        ),
-        DetectorSpec(
-            "self-argmax",
-            self_argmax,
-            "sampled tokens vs own logprobs: top-1 over-emission",
-            False,
-        ),
-        DetectorSpec(
-            "self-tail",
-            self_tail,
-            "sampled tokens vs own logprobs: tail deficit",
-            False,
-        ),
-        DetectorSpec(
-            "self-greedy",
-            self_greedy,
-            "T=0 tokens vs own reported top-1 (decode path consistency)",
-            False,
-        ),
+_REF_SAMPLED = (
+    "T > 0, aligned token, reference row (top-K list: T = 1 only; full rows: any T > 0, tempered)"
+)
+_OWN_SAMPLED = "T = 1, aligned token, trusted provider top_logprobs (listed support + tail bucket)"
+
+#: The registry, in a fixed order (``run_detectors`` derives each detector's seed from its index:
+#: append new detectors at the end so that existing seeds do not move).
+DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
+    {
+        str(s.name): s
+        for s in (
+            DetectorSpec(
+                DetectorName.GREEDY_MATCH,
+                greedy_match,
+                "T=0 tokens vs reference argmax; clear mismatches beyond the noise band",
+                needs_reference=True,
+                needs_top_logprobs=False,
+                mode=Mode.GREEDY,
+                test=TestKind.CLEAR_MISMATCH,
+                positions="T = 0, aligned token, reference row",
+                causes=(_Q, _S, _D),
+                implication="greedy tokens differ from the reference (model changed, or decode path differs)",
+                finding="greedy tokens differ from the reference argmax beyond the honest noise band",
+                power_family=PowerFamily.MODEL,
+                power_target=_CLEAR_MISMATCH,
+            ),
+            DetectorSpec(
+                DetectorName.LOGPROB_DIVERGENCE,
+                logprob_divergence,
+                "reported top_logprobs vs reference: bucketed KL vs honest floor",
+                needs_reference=True,
+                needs_top_logprobs=True,
+                mode=Mode.LOGPROB,
+                test=TestKind.KL,
+                positions="T in {0, 1}, trusted provider top_logprobs (>= floor width M), reference row",
+                causes=(_Q, _S),
+                implication="reported distribution differs from the reference (quantization or substitution)",
+                finding="the reported distribution differs from every honest variant of the reference",
+                power_family=PowerFamily.MODEL,
+                power_target=_KL_RATIO,
+            ),
+            DetectorSpec(
+                DetectorName.SAMPLING_GOF,
+                sampling_gof,
+                "sampled tokens: randomized PIT uniformity (Cramér–von Mises)",
+                needs_reference=True,
+                needs_top_logprobs=False,
+                mode=Mode.SAMPLING,
+                test=TestKind.PIT,
+                positions=_REF_SAMPLED,
+                causes=(_R, _Q),
+                implication="sampled tokens do not follow the reference distribution",
+                finding="sampled tokens do not follow the reference distribution",
+                power_family=None,
+                power_target=None,
+            ),
+            DetectorSpec(
+                DetectorName.SAMPLING_ARGMAX,
+                sampling_argmax,
+                "sampled tokens: argmax over-emission (relaxed acceptance)",
+                needs_reference=True,
+                needs_top_logprobs=False,
+                mode=Mode.SAMPLING,
+                test=TestKind.ARGMAX,
+                positions=_REF_SAMPLED + "; tested where p(argmax) >= ARGMAX_TEST_MIN_P",
+                causes=(_R, _D),
+                implication="argmax over-emitted (relaxed acceptance, or greedy serving)",
+                finding="the argmax is over-emitted when sampling (relaxed acceptance, or greedy serving)",
+                power_family=PowerFamily.ACCEPTANCE,
+                power_target=_ARGMAX_EXCESS,
+            ),
+            DetectorSpec(
+                DetectorName.SAMPLING_TAIL,
+                sampling_tail,
+                "sampled tokens: low-probability tail deficit (truncated sampling)",
+                needs_reference=True,
+                needs_top_logprobs=False,
+                mode=Mode.SAMPLING,
+                test=TestKind.TAIL,
+                positions=_REF_SAMPLED,
+                causes=(_D, _R, _Q),
+                implication="low-probability tail under-emitted (truncated sampling)",
+                finding="the low-probability tail is under-emitted (truncated sampling)",
+                power_family=PowerFamily.TRUNCATION,
+                power_target=_TAIL_RATIO,
+            ),
+            DetectorSpec(
+                DetectorName.SELF_GOF,
+                self_gof,
+                "sampled tokens vs own logprobs: randomized PIT uniformity",
+                needs_reference=False,
+                needs_top_logprobs=True,
+                mode=Mode.SAMPLING,
+                test=TestKind.PIT,
+                positions=_OWN_SAMPLED,
+                causes=(_R,),
+                implication="sampled tokens do not follow the provider's own reported distribution",
+                finding="sampled tokens do not follow the provider's own reported distribution",
+                power_family=None,
+                power_target=None,
+            ),
+            DetectorSpec(
+                DetectorName.SELF_ARGMAX,
+                self_argmax,
+                "sampled tokens vs own logprobs: top-1 over-emission",
+                needs_reference=False,
+                needs_top_logprobs=True,
+                mode=Mode.SAMPLING,
+                test=TestKind.ARGMAX,
+                positions=_OWN_SAMPLED,
+                causes=(_R, _D),
+                implication="own top-1 over-emitted (relaxed acceptance)",
+                finding="the provider's own top-1 is over-emitted when sampling",
+                power_family=PowerFamily.ACCEPTANCE,
+                power_target=_ARGMAX_EXCESS,
+            ),
+            DetectorSpec(
+                DetectorName.SELF_TAIL,
+                self_tail,
+                "sampled tokens vs own logprobs: tail deficit",
+                needs_reference=False,
+                needs_top_logprobs=True,
+                mode=Mode.SAMPLING,
+                test=TestKind.TAIL,
+                positions=_OWN_SAMPLED,
+                causes=(_D, _R),
+                implication="own tail under-emitted (truncated sampling)",
+                finding="the provider's own tail is under-emitted",
+                power_family=PowerFamily.TRUNCATION,
+                power_target=_TAIL_RATIO,
+            ),
+            DetectorSpec(
+                DetectorName.SELF_GREEDY,
+                self_greedy,
+                "T=0 tokens vs own reported top-1 (decode path consistency)",
+                needs_reference=False,
+                needs_top_logprobs=True,
+                mode=Mode.GREEDY,
+                test=TestKind.CLEAR_MISMATCH,
+                positions="T = 0, aligned token, trusted provider top_logprobs",
+                causes=(_D,),
+                implication="greedy tokens contradict own reported top-1 (decode path differs)",
+                finding="greedy tokens contradict the provider's own reported top-1 (decode path differs)",
+                power_family=PowerFamily.DECODE_PATH,
+                power_target=_CLEAR_MISMATCH,
+            ),
+        )
+    }
+)
+
+
+def spec(name: str) -> DetectorSpec:
+    """The registry entry of ``name`` (a :class:`DetectorName` or its string).
+
+    Raises:
+        KeyError: on an unknown name, listing the known ones.
+    """
+    try:
+        return DETECTORS[name]
+    except KeyError:
+        raise KeyError(f"unknown detector {name!r}; known: {list(DETECTORS)}") from None
+
+
+def detectors_where(
+    *,
+    mode: Mode | None = None,
+    test: TestKind | None = None,
+    power_family: PowerFamily | None = None,
+    needs_reference: bool | None = None,
+) -> tuple[DetectorName, ...]:
+    """Names of the detectors matching every given attribute (None = any), in registry order."""
+    return tuple(
+        s.name
+        for s in DETECTORS.values()
+        if (mode is None or s.mode == mode)
+        and (test is None or s.test == test)
+        and (power_family is None or s.power_family == power_family)
+        and (needs_reference is None or s.needs_reference == needs_reference)
     )
-}
 
-REFERENCE_DETECTORS = tuple(k for k, s in DETECTORS.items() if s.needs_reference)
-SELF_SAMPLING_DETECTORS = ("self-gof", "self-argmax", "self-tail")
+
+#: name → probe mode.
+MODES: Mapping[str, Mode] = MappingProxyType({k: s.mode for k, s in DETECTORS.items()})
+#: name → short implication of a rejection (``Verdict.details["findings"]``).
+IMPLICATIONS: Mapping[str, str] = MappingProxyType({k: s.implication for k, s in DETECTORS.items()})
+#: power family → its detectors, in registry order (families in PowerFamily order).
+POWER_FAMILIES: Mapping[str, tuple[DetectorName, ...]] = MappingProxyType(
+    {str(f): detectors_where(power_family=f) for f in PowerFamily}
+)
+REFERENCE_DETECTORS = detectors_where(needs_reference=True)
+SELF_SAMPLING_DETECTORS = tuple(
+    s.name for s in DETECTORS.values() if not s.needs_reference and s.mode == Mode.SAMPLING
+)
 
 
 def run_detectors(

@@ -15,18 +15,41 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple, cast
 
 import numpy as np
+
+from auditor.util import json_safe
 
 __all__ = [
     "MIN_POSITIONS",
     "UNTRUSTED_LOGPROB_ANOMALIES",
+    "DetectorName",
     "DetectorResult",
     "EvidenceBatch",
     "PositionEvidence",
+    "ReferenceArrays",
     "not_run",
 ]
+
+class DetectorName(StrEnum):
+    """Registry keys of the detectors (kebab-case; stored in ``detector_results.name``).
+
+    Use these members instead of bare strings; a member equals (and hashes as) its string value,
+    so dicts keyed by stored names accept them. Metadata per name: ``auditor.detectors.DETECTORS``.
+    """
+
+    GREEDY_MATCH = "greedy-match"
+    LOGPROB_DIVERGENCE = "logprob-divergence"
+    SAMPLING_GOF = "sampling-gof"
+    SAMPLING_ARGMAX = "sampling-argmax"
+    SAMPLING_TAIL = "sampling-tail"
+    SELF_GOF = "self-gof"
+    SELF_ARGMAX = "self-argmax"
+    SELF_TAIL = "self-tail"
+    SELF_GREEDY = "self-greedy"
+
 
 #: Normalizer anomaly kinds (see ../shared/cases/README.md) after which a position's reported
 #: top_logprobs are not used by the logprob and self-consistency detectors. `greedy_not_argmax`
@@ -81,25 +104,29 @@ class DetectorResult:
     effect: float
     effect_ci: tuple[float, float]
     n: int
-    evidence: list[dict] = field(default_factory=list)
+    evidence: list[dict[str, Any]] = field(default_factory=list)
     ran: bool = True
     reason: str | None = None
     p_adjusted: float | None = None
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a DetectorName member becomes its plain string (stored, serialised, compared as text)
+        self.name = str(self.name)
 
     def with_adjusted(self, p_adjusted: float | None) -> DetectorResult:
         """Copy with ``p_adjusted`` set."""
         return replace(self, p_adjusted=p_adjusted)
 
-    def to_dict(self) -> dict:
-        """JSON-safe dict (NaN/inf → None, numpy scalars → Python)."""
-        return _json_safe(asdict(self))
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (NaN/inf → None, numpy scalars → Python; ``auditor.util.json_safe``)."""
+        return cast("dict[str, Any]", json_safe(asdict(self)))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DetectorResult:
         """Inverse of :meth:`to_dict` (None → NaN for the numeric fields)."""
 
-        def f(x):
+        def f(x: Any) -> float:
             return float("nan") if x is None else float(x)
 
         ci = d.get("effect_ci") or (None, None)
@@ -135,21 +162,9 @@ def not_run(name: str, reason: str, n: int = 0, **details: Any) -> DetectorResul
     )
 
 
-def _json_safe(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _json_safe(x.tolist())
-    if isinstance(x, (np.bool_,)):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        v = float(x)
-        return v if math.isfinite(v) else None
-    return x
+#: Deprecated alias kept for callers outside auditor/detectors (auditor/verdict.py,
+#: auditor/calibrate.py) until they import ``auditor.util.json_safe``; remove then.
+_json_safe = json_safe
 
 
 @dataclass
@@ -200,6 +215,19 @@ def _clean_provider_logprob(x: float | None) -> float:
     return v
 
 
+class ReferenceArrays(NamedTuple):
+    """A batch's reference arrays when it has them (:meth:`EvidenceBatch.reference`).
+
+    Shapes as in :class:`EvidenceBatch`: top_ids [N, K] int64, top_logprobs [N, K] float64 nats,
+    token_logprobs [N] float64 nats, at_provider_top [N, M] float64 nats.
+    """
+
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    token_logprobs: np.ndarray
+    at_provider_top: np.ndarray
+
+
 @dataclass
 class EvidenceBatch:
     """Struct-of-arrays view of N positions, the detectors' input.
@@ -244,7 +272,7 @@ class EvidenceBatch:
     def from_arrays(
         cls,
         *,
-        prompt_ids: Sequence | np.ndarray,
+        prompt_ids: Sequence[object] | np.ndarray,
         token_ids: Sequence[int] | np.ndarray,
         temperatures: Sequence[float] | np.ndarray | float,
         positions: Sequence[int] | np.ndarray | None = None,
@@ -412,7 +440,7 @@ class EvidenceBatch:
 
         # ---- reference logprob at provider-listed ids
         ref_at = None
-        if rt_ids is not None:
+        if rt_ids is not None and rt_lp is not None and rt_tok is not None:  # set together above
             ref_at = np.full(p_ids.shape, np.nan)
             if full is not None:
                 ok = (p_ids >= 0) & (p_ids < full.shape[1])
@@ -544,15 +572,32 @@ class EvidenceBatch:
         """True when reference top-K arrays are present."""
         return self.ref_top_ids is not None
 
+    def reference(self) -> ReferenceArrays:
+        """The reference arrays, typed as present (check :attr:`has_reference` first).
+
+        Raises:
+            ValueError: if the batch was built without a reference.
+        """
+        if (
+            self.ref_top_ids is None
+            or self.ref_top_logprobs is None
+            or self.ref_token_logprobs is None
+            or self.ref_at_provider_top is None
+        ):
+            raise ValueError("this EvidenceBatch has no reference arrays (has_reference is False)")
+        return ReferenceArrays(
+            self.ref_top_ids, self.ref_top_logprobs, self.ref_token_logprobs, self.ref_at_provider_top
+        )
+
     @property
     def provider_listed(self) -> np.ndarray:
         """[N] int64 number of provider-listed alternatives per position."""
-        return (self.provider_top_ids >= 0).sum(1)
+        return np.asarray((self.provider_top_ids >= 0).sum(1), dtype=np.int64)
 
     def subset(self, mask: np.ndarray) -> EvidenceBatch:
         """A batch restricted to the positions where mask [N] bool (or an index array) selects."""
 
-        def take(a):
+        def take(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a[mask]
 
         return EvidenceBatch(
@@ -572,7 +617,7 @@ class EvidenceBatch:
             token_texts=take(self.token_texts),
         )
 
-    def evidence_row(self, i: int, **extra: Any) -> dict:
+    def evidence_row(self, i: int, **extra: Any) -> dict[str, Any]:
         """A JSON-able evidence dict for position i (prompt, position, token, reference top-5, ...)."""
         row: dict[str, Any] = {
             "prompt_id": str(self.prompt_ids[i]),
@@ -581,17 +626,16 @@ class EvidenceBatch:
         }
         if self.token_texts is not None and self.token_texts[i] is not None:
             row["token"] = str(self.token_texts[i])
-        if self.ref_top_ids is not None:
-            ids, lps = self.ref_top_ids[i], self.ref_top_logprobs[i]
+        if self.has_reference:
+            ref = self.reference()
+            ids, lps = ref.top_ids[i], ref.top_logprobs[i]
             row["ref_top5"] = [
-                [int(a), _r(b)] for a, b in zip(ids[:5], lps[:5]) if a >= 0
+                [int(a), _r(b)] for a, b in zip(ids[:5], lps[:5], strict=True) if a >= 0
             ]
             if lps.size >= 2 and np.isfinite(lps[1]):
                 row["ref_margin"] = _r(lps[0] - lps[1])
-            if self.ref_token_logprobs is not None and not np.isnan(
-                self.ref_token_logprobs[i]
-            ):
-                row["ref_token_logprob"] = _r(self.ref_token_logprobs[i])
+            if not np.isnan(ref.token_logprobs[i]):
+                row["ref_token_logprob"] = _r(ref.token_logprobs[i])
         m = self.provider_top_ids[i] >= 0
         if m.any():
             row["provider_top5"] = [
@@ -599,6 +643,7 @@ class EvidenceBatch:
                 for a, b in zip(
                     self.provider_top_ids[i][m][:5],
                     self.provider_top_logprobs[i][m][:5],
+                    strict=True,
                 )
             ]
         if not np.isnan(self.provider_token_logprobs[i]):
@@ -609,10 +654,10 @@ class EvidenceBatch:
                 for k, v in extra.items()
             }
         )
-        return _json_safe(row)
+        return cast("dict[str, Any]", json_safe(row))
 
 
-def _r(x: float) -> float:
+def _r(x: float | np.floating[Any]) -> float:
     return round(float(x), 6)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
+from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
 from .greedy import GREEDY_TEMPERATURE_MAX, MIN_HONEST_CLEAR_RATE, clear_mismatch_test
 from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
 from .sampling import (
@@ -37,6 +37,7 @@ from .sampling import (
     gof_result,
     tail_result,
 )
+from .stats import RngLike
 
 __all__ = ["provider_view", "self_argmax", "self_gof", "self_greedy", "self_tail"]
 
@@ -59,56 +60,71 @@ def provider_view(batch: EvidenceBatch) -> SamplingView:
     return SamplingView(idx.astype(np.int64), probs, ranks, "provider")
 
 
-def _view_or_none(
-    batch: EvidenceBatch, name: str
-) -> tuple[SamplingView | None, DetectorResult | None]:
+def _view_or_not_run(batch: EvidenceBatch, name: str) -> SamplingView | DetectorResult:
+    """The provider view, or the not-run result when it has fewer than MIN_POSITIONS positions."""
     view = provider_view(batch)
     if len(view) < MIN_POSITIONS:
-        return None, not_run(
+        return not_run(
             name,
             f"too few T=1 positions with trusted provider top_logprobs ({len(view)} < {MIN_POSITIONS})",
             n=len(view),
         )
-    return view, None
+    return view
 
 
 def self_gof(
-    batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, name="self-gof"
+    batch: EvidenceBatch,
+    floor: NoiseFloor | None = None,
+    *,
+    rng: RngLike = 0,
+    n_evidence: int = 10,
+    name: str = DetectorName.SELF_GOF,
 ) -> DetectorResult:
     """Randomized-PIT Cramér–von Mises test against the provider's own logprobs."""
-    view, nr = _view_or_none(batch, name)
-    return nr or gof_result(batch, view, name, rng, n_evidence)
+    view = _view_or_not_run(batch, name)
+    if isinstance(view, DetectorResult):
+        return view
+    return gof_result(batch, view, name, rng, n_evidence)
 
 
 def self_argmax(
-    batch: EvidenceBatch, floor=None, *, rng=0, n_evidence: int = 10, name="self-argmax"
+    batch: EvidenceBatch,
+    floor: NoiseFloor | None = None,
+    *,
+    rng: RngLike = 0,
+    n_evidence: int = 10,
+    name: str = DetectorName.SELF_ARGMAX,
 ) -> DetectorResult:
     """Over-emission of the provider's own reported top-1 token."""
-    view, nr = _view_or_none(batch, name)
-    return nr or argmax_result(batch, view, name, rng, n_evidence)
+    view = _view_or_not_run(batch, name)
+    if isinstance(view, DetectorResult):
+        return view
+    return argmax_result(batch, view, name, rng, n_evidence)
 
 
 def self_tail(
     batch: EvidenceBatch,
-    floor=None,
+    floor: NoiseFloor | None = None,
     *,
-    rng=0,
+    rng: RngLike = 0,
     n_evidence: int = 10,
     top_p: float = TAIL_TOP_P,
-    name="self-tail",
+    name: str = DetectorName.SELF_TAIL,
 ) -> DetectorResult:
     """Deficit of emissions outside the provider's own reported top-p nucleus."""
-    view, nr = _view_or_none(batch, name)
-    return nr or tail_result(batch, view, name, rng, n_evidence, top_p)
+    view = _view_or_not_run(batch, name)
+    if isinstance(view, DetectorResult):
+        return view
+    return tail_result(batch, view, name, rng, n_evidence, top_p)
 
 
 def self_greedy(
     batch: EvidenceBatch,
     floor: NoiseFloor | None = None,
     *,
-    rng=0,
+    rng: RngLike = 0,
     n_evidence: int = 10,
-    name: str = "self-greedy",
+    name: str = DetectorName.SELF_GREEDY,
 ) -> DetectorResult:
     """Greedy consistency: T = 0 emitted token vs the provider's own reported top-1.
 

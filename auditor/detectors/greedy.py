@@ -15,12 +15,14 @@ token matching against a trusted reference; vLLM docs on batch non-invariance fo
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from scipy import stats
 
-from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
+from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
 from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
-from .stats import as_rng
+from .stats import RngLike, as_rng
 
 __all__ = [
     "GREEDY_TEMPERATURE_MAX",
@@ -40,8 +42,8 @@ def clear_mismatch_test(
     gap: np.ndarray,
     band: float,
     r0: float,
-    rng: np.random.Generator | int | None = 0,
-) -> dict:
+    rng: RngLike = 0,
+) -> dict[str, Any]:
     """Count clear mismatches and test them against the honest rate r0.
 
     Args:
@@ -79,8 +81,8 @@ def greedy_match(
     floor: NoiseFloor | None = None,
     *,
     n_evidence: int = 10,
-    rng: np.random.Generator | int | None = 0,
-    name: str = "greedy-match",
+    rng: RngLike = 0,
+    name: str = DetectorName.GREEDY_MATCH,
 ) -> DetectorResult:
     """Greedy-match detector on the batch's temperature-0 positions (needs a reference).
 
@@ -99,10 +101,11 @@ def greedy_match(
     """
     if not batch.has_reference:
         return not_run(name, "no reference distribution available")
+    ref = batch.reference()
     mask = (
         (batch.temperatures <= GREEDY_TEMPERATURE_MAX)
         & (batch.token_ids >= 0)
-        & (batch.ref_top_ids[:, 0] >= 0)
+        & (ref.top_ids[:, 0] >= 0)
     )
     n = int(mask.sum())
     if n < MIN_POSITIONS:
@@ -113,10 +116,10 @@ def greedy_match(
         )
     idx = np.flatnonzero(mask)
     tok = batch.token_ids[idx]
-    top_ids = batch.ref_top_ids[idx]
-    top_lp = batch.ref_top_logprobs[idx]
+    top_ids = ref.top_ids[idx]
+    top_lp = ref.top_logprobs[idx]
     lp1 = top_lp[:, 0]
-    lp_tok = batch.ref_token_logprobs[idx].copy()
+    lp_tok = ref.token_logprobs[idx].copy()
     # unknown token logprob (outside the top-K, no full row): bound it by the K-th listed value
     last = np.where(np.isfinite(top_lp), top_lp, np.inf).min(1)
     lp_tok = np.where(np.isnan(lp_tok), last, lp_tok)

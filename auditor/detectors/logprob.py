@@ -21,12 +21,14 @@ reference argmax), mean |Δlogprob| and the width M used.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from scipy import stats
 
-from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
+from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
 from .noise_floor import NoiseFloor
-from .stats import as_rng, bucketed_kl, mean_variance_under
+from .stats import RngLike, as_rng, bucketed_kl, mean_variance_under
 
 __all__ = [
     "LOGPROB_TEMPERATURES",
@@ -41,7 +43,7 @@ LOGPROB_TEMPERATURES = (0.0, 1.0)
 
 
 def logprob_positions(
-    batch: EvidenceBatch, temperatures=LOGPROB_TEMPERATURES
+    batch: EvidenceBatch, temperatures: Sequence[float] = LOGPROB_TEMPERATURES
 ) -> np.ndarray:
     """[N] bool: positions usable for logprob comparison (reference, trusted list, T allowed)."""
     if not batch.has_reference:
@@ -49,19 +51,20 @@ def logprob_positions(
     t_ok = np.zeros(len(batch), bool)
     for t in temperatures:
         t_ok |= np.abs(batch.temperatures - t) <= 1e-6
-    return (
+    ok = (
         t_ok
         & batch.provider_trusted
         & (batch.provider_listed >= 1)
-        & (batch.ref_top_ids[:, 0] >= 0)
+        & (batch.reference().top_ids[:, 0] >= 0)
     )
+    return np.asarray(ok, dtype=bool)
 
 
 def bootstrap_mean_ci(
     values: np.ndarray,
     groups: np.ndarray,
     n_boot: int = 1000,
-    rng: np.random.Generator | int | None = 0,
+    rng: RngLike = 0,
     confidence: float = 0.95,
 ) -> tuple[float, float]:
     """Percentile bootstrap CI of the position-weighted mean, resampling prompts (clusters).
@@ -97,11 +100,11 @@ def logprob_divergence(
     batch: EvidenceBatch,
     floor: NoiseFloor | None,
     *,
-    temperatures=LOGPROB_TEMPERATURES,
+    temperatures: Sequence[float] = LOGPROB_TEMPERATURES,
     n_evidence: int = 10,
     n_boot: int = 1000,
-    rng: np.random.Generator | int | None = 0,
-    name: str = "logprob-divergence",
+    rng: RngLike = 0,
+    name: str = DetectorName.LOGPROB_DIVERGENCE,
 ) -> DetectorResult:
     """Logprob-divergence detector (needs a reference and a noise floor).
 
@@ -155,7 +158,8 @@ def logprob_divergence(
         )
     fl = floor.kl_floor(m)
     prov_lp = batch.provider_top_logprobs[idx, :m]
-    ref_lp = batch.ref_at_provider_top[idx, :m]
+    ref = batch.reference()
+    ref_lp = ref.at_provider_top[idx, :m]
     kl, mad, _ = bucketed_kl(ref_lp, prov_lp)
     y = np.log(kl + floor.eps)
     groups = batch.prompt_ids[idx]
@@ -170,7 +174,7 @@ def logprob_divergence(
     p = float(stats.norm.sf(z))
     mean_kl = float(kl.mean())
     ci = bootstrap_mean_ci(kl, groups, n_boot=n_boot, rng=rng)
-    top1 = batch.provider_top_ids[idx, 0] == batch.ref_top_ids[idx, 0]
+    top1 = batch.provider_top_ids[idx, 0] == ref.top_ids[idx, 0]
     order = np.argsort(-kl, kind="stable")[:n_evidence]
     evidence = [
         batch.evidence_row(
@@ -209,5 +213,5 @@ def logprob_divergence(
 
 
 def _margin(batch: EvidenceBatch, i: int) -> float:
-    lp = batch.ref_top_logprobs[i]
+    lp = batch.reference().top_logprobs[i]
     return float(lp[0] - lp[1]) if lp.size > 1 and np.isfinite(lp[1]) else float("inf")

@@ -24,7 +24,7 @@ What it records:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -137,12 +137,12 @@ class NoiseFloor:
             ) from None
 
     # -------------------------------------------------------------- serialisation
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        return d
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (``kl`` values as dicts); inverse: :meth:`from_dict`."""
+        return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> NoiseFloor:
+    def from_dict(cls, d: Mapping[str, Any]) -> NoiseFloor:
         """Inverse of :meth:`to_dict`.
 
         Raises:
@@ -184,7 +184,7 @@ def _log_softmax_rows(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     mx = np.max(np.where(np.isfinite(x), x, -np.inf), axis=1, keepdims=True)
     mx = np.where(np.isfinite(mx), mx, 0.0)
-    return x - (mx + np.log(np.exp(x - mx).sum(1, keepdims=True)))
+    return np.asarray(x - (mx + np.log(np.exp(x - mx).sum(1, keepdims=True))), dtype=np.float64)
 
 
 def _top_m(lp: np.ndarray, m: int) -> np.ndarray:
@@ -200,13 +200,13 @@ def compute_noise_floor(
     ref_rows: np.ndarray,
     honest_rows: np.ndarray | Sequence[np.ndarray],
     *,
-    prompt_ids: Sequence | np.ndarray | None = None,
+    prompt_ids: Sequence[object] | np.ndarray | None = None,
     variant_names: Sequence[str] | None = None,
     top_m: Sequence[int] = DEFAULT_TOP_M,
     band_quantile: float = 0.999,
     band_safety: float = BAND_SAFETY,
     model: str | None = None,
-    meta: dict | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> NoiseFloor:
     """Measure the honest noise floor from teacher-forced reference rows and honest-variant rows.
 
@@ -272,7 +272,7 @@ def compute_noise_floor(
     dq: dict[str, float] = {}
     per_variant_flip: list[tuple[np.ndarray, np.ndarray]] = []
     kl_by_m: dict[str, KLFloor] = {}
-    for name, hv in zip(names, variants):
+    for name, hv in zip(names, variants, strict=True):
         h = np.asarray(hv)
         if h.shape != ref.shape:
             raise ValueError(
@@ -289,7 +289,7 @@ def compute_noise_floor(
         )
         qs = np.quantile(delta, (band_quantile,) + _QUANTILES)
         band_raw = max(band_raw, float(qs[0]))
-        for q, val in zip(_QUANTILES, qs[1:]):
+        for q, val in zip(_QUANTILES, qs[1:], strict=True):
             dq[str(q)] = max(dq.get(str(q), 0.0), float(val))
         h_arg = h_lp.argmax(1)
         flip = h_arg != ref_top2[:, 0]
@@ -312,7 +312,7 @@ def compute_noise_floor(
                 sd_kl=float(kl.std(ddof=1)),
                 quantiles={
                     str(q): float(val)
-                    for q, val in zip(_QUANTILES, np.quantile(kl, _QUANTILES))
+                    for q, val in zip(_QUANTILES, np.quantile(kl, _QUANTILES), strict=True)
                 },
                 mean_abs_dlogprob=float(np.nanmean(mad))
                 if np.any(~np.isnan(mad))

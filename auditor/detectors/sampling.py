@@ -34,21 +34,26 @@ renormalised here).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats
 from scipy.special import logsumexp
 
-from .base import MIN_POSITIONS, DetectorResult, EvidenceBatch, not_run
-from .stats import garwood_ci, poisson_binomial_test, randomized_pit
+from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
+from .noise_floor import NoiseFloor
+from .stats import RngLike, garwood_ci, poisson_binomial_test, randomized_pit
 
 __all__ = [
+    "ARGMAX_TEST_MIN_P",
     "FULL_ROW_TOP_K",
     "TAIL_TOP_P",
     "SamplingView",
-    "ARGMAX_TEST_MIN_P",
     "argmax_test",
+    "cauchy_combination",
+    "combined_sampling_test",
     "gof_test",
+    "poisson_binomial_mid_p",
     "reference_view",
     "sampling_argmax",
     "sampling_gof",
@@ -108,10 +113,11 @@ def reference_view(batch: EvidenceBatch) -> SamplingView:
         return SamplingView(
             np.zeros(0, np.int64), np.zeros((0, 0)), np.zeros(0, np.int64), "reference"
         )
+    ref = batch.reference()
     base = (
         (batch.temperatures > _T1_TOL)
         & (batch.token_ids >= 0)
-        & (batch.ref_top_ids[:, 0] >= 0)
+        & (ref.top_ids[:, 0] >= 0)
     )
     if batch.ref_full_logprobs is not None:
         idx = np.flatnonzero(base)
@@ -132,15 +138,15 @@ def reference_view(batch: EvidenceBatch) -> SamplingView:
             probs[s : s + rows.size] = np.exp(np.take_along_axis(lp, order, 1))
     else:
         idx = np.flatnonzero(base & (np.abs(batch.temperatures - 1.0) <= _T1_TOL))
-        ids = batch.ref_top_ids[idx]
-        probs = np.exp(batch.ref_top_logprobs[idx])
+        ids = ref.top_ids[idx]
+        probs = np.exp(ref.top_logprobs[idx])
     return SamplingView(
         idx.astype(np.int64), probs, _rank_of(ids, batch.token_ids[idx]), "reference"
     )
 
 
 # --------------------------------------------------------------------------- core tests
-def gof_test(view: SamplingView, rng: np.random.Generator | int | None = 0) -> dict:
+def gof_test(view: SamplingView, rng: RngLike = 0) -> dict[str, Any]:
     """Randomized-PIT Cramér–von Mises test of a view.
 
     Returns:
@@ -164,8 +170,8 @@ def gof_test(view: SamplingView, rng: np.random.Generator | int | None = 0) -> d
 
 
 def argmax_test(
-    view: SamplingView, rng: np.random.Generator | int | None = 0, min_p: float = ARGMAX_TEST_MIN_P
-) -> dict:
+    view: SamplingView, rng: RngLike = 0, min_p: float = ARGMAX_TEST_MIN_P
+) -> dict[str, Any]:
     """Argmax over-emission: observed argmax count vs Poisson-binomial(p(argmax)), one-sided greater.
 
     The test (z, p_value, p_randomized) counts the positions whose reference p(argmax) ≥ ``min_p``
@@ -239,8 +245,8 @@ def tail_split(
 def tail_test(
     view: SamplingView,
     top_p: float = TAIL_TOP_P,
-    rng: np.random.Generator | int | None = 0,
-) -> dict:
+    rng: RngLike = 0,
+) -> dict[str, Any]:
     """Tail-mass deficit: emitted-in-tail count vs Poisson-binomial(τ), one-sided less.
 
     Returns:
@@ -285,7 +291,10 @@ def _n_prompts(batch: EvidenceBatch, view: SamplingView) -> int:
     return int(np.unique(batch.prompt_ids[view.idx]).size)
 
 
-def gof_result(batch, view, name, rng, n_evidence) -> DetectorResult:
+def gof_result(
+    batch: EvidenceBatch, view: SamplingView, name: str, rng: RngLike, n_evidence: int
+) -> DetectorResult:
+    """The ``*-gof`` DetectorResult of a view (statistic W², effect mean(U) − 0.5)."""
     t = gof_test(view, rng)
     u = t["u"]
     order = np.argsort(-np.abs(u - 0.5), kind="stable")[:n_evidence]
@@ -316,7 +325,10 @@ def gof_result(batch, view, name, rng, n_evidence) -> DetectorResult:
     )
 
 
-def argmax_result(batch, view, name, rng, n_evidence) -> DetectorResult:
+def argmax_result(
+    batch: EvidenceBatch, view: SamplingView, name: str, rng: RngLike, n_evidence: int
+) -> DetectorResult:
+    """The ``*-argmax`` DetectorResult of a view (statistic z, effect excess argmax per position)."""
     t = argmax_test(view, rng)
     p1 = view.top_probs[:, 0]
     # strongest: argmax emitted where it was least likely
@@ -352,7 +364,15 @@ def argmax_result(batch, view, name, rng, n_evidence) -> DetectorResult:
     )
 
 
-def tail_result(batch, view, name, rng, n_evidence, top_p) -> DetectorResult:
+def tail_result(
+    batch: EvidenceBatch,
+    view: SamplingView,
+    name: str,
+    rng: RngLike,
+    n_evidence: int,
+    top_p: float,
+) -> DetectorResult:
+    """The ``*-tail`` DetectorResult of a view (statistic z, effect observed/expected tail emissions)."""
     t = tail_test(view, top_p, rng)
     tau, in_tail = t["tau"], t["in_tail"]
     cand = np.flatnonzero(~in_tail)
@@ -394,11 +414,11 @@ def _margin(view: SamplingView, j: int) -> float:
 
 def sampling_gof(
     batch: EvidenceBatch,
-    floor=None,
+    floor: NoiseFloor | None = None,
     *,
-    rng=0,
+    rng: RngLike = 0,
     n_evidence: int = 10,
-    name="sampling-gof",
+    name: str = DetectorName.SAMPLING_GOF,
 ) -> DetectorResult:
     """Randomized-PIT Cramér–von Mises test against the reference (see module doc).
 
@@ -414,11 +434,11 @@ def sampling_gof(
 
 def sampling_argmax(
     batch: EvidenceBatch,
-    floor=None,
+    floor: NoiseFloor | None = None,
     *,
-    rng=0,
+    rng: RngLike = 0,
     n_evidence: int = 10,
-    name="sampling-argmax",
+    name: str = DetectorName.SAMPLING_ARGMAX,
 ) -> DetectorResult:
     """Argmax over-emission test against the reference (see module doc).
 
@@ -435,12 +455,12 @@ def sampling_argmax(
 
 def sampling_tail(
     batch: EvidenceBatch,
-    floor=None,
+    floor: NoiseFloor | None = None,
     *,
-    rng=0,
+    rng: RngLike = 0,
     n_evidence: int = 10,
     top_p: float = TAIL_TOP_P,
-    name="sampling-tail",
+    name: str = DetectorName.SAMPLING_TAIL,
 ) -> DetectorResult:
     """Tail-mass deficit test against the reference (see module doc).
 
@@ -453,3 +473,124 @@ def sampling_tail(
     return _too_few(name, view, "with a reference") or tail_result(
         batch, view, name, rng, n_evidence, top_p
     )
+
+
+# --------------------------------------------------------------------------- combined (issue 14)
+def cauchy_combination(p_values: np.ndarray | list[float], weights: np.ndarray | list[float] | None = None) -> tuple[float, float]:
+    """Cauchy combination test (Liu & Xie 2020, JASA 115:393, "Cauchy combination test: a powerful
+    test with analytic p-value calculation under arbitrary dependency structures").
+
+    T = Σ w_i tan((0.5 − p_i) π) with Σ w_i = 1; p = 0.5 − arctan(T) / π. Under H0 with each p_i
+    Uniform(0, 1), the tail of T is standard Cauchy whatever the dependence among the p_i
+    (exactly for independent p_i, asymptotically in the tail — small α — for dependent ones).
+
+    Args:
+        p_values: [m] p-values in [0, 1] (m >= 1); 0 and 1 are clipped to [1e-300, 1 − 1e-16].
+        weights: [m] non-negative weights (None = equal); normalised to sum 1.
+
+    Returns:
+        (statistic T, combined p-value in [0, 1]).
+
+    Raises:
+        ValueError: empty input, p-values outside [0, 1], or weights of another length / all zero.
+    """
+    p = np.asarray(p_values, dtype=np.float64).reshape(-1)
+    if p.size == 0 or np.any(~np.isfinite(p)) or np.any((p < 0) | (p > 1)):
+        raise ValueError(f"p_values must be a non-empty array of numbers in [0, 1], got {p.tolist()}")
+    w = np.ones_like(p) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.shape != p.shape or np.any(w < 0) or float(w.sum()) <= 0:
+        raise ValueError(f"weights must be {p.size} non-negative numbers, not all zero (got {w.tolist()})")
+    w = w / w.sum()
+    p = np.clip(p, 1e-300, 1.0 - 1e-16)
+    # for tiny p, tan((0.5 − p)π) = 1/tan(pπ) ≈ 1/(pπ) keeps precision
+    t_i = np.where(p < 1e-15, 1.0 / (p * np.pi), np.tan((0.5 - p) * np.pi))
+    t = float((w * t_i).sum())
+    pc = float(stats.cauchy.sf(t))
+    return t, min(1.0, max(0.0, pc))
+
+
+def poisson_binomial_mid_p(p: np.ndarray, observed: int, alternative: str) -> float:
+    """Lancaster's mid-p of a Poisson-binomial count: P(S' > s) + ½ P(S' = s) ("greater"), or
+    P(S' < s) + ½ P(S' = s) ("less"). Mean ½ and variance slightly under 1/12 under H0 — less
+    conservative than the exact tail, not exactly uniform (Lancaster 1961; Agresti 2002 §1.4.5).
+
+    Args:
+        p: [n] per-trial success probabilities under H0; observed: the count S; alternative:
+            "greater" | "less".
+
+    Raises:
+        ValueError: unknown alternative.
+    """
+    if alternative not in ("greater", "less"):
+        raise ValueError(f"alternative must be 'greater' or 'less', got {alternative!r}")
+    from .stats import poisson_binomial_pmf
+
+    pmf = poisson_binomial_pmf(np.clip(np.asarray(p, dtype=np.float64).reshape(-1), 0.0, 1.0))
+    s = int(observed)
+    at = float(pmf[s]) if 0 <= s < pmf.size else 0.0
+    above = float(pmf[s + 1:].sum()) if s >= 0 else 1.0
+    below = float(pmf[:max(s, 0)].sum()) if s <= pmf.size else 1.0
+    return min(1.0, (above if alternative == "greater" else below) + 0.5 * at)
+
+
+def combined_sampling_test(
+    view: SamplingView,
+    rng: RngLike = 0,
+    *,
+    weights: tuple[float, float, float] = (1.0, 1.0, 1.0),
+    discrete: str = "randomized",
+    min_p: float = ARGMAX_TEST_MIN_P,
+    top_p: float = TAIL_TOP_P,
+) -> dict[str, Any]:
+    """One p-value for the sampled positions: Cauchy combination of gof, argmax and tail tests.
+
+    Combines the randomized-PIT Cramér–von Mises p-value (:func:`gof_test`), the argmax
+    over-emission p-value (:func:`argmax_test`, "greater") and the tail-deficit p-value
+    (:func:`tail_test`, "less") with :func:`cauchy_combination`, which stays valid under their
+    dependence (issue 14, item 1). ``discrete="randomized"`` uses the count tests' randomized
+    p-values (exactly Uniform(0, 1) under H0, so the combination is calibrated); ``"mid-p"`` uses
+    Lancaster mid-p values (deterministic given the data, approximately calibrated); ``"exact"``
+    the conservative tail probabilities. Independent uniforms for the three randomizations are
+    drawn from one generator (``rng``).
+
+    Not part of the verdict's Holm family: calibration on the simulator must decide (see
+    docs/calibration.md) before it replaces the three separate tests.
+
+    Args:
+        view: SamplingView ([n, K] float64 top probabilities sorted descending, [n] int64 ranks).
+        rng: seed or generator for the randomizations.
+        weights: Cauchy weights of (gof, argmax, tail).
+        discrete: "randomized" | "mid-p" | "exact".
+        min_p, top_p: as in :func:`argmax_test` / :func:`tail_test`.
+
+    Returns:
+        dict with p_value (combined), statistic (Cauchy T), components {gof, argmax, tail} (the
+        p-values combined), discrete, n (positions).
+
+    Raises:
+        ValueError: unknown ``discrete`` mode, or fewer than ``MIN_POSITIONS`` positions.
+    """
+    if discrete not in ("randomized", "mid-p", "exact"):
+        raise ValueError(f"discrete={discrete!r}: use 'randomized', 'mid-p' or 'exact'")
+    if len(view) < MIN_POSITIONS:
+        raise ValueError(f"combined_sampling_test needs >= {MIN_POSITIONS} sampled positions, got {len(view)}")
+    from .stats import as_rng
+
+    g = as_rng(rng)
+    gof = gof_test(view, g)
+    arg = argmax_test(view, g, min_p)
+    tail = tail_test(view, top_p, g)
+    if discrete == "randomized":
+        pa, pt = arg["p_randomized"], tail["p_randomized"]
+    elif discrete == "exact":
+        pa, pt = arg["p_value"], tail["p_value"]
+    else:
+        p1 = view.top_probs[:, 0]
+        sel = p1 >= min_p
+        if int(sel.sum()) < MIN_POSITIONS:
+            sel = np.ones(p1.size, bool)
+        pa = poisson_binomial_mid_p(p1[sel], int(arg["is_argmax"][sel].sum()), "greater")
+        pt = poisson_binomial_mid_p(tail["tau"], int(tail["in_tail"].sum()), "less")
+    comps = {"gof": float(gof["p_value"]), "argmax": float(pa), "tail": float(pt)}
+    t, p = cauchy_combination(list(comps.values()), list(weights))
+    return {"p_value": p, "statistic": t, "components": comps, "discrete": discrete, "n": len(view)}

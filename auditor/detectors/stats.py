@@ -7,12 +7,13 @@ nats.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
 
 __all__ = [
+    "RngLike",
     "VarianceComponents",
     "as_rng",
     "bucketed_kl",
@@ -26,6 +27,9 @@ __all__ = [
     "wilson_ci",
 ]
 
+#: A numpy Generator, or a seed for one (None: fresh entropy). Default seeds make audits reproducible.
+RngLike = np.random.Generator | int | None
+
 #: Above this many trials the Poisson-binomial tail uses the refined normal approximation
 #: (Volkova 1996) instead of the exact O(n^2) recursion.
 EXACT_POISSON_BINOMIAL_MAX_N = 5000
@@ -36,7 +40,7 @@ EXACT_POISSON_BINOMIAL_MAX_N = 5000
 KL_PROB_FLOOR = 1e-8
 
 
-def as_rng(rng: np.random.Generator | int | None) -> np.random.Generator:
+def as_rng(rng: RngLike) -> np.random.Generator:
     """Return a numpy Generator; ints seed it (default seeds make audits reproducible)."""
     if isinstance(rng, np.random.Generator):
         return rng
@@ -113,18 +117,18 @@ def poisson_binomial_pmf(p: np.ndarray) -> np.ndarray:
     return pmf
 
 
-def _refined_normal_cdf(x: np.ndarray | float, mu: float, sigma: float, gamma: float):
+def _refined_normal_cdf(x: np.ndarray | float, mu: float, sigma: float, gamma: float) -> np.ndarray:
     """Refined normal approximation to a Poisson-binomial CDF at (continuity-corrected) x."""
     z = (np.asarray(x, dtype=np.float64) - mu) / sigma
     val = stats.norm.cdf(z) + gamma * (1 - z * z) * stats.norm.pdf(z) / 6
-    return np.clip(val, 0.0, 1.0)
+    return np.asarray(np.clip(val, 0.0, 1.0), dtype=np.float64)
 
 
 def poisson_binomial_test(
     p: np.ndarray,
     observed: int,
     alternative: str,
-    rng: np.random.Generator | int | None = None,
+    rng: RngLike = None,
 ) -> tuple[float, float]:
     """One-sided test of an observed count of successes against independent Bernoulli(p_i).
 
@@ -209,12 +213,25 @@ class VarianceComponents:
         """Variance of this sample's position-weighted mean under the fitted model."""
         return mean_variance_under(self.sigma_w2, self.sigma_b2, self.n, self.sum_ng2)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, float]:
+        """The fitted numbers by name (JSON-able; inverse: :meth:`from_dict`)."""
         return {k: getattr(self, k) for k in self.__slots__}
 
     @classmethod
-    def from_dict(cls, d: dict) -> VarianceComponents:
-        return cls(**{k: d[k] for k in cls.__slots__})
+    def from_dict(cls, d: Mapping[str, float]) -> VarianceComponents:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            KeyError: naming the missing field.
+        """
+        return cls(
+            mean=d["mean"],
+            sigma_w2=d["sigma_w2"],
+            sigma_b2=d["sigma_b2"],
+            n=int(d["n"]),
+            n_groups=int(d["n_groups"]),
+            sum_ng2=d["sum_ng2"],
+        )
 
 
 def mean_variance_under(
@@ -313,7 +330,7 @@ def bucketed_kl(
 def randomized_pit(
     top_probs: np.ndarray,
     token_rank: np.ndarray,
-    rng: np.random.Generator | int | None = None,
+    rng: RngLike = None,
 ) -> np.ndarray:
     """Randomized probability integral transform of emitted tokens, tokens ordered by p descending.
 

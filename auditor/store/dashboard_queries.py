@@ -243,12 +243,12 @@ def filter_options(session: Session) -> dict[str, Any]:
         sub = base.with_only_columns(col).distinct()
         return sorted(v for v in session.scalars(sub) if v is not None)
 
-    first, last = session.execute(
+    row = session.execute(
         select(func.min(AuditRun.started_at), func.max(AuditRun.started_at)).where(AuditRun.kind != "calibration")
     ).one()
     # min/max bypass the column type on some backends: normalise to aware UTC.
-    first = _coerce_dt(first)
-    last = _coerce_dt(last)
+    first = _coerce_dt(row[0])
+    last = _coerce_dt(row[1])
     return {
         "providers": distinct(AuditRun.provider_name),
         "models": distinct(AuditRun.model),
@@ -579,7 +579,8 @@ def _resolve_evidence(session: Session, run: AuditRun, detectors: list[dict[str,
         if run.reference_model is not None:
             stmt = stmt.where(AuditRun.reference_model == run.reference_model)
         for tid, text in session.execute(stmt):
-            id_text.setdefault(int(tid), text)
+            if tid is not None:  # always: `IN (...)` matches no NULL
+                id_text.setdefault(int(tid), text)
     for ev in items:
         probe_id, probe_key = _find_probe(probes, ev.get("prompt_id", ev.get("probe_key")))
         view: dict[str, Any] = {"probe_id": probe_id, "probe_key": probe_key, "context": None, "token_text": None}

@@ -68,7 +68,7 @@ def redact_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (safe to print or log)."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - an unparsable URL is printed as the user wrote it
+    except Exception:
         return url
 
 
@@ -101,7 +101,7 @@ def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
     url = resolve_db_url(url)
     try:
         u = make_url(url)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise StoreError(
             f"invalid database URL {url!r} (from --db or ${ENV_DB_URL}): {exc}. "
             "Use a SQLAlchemy URL such as sqlite:///path/auditor.db or "
@@ -112,13 +112,14 @@ def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
         if _is_memory_sqlite(url):
             kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
         else:
+            assert u.database is not None  # a URL without a database is in-memory (above)
             Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
             kwargs.update(connect_args={"check_same_thread": False, "timeout": 30})
     else:
         kwargs["pool_pre_ping"] = True
     try:
         engine = create_engine(u, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - missing DBAPI driver etc.
+    except Exception as exc:
         raise StoreError(
             f"cannot use the database URL {redact_url(url)} (from --db or ${ENV_DB_URL}): {exc}. "
             "Fix: use a SQLAlchemy URL with an installed driver, e.g. sqlite:///path/auditor.db or "
@@ -266,7 +267,7 @@ def open_store(url: str | None = None, *, upgrade: bool = True, echo: bool = Fal
         except StoreError:
             engine.dispose()
             raise
-        except Exception as exc:  # noqa: BLE001 - e.g. connection refused
+        except Exception as exc:
             engine.dispose()
             raise StoreError(
                 f"cannot open the audit database {redact_url(resolved)}: {exc}. "

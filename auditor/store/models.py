@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -49,7 +49,7 @@ NAMING_CONVENTION = {
 }
 
 #: Allowed values of the string "enum" columns (kept as plain strings for portable migrations).
-RUN_KINDS = ("audit", "probe", "calibration")
+RUN_KINDS = ("audit", "probe", "calibration", "speed")  # speed: auditor.speed (summary = SpeedReport.to_dict())
 RUN_STATUSES = ("running", "completed", "failed", "interrupted")
 PROBE_MODES = ("greedy", "logprob", "sampling")
 PROBE_STATUSES = ("pending", "done", "failed")
@@ -97,7 +97,7 @@ class Base(DeclarativeBase):
     """Declarative base; ``Base.metadata`` is what Alembic's ``env.py`` imports."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
         dt.datetime: UTCDateTime(),
         dict[str, Any]: JSON(),
         list[Any]: JSON(),
@@ -244,8 +244,12 @@ class NormalizedToken(Base):
     """One generated token after normalization (``probes.normalize.TokenRecord``).
 
     ``logprob`` is in nats, null when censored/untrustworthy; ``top_logprobs`` is a JSON list of
-    ``[token, logprob]``; ``ref_token_id`` the aligned reference-tokenizer id (null when alignment
-    failed — never guessed); ``anomalies`` uses the vocabulary of ``shared/cases/README.md``.
+    ``[token, logprob]``; ``top_logprobs_bytes`` the alternatives' authoritative bytes in the same
+    order (lowercase hex strings, null where the normalizer could not recover them; the column is
+    null for rows stored before revision 0002), so the evidence stage maps alternatives to
+    reference ids without normalizing the response again; ``ref_token_id`` the aligned
+    reference-tokenizer id (null when alignment failed — never guessed; written by the analysis'
+    final transaction); ``anomalies`` uses the vocabulary of ``shared/cases/README.md``.
     """
 
     __tablename__ = "normalized_tokens"
@@ -258,6 +262,7 @@ class NormalizedToken(Base):
     token_bytes: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     logprob: Mapped[float | None] = mapped_column(Float, nullable=True)
     top_logprobs: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    top_logprobs_bytes: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     ref_token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     anomalies: Mapped[list[Any]] = mapped_column(JSON, default=list)
 

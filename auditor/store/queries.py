@@ -18,9 +18,9 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from auditor.store.models import (
@@ -33,7 +33,6 @@ from auditor.store.models import (
     ProbeAttempt,
     Provider,
     ReferenceCache,
-    Schedule,
     VerdictRow,
     new_run_id,
     utcnow,
@@ -438,12 +437,13 @@ def add_planned_probes(s: Session, run_id: str, planned: Iterable[PlannedProbe |
 def reset_failed_probes(s: Session, run_id: str) -> int:
     """Put a run's ``failed`` probes back to ``pending`` (their attempts are kept; new attempts
     continue the numbering). Returns how many were reset."""
-    res = s.execute(
+    # an UPDATE returns a CursorResult (which has ``rowcount``); Session.execute is typed as Result
+    res = cast(CursorResult[Any], s.execute(
         update(Probe)
         .where(Probe.run_id == run_id, Probe.status == "failed")
         .values(status="pending", completed_at=None, anomalies=[], text=None, finish_reason=None, usage=None)
         .execution_options(synchronize_session="fetch")
-    )
+    ))
     return int(res.rowcount or 0)
 
 
@@ -520,14 +520,19 @@ def add_probe_attempt(
 
 def token_row_values(rec: Any, position: int | None = None) -> dict[str, Any]:
     """Column values of a ``normalized_tokens`` row from a ``probes.normalize.TokenRecord`` (or an
-    equivalent mapping). ``top_logprobs`` becomes ``[[token, logprob], ...]``."""
+    equivalent mapping). ``top_logprobs`` becomes ``[[token, logprob], ...]`` and
+    ``top_logprobs_bytes`` the alternatives' bytes as hex (None where unknown)."""
     tops = []
+    tops_bytes: list[str | None] = []
     for alt in _get(rec, "top_logprobs", None) or []:
         if isinstance(alt, Mapping):
             tops.append([alt.get("token"), _finite(alt.get("logprob"))])
+            ab = alt.get("bytes")
         else:
             alt = list(alt)
             tops.append([alt[0], _finite(alt[-1]) if len(alt) > 1 else None])
+            ab = alt[1] if len(alt) > 2 else None
+        tops_bytes.append(bytes(ab).hex() if isinstance(ab, (bytes, bytearray, list)) else None)
     raw = _get(rec, "bytes", None)
     if raw is None:
         raw = _get(rec, "token_bytes", None)
@@ -539,6 +544,7 @@ def token_row_values(rec: Any, position: int | None = None) -> dict[str, Any]:
         "token_bytes": raw,
         "logprob": _finite(_get(rec, "logprob", None)),
         "top_logprobs": json_safe(tops),
+        "top_logprobs_bytes": tops_bytes,
         "ref_token_id": _get(rec, "ref_token_id", None),
         "anomalies": json_safe(list(_get(rec, "anomalies", None) or [])),
     }
@@ -813,99 +819,8 @@ def reference_cache_put(s: Session, key: str, model_revision: str, payload: byte
 
 
 # ---------------------------------------------------------------------------------------------
-# Schedules, alerts, calibration results
+# Calibration results (schedules: auditor.scheduler; alerts: auditor.alerts)
 # ---------------------------------------------------------------------------------------------
-
-
-def add_schedule(
-    s: Session,
-    *,
-    provider_name: str,
-    every_seconds: int,
-    suite: str | None = None,
-    budget_tokens: int | None = None,
-    enabled: bool = True,
-    next_run_at: dt.datetime | None = None,
-) -> Schedule:
-    """Create a schedule (``every_seconds`` s between audits). Flushes.
-
-    Raises:
-        ValueError: ``every_seconds`` < 1.
-    """
-    if int(every_seconds) < 1:
-        raise ValueError("every_seconds must be >= 1")
-    row = Schedule(
-        provider_name=provider_name,
-        every_seconds=int(every_seconds),
-        suite=suite,
-        budget_tokens=budget_tokens,
-        enabled=enabled,
-        created_at=utcnow(),
-        next_run_at=next_run_at,
-    )
-    s.add(row)
-    s.flush()
-    return row
-
-
-def list_schedules(s: Session, *, enabled: bool | None = None) -> list[Schedule]:
-    """Schedules (optionally only enabled/disabled ones), by id."""
-    q = select(Schedule)
-    if enabled is not None:
-        q = q.where(Schedule.enabled.is_(enabled))
-    return list(s.scalars(q.order_by(Schedule.id)))
-
-
-def due_schedules(s: Session, now: dt.datetime | None = None) -> list[Schedule]:
-    """Enabled schedules whose ``next_run_at`` is unset or not after ``now``."""
-    now = now or utcnow()
-    q = select(Schedule).where(
-        Schedule.enabled.is_(True), (Schedule.next_run_at.is_(None)) | (Schedule.next_run_at <= now)
-    )
-    return list(s.scalars(q.order_by(Schedule.id)))
-
-
-def remove_schedule(s: Session, schedule_id: int) -> bool:
-    """Delete a schedule; True if it existed."""
-    return bool(s.execute(delete(Schedule).where(Schedule.id == schedule_id)).rowcount)
-
-
-def add_alert(
-    s: Session,
-    *,
-    provider_name: str,
-    verdict: str,
-    message: str,
-    run_id: str | None = None,
-    previous_verdict: str | None = None,
-    delivered: bool = False,
-    webhook_status: int | None = None,
-) -> Alert:
-    """Record an alert (a verdict change). Flushes."""
-    row = Alert(
-        provider_name=provider_name,
-        run_id=run_id,
-        previous_verdict=previous_verdict,
-        verdict=verdict,
-        message=message,
-        created_at=utcnow(),
-        delivered=delivered,
-        webhook_status=webhook_status,
-    )
-    s.add(row)
-    s.flush()
-    return row
-
-
-def list_alerts(s: Session, *, provider: str | None = None, limit: int | None = 100) -> list[Alert]:
-    """Alerts, newest first (optionally for one provider)."""
-    q = select(Alert)
-    if provider is not None:
-        q = q.where(Alert.provider_name == provider)
-    q = q.order_by(Alert.created_at.desc(), Alert.id.desc())
-    if limit is not None:
-        q = q.limit(limit)
-    return list(s.scalars(q))
 
 
 def add_calibration_result(s: Session, **fields: Any) -> CalibrationResult:

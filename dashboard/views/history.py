@@ -31,7 +31,7 @@ STATS = {
 }
 
 
-def history_chart(rows: list[dict[str, Any]], stat: str) -> alt.LayerChart | None:
+def history_chart(rows: list[dict[str, Any]], stat: str) -> alt.LayerChart | alt.FacetChart | None:
     """Line of ``stat`` over time, points coloured by verdict, rules at verdict changes."""
     pts = [
         {"time": r["started_at"].isoformat(), "value": r[stat], "verdict": r["verdict"] or "",
@@ -79,7 +79,8 @@ def render(db_url: str, filters: Filters) -> None:
     init_from_query("provider", providers)
     provider = c1.selectbox("Provider", providers, key="provider")
     sync_query("provider", provider)
-    stat = c2.selectbox("Statistic", list(STATS), format_func=STATS.get, key="history_stat")
+    stat = c2.selectbox("Statistic", list(STATS), format_func=lambda s: STATS[s], key="history_stat")
+    assert stat is not None  # STATS is not empty
     rows = data.query(db_url, "provider_history", provider)
     if not rows:
         st.info("This provider has no runs.")

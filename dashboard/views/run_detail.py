@@ -211,7 +211,7 @@ def render(db_url: str, filters: Filters) -> None:
         for r in runs
     }
     init_from_query("run", list(labels))
-    run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="run")
+    run_id = st.selectbox("Run", list(labels), format_func=lambda k: labels[k], key="run")
     sync_query("run", run_id)
     d = data.query(db_url, "run_detail", run_id)
     if d is None:
@@ -337,7 +337,7 @@ def _probes(db_url: str, d: dict[str, Any]) -> None:
         + (f" · {', '.join(map(str, p['anomalies']))}" if p["anomalies"] else "")
         for p in probes
     }
-    pid = st.selectbox("Probe", list(plabels), format_func=plabels.get, key="probe_select")
+    pid = st.selectbox("Probe", list(plabels), format_func=lambda k: plabels[k], key="probe_select")
     with st.expander("Raw request and response", expanded=False, key="exp_probe"):
         detail = data.query(db_url, "probe_detail", pid)
         if detail is not None:

@@ -1,4 +1,6 @@
-"""Speed vs fidelity: throughput (tokens/s) against fidelity (KL or clear-mismatch rate)."""
+"""Speed vs fidelity: throughput (tokens/s) against fidelity (KL or clear-mismatch rate), and the
+speed profiles of ``auditor speed`` (tokens/s per workload and concurrency, with the speculation
+fingerprint: mean accepted tokens per verification step)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def scatter_frame(points: list[dict[str, Any]], metric: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["provider", "model", "verdict", "run_id", "date", "tokens_per_s", metric])
 
 
-def scatter_chart(df: pd.DataFrame, metric: str, noise_floor: float | None) -> alt.LayerChart:
+def scatter_chart(df: pd.DataFrame, metric: str, noise_floor: float | None) -> alt.LayerChart | alt.FacetChart:
     """Altair scatter (one circle per point, labelled with the provider) plus a noise-floor rule."""
     title = METRICS[metric][0]
     base = alt.Chart(df)
@@ -85,6 +87,7 @@ def render(db_url: str, filters: Filters) -> None:
     points = data.query(db_url, "speed_fidelity_points", latest_only=not all_runs, **filters.kwargs())
     if not points:
         st.info("No run with a verdict matches the filters.")
+        render_speed_profiles(db_url)
         return
     df = scatter_frame(points, metric)
     floors = [p["noise_floor"] for p in points if p.get("noise_floor") is not None]
@@ -112,3 +115,112 @@ def render(db_url: str, filters: Filters) -> None:
             align=["l", "l", "l", "r", "r", "l", "l"],
         )
     )
+    render_speed_profiles(db_url)
+
+
+# -- speed profiles (auditor speed) ---------------------------------------------------------------
+
+#: ``speculation.detected`` (True / False / None or absent) as the table shows it
+_SPECULATES: dict[object, str] = {True: "yes", False: "no"}
+
+SPEED_COLUMNS = ["provider", "run_id", "date", "workload", "concurrency", "ttft_s", "tpot_ms", "tokens_per_s",
+                 "throughput", "tokens_per_step", "ci_low", "ci_high", "speculates", "tpot_ratio_vs_chat"]
+
+
+def speed_cells_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (speed run, workload, concurrency) cell from ``audit_runs`` rows of kind
+    ``speed`` (dicts with ``provider_name``, ``run_id``, ``started_at``, ``summary``); malformed
+    summaries are skipped. ``speculates`` is yes / no / cannot tell."""
+    rows = []
+    for r in runs:
+        summary = r.get("summary") or {}
+        cells = summary.get("cells") if isinstance(summary, dict) else None
+        if not isinstance(cells, list):
+            continue
+        for c in cells:
+            if not isinstance(c, dict):
+                continue
+            spec = c.get("speculation")
+            sp = spec if isinstance(spec, dict) else {}
+            ci95 = sp.get("ci95")
+            ci = ci95 if isinstance(ci95, list) and len(ci95) == 2 else [None, None]
+            tpot = c.get("tpot_median_s")
+            rows.append({
+                "provider": r.get("provider_name"), "run_id": r.get("run_id"), "date": fmt_dt(r.get("started_at")),
+                "workload": c.get("workload"), "concurrency": c.get("concurrency"),
+                "ttft_s": c.get("ttft_median_s"), "tpot_ms": tpot * 1e3 if isinstance(tpot, (int, float)) else None,
+                "tokens_per_s": c.get("tokens_per_s_median"), "throughput": c.get("throughput_tokens_per_s"),
+                "tokens_per_step": sp.get("mean_accepted_tokens_per_step"), "ci_low": ci[0], "ci_high": ci[1],
+                "speculates": _SPECULATES.get(sp.get("detected"), "cannot tell"),
+                "tpot_ratio_vs_chat": c.get("tpot_ratio_vs_chat"),
+            })
+    return pd.DataFrame(rows, columns=SPEED_COLUMNS)
+
+
+def speed_profile_chart(df: pd.DataFrame) -> alt.HConcatChart:
+    """Left: output tokens/s per request against concurrency, one line per (provider, workload).
+    Right: the fingerprint (mean tokens per step) against the TPOT ratio to chat, per cell."""
+    base = alt.Chart(df)
+    tip = ["provider:N", "workload:N", "concurrency:Q", alt.Tooltip("tokens_per_s:Q", format=".1f"),
+           alt.Tooltip("tpot_ms:Q", format=".1f"), alt.Tooltip("tokens_per_step:Q", format=".2f"), "speculates:N"]
+    lines = base.mark_line(point=True).encode(
+        x=alt.X("concurrency:Q", title="Concurrency (requests in flight)", scale=alt.Scale(type="log", base=2)),
+        y=alt.Y("tokens_per_s:Q", title="Output tokens/s per request"),
+        color=alt.Color("workload:N", title="Workload"),
+        strokeDash=alt.StrokeDash("provider:N", title="Provider"),
+        tooltip=tip,
+    ).properties(height=320, width=380)
+    spec = base.transform_filter("datum.tokens_per_step != null").mark_point(filled=True, size=120).encode(
+        x=alt.X("tokens_per_step:Q", title="Mean accepted tokens per step (fingerprint)"),
+        y=alt.Y("tpot_ratio_vs_chat:Q", title="TPOT of chat / TPOT of this workload"),
+        color=alt.Color("workload:N", title="Workload"),
+        shape=alt.Shape("provider:N", title="Provider"),
+        tooltip=tip,
+    ).properties(height=320, width=380)
+    return alt.hconcat(lines, spec)
+
+
+@st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False)
+def _speed_runs(db_url: str, limit: int = 20) -> list[dict[str, Any]]:
+    from sqlalchemy.orm import Session
+
+    from auditor.store import queries
+
+    with Session(data.get_engine(db_url)) as s:
+        return [{"provider_name": r.provider_name, "run_id": r.id, "started_at": r.started_at, "summary": r.summary}
+                for r in queries.list_runs(s, kind="speed", status="completed", limit=limit)]
+
+
+def render_speed_profiles(db_url: str) -> None:
+    """The speed-profile section: chart and table of the newest speed run per provider."""
+    st.subheader("Speed profile per workload and load")
+    try:
+        runs = _speed_runs(db_url)
+    except Exception as exc:  # an old schema must not break the page
+        st.caption(f"Speed profiles unavailable: {escape_md(type(exc).__name__)}")
+        return
+    newest: dict[str, dict[str, Any]] = {}
+    for r in runs:  # newest first
+        newest.setdefault(r["provider_name"], r)
+    df = speed_cells_frame(list(newest.values()))
+    if df.empty:
+        st.caption("No speed profile yet: run `auditor speed --provider NAME` (TTFT, TPOT and tokens/s per "
+                   "workload and concurrency, with the speculation fingerprint).")
+        return
+    st.caption(
+        "Where does the speed come from? Speculation emits several tokens per verification step; it pays most "
+        "on predictable text (repetition, code) and at low concurrency. The fingerprint is evidence read from "
+        "stream timing, not a verdict; time-batched streams show 'cannot tell'."
+    )
+    st.altair_chart(speed_profile_chart(df), width="stretch")
+    rows = [
+        [escape_md(str(x["workload"])), str(x["concurrency"]), f"**{escape_md(str(x['provider']))}**",
+         fmt_num(x["ttft_s"], 3), fmt_num(x["tpot_ms"], 3), fmt_num(x["tokens_per_s"], 4),
+         (f"{fmt_num(x['tokens_per_step'], 3)} [{fmt_num(x['ci_low'], 3)}, {fmt_num(x['ci_high'], 3)}]"
+          if x["tokens_per_step"] is not None and x["tokens_per_step"] == x["tokens_per_step"] else "—"),
+         escape_md(x["speculates"]), md_code(str(x["run_id"]), in_table=True)]
+        for x in df.to_dict("records")
+    ]
+    st.markdown(md_table(["Workload", "Concurrency", "Provider", "TTFT (s)", "TPOT (ms)", "Tokens/s",
+                          "Tokens/step [95% CI]", "Speculates", "Run"], rows,
+                         align=["l", "r", "l", "r", "r", "r", "r", "l", "l"]))

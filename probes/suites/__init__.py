@@ -23,11 +23,12 @@ import hashlib
 import json
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Probe", "Suite", "SuiteError", "list_suites", "load_suite", "WORKLOADS", "MODES"]
+__all__ = ["MODES", "WORKLOADS", "Probe", "Suite", "SuiteError", "list_suites", "load_suite"]
 
 WORKLOADS = ("code", "math", "chat", "repetition")
 MODES = ("greedy", "logprob", "sampling")
@@ -134,7 +135,7 @@ class Suite(BaseModel):
         return self.model_copy(update={"probes": ps})
 
 
-def _data_dir():
+def _data_dir() -> Traversable:
     return resources.files(__name__)
 
 

@@ -63,7 +63,7 @@ class SimFactory:
         self.servers: dict[str, object] = {}
 
     def url(self, profile: str, **overrides) -> str:
-        from reference.simulator.server import ServerThread, create_app
+        from simulator.server import ServerThread, create_app
 
         key = profile + repr(sorted(overrides.items()))
         if key not in self.servers:

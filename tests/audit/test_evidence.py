@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from auditor.audit import Observation, build_evidence, run_reference_detectors
+from auditor.detection import run_reference_detectors
+from auditor.evidence import Observation, build_evidence, stored_tokens
 from probes.align import align_to_reference
 from probes.normalize import TokenRecord
 from reference.scoring import ScoredContinuation
@@ -98,3 +99,22 @@ def test_intersection_union_keeps_the_nearest_reference(smollm2_tokenizer) -> No
     assert by["a"]["p_value"] < 1e-6 and lp.p_value == by["b"]["p_value"] > 0.05
     alone = {r.name: r for r in run_reference_detectors({"a": batch(far)}, floors)}
     assert alone["logprob-divergence"].p_value < 1e-6
+
+
+def test_stored_tokens_keep_the_alternatives_bytes() -> None:
+    """Rows stored since revision 0002 carry the alternatives' bytes (hex); older rows (NULL) fall
+    back to the UTF-8 of the alternative's string; an unknown alternative stays unknown."""
+    from types import SimpleNamespace
+
+    from auditor.store.queries import token_row_values
+
+    rec = TokenRecord(index=0, token="\u00e9", bytes=b"\xc3", logprob=-0.1,
+                      top_logprobs=[("\u00e9", b"\xc3", -0.1), ("bytes:\\xa9", b"\xa9", -2.5), ("?", None, -3.0)])
+    row = SimpleNamespace(**token_row_values(rec, 0))
+    assert row.top_logprobs_bytes == ["c3", "a9", None]
+    (t,) = stored_tokens([row])
+    assert t.bytes == b"\xc3" and t.logprob == -0.1
+    assert t.top_logprobs == [("\u00e9", b"\xc3", -0.1), ("bytes:\\xa9", b"\xa9", -2.5), ("?", None, -3.0)]
+    row.top_logprobs_bytes = None  # a row written before the column existed
+    (old,) = stored_tokens([row])
+    assert old.top_logprobs[1] == ("bytes:\\xa9", b"bytes:\\xa9", -2.5)

@@ -59,3 +59,66 @@ def test_get_floors_measures_then_caches(tiny_lm, tmp_path) -> None:
     assert FloorSet.from_json(fs.to_json()).summary()["references"] == fs.summary()["references"]
     other = get_floors({"float32": tiny_lm}, n_prompts=2, max_new_tokens=6, cache_dir=tmp_path)
     assert other.key != fs.key and other.meta["cached"] is False  # the key covers the prompt set
+
+
+def test_floor_measurement_is_deterministic(tiny_lm, tmp_path, monkeypatch) -> None:
+    """Two measurements give identical numbers, with a steady wall clock during one and a wildly
+    jumping one (a loaded machine) during the other: no timing-dependent choice (the draft length
+    per verify forward, which the old clock-based AdaptiveK took from wall-clock times) and every random draw seeded."""
+    import random
+    import time
+
+    import reference.drafters
+    import reference.speculative
+
+    # the honest profiles' n-gram drafter never fires on the tiny random model's text; a self-drafter
+    # (the model's first layer) drafts every round, so the split into verify forwards matters
+    make = reference.drafters.make_drafter
+    monkeypatch.setattr(reference.drafters, "make_drafter", lambda spec, lm=None, **kw: make("self:1", lm))
+    generate = reference.speculative.speculative_generate
+    rounds: list[list[list[int]]] = []
+
+    def recording(*a, **k):  # tokens per target forward of every generation
+        res = generate(*a, **k)
+        rounds[-1].append(list(res.rounds))
+        return res
+
+    monkeypatch.setattr(reference.speculative, "speculative_generate", recording)
+    rng = random.Random(7)
+    now = [time.perf_counter()]
+
+    def steady_clock() -> float:  # every forward "takes" 1 ms, whatever its size
+        now[0] += 1e-3
+        return now[0]
+
+    def jumpy_clock() -> float:  # forward passes "take" 0..2 s at random
+        now[0] += rng.uniform(0.0, 2.0)
+        return now[0]
+
+    kw = {"n_prompts": 3, "max_new_tokens": 16}
+    runs = []
+    for name, clock in (("a", steady_clock), ("b", jumpy_clock)):
+        rounds.append([])
+        with monkeypatch.context() as m:
+            m.setattr(time, "perf_counter", clock)
+            runs.append(get_floors({"float32": tiny_lm}, cache_dir=tmp_path / name, **kw))
+    first, second = runs
+    assert first.meta["cached"] is False and second.meta["cached"] is False
+    assert second.key == first.key
+    assert rounds[0] == rounds[1] and any(max(r) > 1 for r in rounds[0])  # same forwards, drafts accepted
+    a, b = json.loads(first.to_json()), json.loads(second.to_json())
+    assert a["floors"] == b["floors"]  # every number, bit for bit (JSON floats round-trip exactly)
+    assert a["cross_kl"] == b["cross_kl"]
+    assert first.meta["positions"] == second.meta["positions"] and sum(first.meta["positions"].values()) > 0
+    assert first.meta["adaptive_k"] is False and first.meta["seed"] == second.meta["seed"]
+
+
+def test_tests_never_use_the_user_floor_cache(noise_dir, monkeypatch, tmp_path) -> None:
+    """The session's floor directory wins over ``$SPEC_AUDITOR_HOME`` and the user cache."""
+    from auditor.noise import noise_cache_dir
+
+    assert noise_cache_dir() == noise_dir
+    monkeypatch.setenv("SPEC_AUDITOR_HOME", str(tmp_path))
+    assert noise_cache_dir() == noise_dir
+    monkeypatch.delenv("SPEC_AUDITOR_NOISE_DIR")
+    assert noise_cache_dir() == tmp_path / "noise"

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from typer.testing import CliRunner
 
-from auditor.audit import AuditError, run_check
+from auditor.audit import AuditError, CheckOptions, run_check
 from auditor.cli import app
 from auditor.report import load_report, render_json, render_junit, render_markdown
 from auditor.store import open_store
@@ -24,7 +24,7 @@ def tiny_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
     """A providers file with an honest tiny simulator ('sim') and a dead port ('dead'); the reference
     'tiny-ref' resolves to the tiny model."""
     from auditor import audit
-    from reference.simulator.server import free_port
+    from simulator.server import free_port
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
     url = tiny_sims.url("honest-fp32")
@@ -145,10 +145,75 @@ def test_cli_errors_exit_3_with_a_clear_message(tiny_env, tmp_path) -> None:
                               "--db", tiny_env["db"], "--no-progress"])
     out = _one_line_error(res)
     assert "no probe succeeded" in out and "dead" in out
+    assert "auditor check --provider dead --resume " in out  # the CLI words the library error
+    out = _one_line_error(runner.invoke(app, ["check", "--provider", "sim", "--suite", "smoke", "--config",
+                                              tiny_env["config"], "--budget-tokens", "3"]))
+    assert "--budget-tokens 3 is smaller" in out and "Fix: --budget-tokens " in out and "budget_tokens=" not in out
 
 
 def test_run_check_api_errors(tiny_env) -> None:
-    with pytest.raises(AuditError, match="--budget-tokens 3 is smaller"):
+    with pytest.raises(AuditError, match="budget_tokens=3 is smaller"):
         run_check("sim", suite="smoke", budget_tokens=3, db_url=tiny_env["db"], config_path=tiny_env["config"])
-    with pytest.raises(AuditError, match="alpha"):
+    with pytest.raises(AuditError, match="alpha") as ei:
         run_check("sim", alpha=0.0, db_url=tiny_env["db"], config_path=tiny_env["config"])
+    assert ei.value.parameter == "alpha"
+    with pytest.raises(TypeError):
+        run_check("sim", CheckOptions(), no_such_option=1)
+
+
+def test_each_response_is_normalized_once_and_ids_are_written_at_the_end(tiny_env, monkeypatch) -> None:
+    """The runner stores every token field later stages need (alternatives' bytes included); the
+    analysis never normalizes again and reads the store without writing to it until its final
+    transaction, which sets ``normalized_tokens.ref_token_id``."""
+    import ast
+    from pathlib import Path
+
+    import probes.normalize
+    from auditor import evidence
+
+    rep = run_check("sim", suite="smoke", budget_tokens=64, db_url=tiny_env["db"], config_path=tiny_env["config"])
+    st = open_store(tiny_env["db"])
+    with st.session() as ses:
+        toks = [t for ts in q.tokens_per_probe(ses, rep.run_id).values() for t in ts]
+        with_alts = [t for t in toks if t.top_logprobs]
+        assert with_alts and all(len(t.top_logprobs_bytes) == len(t.top_logprobs) for t in with_alts)
+        # the stored bytes are the normalizer's (checked here by normalizing one stored body again)
+        probe = next(p for p in q.list_probes(ses, rep.run_id, status="done") if q.tokens_for_probe(ses, p.id)[0].top_logprobs)
+        body = [a for a in q.attempts_for_probe(ses, probe.id) if a.error is None][-1].response_text
+        req = probe.request_json
+        norm = probes.normalize.normalize_response("chat", req, response_text=body, stream=bool(req.get("stream")),
+                                                   max_top_logprobs=20)
+        stored = q.tokens_for_probe(ses, probe.id)
+        assert [[None if b is None else b.hex() for _t, b, _lp in r.top_logprobs] for r in norm.tokens] == [
+            t.top_logprobs_bytes for t in stored]
+        for t in toks:  # forget the aligned ids
+            t.ref_token_id = None
+    # the analysis stages import no normalizer...
+    for mod in ("audit", "evidence", "scoring", "detection", "summary"):
+        tree = ast.parse((Path(evidence.__file__).parent / f"{mod}.py").read_text())
+        names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "probes.normalize" not in names, mod
+
+    # ...and call none: re-analyse the finished run with the normalizer disabled
+    def boom(*a, **k):
+        raise AssertionError("normalize_response called after the probe stage")
+
+    monkeypatch.setattr(probes.normalize, "normalize_response", boom)
+    cfg = __import__("probes.config", fromlist=["get_provider"]).get_provider("sim", tiny_env["config"])
+    obs = evidence.load_observations(st, rep.run_id, cfg, audit_lm(tiny_env).tokenizer)
+    assert obs and all(o.one_to_one for o in obs)
+    with st.session() as ses:  # loading wrote nothing
+        assert all(t.ref_token_id is None for ts in q.tokens_per_probe(ses, rep.run_id).values() for t in ts)
+    again = run_check("sim", suite="smoke", budget_tokens=64, db_url=tiny_env["db"], config_path=tiny_env["config"],
+                      resume=rep.run_id)
+    assert again.verdict == rep.verdict and again.to_dict()["detectors"] == rep.to_dict()["detectors"]
+    with st.session() as ses:
+        assert all(t.ref_token_id is not None for ts in q.tokens_per_probe(ses, rep.run_id).values() for t in ts)
+    st.close()
+
+
+def audit_lm(env):
+    from auditor import audit
+
+    return audit._MODELS[("tiny-ref", "float32")]

@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from auditor.audit import AuditError, plan_budget
+from auditor.errors import AuditError
+from auditor.planning import plan_budget
 from probes.suites import load_suite
 
 
@@ -46,5 +47,5 @@ def test_sampling_budget_spreads_over_prompts() -> None:
 
 
 def test_budget_below_the_smallest_request_is_an_error() -> None:
-    with pytest.raises(AuditError, match="--budget-tokens 5 is smaller"):
+    with pytest.raises(AuditError, match="budget_tokens=5 is smaller"):
         plan_budget(load_suite("default"), 5)

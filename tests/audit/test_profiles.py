@@ -2,10 +2,18 @@
 
 Each case serves one profile in-process on loopback, runs ``auditor check`` through the CLI with a
 small token budget on the default suite, and asserts the verdict, the exit code and the deciding
-detector. The noise floor is measured once (first case; cached in the user cache afterwards).
-Budgets: deviations are caught with large margins at 400 planned completion tokens; PASS needs
-the audit to have 80% power in every family (about 500+ tokens, see auditor.verdict), and the
-relaxed-threshold case about 250 sampled positions, so those run at 600.
+detector. The noise floor is measured once per test session (first case) into the session's own
+directory (``tests/conftest.py``); the user's cache is never read.
+Budgets: deviations are caught with large margins at 400 planned completion tokens; the
+relaxed-threshold case needs about 250 sampled positions, so it runs at 600. PASS needs 80% power
+in every family (auditor.verdict); the tightest is acceptance (sampling-argmax: required positions
+= (z_{alpha/m} + z_0.8)^2 * mean p(1-p) / 0.08^2, which moves with the sampled path). Measured on an
+AMD EPYC (AVX-512) machine, honest-bf16 / honest-fp32: at 600 tokens n = 254 / 262 positions vs
+282 / 241 required (bf16 INCONCLUSIVE by 28 — the issue-11 failure, 6 short on another CPU); at 800
+326 / 321 vs 268 / 249 (+22% / +29%); at 1000 422 / 417 vs 259 / 250 (+63% / +67%). The required
+count moved by 41 positions (241-282) and n by 8 between two sample paths at 600, so the honest
+cases run at 1000 planned tokens: a margin of about 160 positions, four times the path-to-path
+spread seen (the other families — model, truncation, decode-path — were adequate at every budget).
 Run with ``-s`` to see the per-profile table (verdict, Holm p-values, tokens, wall time).
 """
 
@@ -26,8 +34,8 @@ pytestmark = pytest.mark.real_model
 MODEL = "smollm2-135m-instruct"
 CASES = [
     # profile, expected verdict, exit code, budget (planned completion tokens), detector that must reject
-    ("honest-fp32", "PASS", 0, 600, None),
-    ("honest-bf16", "PASS", 0, 600, None),
+    ("honest-fp32", "PASS", 0, 1000, None),
+    ("honest-bf16", "PASS", 0, 1000, None),
     ("int4", "QUANTIZATION", 1, 400, "logprob-divergence"),
     ("relaxed-threshold", "RELAXED_VERIFICATION", 1, 600, "sampling-argmax"),
     ("substituted", "SUBSTITUTION", 1, 400, "logprob-divergence"),

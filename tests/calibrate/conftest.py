@@ -28,7 +28,7 @@ def tiny_refs(tiny_lm):
 @pytest.fixture(scope="session")
 def mini_cfg():
     """A miniature pool: 4 prompts, short continuations, few samples (seconds on CPU)."""
-    from auditor.calibrate import PoolConfig
+    from auditor.calibration import PoolConfig
 
     return PoolConfig(max_prompts=4, t0_max_tokens=12, sampling_samples=3, engine_sampling_samples=2, honest_sampling_samples=4,
                       sampling_max_tokens=8)
@@ -43,7 +43,7 @@ def pool_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def get_pool(tiny_refs, mini_cfg, pool_cache):
     """``get_pool(profile) -> Pool``: the miniature pool of a profile, collected once per session."""
-    from auditor.calibrate import load_or_collect_pool
+    from auditor.calibration import load_or_collect_pool
 
     def get(name: str):
         return load_or_collect_pool(name, tiny_refs, mini_cfg, cache_dir=pool_cache)[0]

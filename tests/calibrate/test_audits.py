@@ -9,13 +9,13 @@ import pytest
 
 
 def _mix(**shares):
-    from auditor.calibrate import AuditMix
+    from auditor.calibration import AuditMix
 
     return AuditMix("t", shares, {"greedy": 2, "logprob": 5, "sampling": 0})
 
 
 def test_default_mix_follows_the_default_suite():
-    from auditor.calibrate import default_mix
+    from auditor.calibration import default_mix
     from probes.suites import load_suite
 
     m = default_mix()
@@ -28,7 +28,7 @@ def test_default_mix_follows_the_default_suite():
 
 
 def test_audit_mix_validates():
-    from auditor.calibrate import AuditMix
+    from auditor.calibration import AuditMix
 
     with pytest.raises(ValueError, match="sum to"):
         AuditMix("bad", {"greedy": 0.5, "sampling": 0.2}, {})
@@ -38,7 +38,7 @@ def test_audit_mix_validates():
 
 @pytest.mark.parametrize("budget", [30, 100, 250, 600])
 def test_draw_audit_charges_planned_tokens_like_plan_budget(honest_pool, budget):
-    from auditor.calibrate import default_mix, draw_audit
+    from auditor.calibration import default_mix, draw_audit
 
     mix = default_mix()
     d = draw_audit(honest_pool, budget, mix, np.random.default_rng(budget))
@@ -58,14 +58,14 @@ def test_draw_audit_charges_planned_tokens_like_plan_budget(honest_pool, budget)
 
 
 def test_draw_below_smallest_request_is_an_error(honest_pool):
-    from auditor.calibrate import default_mix, draw_audit
+    from auditor.calibration import default_mix, draw_audit
 
     with pytest.raises(ValueError, match="smaller than the smallest request"):
         draw_audit(honest_pool, 5, default_mix(), np.random.default_rng(0))
 
 
 def test_draw_follows_shares_and_moves_exhausted_t0_to_sampling(honest_pool):
-    from auditor.calibrate import AuditMix, draw_audit
+    from auditor.calibration import AuditMix, draw_audit
 
     mt = {"greedy": {"chat": 10, "code": 10, "math": 10, "repetition": 10}, "logprob": {"chat": 10, "code": 10, "math": 10, "repetition": 10},
           "sampling": {"chat": 5, "code": 5, "math": 5, "repetition": 5}}
@@ -81,7 +81,7 @@ def test_draw_follows_shares_and_moves_exhausted_t0_to_sampling(honest_pool):
 
 def test_drawer_is_nested(honest_pool):
     """A sequential audit's later looks contain every request of the earlier ones."""
-    from auditor.calibrate import AuditDrawer, default_mix
+    from auditor.calibration import AuditDrawer, default_mix
 
     dr = AuditDrawer(honest_pool, default_mix(), np.random.default_rng(3))
     prev: list = []
@@ -93,7 +93,7 @@ def test_drawer_is_nested(honest_pool):
 
 
 def test_evidence_widths_follow_the_mix(honest_pool):
-    from auditor.calibrate import default_mix, draw_audit, evidence_for
+    from auditor.calibration import default_mix, draw_audit, evidence_for
 
     mix = default_mix()
     d = draw_audit(honest_pool, 300, mix, np.random.default_rng(1))
@@ -112,7 +112,7 @@ def test_evidence_widths_follow_the_mix(honest_pool):
 
 
 def test_clopper_pearson_known_values():
-    from auditor.calibrate import clopper_pearson
+    from auditor.calibration import clopper_pearson
 
     lo, hi = clopper_pearson(0, 200)
     assert lo == 0 and hi == pytest.approx(0.01811, abs=2e-4)  # 1 - 0.025**(1/200)
@@ -122,7 +122,7 @@ def test_clopper_pearson_known_values():
 
 
 def test_tokens_for_power_interpolates_on_log_scale():
-    from auditor.calibrate import tokens_for_power
+    from auditor.calibration import tokens_for_power
 
     rs = [{"budget_tokens": b, "rejection_rate": y, "sampled_tokens": b / 2} for b, y in
           [(100, 0.2), (1000, 0.9), (3000, 1.0)]]

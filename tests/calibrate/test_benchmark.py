@@ -16,7 +16,7 @@ PROFILES = ["honest-fp32", "int4", "relaxed-threshold"]
 
 @pytest.fixture(scope="module")
 def mini_run(tiny_refs, mini_cfg, pool_cache):
-    from auditor.calibrate import default_mix, run_calibration
+    from auditor.calibration import default_mix, run_calibration
     from auditor.sequential import SequentialDesign
 
     cache = pool_cache  # pools shared with the other tests (collected once per session)
@@ -63,7 +63,7 @@ def test_records_have_the_required_fields(mini_run):
 
 
 def test_pools_are_cached(mini_run, tiny_refs, mini_cfg):
-    from auditor.calibrate import load_or_collect_pool
+    from auditor.calibration import load_or_collect_pool
 
     _, cache, _ = mini_run
     pool, cached = load_or_collect_pool("int4", tiny_refs, mini_cfg, cache_dir=cache)
@@ -71,7 +71,7 @@ def test_pools_are_cached(mini_run, tiny_refs, mini_cfg):
 
 
 def test_outputs_json_markdown_png(mini_run, tmp_path):
-    from auditor.calibrate import write_outputs
+    from auditor.calibration import write_outputs
 
     run, _, _ = mini_run
     paths = write_outputs(run, tmp_path / "docs")
@@ -95,7 +95,7 @@ def test_outputs_json_markdown_png(mini_run, tmp_path):
 
 
 def test_results_are_stored_for_the_dashboard(mini_run, tmp_path):
-    from auditor.calibrate import load_calibration, store_results
+    from auditor.calibration import load_calibration, store_results
     from auditor.store import open_store
     from auditor.store.dashboard_queries import calibration_table
 
@@ -115,7 +115,7 @@ def test_results_are_stored_for_the_dashboard(mini_run, tmp_path):
 
 
 def test_plan_answers_from_the_run(mini_run):
-    from auditor.calibrate import make_plan
+    from auditor.calibration import make_plan
 
     run, _, _ = mini_run
     recs = run.to_json_list()

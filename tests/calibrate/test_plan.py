@@ -19,7 +19,7 @@ def _records(model="m"):
         "fp8": [0.05, 0.2, 0.6, 0.9],
     }
     for p, ys in curves.items():
-        for b, y in zip((100, 300, 1000, 3000), ys):
+        for b, y in zip((100, 300, 1000, 3000), ys, strict=True):
             rows.append({
                 "profile": p, "budget_tokens": b, "audits": 100, "rejection_rate": y, "ci_low": max(0, y - 0.05),
                 "ci_high": min(1, y + 0.05), "cause_correct_rate": None if p.startswith("honest") else 1.0,
@@ -37,7 +37,7 @@ def cal_file(tmp_path):
 
 
 def test_make_plan_picks_the_first_calibrated_budget_reaching_the_power():
-    from auditor.calibrate import make_plan
+    from auditor.calibration import make_plan
     from probes.config import Pricing
 
     plan = make_plan(_records(), model="m", target="int8", power=0.95, pricing=Pricing(usd_per_1m_input=1.0, usd_per_1m_output=2.0))
@@ -51,7 +51,7 @@ def test_make_plan_picks_the_first_calibrated_budget_reaching_the_power():
 
 
 def test_make_plan_any_and_unreached_and_uncovered():
-    from auditor.calibrate import make_plan
+    from auditor.calibration import make_plan
 
     any_plan = make_plan(_records(), model="m", target="any", power=0.95)
     assert not any_plan["reached"]  # fp8 never reaches 95% here
@@ -99,12 +99,12 @@ def test_cli_plan_exit_codes(cal_file):
 def test_make_plan_chooses_the_cheapest_suite_within_what_it_can_spend():
     """With several calibrated suites the plan names the one needing the fewest tokens, and never a
     budget beyond what that suite holds (``auditor check --suite`` cannot spend more)."""
-    from auditor.calibrate import make_plan
+    from auditor.calibration import make_plan
 
     rows = _records()
     for r in rows:
         r["extra"] = {"suite_max_tokens": 1680}  # the default suite holds 1,680 tokens: 3000 is not plannable
-    for b, y in zip((100, 300, 1000, 1248), (0.2, 0.96, 1.0, 1.0)):
+    for b, y in zip((100, 300, 1000, 1248), (0.2, 0.96, 1.0, 1.0), strict=True):
         rows.append({**rows[0], "profile": "int8", "honest": False, "budget_tokens": b, "rejection_rate": y,
                      "mix": "precision", "extra": {"suite_max_tokens": 1248}})
     for b in (100, 300, 1000, 1248):
@@ -121,12 +121,12 @@ def test_make_plan_chooses_the_cheapest_suite_within_what_it_can_spend():
 
 def test_make_plan_any_combines_suites_when_none_covers_everything():
     """`--target any` with no single suite reaching every deviation: one audit per suite needed."""
-    from auditor.calibrate import make_plan
+    from auditor.calibration import make_plan
 
     rows = [{**r, "extra": {"suite_max_tokens": 3000}} for r in _records() if r["profile"] != "fp8"]
     # a sampling-only suite reaching relaxed-threshold, which the default mix never does
     for p, ys in {"relaxed-threshold": (0.3, 0.97), "honest-fp32": (0.02, 0.03), "int8": (0.0, 0.01)}.items():
-        for b, y in zip((100, 300), ys):
+        for b, y in zip((100, 300), ys, strict=True):
             rows.append({**_records()[0], "profile": p, "honest": p.startswith("honest"), "budget_tokens": b,
                          "rejection_rate": y, "mix": "verification", "extra": {"suite_max_tokens": 3000}})
     plan = make_plan(rows, model="m", target="any", power=0.95)

@@ -6,7 +6,7 @@ import numpy as np
 
 
 def test_score_groups_matches_score_continuations(tiny_lm):
-    from auditor.calibrate import score_groups
+    from auditor.calibration import score_groups
     from reference.scoring import encode_prompt, score_continuations
 
     prompt = encode_prompt(tiny_lm.tokenizer, [{"role": "user", "content": "Count to five."}], chat=True)
@@ -14,7 +14,7 @@ def test_score_groups_matches_score_continuations(tiny_lm):
     conts = [rng.integers(100, 5000, size=n).tolist() for n in (7, 3, 0, 11)]
     got = score_groups(tiny_lm, prompt, conts, top_k=5, max_rows_tokens=15)  # forces two chunks
     ref = score_continuations(tiny_lm, [prompt] * 4, conts, top_k=5)
-    for g, r, c in zip(got, ref, conts):
+    for g, r, c in zip(got, ref, conts, strict=True):
         assert g["token_lp"].shape == (len(c),)
         if not c:
             continue
@@ -25,9 +25,9 @@ def test_score_groups_matches_score_continuations(tiny_lm):
 
 def test_batched_greedy_equals_simulator_engine(tiny_lm, mini_cfg, honest_pool):
     """At T=0 a strict profile's batched pool reproduces the simulator's speculative output exactly."""
-    from auditor.calibrate import build_requests
-    from reference.simulator.engine import SimulatorEngine
-    from reference.simulator.profiles import get_profile
+    from auditor.calibration import build_requests
+    from simulator.engine import SimulatorEngine
+    from simulator.profiles import get_profile
 
     pool = honest_pool
     assert pool.meta["backend_t0"] == "batched"
@@ -47,7 +47,7 @@ def test_batched_greedy_equals_simulator_engine(tiny_lm, mini_cfg, honest_pool):
 
 
 def test_pool_shapes_backends_and_roundtrip(tiny_refs, mini_cfg, get_pool, pool_cache, tmp_path):
-    from auditor.calibrate import (
+    from auditor.calibration import (
         PROVIDER_TOP_N,
         REF_TOP_K,
         Pool,
@@ -95,30 +95,30 @@ def test_quantized_pool_differs_from_reference(get_pool):
 
 def test_batched_sampling_truncation_and_expand(tiny_lm):
     """Batched sampling applies top-k/top-p (the simulator's forced truncation) and repeats the prompt."""
-    from auditor.calibrate import _decode_rows
+    from auditor.calibration.decoding import decode_rows
     from reference.scoring import encode_prompt
 
     prompt = encode_prompt(tiny_lm.tokenizer, [{"role": "user", "content": "Name a colour."}], chat=True)
-    rows = _decode_rows(tiny_lm.model, [prompt], max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=3,
+    rows = decode_rows(tiny_lm.model, [prompt], max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=3,
                         eos_ids=[], seeds=[1, 2, 3, 4, 5], expand=5)
     assert len(rows) == 5
     for r in rows:
         assert r["token_ids"].shape == (6,) and r["top_ids"].shape == (6, 20)
-        assert all(t in top[:3] for t, top in zip(r["token_ids"], r["top_ids"]))
+        assert all(t in top[:3] for t, top in zip(r["token_ids"], r["top_ids"], strict=True))
     # five samples of one prompt are not all identical (independent draws)
     assert len({tuple(r["token_ids"]) for r in rows}) > 1
     # the same seeds reproduce the same samples
-    again = _decode_rows(tiny_lm.model, [prompt], max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=3,
+    again = decode_rows(tiny_lm.model, [prompt], max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=3,
                          eos_ids=[], seeds=[1, 2, 3, 4, 5], expand=5)
-    assert all((a["token_ids"] == b["token_ids"]).all() for a, b in zip(rows, again))
+    assert all((a["token_ids"] == b["token_ids"]).all() for a, b in zip(rows, again, strict=True))
 
 
 def test_rule_backends_reproduce_the_verifiers(tiny_lm, mini_cfg, get_pool):
     """greedy-verify's sampling = the engine's tokens exactly (argmax); decode-noncompliant flips
     to the 2nd-ranked token at about its flip rate, reporting true logprobs."""
-    from auditor.calibrate import build_requests, collect_pool
-    from reference.simulator.engine import SimulatorEngine
-    from reference.simulator.profiles import get_profile
+    from auditor.calibration import build_requests, collect_pool
+    from simulator.engine import SimulatorEngine
+    from simulator.profiles import get_profile
 
     gv = get_pool("greedy-verify")
     assert gv.meta["backend_t1"] == "rule" and gv.meta["backend_t0"] == "batched"

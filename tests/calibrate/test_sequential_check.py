@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture
 def sim_env(tmp_path, tiny_lm, tiny_refs, monkeypatch):
     from auditor import audit, noise
-    from reference.simulator.server import ServerThread, create_app
+    from simulator.server import ServerThread, create_app
 
     monkeypatch.setattr(noise, "FLOOR_PROMPTS", 4)
     monkeypatch.setattr(noise, "FLOOR_MAX_NEW_TOKENS", 8)

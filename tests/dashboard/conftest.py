@@ -17,7 +17,7 @@ APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 def seeded(tmp_path_factory):
     """``(url, seed_summary)`` of a migrated SQLite file holding :func:`seed_demo` data."""
     from auditor.store.db import open_store
-    from auditor.store.fixtures import seed_demo
+    from tests.fixtures_store import seed_demo
 
     path = tmp_path_factory.mktemp("seeded") / "auditor.db"
     url = f"sqlite:///{path}"

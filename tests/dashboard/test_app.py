@@ -43,7 +43,7 @@ def test_providers_table_is_text_with_verdicts(app_test, seeded):
     url, summary = seeded
     at = app_test(url, page="providers")
     table = next(m.value for m in at.markdown if m.value.startswith("| Provider |"))
-    rows = [r for r in table.splitlines()[2:]]
+    rows = table.splitlines()[2:]
     assert len(rows) == 3
     for name, verdict in summary["latest_verdicts"].items():
         row = next(r for r in rows if name.replace("-", "\\-") in r)
@@ -116,7 +116,7 @@ def test_history_marks_the_verdict_change(app_test, seeded):
 
 
 def test_run_detail_shows_escaped_evidence_and_raw_response(app_test, seeded):
-    from auditor.store.fixtures import HOSTILE_TOKEN
+    from tests.fixtures_store import HOSTILE_TOKEN
 
     url, summary = seeded
     run_id = summary["runs"]["sim-relaxed"][-1]

@@ -75,7 +75,7 @@ def test_speed_points(session):
 
 
 def test_run_detail_resolves_evidence(session, seeded):
-    from auditor.store.fixtures import HOSTILE_TOKEN
+    from tests.fixtures_store import HOSTILE_TOKEN
 
     _, summary = seeded
     d = q.run_detail(session, summary["runs"]["sim-relaxed"][-1])

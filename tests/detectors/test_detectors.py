@@ -182,7 +182,7 @@ def test_argmax_test_counts_only_positions_with_a_large_argmax_probability():
     honest_high = (rng.random(n) >= 0.6).astype(int)  # argmax with probability 0.6
     view = SamplingView(np.arange(2 * n), np.vstack([low, high]), np.concatenate([np.zeros(n, int), honest_high]), "reference")
     t = argmax_test(view, 0)
-    assert ARGMAX_TEST_MIN_P == pytest.approx(0.3) and t["n_tested"] == n
+    assert pytest.approx(0.3) == ARGMAX_TEST_MIN_P and t["n_tested"] == n
     assert t["p_value"] > 0.01 and t["effect"] > 0.3  # excess only at low p(argmax): not tested, but reported
     all_pos = argmax_test(view, 0, min_p=0.0)
     assert all_pos["n_tested"] == 2 * n and all_pos["p_value"] < 1e-10

@@ -382,3 +382,153 @@ def test_required_positions_shrink_with_alpha_and_grow_with_power():
         -__import__("math").log(0.01) / 0.05, abs=1
     )
     assert required_positions(mk("sampling-gof", 0.5), alpha_test=0.01) is None
+
+
+# --------------------------------------------------------------------------- issue 13: every cause
+def llama_like(ratio=3.8):
+    """A weight-faithful engine with 8-bit activations (logprobs ~3.8x the floor), a repetition
+    penalty on its greedy path and server-side sampler defaults (tail missing)."""
+    res = quiet()
+    res = replace(res, mk("logprob-divergence", 1e-30, n=2000, effect=0.004, ratio_to_floor=ratio,
+                          top1_agreement=0.97, m=5, n_prompts=40))
+    res = replace(res, mk("self-greedy", 1e-57, n=2000, statistic=60, r0=1e-3, band=0.2))
+    res += [mk("self-tail", 1e-15, n=2000, tail_ratio=0.26, deficit_per_position=0.05, mean_tail_mass=0.07),
+            mk("self-argmax", 0.3, n=2000, excess_per_position=0.01, argmax_rate=0.6, expected_rate=0.6)]
+    return res
+
+
+def test_primary_quantization_mild_wording_and_decoding_faults_listed():
+    v = decide_verdict(llama_like())
+    assert v.verdict == VerdictKind.QUANTIZATION
+    assert "reduced-precision computation of the declared weights" in v.reason
+    assert "other weights" in v.reason  # says what it is not
+    sec = v.details["secondary_causes"]
+    rules = [c["rule"] for c in sec]
+    assert rules == ["1-self-greedy", "4b-truncated"]
+    assert all(c["verdict"] == "DECODING_NONCOMPLIANT" for c in sec)
+    ev = sec[0]["evidence"][0]
+    assert ev["detector"] == "self-greedy" and ev["p_adjusted"] <= 0.05
+    assert sec[1]["evidence"][0]["detector"] == "self-tail"
+    assert "also DECODING_NONCOMPLIANT" in v.reason
+    assert v.exit_code == 1
+    json.dumps(v.details)
+
+
+def test_strong_divergence_not_worded_mild():
+    v = decide_verdict(llama_like(ratio=20.0))
+    assert v.verdict == VerdictKind.QUANTIZATION
+    assert "reduced-precision computation of the declared weights" not in v.reason
+    assert "not a different model" in v.reason
+
+
+def test_model_difference_ignores_reference_sampling_tests_for_secondary():
+    # quantized model: the reference sampling tail test rejects because the model differs, the
+    # provider's own samples follow its own distribution → no sampling cause is added
+    res = replace(quiet(), mk("logprob-divergence", 1e-12, n=2000, effect=0.1, ratio_to_floor=30.0,
+                              top1_agreement=0.85, m=5, n_prompts=40))
+    res = replace(res, mk("sampling-tail", 1e-9, n=2000, tail_ratio=0.5, deficit_per_position=0.05,
+                          mean_tail_mass=0.05))
+    res += [mk("self-tail", 0.5, n=2000, tail_ratio=1.0)]
+    v = decide_verdict(res)
+    assert v.verdict == VerdictKind.QUANTIZATION
+    assert v.details["secondary_causes"] == []
+
+
+def test_weight_faithful_decoding_faults_never_pass_nor_quantization():
+    res = replace(llama_like(), mk("logprob-divergence", 0.4, n=2000, effect=1e-4, ratio_to_floor=1.2,
+                                   top1_agreement=0.99, m=5, n_prompts=40))
+    v = decide_verdict(res)
+    assert v.verdict == VerdictKind.DECODING_NONCOMPLIANT and v.details["rule"] == "1-self-greedy"
+    assert [c["rule"] for c in v.details["secondary_causes"]] == ["4b-truncated"]
+
+
+def test_secondary_cause_needs_same_family_wise_alpha():
+    # self-greedy raw p=0.02 is significant alone but not after Holm over 8 tests → not listed
+    res = replace(llama_like(), mk("self-greedy", 0.02, n=2000, statistic=3, r0=1e-3, band=0.2))
+    v = decide_verdict(res)
+    assert v.verdict == VerdictKind.QUANTIZATION
+    assert "1-self-greedy" not in [c["rule"] for c in v.details["secondary_causes"]]
+
+
+def test_pass_has_no_secondary_causes():
+    v = decide_verdict(quiet())
+    assert v.details["secondary_causes"] == [] and "also" not in v.reason
+
+
+@pytest.mark.parametrize("failed,expect_inconclusive", [(48, True), (5, False)])
+def test_provider_failures_make_inconclusive(failed, expect_inconclusive):
+    fails = {"failed": failed, "total": 52, "kinds": {"truncated_stream": failed}}
+    v = decide_verdict(llama_like(), provider_failures=fails)
+    assert v.details["provider_failures"]["share"] == pytest.approx(failed / 52)
+    if expect_inconclusive:
+        assert v.verdict == VerdictKind.INCONCLUSIVE and v.exit_code == 2
+        assert v.reason.startswith("provider failures") and "truncated_stream 48" in v.reason
+        assert "would suffice" not in v.reason
+        assert v.details["rule"] == "0-provider-failures"
+        assert v.details["secondary_causes"][0]["verdict"] == "QUANTIZATION"
+        assert v.details["suggested_budget_tokens"] is None
+    else:
+        assert v.verdict == VerdictKind.QUANTIZATION
+
+
+def test_provider_failures_replace_underpowered_budget_hint():
+    res = [mk("greedy-match", 1.0, n=30, r0=1e-3, band=0.2)]
+    assert "would suffice" in decide_verdict(res).reason
+    v = decide_verdict(res, provider_failures={"failed": 10, "total": 20, "kinds": {"rate_limited": 10}})
+    assert v.verdict == VerdictKind.INCONCLUSIVE and "would suffice" not in v.reason
+    assert "rate_limited 10" in v.reason
+
+
+def test_template_mismatch_sets_reference_tests_aside():
+    # an injected system prompt: the reference comparisons diverge, the self tests do not
+    res = replace(quiet(), mk("logprob-divergence", 1e-40, n=2000, effect=0.5, ratio_to_floor=80.0,
+                              top1_agreement=0.6, m=5, n_prompts=40))
+    res = replace(res, mk("greedy-match", 1e-20, n=2000, effect=0.4, r0=1e-3, band=0.2))
+    assert decide_verdict(res).verdict == VerdictKind.SUBSTITUTION
+    tm = {"provider_prompt_tokens": 61, "reference_prompt_tokens": 31}
+    v = decide_verdict(res, template_mismatch=tm)
+    assert v.verdict in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE)
+    assert "61" in v.reason and "31" in v.reason and "chat template" in v.reason
+    assert not v.details["detectors"]["logprob-divergence"]["ran"]
+    assert "set aside" in v.details["not_run"]["greedy-match"]
+    assert v.details["template_mismatch"] == tm
+
+
+def test_template_mismatch_keeps_reference_free_causes():
+    res = replace(llama_like(), mk("greedy-match", 1e-20, n=2000, effect=0.4, r0=1e-3, band=0.2))
+    v = decide_verdict(res, template_mismatch={"provider_prompt_tokens": 61, "reference_prompt_tokens": 31})
+    assert v.verdict == VerdictKind.DECODING_NONCOMPLIANT and v.details["rule"] == "1-self-greedy"
+
+
+def test_preflight_rejection_names_decoding_noncompliant():
+    res = quiet() + [mk("preflight-top-p", 1e-9, n=128, statistic=2, expected=30.0)]
+    v = decide_verdict(res)
+    assert v.verdict == VerdictKind.DECODING_NONCOMPLIANT and v.details["rule"] == "6-preflight-sampling"
+    assert "min-p" in v.reason
+    # a pre-flight that does not reject changes nothing
+    v2 = decide_verdict(quiet() + [mk("preflight-top-p", 0.7, n=128, statistic=30, expected=30.0)])
+    assert v2.verdict == VerdictKind.PASS
+
+
+def test_preflight_listed_behind_quantization():
+    res = llama_like() + [mk("preflight-greedy-top1", 1e-8, n=96, statistic=5)]
+    v = decide_verdict(res)
+    assert v.verdict == VerdictKind.QUANTIZATION
+    assert "6-preflight-greedy" in [c["rule"] for c in v.details["secondary_causes"]]
+
+
+def test_mild_divergence_lets_reference_sampling_tests_name_the_sampler():
+    """The llama.cpp default-suite audit: logprobs 3.95x the floor, the reference tail test rejects
+    with 24% of the expected tail, no self-tail test: the truncation is still named."""
+    res = replace(llama_like(ratio=3.95), mk("sampling-tail", 1e-16, n=721, tail_ratio=0.24,
+                                              deficit_per_position=0.06, mean_tail_mass=0.08))
+    res = [r for r in res if r.name not in ("self-tail", "self-argmax")]
+    v = decide_verdict(res)
+    assert v.verdict == VerdictKind.QUANTIZATION
+    sec = {c["rule"]: c for c in v.details["secondary_causes"]}
+    assert set(sec) == {"1-self-greedy", "4b-truncated"}
+    assert "sampling-tail" in [e["detector"] for e in sec["4b-truncated"]["evidence"]]
+    # a strong divergence: the same reference tail rejection is not a separate cause
+    strong = replace(res, mk("logprob-divergence", 1e-30, n=2000, effect=0.05, ratio_to_floor=40.0,
+                             top1_agreement=0.85, m=5, n_prompts=40))
+    assert "4b-truncated" not in [c["rule"] for c in decide_verdict(strong).details["secondary_causes"]]

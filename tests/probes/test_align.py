@@ -22,7 +22,7 @@ TEXTS = [
 
 def _recs(byte_list: list[bytes | None], tokens: list[str] | None = None) -> list[TokenRecord]:
     tokens = tokens or ["?"] * len(byte_list)
-    return [TokenRecord(index=i, token=t, bytes=b, logprob=None) for i, (t, b) in enumerate(zip(tokens, byte_list))]
+    return [TokenRecord(index=i, token=t, bytes=b, logprob=None) for i, (t, b) in enumerate(zip(tokens, byte_list, strict=True))]
 
 
 @pytest.fixture(scope="module")

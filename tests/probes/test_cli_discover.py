@@ -71,7 +71,8 @@ def test_discover_capabilities(max_top: int, n: bool, seed: bool, stream: bool) 
     assert caps.logprobs is True
     assert caps.n is n and caps.seed is seed and caps.streaming is stream and caps.echo is False
     assert rep.requests == len(calls) <= 10
-    assert {c.name for c in rep.checks} == {"logprobs", "max_top_logprobs", "n", "seed", "echo", "streaming"}
+    assert {c.name for c in rep.checks} == {"logprobs", "max_top_logprobs", "n", "seed", "echo", "streaming", "concurrency"}
+    assert caps.concurrent_streams_ok is True and rep.safe_concurrency is None  # the fake takes overlap
 
 
 # -- CLI ------------------------------------------------------------------------------------
@@ -124,7 +125,7 @@ def test_cli_debug_normalize_cases(path: Path) -> None:
     d = json.loads(r.output)
     exp = json.loads(path.read_text())["expect"]
     assert d["expect_ok"] is True, d["expect_diffs"]
-    assert d["text"] == exp["text"] and d["n_tokens"] == exp.get("n_tokens", d["n_tokens"])
+    assert d["text"] == exp.get("text", d["text"]) and d["n_tokens"] == exp.get("n_tokens", d["n_tokens"])
     human = runner.invoke(app, ["debug", "normalize", str(path)])
     assert human.exit_code == 0
     for field in ("n_tokens:", "text:", "token_bytes:", "logprobs:", "anomalies:", "expect: matches"):

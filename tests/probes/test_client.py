@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from email.utils import format_datetime
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 
 import httpx
 import pytest
@@ -95,8 +95,15 @@ def test_build_payload_completions_and_no_logprobs() -> None:
         (200, json.dumps(OK_BODY), False, True, None, False),
         (200, '{"choices": [{"index": 0, "message": {"content": "x"}, "logprobs": {"content": [{"token": "x", "logprob": -Infinity}]}}]}', False, True, None, False),
         (200, "{broken", False, False, "malformed_json", True),
-        (200, '{"error": {"message": "model overloaded"}}', False, False, "provider_error", False),
-        (200, '{"id": 1}', False, False, "bad_response", False),
+        (200, '{"error": {"message": "model overloaded"}}', False, False, "provider_error", True),
+        (200, '{"error": {"message": "bad prompt", "type": "invalid_request_error", "code": 400}}', False, False, "provider_error", False),
+        (200, '{"error": {"message": "x", "code": 503}}', False, False, "provider_error", True),
+        (200, '{"object": "error", "message": "engine dead", "type": "InternalServerError", "code": 500}', False, False, "provider_error", True),
+        (200, '{"error": {"message": "quota", "type": "rate_limit_exceeded"}}', False, False, "provider_error", True),
+        (200, '{"id": 1}', False, False, "malformed_response", False),
+        (200, "data: [DONE]\n\n", True, False, "malformed_response", True),
+        (200, 'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n', True, False, "provider_error", True),
+        (200, 'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\ndata: {"error": {"message": "ctx too long", "code": 400}}\n\ndata: [DONE]\n\n', True, False, "provider_error", False),
         (429, '{"error": {"message": "slow down"}}', False, False, "rate_limited", True),
         (503, "upstream", False, False, "server_error", True),
         (400, '{"error": {"message": "top_logprobs too large"}}', False, False, "http_error", False),
@@ -264,7 +271,7 @@ class _SlowStream(httpx.AsyncByteStream):
         self.parts, self.delays = parts, delays
 
     async def __aiter__(self):
-        for part, d in zip(self.parts, self.delays):
+        for part, d in zip(self.parts, self.delays, strict=True):
             await asyncio.sleep(d)
             yield part.encode()
 

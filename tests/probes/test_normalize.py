@@ -199,7 +199,7 @@ def test_cap_suppresses_short() -> None:
 
 
 def test_gpt2_table_is_a_bijection() -> None:
-    from probes.normalize import _gpt2_u2b
+    from probes.byte_recovery import _gpt2_u2b
 
     table = _gpt2_u2b()
     assert len(table) == 256 and sorted(table.values()) == list(range(256))

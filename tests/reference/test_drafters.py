@@ -125,9 +125,9 @@ def test_self_draft_early_exit_matches_truncated_model(tiny_lm):
 
 
 def test_self_draft_validation(tiny_lm):
-    with pytest.raises(ValueError, match="1..2"):
+    with pytest.raises(ValueError, match=r"1\.\.2"):
         SelfDrafter(tiny_lm, 3)
-    with pytest.raises(ValueError, match="1..2"):
+    with pytest.raises(ValueError, match=r"1\.\.2"):
         SelfDrafter(tiny_lm, 0)
 
 
@@ -153,5 +153,5 @@ def test_make_drafter_specs(tiny_lm):
     assert (d.min_n, d.max_n) == (1, 3)
     assert isinstance(make_drafter("self:1", tiny_lm), SelfDrafter)
     for bad in ("bogus", "self:x", "ngram:a:b", "model:"):
-        with pytest.raises(ValueError, match="drafter|model"):
+        with pytest.raises(ValueError, match=r"drafter|model"):
             make_drafter(bad, tiny_lm)

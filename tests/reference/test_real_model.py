@@ -81,7 +81,7 @@ def test_scoring_matches_full_forward_real(real_lm, greedy_refs):
     # measured here as the float32 forward's own distance from a float64 forward
     batch = score_continuations(real_lm, [ids, ids2], [cont, cont2], top_k=5, full=True)
     m64 = copy.deepcopy(real_lm.model).double()
-    for pr, co, sc in zip([ids, ids2], [cont, cont2], batch):
+    for pr, co, sc in zip([ids, ids2], [cont, cont2], batch, strict=True):
         with torch.no_grad():
             f32 = torch.log_softmax(real_lm.model(torch.tensor([pr + co])).logits[0].float(), -1)[len(pr) - 1 : -1]
             f64 = torch.log_softmax(m64(torch.tensor([pr + co])).logits[0], -1)[len(pr) - 1 : -1]

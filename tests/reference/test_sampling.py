@@ -69,3 +69,24 @@ def test_sample_from_never_draws_zero_mass_and_matches_law():
     assert sample_from(torch.tensor([0.0, 0.0, 7.0]), g) == 2
     with pytest.raises(ValueError):
         sample_from(torch.zeros(3), g)
+
+
+def _top_p_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The textbook nucleus filter with a full descending sort (the rule ``_top_p_filter`` must match)."""
+    sorted_p, idx = torch.sort(probs, dim=-1, descending=True)
+    drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+    drop_sorted[..., 0] = False
+    out = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted), 0.0)
+    return out / out.sum(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])  # flat (nucleus past 64 tokens, the topk grows), mid, peaked
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999])
+def test_top_p_partial_sort_equals_full_sort(scale, top_p):
+    gen = torch.Generator().manual_seed(int(scale * 10) + int(top_p * 1000))
+    logits = torch.randn(5, 49152, generator=gen) * scale  # continuous draws: no ties
+    for dtype in (torch.float32, torch.float64):
+        got = logits_to_probs(logits, 1.0, top_p=top_p, dtype=dtype)
+        want = _top_p_full_sort(torch.softmax(logits.to(dtype), -1), top_p)
+        assert torch.equal(got > 0, want > 0)
+        assert torch.allclose(got, want, rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-6)

@@ -19,7 +19,8 @@ from reference.drafters import (
 )
 from reference.sampling import sample_from
 from reference.speculative import (
-    AdaptiveK,
+    CostModel,
+    DraftLengthPolicy,
     autoregressive_generate,
     speculative_generate,
 )
@@ -123,7 +124,7 @@ def test_eos_stops_and_is_excluded(tiny_lm, prompt_ids, plain):
     )
     assert res.finish_reason == "stop" and res.stop_token_id == eos
     assert res.token_ids == plain.token_ids[:first]
-    assert sum(seen, []) == res.token_ids
+    assert list(itertools.chain.from_iterable(seen)) == res.token_ids
     assert sum(res.rounds) == first + 1  # the EOS was emitted by the last round
 
 
@@ -134,7 +135,7 @@ def test_on_round_streams_each_round(tiny_lm, prompt_ids, plain):
         max_new_tokens=20, eos_token_ids=[], on_round=chunks.append, adaptive_k=False,
     )
     assert [len(c) for c in chunks] == res.rounds
-    assert sum(chunks, []) == res.token_ids
+    assert list(itertools.chain.from_iterable(chunks)) == res.token_ids
 
 
 def test_return_logprobs_are_raw_target_rows(tiny_lm, prompt_ids):
@@ -201,19 +202,61 @@ def test_single_token_prompt_and_empty_drafts(tiny_lm):
     assert res.token_ids == ref.token_ids and res.n_drafted == 0
 
 
-def test_adaptive_k_cost_model():
-    a = AdaptiveK(k_max=6, draft_cost_prior=0.0)
+def test_draft_length_policy_cost_model():
+    a = DraftLengthPolicy(k_max=6)
     for _ in range(30):
-        a.observe_accept(0, 4)  # drafts always rejected
+        a.observe(0, 4)  # drafts always rejected
     assert a.truncate(6) == 0 and a.plan(6) == 0
     for _ in range(30):
-        a.observe_accept(4, 4)  # drafts always accepted
-    assert a.truncate(6) == 6
-    expensive = AdaptiveK(k_max=6, draft_cost_prior=1.0)
+        a.observe(4, 4)  # drafts always accepted
+    assert a.truncate(6) == 6 and a.plan(6) == 6
+    expensive = DraftLengthPolicy(k_max=6, cost=CostModel(draft_cost=1.0))
     for _ in range(30):
-        expensive.observe_accept(2, 4)
+        expensive.observe(2, 4)
     assert expensive.plan(6) == 0  # drafting as costly as a target step never pays at a ~ 0.6
     assert a.plan(0) == 0
+    with pytest.raises(ValueError, match="k_max"):
+        DraftLengthPolicy(k_max=-1)
+    with pytest.raises(ValueError, match="verify_slope"):
+        CostModel(verify_slope=-0.1)
+
+
+def test_policy_falls_back_to_plain_and_probes_again(tiny_lm, prompt_ids, plain):
+    """Drafts that are always wrong: k drops to 0 within a few rounds; later probes are rare and short."""
+    wrong = ScriptedDrafter(lambda ctx, k: [(plain.token_ids[len(ctx) - len(prompt_ids)] + 1) % 49152] * k
+                            if len(ctx) - len(prompt_ids) < len(plain.token_ids) else [])
+    res = speculative_generate(tiny_lm, prompt_ids, drafter=wrong, k=8, max_new_tokens=40, eos_token_ids=[])
+    assert res.token_ids == plain.token_ids and res.n_accepted == 0
+    first_plain = res.k_history.index(0)
+    assert first_plain <= 5, res.k_history
+    assert sum(1 for x in res.k_history[first_plain:] if x > 0) <= len(res.k_history[first_plain:]) // 4
+    assert res.draft_policy.startswith("counts(") and res.to_dict()["k_history"] == res.k_history
+    # a drafter that is always right keeps drafting at full depth
+    good = speculative_generate(
+        tiny_lm, prompt_ids, drafter=SequenceDrafter(list(prompt_ids) + plain.token_ids), k=8,
+        max_new_tokens=40, eos_token_ids=[],
+    )
+    assert good.token_ids == plain.token_ids and 8 in good.k_history and good.mean_accepted_length > 4
+
+
+def test_policy_is_a_function_of_counts_only(tiny_lm, prompt_ids, plain):
+    """The same generation twice, with the clock made erratic in between, picks the same k every round."""
+    import time as _time
+
+    from reference import speculative as spec
+
+    kw = dict(drafter=NgramDrafter(1, 3), k=6, max_new_tokens=30, temperature=1.0, seed=3, eos_token_ids=[])
+    a = speculative_generate(tiny_lm, prompt_ids, **kw)
+    calls = itertools.count()
+    real = _time.perf_counter
+    try:
+        spec.time.perf_counter = lambda: real() + 10.0 * (next(calls) % 3)  # type: ignore[attr-defined]
+        b = speculative_generate(tiny_lm, prompt_ids, **kw)
+    finally:
+        spec.time.perf_counter = real  # type: ignore[attr-defined]
+    assert a.token_ids == b.token_ids and a.k_history == b.k_history
+    assert speculative_generate(tiny_lm, prompt_ids, adaptive_k=False, **kw).draft_policy == "fixed"
+    assert plain.draft_policy == "plain"
 
 
 # ---- the output law at temperature > 0: chi-square over seeded draws on tiny small-vocab models ----

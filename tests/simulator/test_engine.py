@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from reference.scoring import score_continuations
-from reference.simulator.engine import SimulatorEngine, build_vocab_bytes, token_display
-from reference.simulator.profiles import get_profile
 from reference.speculative import autoregressive_generate
+from simulator.engine import SimulatorEngine, build_vocab_bytes, token_display
+from simulator.profiles import get_profile
 
 PROMPT = "Once upon a time"
 

@@ -7,14 +7,14 @@ import copy
 import pytest
 import torch
 
-from reference.simulator.profiles import (
+from simulator.profiles import (
     PROFILES,
     default_substitute_keep,
     get_profile,
     list_profiles,
     resolve_substitute_layers,
 )
-from reference.simulator.quantize import (
+from simulator.quantize import (
     FP8_E4M3_MAX,
     iter_decoder_linears,
     quantize_model_weights,
@@ -31,7 +31,7 @@ REQUIRED = {
 
 
 def test_all_required_profiles_exist_with_expected_verdicts():
-    assert REQUIRED <= set(PROFILES)
+    assert set(PROFILES) >= REQUIRED
     for p in list_profiles():
         assert (p.expected_verdict == "PASS") == p.honest
         if p.honest:
@@ -97,7 +97,7 @@ def test_quantize_model_touches_only_decoder_linears(tiny_lm):
     fb = copy.deepcopy(tiny_lm.model)
     rep2 = quantize_model_weights(fb, "int4", group_size=64, use_quanto=False)
     assert rep2.backend == "torch-rtn"
-    for (n, a), (_, b) in zip(iter_decoder_linears(m), iter_decoder_linears(fb)):
+    for (n, a), (_, b) in zip(iter_decoder_linears(m), iter_decoder_linears(fb), strict=True):
         assert torch.equal(a.weight, b.weight), n
     with pytest.raises(ValueError, match="scheme"):
         quantize_model_weights(fb, "int3")

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from reference.simulator.engine import build_served_model
-from reference.simulator.profiles import get_profile
-from reference.simulator.server import create_app
 from reference.speculative import autoregressive_generate
+from simulator.engine import build_served_model
+from simulator.profiles import get_profile
+from simulator.server import create_app
 
 pytestmark = pytest.mark.real_model
 
@@ -55,7 +55,7 @@ def test_int4_kl_is_far_above_bf16(real_lm):
 
 
 def test_relaxed_threshold_overemits_on_real_model(real_lm):
-    from reference.simulator.engine import SimulatorEngine
+    from simulator.engine import SimulatorEngine
 
     eng = SimulatorEngine(get_profile("relaxed-threshold"), real_lm)
     hits, pmax = [], []

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from reference.simulator.faults import FAULT_KINDS, FaultInjector
-from reference.simulator.server import ServerThread, create_app
+from simulator.faults import FAULT_KINDS, FaultInjector
+from simulator.server import ServerThread, create_app
 
 NAME = "tiny-llama-seed0"
 CHAT = [{"role": "user", "content": "Say something."}]

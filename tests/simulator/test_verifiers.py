@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from reference.simulator.verifiers import (
+from simulator.verifiers import (
     GreedyVerifyVerifier,
     NoncompliantGreedyVerifier,
     RelaxedThresholdVerifier,

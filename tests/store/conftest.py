@@ -43,7 +43,7 @@ def _pg_base_url() -> str | None:
                 c.execute(sa.text("select 1"))
             eng.dispose()
             return url
-        except Exception:  # noqa: BLE001 - unreachable / wrong role: try the next
+        except Exception:
             continue
     return None
 
@@ -246,7 +246,7 @@ def fault_server(request) -> Iterator[FaultServer]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The provider simulator (reference.simulator) with faults, serving the tiny random model
+# The provider simulator (simulator) with faults, serving the tiny random model
 # ---------------------------------------------------------------------------------------------
 
 
@@ -261,11 +261,11 @@ class SimServer:
 
 @pytest.fixture
 def sim_server(request, tiny_lm) -> Iterator[SimServer]:
-    """``reference.simulator`` (profile honest-fp32, the ``tiny_lm`` fixture) on a free loopback
+    """``simulator`` (profile honest-fp32, the ``tiny_lm`` fixture) on a free loopback
     port with seeded faults: 429 (Retry-After: 0), 500, slow (2.5 s, past the tests' 2 s client
     timeout), truncated and malformed answers. Parametrize with ``dict(rate=..)`` (default 0.2)."""
-    sim = pytest.importorskip("reference.simulator.server")
-    from reference.simulator.faults import FaultInjector
+    sim = pytest.importorskip("simulator.server")
+    from simulator.faults import FaultInjector
 
     opts = getattr(request, "param", None) or {}
     inj = FaultInjector(rate=float(opts.get("rate", 0.2)), seed=int(opts.get("seed", 1)), delay_s=2.5, retry_after_s=0)

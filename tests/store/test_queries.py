@@ -278,26 +278,22 @@ def test_reference_cache(store):
 
 
 def test_schedules_alerts_calibration(store):
+    # schedules and alerts have one write path each: auditor.scheduler and auditor.alerts
+    # (record_verdict_change, tested in tests/scheduler); the CLI and dashboard read them here
+    from auditor.scheduler import MIN_INTERVAL_S, add_schedule, remove_schedule
+    from auditor.store.dashboard_queries import list_schedules, recent_alerts
+
     now = dt.datetime.now(dt.UTC)
     with store.session() as s:
-        a = q.add_schedule(s, provider_name="p", every_seconds=3600, next_run_at=now - dt.timedelta(seconds=1))
-        q.add_schedule(s, provider_name="p", every_seconds=60, next_run_at=now + dt.timedelta(hours=1))
-        q.add_schedule(s, provider_name="p", every_seconds=60, enabled=False)
-        with pytest.raises(ValueError):
-            q.add_schedule(s, provider_name="p", every_seconds=0)
-        assert [x.id for x in q.due_schedules(s, now)] == [a.id]
-        assert len(q.list_schedules(s, enabled=True)) == 2
-        assert q.remove_schedule(s, a.id) and not q.remove_schedule(s, a.id)
-        q.add_alert(
-            s,
-            provider_name="p",
-            verdict="QUANTIZATION",
-            previous_verdict="PASS",
-            message="changed",
-            webhook_status=200,
-            delivered=True,
-        )
-        assert q.list_alerts(s, provider="p")[0].webhook_status == 200
+        a = add_schedule(s, "p", 3600, now=now)
+        add_schedule(s, "p", MIN_INTERVAL_S, first_run_at=now + dt.timedelta(hours=1), now=now)
+        with pytest.raises(ValueError, match="--every"):
+            add_schedule(s, "p", MIN_INTERVAL_S - 1)
+        rows = list_schedules(s)
+        assert [r["every_seconds"] for r in rows] == [3600, MIN_INTERVAL_S] and all(r["enabled"] for r in rows)
+        assert remove_schedule(s, a.id) and not remove_schedule(s, a.id)
+        assert [r["id"] for r in list_schedules(s)] == [rows[1]["id"]]
+        assert recent_alerts(s) == []
         q.add_calibration_result(
             s,
             model="m",

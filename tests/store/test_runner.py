@@ -1,6 +1,6 @@
 """Resumable probe runs against the provider simulator and a small fault-injecting server.
 
-- the simulator (``reference.simulator``, tiny model) with 20% faults (429 + Retry-After, 500,
+- the simulator (``simulator``, tiny model) with 20% faults (429 + Retry-After, 500,
   slow past the timeout, truncated streams, malformed JSON): a 200-probe run completes; the
   database holds every attempt; no probe is missing or duplicated; retries are visible;
 - a run killed with SIGKILL mid-way (subprocess ``python -m auditor probe``) and resumed ends with
@@ -33,7 +33,7 @@ from auditor.store.models import ProbeAttempt
 from probes.config import Capabilities, ConfigError, Pricing, ProviderConfig, RateLimits, RetryPolicy
 from probes.suites import Probe, Suite
 
-from .conftest import _completion_tokens  # noqa: TID252 - test helper next to this file
+from .conftest import _completion_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 FAULTS = {"fault_rate": 0.2, "slow_s": 2.3}  # slow = past the 2 s client timeout

@@ -68,10 +68,9 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run_with_connection(connection)
         return
-    engine = config.attributes.get("engine")
-    owned = engine is None
-    if owned:
-        engine = make_engine(_url())
+    given = config.attributes.get("engine")
+    owned = given is None
+    engine = make_engine(_url()) if given is None else given
     try:
         with engine.begin() as conn:
             _run_with_connection(conn)

@@ -1,0 +1,278 @@
+"""The whole detection benchmark: noise floors, pools (cached), fixed-budget and sequential audits.
+
+:func:`run_calibration` is what ``auditor calibrate`` runs; its :class:`CalibrationRun` is written
+by :mod:`auditor.calibration.outputs` and stored by :mod:`auditor.calibration.store`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from auditor.calibration.collect import as_refs, load_or_collect_pool
+from auditor.calibration.draws import (
+    DEFAULT_AUDITS,
+    DEFAULT_BUDGETS,
+    AuditMix,
+    default_mix,
+    run_audits,
+)
+from auditor.calibration.metrics import CalibrationRecord, summarize_audits
+from auditor.calibration.pool import POOL_FORMAT, PoolConfig
+from auditor.calibration.sequential import run_sequential_audits
+from auditor.noise import REFERENCE_DTYPES, FloorSet, get_floors
+from auditor.sequential import AUTO_ACCEPT_POWER, AUTO_SPENDING, SequentialDesign
+from simulator.profiles import get_profile
+
+if TYPE_CHECKING:
+    from auditor.calibration.collect import RefModels
+    from reference.models import LoadedModel
+
+__all__ = ["CalibrationRun", "get_noise_floor", "load_reference_models", "mix_budgets", "run_calibration"]
+
+#: Profiles a plain ``auditor calibrate`` runs: the ones docs/calibration.md covers. The newer
+#: profiles of :data:`simulator.profiles.PROFILES` (honest-fp16, kv-fp8, w8a8, greedy-relaxed,
+#: relaxed-threshold:S, typical-acceptance:EPS, mix-P:F) are served correctly by the pool
+#: (``collect.backend_for``) and run when named with ``--profiles``; they join this list once their
+#: calibration is committed (issue 14).
+DEFAULT_PROFILES: tuple[str, ...] = (
+    "honest-fp32", "honest-bf16", "honest-noisy", "int8", "int4", "fp8", "relaxed-threshold",
+    "typical-acceptance", "greedy-verify", "substituted", "decode-noncompliant", "truncated-sampling",
+)
+
+
+def get_noise_floor(
+    ref_lms: RefModels,
+    *,
+    cache_dir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+    **floor_kwargs: Any,
+) -> FloorSet:
+    """The pipeline's noise floors for the reference (``auditor.noise.get_floors``; cached on disk).
+
+    Args:
+        ref_lms: reference dtype → LoadedModel (``float32`` and usually ``bfloat16``).
+        cache_dir: cache root (floors under ``noise/``); None = ``auditor.noise``'s own cache,
+            shared with ``auditor check``.
+        floor_kwargs: passed to ``get_floors`` (``n_prompts``, ``max_new_tokens``: miniatures only —
+            the benchmark must use the floor ``auditor check`` uses, i.e. the defaults).
+
+    Returns:
+        ``auditor.noise.FloorSet`` (``.floors``: dtype → NoiseFloor).
+    """
+    refs = as_refs(ref_lms)
+    cb = None
+    if progress is not None:
+        def cb(stage: str, done: int, total: int) -> None:
+            if done == total or done % 8 == 0:
+                progress(f"{stage} {done}/{total}")
+    return get_floors(refs, cache_dir=None if cache_dir is None else Path(cache_dir) / "noise", progress=cb,
+                      **floor_kwargs)
+
+
+@dataclass
+class CalibrationRun:
+    """Everything one benchmark run produced.
+
+    Attributes:
+        records: fixed-budget cells (:class:`CalibrationRecord`), profile-major.
+        sequential: sequential-audit records (see :func:`run_sequential_audits`), may be empty.
+        meta: model, revision, budgets, audits, alpha, mix, pool config, floor summary, pools
+            (sizes, backends, seconds, cache hits), timings (seconds per stage), machine.
+    """
+
+    records: list[CalibrationRecord]
+    sequential: list[dict]
+    meta: dict
+
+    def to_json_list(self) -> list[dict]:
+        """docs/calibration.json content: a list of records (fixed first, then sequential)."""
+        out = [r.to_dict() for r in self.records]
+        for s in self.sequential:
+            d = dict(s)
+            d.update(
+                {
+                    "design": "sequential",
+                    "sequential_design": s["design"],
+                    "budget_tokens": s["max_tokens"],
+                    "model": self.meta.get("model"),
+                    "revision": self.meta.get("revision"),
+                }
+            )
+            out.append(d)
+        return out
+
+
+def mix_budgets(mix: AuditMix, budgets: Sequence[int], *, primary: bool = False) -> list[int]:
+    """The budgets a mix is calibrated at: all of them for the primary mix; for the others those
+    its suite can spend (``<= mix.max_total``), plus ``max_total`` itself when some budget exceeds it."""
+    bl = sorted({int(b) for b in budgets})
+    if primary or mix.max_total is None:
+        return bl
+    keep = [b for b in bl if b <= mix.max_total]
+    if any(b > mix.max_total for b in bl):
+        keep.append(int(mix.max_total))
+    return sorted(set(keep))
+
+
+def load_reference_models(model: str | None = None) -> dict[str, LoadedModel]:
+    """The reference in every honest precision (``auditor.noise.REFERENCE_DTYPES``)."""
+    from reference.models import DEFAULT_MODEL, load_model  # torch
+
+    name = model or DEFAULT_MODEL
+    return {dt: load_model(name, dtype=dt) for dt in REFERENCE_DTYPES}
+
+
+def run_calibration(
+    profiles: Sequence[str] | None = None,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    audits: int = DEFAULT_AUDITS,
+    *,
+    ref_lms: RefModels | None = None,
+    model: str | None = None,
+    pool_cfg: PoolConfig | None = None,
+    mix: AuditMix | Sequence[AuditMix] | None = None,
+    alpha: float = 0.05,
+    seed: int = 0,
+    cache_dir: Path | None = None,
+    refresh: bool = False,
+    sequential: SequentialDesign | Literal["auto"] | None = "auto",
+    sequential_audits: int | None = None,
+    floor_kwargs: dict[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CalibrationRun:
+    """Run the detection benchmark: pools (cached), resampled fixed-budget audits, sequential audits.
+
+    Args:
+        profiles: simulator profiles (default: all).
+        budgets: completion-token budgets per audit.
+        audits: resampled audits per profile × budget.
+        ref_lms: reference dtype → LoadedModel (default: :func:`load_reference_models`).
+        model: reference model name when ``ref_lms`` is None.
+        pool_cfg: pool configuration.
+        mix: probe mix, or several (default: the default suite's). With several, the first is the
+            primary one (every budget; the sequential simulation); each further mix (a targeted
+            suite such as ``precision`` or ``verification``) runs at the budgets it can spend
+            (``budget <= mix.max_total``, plus ``max_total`` itself when a budget exceeds it), and
+            its records carry its name in ``mix``.
+        alpha: family-wise level of every audit.
+        seed: base seed (pools use ``pool_cfg.seed``).
+        cache_dir: cache root (pools under ``pools/``, floors under ``noise/``); default
+            :func:`calibration_cache_dir` for pools and ``auditor.noise``'s cache for floors.
+        refresh: recollect pools even when cached.
+        sequential: a ``SequentialDesign``, None (skip), or "auto" (geometric looks from the
+            smallest budget to the largest with the spending and early-acceptance power of
+            ``auditor check --budget-tokens auto``).
+        sequential_audits: audits per profile for the sequential simulation (default ``audits``).
+        floor_kwargs: extra arguments of ``auditor.noise.get_floors`` (CI miniatures only).
+        progress: callback for one-line status messages.
+
+    Returns:
+        CalibrationRun.
+
+    Raises:
+        KeyError: unknown profile name.
+        ValueError: empty budgets or audits < 1.
+    """
+    say = progress or (lambda _m: None)
+    profiles = list(profiles or DEFAULT_PROFILES)
+    for p in profiles:
+        get_profile(p)
+    budgets = sorted({int(b) for b in budgets})
+    if not budgets or budgets[0] < 1:
+        raise ValueError(f"budgets must be positive token counts, got {budgets}")
+    if audits < 1:
+        raise ValueError(f"audits={audits} must be >= 1")
+    t_all = time.perf_counter()
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    refs = as_refs(ref_lms) if ref_lms is not None else load_reference_models(model)
+    timings["load_models_s"] = time.perf_counter() - t
+    first = refs["float32"]
+    t = time.perf_counter()
+    floors = get_noise_floor(refs, cache_dir=cache_dir, progress=say, **(floor_kwargs or {}))
+    timings["noise_floor_s"] = time.perf_counter() - t
+    say(f"noise floor ready ({'cached' if floors.meta.get('cached') else 'computed'}, {timings['noise_floor_s']:.0f}s)")
+    mixes = [default_mix()] if mix is None else ([mix] if isinstance(mix, AuditMix) else list(mix))
+    if not mixes:
+        raise ValueError("mix: give at least one probe mix")
+    mix = mixes[0]
+    cfg = pool_cfg or PoolConfig()
+    if sequential == "auto":
+        sequential = SequentialDesign.geometric(max(budgets), first=min(budgets), alpha=alpha, spending=AUTO_SPENDING,
+                                                accept_power=AUTO_ACCEPT_POWER)
+    records: list[CalibrationRecord] = []
+    seq_records: list[dict] = []
+    pools_meta: dict[str, dict] = {}
+    t_pools = t_audits = t_seq = 0.0
+    for p in profiles:
+        t = time.perf_counter()
+        pool, cached = load_or_collect_pool(p, refs, cfg, cache_dir=None if cache_dir is None else Path(cache_dir),
+                                            refresh=refresh, progress=say)
+        dt = time.perf_counter() - t
+        t_pools += dt
+        pools_meta[p] = {
+            **pool.summary(),
+            "cached": cached,
+            "seconds": round(dt, 1),
+            "collect_s": pool.meta.get("total_s"),
+            "backends": pool.meta.get("backends"),
+            "backend_t0": pool.meta.get("backend_t0"),
+            "backend_t1": pool.meta.get("backend_t1"),
+        }
+        say(f"{p}: pool ready ({'cache' if cached else 'collected'}, {dt:.0f}s) {pool.summary()}")
+        t = time.perf_counter()
+        recs = []
+        for mi, m in enumerate(mixes):
+            bl = mix_budgets(m, budgets, primary=mi == 0)
+            outs = run_audits(pool, floors, budgets=bl, audits=audits, mix=m, alpha=alpha, seed=seed, progress=say)
+            for r in summarize_audits(outs, pool, mix=m, alpha=alpha):
+                r.extra["suite_max_tokens"] = m.max_total
+                recs.append(r)
+        records.extend(recs)
+        t_audits += time.perf_counter() - t
+        for r in recs:
+            say(
+                f"{p} [{r.mix}] @ {r.budget_tokens}: rejection {r.rejection_rate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] "
+                f"cause {r.cause_correct_rate if r.cause_correct_rate is None else round(r.cause_correct_rate, 3)} "
+                f"{r.verdicts}"
+            )
+        if sequential is not None:
+            t = time.perf_counter()
+            sr = run_sequential_audits(pool, floors, sequential, audits=sequential_audits or audits, mix=mix, seed=seed)
+            seq_records.append(sr)
+            t_seq += time.perf_counter() - t
+            say(f"{p} sequential: rejection {sr['rejection_rate']:.3f}, mean tokens {sr['mean_tokens']:.0f} "
+                f"(saved {sr['tokens_saved']:.0%}) {sr['verdicts']}")
+    timings.update({"pools_s": t_pools, "audits_s": t_audits, "sequential_s": t_seq,
+                    "total_s": time.perf_counter() - t_all})
+    import torch  # the reference models are loaded: torch is imported already
+
+    meta = {
+        "model": str(first.name),
+        "revision": str(first.revision),
+        "references": sorted(refs),
+        "profiles": profiles,
+        "budgets": budgets,
+        "audits": audits,
+        "sequential_audits": (sequential_audits or audits) if sequential is not None else 0,
+        "alpha": alpha,
+        "seed": seed,
+        "mix": mix.to_dict(),
+        "mixes": [m.to_dict() for m in mixes],
+        "pool_config": cfg.key_dict(),
+        "pool_format": POOL_FORMAT,
+        "pools": pools_meta,
+        "noise_floor": floors.summary(),
+        "sequential_design": sequential.to_dict() if sequential is not None else None,
+        "timings": {k: round(v, 1) for k, v in timings.items()},
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "python": platform.python_version(), "torch": torch.__version__},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return CalibrationRun(records, seq_records, meta)

@@ -1,0 +1,397 @@
+"""Collecting a profile's pool in-process, and the on-disk cache of pools.
+
+Two backends (the package docstring, :mod:`auditor.calibration`, says why each is exact): where a
+profile serves plain decoding at a temperature (strict/lossless verification, and the greedy path
+of the lossy verifiers) requests are decoded in batches from the simulator's served model
+(``simulator.engine.build_served_model``), with the verifier's draft-independent per-position rule
+where it has one (``greedy-verify``, ``decode-noncompliant``); where the verifier's law depends on
+the drafts (``relaxed-threshold``, ``typical-acceptance`` at T > 0) every request goes through
+:class:`simulator.engine.SimulatorEngine` itself. The reference is then teacher-forced at the
+provider's prefixes in every honest precision.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from auditor.calibration.decoding import decode_rows, score_prompt_groups
+from auditor.calibration.pool import (
+    POOL_FORMAT,
+    PROVIDER_TOP_N,
+    REF_TOP_K,
+    SCORE_BATCH_SIZE,
+    Pool,
+    PoolConfig,
+    PoolRequest,
+    build_requests,
+    calibration_cache_dir,
+    short_sha,
+    suite_fingerprint,
+)
+from simulator.profiles import Profile, get_profile
+
+if TYPE_CHECKING:
+    from reference.models import LoadedModel
+
+    #: The reference: one float32 ``LoadedModel``, or reference dtype → ``LoadedModel``.
+    RefModels = LoadedModel | Mapping[str, LoadedModel]
+
+__all__ = ["as_refs", "backend_for", "collect_pool", "load_or_collect_pool", "pool_path"]
+
+
+#: Where each lossy verifier changes the output law: at "sampling" (T > 0) or "greedy" (T = 0)
+#: requests. At the other temperature it verifies exactly (simulator/verifiers.py).
+_LOSSY_AT = {
+    "relaxed-threshold": "sampling",
+    "typical-acceptance": "sampling",
+    "greedy-verify": "sampling",
+    "decode-noncompliant": "greedy",
+    "greedy-relaxed": "greedy",  # T=0 top-2-within-margin acceptance: depends on the drafts
+}
+#: Lossy verifiers whose output law does not depend on the drafts, so batched decoding with a
+#: per-position rule reproduces it exactly (the rule is the verifier's own, per its docstring):
+#: greedy-verify emits argmax p at every position; decode-noncompliant emits the 2nd-ranked token
+#: of p with probability ``greedy_flip_rate`` per position, independently.
+_RULES = {"greedy-verify": "argmax", "decode-noncompliant": "flip2nd"}
+
+
+def backend_for(profile: Profile, temperature: float, *, emulate: bool = True) -> str:
+    """How a profile's requests at ``temperature`` are served in the pool.
+
+    Returns:
+        ``batched`` (plain decoding of the served model: strict verification is lossless),
+        ``rule`` (batched decoding with the verifier's draft-independent rule, see ``_RULES``;
+        only with ``emulate``), or ``engine`` (the simulator's speculative loop: the verifier's
+        law depends on the drafts — relaxed-threshold, typical-acceptance).
+    """
+    if profile.mix_with is not None:
+        return "engine"  # per-request routing (simulator.mixture) happens in the engine only
+    at = _LOSSY_AT.get(profile.verifier)
+    if at is None or (at == "sampling") != (temperature > 0):
+        return "batched"
+    if emulate and profile.verifier in _RULES:
+        return "rule"
+    return "engine"
+
+
+def _served_is_reference(profile: Profile) -> bool:
+    return (
+        profile.dtype == "float32"
+        and not profile.weight_quant
+        and profile.substitute_layers is None
+        and profile.logit_noise == 0
+        and profile.kv_cache_dtype is None
+        and profile.act_quant is None
+        and profile.mix_with is None
+    )
+
+
+def collect_pool(
+    profile_name: str,
+    ref_lms: RefModels,
+    cfg: PoolConfig | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> Pool:
+    """Collect one profile's pool in-process (see the module docstring for the two backends).
+
+    Args:
+        profile_name: a simulator profile (``simulator.profiles.PROFILES``).
+        ref_lms: reference dtype → ``LoadedModel`` of the reference weights in that precision
+            (``float32`` required; ``bfloat16`` too when the audit compares with the nearest honest
+            reference, ``auditor.noise``), or one float32 ``LoadedModel``. The served model is
+            built from the float32 one (copied where the profile changes weights/dtype/layers;
+            the reference is not modified).
+        cfg: pool configuration (default ``PoolConfig()``).
+        progress: optional callback receiving one-line status messages.
+
+    Returns:
+        The Pool (not yet saved; see :func:`load_or_collect_pool`).
+
+    Raises:
+        KeyError: unknown profile.
+    """
+    from simulator.engine import build_served_model  # torch
+
+    cfg = cfg or PoolConfig()
+    ref_lms = as_refs(ref_lms)
+    ref_lm = ref_lms["float32"]
+    say = progress or (lambda _m: None)
+    profile = get_profile(profile_name)
+    t_start = time.perf_counter()
+    served_lm, info = build_served_model(profile, ref_lm, copy_model=True)
+    eos = list(ref_lm.eos_token_ids)
+    be = {t: backend_for(profile, t, emulate=cfg.emulate_rules) for t in (0.0, 1.0)}
+    reqs = build_requests(ref_lm.tokenizer, cfg, n_samples=cfg.samples_for(profile, be[1.0] == "engine"))
+    results: dict[str, dict] = {}
+    backends: Counter = Counter()
+    engine = None
+    t_gen = time.perf_counter()
+    # --- T = 0
+    t0 = [r for r in reqs if r.temperature == 0]
+    t1 = [r for r in reqs if r.temperature > 0]
+    eff_p = profile.forced_top_p if profile.forced_top_p is not None else 1.0
+    eff_k = profile.forced_top_k if profile.forced_top_k is not None else 0
+
+    def via_engine(rs: list[PoolRequest]) -> None:
+        nonlocal engine
+        from simulator.engine import SimulatorEngine
+
+        if engine is None:
+            # the engine builds its served model from the reference (a copy), as `auditor serve` does
+            engine = SimulatorEngine(profile, ref_lm, seed=cfg.seed, copy_model=True)
+        for j, r in enumerate(rs):
+            ch = engine.generate(
+                list(r.prompt_ids), max_tokens=r.max_tokens, temperature=r.temperature, seed=r.seed, top_n=PROVIDER_TOP_N
+            )
+            toks = list(ch.tokens)
+            T = len(toks)
+            top_ids = np.full((T, PROVIDER_TOP_N), -1, np.int64)
+            top_lp = np.full((T, PROVIDER_TOP_N), -np.inf)
+            for i, t in enumerate(toks):
+                k = len(t.top_ids)
+                top_ids[i, :k] = t.top_ids
+                top_lp[i, :k] = t.top_logprobs
+            results[r.key] = {
+                "token_ids": np.asarray([t.token_id for t in toks], np.int64),
+                "logprob": np.asarray([np.nan if t.logprob is None else t.logprob for t in toks], np.float64),
+                "top_ids": top_ids,
+                "top_lp": top_lp,
+            }
+            backends["engine"] += 1
+            if (j + 1) % 10 == 0:
+                say(f"{profile_name}: engine {j + 1}/{len(rs)} requests")
+
+    def via_batched(rs: list[PoolRequest], temperature: float) -> None:
+        model = served_lm.model
+        rule = _RULES.get(profile.verifier) if be[temperature] == "rule" else None
+        tag = "rule" if rule else "batched"
+        if temperature == 0:
+            for b in range(0, len(rs), cfg.batch_size):
+                chunk = rs[b : b + cfg.batch_size]
+                if hasattr(model, "nonce"):
+                    model.nonce = chunk[0].seed  # honest-noisy: a fresh "batch" of kernel noise
+                outs = decode_rows(
+                    model,
+                    [r.prompt_ids for r in chunk],
+                    max_new_tokens=max(r.max_tokens for r in chunk),
+                    temperature=0.0,
+                    top_p=1.0,
+                    top_k=0,
+                    eos_ids=eos,
+                    seeds=[r.seed for r in chunk],
+                    rule=rule,
+                    flip_rate=profile.greedy_flip_rate,
+                )
+                for r, o in zip(chunk, outs, strict=True):
+                    results[r.key] = _cut(o, r.max_tokens)
+                    backends[tag] += 1
+                say(f"{profile_name}: T=0 {min(b + cfg.batch_size, len(rs))}/{len(rs)} requests")
+        else:
+            by: dict[str, list[PoolRequest]] = {}
+            for r in rs:
+                by.setdefault(r.prompt_id, []).append(r)
+            groups = list(by.values())
+            n_s = max(len(g) for g in groups)
+            per = max(1, cfg.batch_size // n_s)  # prompts per batch; each decoded n_s times
+            for b in range(0, len(groups), per):
+                gchunk = groups[b : b + per]
+                if hasattr(model, "nonce"):
+                    model.nonce = gchunk[0][0].seed
+                outs = decode_rows(
+                    model,
+                    [g[0].prompt_ids for g in gchunk],
+                    max_new_tokens=max(r.max_tokens for g in gchunk for r in g),
+                    temperature=temperature,
+                    top_p=eff_p,
+                    top_k=eff_k,
+                    eos_ids=eos,
+                    seeds=[r.seed for g in gchunk for r in g],
+                    expand=n_s,
+                    rule=rule,
+                    flip_rate=profile.greedy_flip_rate,
+                )
+                for gi, g in enumerate(gchunk):
+                    for si, r in enumerate(g):
+                        results[r.key] = _cut(outs[gi * n_s + si], r.max_tokens)
+                        backends[tag] += 1
+                say(f"{profile_name}: T=1 {min(b + per, len(groups))}/{len(groups)} prompts")
+
+    for temp, rs in ((0.0, t0), (1.0, t1)):
+        if not rs:
+            continue
+        if be[temp] == "engine":
+            via_engine(rs)
+        else:
+            via_batched(rs, temp)
+    gen_s = time.perf_counter() - t_gen
+    del engine
+    # --- reference at the provider's prefixes
+    t_ref = time.perf_counter()
+    same = _served_is_reference(profile)
+    by_prompt: dict[tuple[int, ...], list[PoolRequest]] = {}
+    for r in reqs:
+        by_prompt.setdefault(r.prompt_ids, []).append(r)
+    ref: dict[str, dict[str, dict]] = {}
+    for dt, lm in ref_lms.items():
+        rd: dict[str, dict] = {}
+        todo: list[tuple[tuple[int, ...], list[PoolRequest]]] = []
+        for prompt, group in by_prompt.items():
+            need = []
+            for r in group:
+                if dt == "float32" and same and be[r.temperature] == "batched":
+                    # the served model IS the float32 reference: its rows are the reference rows
+                    o = results[r.key]
+                    rd[r.key] = {"top_ids": o["top_ids"][:, :REF_TOP_K], "top_lp": o["top_lp"][:, :REF_TOP_K],
+                                 "token_lp": o["logprob"]}
+                else:
+                    need.append(r)
+            if need:
+                todo.append((prompt, need))
+        # temperature-0 items (where logprob-divergence and greedy-match look) through the
+        # pipeline's own scorer and batching (auditor.audit.score_observations uses
+        # reference.scoring.score_continuations, batch 8), so low-precision references see the
+        # same numerics as in `auditor check`; sampled items share their prompt's prefill.
+        t0_need = [r for _, need in todo for r in need if r.temperature == 0]
+        if t0_need:
+            from reference.scoring import score_continuations
+
+            sc0 = score_continuations(lm, [list(r.prompt_ids) for r in t0_need],
+                                      [results[r.key]["token_ids"].tolist() for r in t0_need],
+                                      top_k=REF_TOP_K, batch_size=SCORE_BATCH_SIZE)
+            for r, x in zip(t0_need, sc0, strict=True):
+                rd[r.key] = {"top_ids": x.top_ids, "top_lp": x.top_logprobs, "token_lp": x.logprobs}
+        groups1 = [(pr, [r for r in need if r.temperature > 0]) for pr, need in todo]
+        groups1 = [(pr, need) for pr, need in groups1 if need]
+        scored = score_prompt_groups(
+            lm, [(list(pr), [results[r.key]["token_ids"].tolist() for r in need]) for pr, need in groups1]
+        )
+        for (_, need), sc in zip(groups1, scored, strict=True):
+            for r, row in zip(need, sc, strict=True):
+                rd[r.key] = row
+        ref[dt] = rd
+        say(f"{profile_name}: reference {dt} scored")
+    ref_s = time.perf_counter() - t_ref
+    pool = _assemble(profile_name, ref_lm, reqs, results, ref)
+    pool.meta.update(
+        {
+            "pool_format": POOL_FORMAT,
+            "pool_config": cfg.key_dict(),
+            "suites": suite_fingerprint(cfg),
+            "profile": profile.describe(),
+            "backends": dict(backends),
+            "backend_t0": be[0.0],
+            "backend_t1": be[1.0],
+            "served": {"dtype": info.dtype, "layers": info.layers, "quant": info.quant},
+            "generate_s": round(gen_s, 2),
+            "reference_s": round(ref_s, 2),
+            "total_s": round(time.perf_counter() - t_start, 2),
+            **pool.summary(),
+        }
+    )
+    say(f"{profile_name}: pool {pool.summary()} in {pool.meta['total_s']:.0f}s")
+    return pool
+
+
+def as_refs(ref_lms: RefModels) -> dict[str, LoadedModel]:
+    """Normalise ``ref_lms`` to {dtype: LoadedModel} with ``float32`` present.
+
+    Raises:
+        ValueError: no float32 reference.
+    """
+    if not isinstance(ref_lms, Mapping):
+        return {"float32": ref_lms}
+    if "float32" not in ref_lms:
+        raise ValueError(f"ref_lms needs a 'float32' reference (got {sorted(ref_lms)})")
+    return dict(ref_lms)
+
+
+def _cut(o: dict, n: int) -> dict:
+    """Every per-position array of a decoded row cut to its first ``n`` positions."""
+    return {k: v[:n] for k, v in o.items()}
+
+
+def _assemble(profile_name: str, ref_lm: LoadedModel, reqs: list[PoolRequest], results: dict, ref: dict) -> Pool:
+    lens = [len(results[r.key]["token_ids"]) for r in reqs]
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+
+    def cat(src: dict, k: str, shape_tail: tuple, dtype: type) -> np.ndarray:
+        parts = [np.asarray(src[r.key][k], dtype).reshape((-1, *shape_tail)) for r in reqs]
+        return np.concatenate(parts) if parts else np.zeros((0, *shape_tail), dtype)
+
+    return Pool(
+        profile=profile_name,
+        model=str(ref_lm.name),
+        revision=str(ref_lm.revision),
+        meta={},
+        item_keys=np.asarray([r.key for r in reqs], dtype=str),
+        item_prompt=np.asarray([r.prompt_id for r in reqs], dtype=str),
+        item_workload=np.asarray([r.workload for r in reqs], dtype=str),
+        item_temperature=np.asarray([r.temperature for r in reqs], np.float64),
+        item_offsets=offsets,
+        item_prompt_tokens=np.asarray([len(r.prompt_ids) for r in reqs], np.int64),
+        token_ids=cat(results, "token_ids", (), np.int64),
+        prov_logprob=cat(results, "logprob", (), np.float64),
+        prov_top_ids=cat(results, "top_ids", (PROVIDER_TOP_N,), np.int64),
+        prov_top_lp=cat(results, "top_lp", (PROVIDER_TOP_N,), np.float64),
+        ref_top_ids={dt: cat(rd, "top_ids", (REF_TOP_K,), np.int64) for dt, rd in ref.items()},
+        ref_top_lp={dt: cat(rd, "top_lp", (REF_TOP_K,), np.float64) for dt, rd in ref.items()},
+        ref_token_lp={dt: cat(rd, "token_lp", (), np.float64) for dt, rd in ref.items()},
+    )
+
+
+def pool_path(profile_name: str, ref_lms: RefModels, cfg: PoolConfig, cache_dir: Path | None = None) -> Path:
+    """Cache file of a pool: keyed by model revision, reference precisions, profile recipe,
+    suites (versions and digests), pool config, the backends that serve it, and pool format."""
+    refs = as_refs(ref_lms)
+    ref_lm = refs["float32"]
+    prof = get_profile(profile_name)
+    backends = [backend_for(prof, t, emulate=cfg.emulate_rules) for t in (0.0, 1.0)]
+    key_src: dict[str, Any] = {
+        "revision": str(ref_lm.revision),
+        "model": str(ref_lm.name),
+        "profile": prof.describe(),
+        "suites": suite_fingerprint(cfg),
+        "cfg": cfg.key_dict(),
+        "references": sorted(refs),
+        "format": POOL_FORMAT,
+    }
+    if backends != ["batched", "batched"]:
+        key_src["backends"] = backends
+    if prof.honest and cfg.honest_sampling_samples is not None:
+        key_src["honest_samples"] = cfg.honest_sampling_samples
+    key = short_sha(key_src)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(ref_lm.revision))[:12]
+    return (cache_dir or calibration_cache_dir()) / "pools" / f"{profile_name}-{safe}-{key}.npz"
+
+
+def load_or_collect_pool(
+    profile_name: str,
+    ref_lms: RefModels,
+    cfg: PoolConfig | None = None,
+    *,
+    cache_dir: Path | None = None,
+    refresh: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Pool, bool]:
+    """The cached pool if present (and valid), else collect and cache it.
+
+    Returns:
+        (pool, from_cache).
+    """
+    cfg = cfg or PoolConfig()
+    path = pool_path(profile_name, ref_lms, cfg, cache_dir)
+    if path.is_file() and not refresh:
+        try:
+            return Pool.load(path), True
+        except (ValueError, KeyError, OSError):
+            pass  # stale or corrupt: recollect
+    pool = collect_pool(profile_name, ref_lms, cfg, progress=progress)
+    pool.save(path)
+    return pool, False

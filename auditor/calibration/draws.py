@@ -1,0 +1,415 @@
+"""Audits resampled from a pool: probe mixes, budget-faithful draws, evidence and the verdict.
+
+An audit at budget B draws requests from the pool without replacement in the proportions of a
+probe mix (:class:`AuditMix`), charging each request its ``max_tokens`` exactly as ``auditor check
+--budget-tokens`` does (:class:`AuditDrawer`), builds the detectors' evidence
+(:func:`evidence_for`) and decides with the pipeline's own functions (:func:`audit_verdict`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from auditor.audit import run_reference_detectors
+from auditor.detectors import EvidenceBatch
+from auditor.verdict import DEFAULT_POWER, Verdict, decide_verdict
+from probes.suites import load_suite
+
+if TYPE_CHECKING:
+    from auditor.calibration.pool import Pool
+    from auditor.noise import FloorSet
+
+__all__ = [
+    "DEFAULT_AUDITS",
+    "DEFAULT_BUDGETS",
+    "MODES",
+    "AuditDraw",
+    "AuditDrawer",
+    "AuditMix",
+    "AuditOutcome",
+    "audit_verdict",
+    "default_mix",
+    "draw_audit",
+    "evidence_for",
+    "floor_references",
+    "run_audits",
+]
+
+#: Completion-token budgets per audit and resampled audits per cell of the benchmark.
+DEFAULT_BUDGETS = (100, 300, 1000, 3000)
+DEFAULT_AUDITS = 200
+#: Probe modes: greedy and logprob are temperature-0 requests, sampling temperature 1.
+MODES = ("greedy", "logprob", "sampling")
+
+
+@dataclass(frozen=True)
+class AuditMix:
+    """How an audit of B planned tokens is spent, per probe mode (as ``auditor.audit.plan_budget`` does).
+
+    Attributes:
+        name: mix name (``default`` = the default suite's proportions).
+        shares: mode → fraction of the planned budget (greedy and logprob are temperature-0
+            requests, sampling temperature 1); sums to 1.
+        top_m: mode → ``top_logprobs`` requested (0 = no logprobs asked).
+        max_tokens: mode → workload → ``max_tokens`` of one request (the budget each request is
+            charged, whatever it actually returns); a missing workload uses the mode's largest.
+        description: one line for reports.
+        max_total: planned completion tokens of the whole suite (the most ``auditor check
+            --suite NAME`` can spend), None when the mix is not a shipped suite.
+
+    Raises:
+        ValueError: unknown modes, shares not summing to 1.
+    """
+
+    name: str
+    shares: dict[str, float]
+    top_m: dict[str, int]
+    max_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
+    description: str = ""
+    max_total: int | None = None
+
+    def __post_init__(self) -> None:
+        bad = set(self.shares) - set(MODES)
+        if bad:
+            raise ValueError(f"mix {self.name!r}: unknown modes {sorted(bad)}; use {MODES}")
+        tot = sum(self.shares.values())
+        if not math.isclose(tot, 1.0, abs_tol=1e-6):
+            raise ValueError(f"mix {self.name!r}: shares sum to {tot}, not 1")
+
+    def request_tokens(self, mode: str, workload: str, default: int) -> int:
+        """``max_tokens`` of a request of ``mode`` on ``workload`` (``default`` when the mix has none)."""
+        by = self.max_tokens.get(mode) or {}
+        if workload in by:
+            return int(by[workload])
+        return int(max(by.values())) if by else int(default)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shares": dict(self.shares), "top_m": dict(self.top_m),
+                "max_tokens": {k: dict(v) for k, v in self.max_tokens.items()}, "description": self.description,
+                "max_total": self.max_total}
+
+
+def default_mix(suite: str = "default") -> AuditMix:
+    """The mix of a shipped suite: each mode's share of the suite's planned completion tokens
+    (max_tokens × samples), the largest ``top_logprobs`` its probes of that mode request, and its
+    ``max_tokens`` per mode and workload."""
+    s = load_suite(suite)
+    tok: Counter = Counter()
+    m: dict[str, int] = dict.fromkeys(MODES, 0)
+    mt: dict[str, dict[str, int]] = {k: {} for k in MODES}
+    for p in s.probes:
+        tok[p.mode] += p.max_tokens * p.n_samples
+        m[p.mode] = max(m[p.mode], int(p.top_logprobs or 0))
+        mt[p.mode][p.workload] = max(mt[p.mode].get(p.workload, 0), int(p.max_tokens))
+    tot = sum(tok.values())
+    shares = {k: tok[k] / tot for k in MODES}
+    desc = ", ".join(f"{k} {shares[k]:.0%} (top_logprobs={m[k]}, max_tokens {min(mt[k].values(), default=0)}-"
+                     f"{max(mt[k].values(), default=0)})" for k in MODES if shares[k] > 0)
+    return AuditMix(suite, shares, m, {k: v for k, v in mt.items() if v}, f"suite {suite!r} v{s.version}: {desc}",
+                    int(s.max_completion_tokens()))
+
+
+@dataclass
+class AuditDraw:
+    """One resampled audit: which pool items, how many of their tokens, under which mode.
+
+    Attributes:
+        items: [(item index, tokens returned, mode, reuse round)]; the reuse round is 0 unless
+            the pool ran out of distinct sampling items (then items are drawn again, round 1, ...).
+        tokens: mode → completion tokens actually returned (EOS ends continuations early).
+        planned: mode → planned tokens (Σ max_tokens of the requests: what the budget counts).
+        prompt_tokens: Σ prompt tokens of the requests (input tokens, for the price).
+    """
+
+    items: list[tuple[int, int, str, int]]
+    tokens: dict[str, int]
+    planned: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        """Completion tokens actually returned."""
+        return int(sum(self.tokens.values()))
+
+    @property
+    def planned_total(self) -> int:
+        """Planned completion tokens (the ``--budget-tokens`` this audit used)."""
+        return int(sum(self.planned.values()))
+
+    @property
+    def reused(self) -> bool:
+        return any(r > 0 for *_, r in self.items)
+
+
+class AuditDrawer:
+    """Draws one audit's requests from a pool, incrementally: ``extend_to(B)`` grows the same audit.
+
+    Budget semantics are ``auditor check --budget-tokens``'s (``auditor.audit.plan_budget``): a
+    request is charged its ``max_tokens`` whatever it returns, requests are added while they fit,
+    always to the mode furthest below its share of the budget. Temperature-0 requests (greedy,
+    logprob) come from one random permutation of the pool's T=0 items, each prompt at most once (at
+    T=0 a prompt has one answer); sampling requests from a permutation of the T=1 items. A pool
+    item longer than the request's ``max_tokens`` is cut to it (the continuation a shorter request
+    returns). When the T=0 items run out, their share goes to sampling; when the T=1 items run out
+    they are drawn again (``reuse round`` > 0, reported as ``reused``). Nested draws are what a
+    sequential audit needs: look k+1 sees every request of look k.
+
+    Args:
+        pool: the profile's pool.
+        mix: the probe mix.
+        rng: numpy Generator (the audit's randomness).
+
+    Raises:
+        ValueError: the pool holds no tokens at all.
+    """
+
+    def __init__(self, pool: Pool, mix: AuditMix, rng: np.random.Generator):
+        self.pool, self.mix, self.rng = pool, mix, rng
+        self.lens = pool.item_lengths
+        self.t0_src = pool.items_at(0.0)
+        self.t1_src = pool.items_at(1.0)
+        if not self.t0_src.size and not self.t1_src.size:
+            raise ValueError(f"pool of profile {pool.profile!r} holds no tokens")
+        self.t0 = list(rng.permutation(self.t0_src))
+        self.t1 = list(rng.permutation(self.t1_src))
+        self.rnd = {"t0": 0, "t1": 0}
+        self.items: list[tuple[int, int, str, int]] = []
+        self.tokens = dict.fromkeys(MODES, 0)
+        self.planned = dict.fromkeys(MODES, 0)
+        self.prompt_tokens = 0
+        self._pending: dict[str, tuple[int, int]] = {}  # mode -> (item, round) drawn but not yet fitting
+
+    def _peek(self, mode: str) -> tuple[int, int] | None:
+        if mode in self._pending:
+            return self._pending[mode]
+        if mode == "sampling":
+            if not self.t1_src.size:
+                return None
+            if not self.t1:
+                self.rnd["t1"] += 1
+                self.t1 = list(self.rng.permutation(self.t1_src))
+            got = (int(self.t1.pop()), self.rnd["t1"])
+        else:
+            if not self.t0:
+                if self.t1_src.size or not self.t0_src.size:
+                    return None
+                self.rnd["t0"] += 1  # no sampling items at all: reuse T=0 items
+                self.t0 = list(self.rng.permutation(self.t0_src))
+            got = (int(self.t0.pop()), self.rnd["t0"])
+        self._pending[mode] = got
+        return got
+
+    def _cost(self, mode: str, item: int) -> int:
+        w = str(self.pool.item_workload[item])
+        return self.mix.request_tokens(mode, w, int(self.lens[item]) or 1)
+
+    def extend_to(self, budget: int) -> AuditDraw:
+        """Grow the audit to at most ``budget`` planned tokens (no-op when already there).
+
+        Raises:
+            ValueError: budget < 1.
+        """
+        if budget < 1:
+            raise ValueError(f"budget={budget} must be >= 1 token")
+        active = [m for m in MODES if self.mix.shares.get(m, 0.0) > 0] or list(MODES)
+        while True:
+            spent = sum(self.planned.values())
+            order = sorted(active, key=lambda m: (self.planned[m] - self.mix.shares.get(m, 0.0) * budget, MODES.index(m)))
+            took = False
+            for mode in order:
+                nxt = self._peek(mode)
+                if nxt is None:
+                    continue
+                i, r = nxt
+                cost = self._cost(mode, i)
+                if spent + cost > budget:
+                    continue
+                del self._pending[mode]
+                n = int(min(self.lens[i], cost))
+                self.items.append((i, n, mode, r))
+                self.tokens[mode] += n
+                self.planned[mode] += cost
+                pt = self.pool.item_prompt_tokens
+                self.prompt_tokens += int(pt[i]) if pt is not None else 0
+                took = True
+                break
+            if not took:
+                break
+        if not self.items:
+            raise ValueError(
+                f"budget {budget} is smaller than the smallest request of the {self.mix.name!r} mix "
+                f"({min(self._cost(m, int(x)) for m, src in (('greedy', self.t0_src), ('sampling', self.t1_src)) for x in src[:1])} tokens)"
+            )
+        return AuditDraw([x for x in self.items if x[1] > 0], dict(self.tokens), dict(self.planned), self.prompt_tokens)
+
+
+def draw_audit(pool: Pool, budget: int, mix: AuditMix, rng: np.random.Generator) -> AuditDraw:
+    """Draw one audit of at most ``budget`` planned completion tokens (see :class:`AuditDrawer`).
+
+    Raises:
+        ValueError: budget < 1 or below the smallest request, or the pool holds no tokens at all.
+    """
+    return AuditDrawer(pool, mix, rng).extend_to(budget)
+
+
+def evidence_for(pool: Pool, draw: AuditDraw, mix: AuditMix, reference: str = "float32") -> EvidenceBatch:
+    """The detectors' :class:`~auditor.detectors.EvidenceBatch` for one drawn audit.
+
+    Each item is one probe (``prompt_id`` = its request key, so positions of one continuation are
+    grouped as the detectors expect); the provider's top list is cut to the mode's
+    ``top_logprobs`` width and its token logprob dropped when the mode asks for none.
+
+    Args:
+        reference: which reference precision's rows to use (a key of ``pool.ref_top_ids``).
+
+    Raises:
+        KeyError: the pool was not scored with that reference.
+    """
+    if reference not in pool.ref_top_ids:
+        raise KeyError(f"pool {pool.profile!r} has no {reference!r} reference rows (has {pool.references})")
+    idx: list[np.ndarray] = []
+    pids: list[str] = []
+    pos: list[np.ndarray] = []
+    widths: list[int] = []
+    for i, n, mode, rnd in draw.items:
+        a = int(pool.item_offsets[i])
+        idx.append(np.arange(a, a + n))
+        key = str(pool.item_keys[i]) + (f"~{rnd}" if rnd else "")
+        pids.extend([key] * n)
+        pos.append(np.arange(n))
+        widths.extend([int(mix.top_m.get(mode, 0))] * n)
+    sel = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+    w = np.asarray(widths, np.int64)
+    M = int(w.max()) if w.size else 0
+    p_ids = pool.prov_top_ids[sel, :M].copy()
+    p_lp = pool.prov_top_lp[sel, :M].copy()
+    if M:
+        cut = np.arange(M)[None, :] >= w[:, None]
+        p_ids[cut] = -1
+        p_lp[cut] = -np.inf
+    p_tok = np.where(w > 0, pool.prov_logprob[sel], np.nan)
+    temps = np.repeat(pool.item_temperature[[i for i, *_ in draw.items]], [n for _, n, *_ in draw.items])
+    return EvidenceBatch.from_arrays(
+        prompt_ids=pids,
+        positions=np.concatenate(pos) if pos else np.zeros(0, np.int64),
+        token_ids=pool.token_ids[sel],
+        temperatures=temps,
+        ref_top_ids=pool.ref_top_ids[reference][sel],
+        ref_top_logprobs=pool.ref_top_lp[reference][sel],
+        ref_token_logprobs=pool.ref_token_lp[reference][sel],
+        provider_top_ids=p_ids,
+        provider_top_logprobs=p_lp,
+        provider_token_logprobs=p_tok,
+    )
+
+
+def audit_verdict(
+    batches: Mapping[str, EvidenceBatch] | EvidenceBatch,
+    floors: FloorSet,
+    *,
+    alpha: float = 0.05,
+    seed: int = 0,
+    power: float | None = None,
+) -> Verdict:
+    """Per-position evidence → detector results → verdict, exactly as ``auditor check`` decides.
+
+    Calls the pipeline's ``auditor.audit.run_reference_detectors`` (every detector against every
+    honest reference precision with that precision's noise floor, combined as an
+    intersection–union test: per detector the nearest reference's result) and then
+    ``auditor.verdict.decide_verdict`` with the floor of the reference nearest in
+    logprob-divergence — the same steps as ``auditor.audit.analyze_run``.
+
+    Args:
+        batches: reference dtype → EvidenceBatch (same positions), or one batch (float32).
+        floors: ``auditor.noise.FloorSet``.
+        alpha: family-wise level (Holm).
+        seed: detector randomisation seed.
+        power: power a PASS needs against the target effects (None: the verdict's default).
+
+    Returns:
+        ``auditor.verdict.Verdict`` (its ``results`` carry the Holm-adjusted p-values).
+    """
+    if not isinstance(batches, Mapping):
+        batches = {"float32": batches}
+    results = run_reference_detectors(batches, floors, seed=seed)
+    fl = getattr(floors, "floors", None) or {}
+    lp = next((r for r in results if r.name == "logprob-divergence" and r.ran), None)
+    lp_floor = fl.get(lp.details.get("nearest_reference")) if lp is not None else None
+    return decide_verdict(results, alpha, floor=lp_floor or fl.get(next(iter(batches))),
+                          power=DEFAULT_POWER if power is None else power)
+
+
+@dataclass
+class AuditOutcome:
+    """One resampled audit's result (compact, JSON-able)."""
+
+    budget: int
+    verdict: str
+    rule: str
+    rejected: list[str]
+    ran: list[str]
+    tokens: dict[str, int]
+    reused: bool
+    prompt_tokens: int = 0
+    planned: dict[str, int] = field(default_factory=dict)
+
+
+def _outcome(budget: int, draw: AuditDraw, v: Verdict) -> AuditOutcome:
+    """The compact record of one audit's verdict."""
+    det = v.details.get("detectors", {})
+    return AuditOutcome(
+        budget=budget,
+        verdict=str(v.verdict),
+        rule=str(v.details.get("rule", "")),
+        rejected=[k for k, d in det.items() if d.get("rejects")],
+        ran=[k for k, d in det.items() if d.get("ran")],
+        tokens=dict(draw.tokens),
+        reused=draw.reused,
+        prompt_tokens=draw.prompt_tokens,
+        planned=dict(draw.planned),
+    )
+
+
+def floor_references(pool: Pool, floor: FloorSet) -> list[str]:
+    """The pool's reference precisions that have a noise floor (the first one when none has)."""
+    fl = getattr(floor, "floors", floor)
+    return [r for r in pool.references if not isinstance(fl, dict) or r in fl] or pool.references[:1]
+
+
+def run_audits(
+    pool: Pool,
+    floor: FloorSet,
+    *,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    audits: int = DEFAULT_AUDITS,
+    mix: AuditMix | None = None,
+    alpha: float = 0.05,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[AuditOutcome]:
+    """Run ``audits`` resampled audits at each budget on one pool.
+
+    Seeds: audit j at budget B draws with ``SeedSequence([seed, B, j])`` and seeds its detectors
+    with ``seed * 1_000_003 + j`` — reproducible and independent of the other budgets.
+    """
+    mix = mix or default_mix()
+    refs = floor_references(pool, floor)
+    out: list[AuditOutcome] = []
+    for B in budgets:
+        t = time.perf_counter()
+        for j in range(audits):
+            rng = np.random.default_rng(np.random.SeedSequence([seed, int(B), j]))
+            d = draw_audit(pool, int(B), mix, rng)
+            batches = {r: evidence_for(pool, d, mix, r) for r in refs}
+            v = audit_verdict(batches, floor, alpha=alpha, seed=seed * 1_000_003 + j)
+            out.append(_outcome(int(B), d, v))
+        if progress:
+            progress(f"{pool.profile}: {audits} audits at {B} tokens in {time.perf_counter() - t:.0f}s")
+    return out

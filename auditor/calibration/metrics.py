@@ -1,0 +1,328 @@
+"""Metrics of resampled audits and the issue-7 targets.
+
+Per profile × budget: rejection rate (a deviation verdict; on honest profiles the
+false-accusation rate, on the others the power) with a Clopper–Pearson 95% interval, verdict
+counts, the cause-correct rate among rejections, INCONCLUSIVE rate and per-detector contributions
+(:class:`CalibrationRecord`); the smallest budget reaching a power (:func:`tokens_for_power`) and
+the targets of issue 7 (:func:`check_targets`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import cast
+
+import numpy as np
+from scipy import stats
+
+from auditor.calibration.draws import MODES, AuditMix, AuditOutcome
+from auditor.calibration.pool import Pool
+from auditor.util import json_safe
+from auditor.verdict import VerdictKind
+from simulator.profiles import PROFILES, Profile, get_profile
+
+__all__ = [
+    "ACCEPTED_CAUSES",
+    "MAX_FALSE_ACCUSATION",
+    "MAX_FALSE_ACCUSATION_UPPER",
+    "MIN_CAUSE_CORRECT",
+    "POWER_TARGETS",
+    "TARGET_POWER",
+    "CalibrationRecord",
+    "check_targets",
+    "clopper_pearson",
+    "record_grid",
+    "record_suite",
+    "summarize_audits",
+    "tokens_for_power",
+    "verdict_rates",
+]
+
+#: Verdicts that count as "cause named right" per profile, beyond ``Profile.expected_verdict``.
+#: ``greedy-verify`` serves sampling requests greedily; the verdict rules (docs/detectors.md,
+#: rule 4a) name that DECODING_NONCOMPLIANT while the simulator profile files it under
+#: RELAXED_VERIFICATION; both describe the behaviour, so both count.
+ACCEPTED_CAUSES: dict[str, tuple[str, ...]] = {
+    "greedy-verify": ("RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT"),
+}
+
+#: Verdicts that name a deviation (a rejection): every verdict but PASS and INCONCLUSIVE.
+_DEVIATIONS = tuple(str(v) for v in VerdictKind if v not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE))
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper–Pearson 1934) two-sided interval for a binomial proportion k/n.
+
+    Uses ``scipy.stats.binomtest(k, n).proportion_ci(method="exact")``; (nan, nan) when n == 0.
+    """
+    if n <= 0:
+        return (math.nan, math.nan)
+    ci = stats.binomtest(int(k), int(n)).proportion_ci(confidence_level=level, method="exact")
+    return (float(ci.low), float(ci.high))
+
+
+def verdict_rates(verdicts: Counter[str], profile: Profile) -> dict:
+    """Rates of ``n = sum(verdicts.values())`` audits of ``profile`` (n >= 1).
+
+    Returns:
+        rejections (audits with a deviation verdict), rejection_rate with its Clopper–Pearson
+        95% interval (ci_low, ci_high), cause_correct_rate (share of rejections naming the
+        profile's cause or one of :data:`ACCEPTED_CAUSES`; None for honest profiles or without
+        rejections), pass_rate, inconclusive_rate, verdicts (verdict → count), in that order.
+    """
+    n = sum(verdicts.values())
+    rej = sum(verdicts[v] for v in _DEVIATIONS)
+    lo, hi = clopper_pearson(rej, n)
+    accepted = set(ACCEPTED_CAUSES.get(profile.name, ())) | {profile.expected_verdict}
+    correct = sum(verdicts[v] for v in _DEVIATIONS if v in accepted)
+    return {
+        "rejections": int(rej),
+        "rejection_rate": rej / n,
+        "ci_low": lo,
+        "ci_high": hi,
+        "cause_correct_rate": None if profile.honest or rej == 0 else correct / rej,
+        "pass_rate": verdicts["PASS"] / n,
+        "inconclusive_rate": verdicts["INCONCLUSIVE"] / n,
+        "verdicts": dict(verdicts),
+    }
+
+
+@dataclass
+class CalibrationRecord:
+    """One profile × budget cell of the benchmark (a row of docs/calibration.json).
+
+    Attributes:
+        profile, family, expected_verdict: the simulator profile and the verdict it should get.
+        honest: True for honest profiles (``rejection_rate`` is then the false-accusation rate).
+        budget_tokens: completion tokens per audit; audits: audits run.
+        rejections: audits with a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION,
+            SUBSTITUTION, DECODING_NONCOMPLIANT).
+        rejection_rate, ci_low, ci_high: rejections/audits with a Clopper–Pearson 95% interval.
+        cause_correct_rate: among rejections, the share naming the profile's cause (None for
+            honest profiles or without rejections); pass_rate, inconclusive_rate: shares of
+            PASS and INCONCLUSIVE verdicts.
+        verdicts: verdict → count (the confusion row of this profile).
+        detectors: detector → {"ran": share of audits it ran, "rejected": share where it rejected
+            after Holm}; rules: deciding rule → count.
+        budget_tokens is the planned budget (Σ max_tokens of the requests, ``--budget-tokens``);
+        tokens: mean completion tokens actually returned per mode; completion_tokens: their
+        mean total; sampled_tokens: mean T=1 tokens returned; planned_tokens: mean planned total;
+        prompt_tokens: mean prompt (input) tokens per audit (for its price).
+        reused_rate: share of audits that had to reuse sampling items (pool too small).
+        pool: pool sizes; mix: probe-mix name; alpha; model, revision; design: ``fixed``.
+    """
+
+    profile: str
+    family: str
+    expected_verdict: str
+    honest: bool
+    budget_tokens: int
+    audits: int
+    rejections: int
+    rejection_rate: float
+    ci_low: float
+    ci_high: float
+    cause_correct_rate: float | None
+    pass_rate: float
+    inconclusive_rate: float
+    verdicts: dict[str, int]
+    detectors: dict[str, dict[str, float]]
+    rules: dict[str, int]
+    tokens: dict[str, float]
+    sampled_tokens: float
+    completion_tokens: float
+    planned_tokens: float
+    prompt_tokens: float
+    reused_rate: float
+    pool: dict
+    mix: str
+    alpha: float
+    model: str
+    revision: str
+    design: str = "fixed"
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-able dict (non-finite floats → None): one row of docs/calibration.json."""
+        return cast(dict, json_safe(asdict(self)))
+
+
+def summarize_audits(
+    outcomes: Sequence[AuditOutcome], pool: Pool, *, mix: AuditMix, alpha: float
+) -> list[CalibrationRecord]:
+    """Aggregate audit outcomes into one :class:`CalibrationRecord` per budget."""
+    prof = get_profile(pool.profile)
+    recs = []
+    for B in sorted({o.budget for o in outcomes}):
+        os_ = [o for o in outcomes if o.budget == B]
+        n = len(os_)
+        verdicts = Counter(o.verdict for o in os_)
+        dets: dict[str, dict[str, float]] = {}
+        names = sorted({k for o in os_ for k in o.ran} | {k for o in os_ for k in o.rejected})
+        for k in names:
+            dets[k] = {
+                "ran": sum(k in o.ran for o in os_) / n,
+                "rejected": sum(k in o.rejected for o in os_) / n,
+            }
+        tokens = {m: float(np.mean([o.tokens.get(m, 0) for o in os_])) for m in MODES}
+        recs.append(
+            CalibrationRecord(
+                profile=prof.name,
+                family=prof.family,
+                expected_verdict=prof.expected_verdict,
+                honest=prof.honest,
+                budget_tokens=int(B),
+                audits=n,
+                **verdict_rates(verdicts, prof),
+                detectors=dets,
+                rules=dict(Counter(o.rule for o in os_)),
+                tokens=tokens,
+                sampled_tokens=tokens["sampling"],
+                completion_tokens=float(np.mean([sum(o.tokens.values()) for o in os_])),
+                planned_tokens=float(np.mean([sum(o.planned.values()) for o in os_])),
+                prompt_tokens=float(np.mean([o.prompt_tokens for o in os_])),
+                reused_rate=sum(o.reused for o in os_) / n,
+                pool=pool.summary(),
+                mix=mix.name,
+                alpha=alpha,
+                model=pool.model,
+                revision=pool.revision,
+            )
+        )
+    return recs
+
+
+#: Issue 7 targets on the bundled model. Power targets: profile → (tokens, unit) where unit is
+#: ``tokens`` (audit budget) or ``sampled`` (temperature-1 tokens within the audit).
+POWER_TARGETS: dict[str, tuple[int, str]] = {
+    "int4": (100, "tokens"),
+    "int8": (1000, "tokens"),
+    "fp8": (2000, "tokens"),
+    "relaxed-threshold": (500, "sampled"),
+    "typical-acceptance": (500, "sampled"),
+    "substituted": (100, "tokens"),
+}
+TARGET_POWER = 0.95
+MAX_FALSE_ACCUSATION = 0.05
+MAX_FALSE_ACCUSATION_UPPER = 0.08
+MIN_CAUSE_CORRECT = 0.90
+
+
+def tokens_for_power(records: Sequence[dict], power: float = TARGET_POWER, *, unit: str = "tokens") -> dict:
+    """Smallest budget reaching ``power`` from fixed-budget records of one profile.
+
+    Returns:
+        {"grid": first calibrated budget with rejection_rate >= power (None if none),
+         "interpolated": log-linear interpolation of the power curve between the grid budgets
+         bracketing ``power`` (None if not reached), "unit": tokens|sampled,
+         "power_at_max": rejection rate at the largest budget}. With ``unit="sampled"`` the
+         x axis is the mean sampled (T=1) tokens per audit.
+    """
+    rs = sorted((r for r in records if r.get("design", "fixed") == "fixed"), key=lambda r: r["budget_tokens"])
+    if not rs:
+        return {"grid": None, "interpolated": None, "unit": unit, "power_at_max": None}
+    xs = [float(r["budget_tokens"] if unit == "tokens" else r.get("sampled_tokens", 0.0)) for r in rs]
+    ys = [float(r["rejection_rate"]) for r in rs]
+    grid = interp = None
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if y >= power:
+            grid = x
+            if i == 0:
+                interp = x
+            else:
+                x0, y0 = xs[i - 1], ys[i - 1]
+                if y == y0 or x0 <= 0:
+                    interp = x
+                else:
+                    f = (power - y0) / (y - y0)
+                    interp = float(math.exp(math.log(x0) + f * (math.log(x) - math.log(x0))))
+            break
+    return {"grid": grid, "interpolated": interp, "unit": unit, "power_at_max": ys[-1]}
+
+
+def check_targets(records: Sequence[dict]) -> list[dict]:
+    """Evaluate the issue-7 targets on fixed-budget records (one row per target, with ``met``)."""
+    fixed = [r for r in records if r.get("design", "fixed") == "fixed"]
+    by: dict[str, list[dict]] = {}
+    for r in fixed:
+        by.setdefault(r["profile"], []).append(r)
+    rows = []
+    mix_names = list(dict.fromkeys(record_suite(r) for r in fixed))
+    for p, rs_all in by.items():
+        prof = PROFILES.get(p)
+        if prof is not None and prof.honest:
+            for mname in mix_names:  # one row per suite: each is a way to audit, each must hold
+                rs = [r for r in rs_all if record_suite(r) == mname]
+                if not rs:
+                    continue
+                worst = max(rs, key=lambda r: (r["rejection_rate"], r["ci_high"]))
+                rows.append({
+                    "profile": p,
+                    "suite": mname,
+                    "target": f"false accusation <= {MAX_FALSE_ACCUSATION} (upper CI <= {MAX_FALSE_ACCUSATION_UPPER}) at every "
+                              f"budget, suite `{mname}`",
+                    "measured": f"max {worst['rejection_rate']:.3f} [{worst['ci_low']:.3f}, {worst['ci_high']:.3f}] at "
+                                f"{worst['budget_tokens']} tokens; mean {np.mean([r['rejection_rate'] for r in rs]):.3f} over "
+                                f"{len(rs)} budgets",
+                    "met": all(r["rejection_rate"] <= MAX_FALSE_ACCUSATION and r["ci_high"] <= MAX_FALSE_ACCUSATION_UPPER
+                               for r in rs),
+                })
+    for p, (limit, unit) in POWER_TARGETS.items():
+        if p not in by:
+            continue
+        per_mix: dict[str, list[dict]] = {}
+        for r in by[p]:
+            per_mix.setdefault(record_suite(r), []).append(r)
+        found = {m: tokens_for_power(rs, TARGET_POWER, unit=unit) for m, rs in per_mix.items()}
+        parts = []
+        for m, tp in found.items():
+            x = tp["interpolated"]
+            parts.append(f"`{m}`: " + (f"{x:.0f} {unit} (grid {tp['grid']:.0f})" if x is not None
+                                        else f"not reached ({tp['power_at_max']:.2f} at its largest budget)"))
+        reached = {m: tp["interpolated"] for m, tp in found.items() if tp["interpolated"] is not None}
+        best = min(reached, key=lambda m: reached[m]) if reached else None
+        rows.append({
+            "profile": p,
+            "target": f">= {TARGET_POWER:.0%} power at <= {limit} {'sampled tokens' if unit == 'sampled' else 'tokens'}",
+            "measured": "; ".join(parts),
+            "best_suite": best,
+            "met": best is not None and reached[best] <= limit,
+        })
+    for mname in mix_names:
+        rej = [r for r in fixed if record_suite(r) == mname
+               and not (PROFILES.get(r["profile"]) and PROFILES[r["profile"]].honest)]
+        n_rej = sum(r["rejections"] for r in rej if r.get("rejections"))
+        n_ok = sum(round(r["rejections"] * (r["cause_correct_rate"] or 0.0)) for r in rej if r.get("rejections"))
+        if n_rej:
+            rows.append({
+                "profile": "all deviating profiles",
+                "suite": mname,
+                "target": f"cause named right in >= {MIN_CAUSE_CORRECT:.0%} of rejections, suite `{mname}`",
+                "measured": f"{n_ok / n_rej:.3f} ({n_ok}/{n_rej})",
+                "met": n_ok / n_rej >= MIN_CAUSE_CORRECT,
+            })
+    return rows
+
+
+def record_suite(r: dict) -> str:
+    """The suite (probe mix) of a calibration record; records written before suites existed are ``default``."""
+    return str(r.get("mix") or "default")
+
+
+
+def record_grid(fixed: Sequence[dict]) -> tuple[list[int], dict[str, list[dict | None]]]:
+    """Fixed-budget records of one suite laid out as a profile × budget table.
+
+    Returns:
+        (budgets ascending, profile (first-seen order) → its record at each budget, None where
+        it has none; the first record of a repeated cell).
+    """
+    budgets = sorted({r["budget_tokens"] for r in fixed})
+    at: dict[tuple[str, int], dict] = {}
+    for r in fixed:
+        at.setdefault((r["profile"], r["budget_tokens"]), r)
+    profiles = dict.fromkeys(r["profile"] for r in fixed)
+    return budgets, {p: [at.get((p, b)) for b in budgets] for p in profiles}

@@ -1,0 +1,118 @@
+"""Suite planning stage of ``auditor check``: which suite, and which of its requests fit the budget.
+
+- :func:`load_suite_spec`: a packaged suite by name or a suite JSON file;
+- :func:`plan_budget`: the suite cut to ``budget_tokens`` planned completion tokens
+  (Σ max_tokens × samples) keeping its mix of modes and workloads.
+
+Both raise :class:`auditor.errors.AuditError` naming the parameter at fault.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from auditor.errors import AuditError
+from probes.suites import Probe, Suite, SuiteError, load_suite
+
+__all__ = ["load_suite_spec", "plan_budget"]
+
+
+def load_suite_spec(spec: str | None) -> Suite:
+    """A packaged suite by name (default ``default``) or a suite JSON file.
+
+    Raises:
+        AuditError: unknown suite or invalid file (``parameter`` = ``suite``; the message names
+            it and the fix).
+    """
+
+    spec = spec or "default"
+    p = Path(spec).expanduser()
+    try:
+        if spec.endswith(".json") or p.is_file():
+            if not p.is_file():
+                raise SuiteError(f"{p}: no such suite file. Fix: check the --suite path or use a packaged suite name.")
+            try:
+                return Suite.model_validate(json.loads(p.read_text(encoding="utf-8")))
+            except (ValueError, TypeError) as exc:
+                raise SuiteError(f"{p}: invalid suite file: {exc}") from None
+        return load_suite(spec)
+    except SuiteError as exc:
+        raise AuditError(str(exc), parameter="suite") from None
+
+
+def plan_budget(suite: Suite, budget_tokens: int | None) -> Suite:
+    """The suite cut down to at most ``budget_tokens`` planned completion tokens.
+
+    Requests (probe × sample) are taken greedily, always from the mode (greedy / logprob /
+    sampling) that has used the smallest share of its own planned tokens so far, and within a mode
+    round-robin over workloads with samples spread across prompts (sample 0 of every prompt before
+    sample 1), so a small budget keeps the suite's mix. A request that does not fit is skipped
+    (smaller ones may still fit). Samples of a probe stay contiguous (``#0..#c-1``), so run keys
+    are those of the full suite.
+
+    Args:
+        suite: a ``probes.suites.Suite``.
+        budget_tokens: cap on Σ max_tokens over planned requests (tokens); None = whole suite.
+
+    Returns:
+        A Suite with the same name and version (the digest differs when cut).
+
+    Raises:
+        AuditError: the budget is not positive or smaller than the smallest request
+            (``parameter`` = ``budget_tokens``; the message gives the minimum).
+    """
+    if budget_tokens is None or budget_tokens >= suite.max_completion_tokens():
+        return suite
+    if budget_tokens <= 0:
+        raise AuditError(f"budget_tokens={budget_tokens}: must be a positive number of tokens",
+                         parameter="budget_tokens")
+    queues: dict[str, list[tuple[Probe, int]]] = {}
+    mode_total: Counter[str] = Counter()
+    for mode in ("greedy", "logprob", "sampling"):
+        probes = [p for p in suite.probes if p.mode == mode]
+        by_w: dict[str, list[Probe]] = {}
+        for p in probes:
+            by_w.setdefault(p.workload, []).append(p)
+        rr: list[Probe] = []
+        while any(by_w.values()):
+            for w in list(by_w):
+                if by_w[w]:
+                    rr.append(by_w[w].pop(0))
+        items = [(p, s) for s in range(max((p.n_samples for p in rr), default=0)) for p in rr if s < p.n_samples]
+        if items:
+            queues[mode] = items
+            mode_total[mode] = sum(p.max_tokens for p, _ in items)
+    used: Counter[str] = Counter()
+    taken: Counter[str] = Counter()
+    total = 0
+    blocked: set[str] = set()  # probes whose next sample did not fit (samples stay contiguous)
+    while True:
+        took = False
+        for mode in sorted(queues, key=lambda m: (used[m] / mode_total[m], m)):
+            q = queues[mode]
+            for j, (p, s) in enumerate(q):
+                if p.id in blocked or taken[p.id] != s:
+                    continue
+                if total + p.max_tokens <= budget_tokens:
+                    total += p.max_tokens
+                    used[mode] += p.max_tokens
+                    taken[p.id] += 1
+                    q.pop(j)
+                    took = True
+                    break
+                blocked.add(p.id)
+            if took:
+                break
+        if not took:
+            break
+    if total == 0:
+        smallest = min(p.max_tokens for p in suite.probes)
+        raise AuditError(
+            f"budget_tokens={budget_tokens} is smaller than the smallest request of suite {suite.name} "
+            f"({smallest} tokens). Fix: budget_tokens={smallest} or more.",
+            parameter="budget_tokens",
+        )
+    kept = [p.model_copy(update={"n_samples": taken[p.id]}) for p in suite.probes if taken[p.id] > 0]
+    return suite.model_copy(update={"probes": kept})

@@ -1,0 +1,467 @@
+"""Reference-scoring stage of ``auditor check``: the reference teacher-forced at the provider's prefixes.
+
+One seam: a :class:`Scorer` is anything with ``revision`` (pins the weights), ``dtype`` (precision
+name) and ``score(prompts, continuations, *, top_k)`` returning, per continuation,
+``reference.scoring.ScoredContinuation`` — per position the chosen token's logprob ``[T]``, the
+top-k ids ``[T, K]`` int64 and logprobs ``[T, K]`` float64 (nats, temperature 1) and the mass
+outside the top-k ``tail_mass`` ``[T]`` (= 1 − Σ top-k probabilities; the log-sum-exp of the raw
+logits is already divided out of every logprob). Today :class:`LocalScorer` wraps a
+``reference.models.LoadedModel`` and calls ``reference.scoring.score_continuations``; a
+``reference.backends`` backend (local / vllm / none) has the same three members and plugs in as is.
+
+:func:`score_observations` puts the scorer behind the store's ``reference_cache`` (key: revision +
+dtype + prompt ids + continuation ids + top-k, ``auditor.store.queries.reference_cache_key``) and
+batches what is not cached, shortest first.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from auditor.errors import AuditError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from auditor.evidence import Observation
+    from auditor.store import Store
+    from reference.models import LoadedModel
+    from reference.scoring import ScoredContinuation
+
+__all__ = [
+    "REFERENCE_TOP_K",
+    "SCORE_BATCH_SIZE",
+    "NOT_TESTED_WITHOUT_REFERENCE",
+    "LocalScorer",
+    "ReferenceSetup",
+    "Scorer",
+    "check_device",
+    "resolve_reference",
+    "check_reference_api",
+    "get_reference_models",
+    "score_observations",
+]
+
+#: Reference alternatives kept per position (top-K, with the emitted token's own logprob).
+REFERENCE_TOP_K = 20
+#: Default teacher-forcing batch size (sequences per forward).
+SCORE_BATCH_SIZE = 8
+
+
+class Scorer(Protocol):
+    """The reference as the scoring stage needs it (see the module docstring)."""
+
+    @property
+    def revision(self) -> str:
+        """Pins the weights (part of every cache key)."""
+        ...
+
+    @property
+    def dtype(self) -> str:
+        """Precision name (``float32``, ``bfloat16``, ``server``); part of every cache key."""
+        ...
+
+    def score(
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], *, top_k: int
+    ) -> list[ScoredContinuation]:
+        """Teacher-force each continuation after its prompt (one ScoredContinuation each, in order)."""
+        ...
+
+
+@dataclass
+class LocalScorer:
+    """A ``LoadedModel`` in one precision as a :class:`Scorer` (``reference.scoring.score_continuations``).
+
+    Attributes:
+        lm: the reference model; dtype: its precision name (``float32``, ``bfloat16``);
+        batch_size: sequences per forward.
+    """
+
+    lm: LoadedModel
+    dtype: str
+    batch_size: int = SCORE_BATCH_SIZE
+
+    @property
+    def revision(self) -> str:
+        """The weights revision (sha256 prefix) of ``lm``."""
+        return str(self.lm.revision)
+
+    def score(
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], *, top_k: int
+    ) -> list[ScoredContinuation]:
+        """See :class:`Scorer`; raises ``ValueError`` on ids outside the vocabulary or empty prompts."""
+        from reference.scoring import score_continuations
+
+        return score_continuations(self.lm, prompts, continuations, top_k=top_k, batch_size=self.batch_size)
+
+
+# ------------------------------------------------------------------------------------------ models
+#: (reference name, dtype) for CPU models, (reference name, dtype, device) otherwise → the loaded model.
+_MODELS: dict[tuple[str, ...], LoadedModel] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def get_reference_models(
+    name: str, dtypes: Sequence[str] | None = None, *, config_path: str | None = None, device: str | None = None,
+) -> dict[str, LoadedModel]:
+    """The reference model in every honest precision (``auditor.noise.REFERENCE_DTYPES``), loaded
+    once per process (the scheduler and ``auditor demo`` audit several providers).
+
+    ``name`` is a provider's ``reference``: the NAME of a ``[references.NAME]`` table of the
+    providers file (``probes.config.ReferenceConfig``: model, device, dtype, device_map,
+    max_memory) or a plain model name (bundled, directory, .gguf, hub id; loaded on ``device``,
+    default CPU). A table with a non-float32 ``dtype`` (e.g. a 70B model in bfloat16) is loaded in
+    that precision only, unless ``dtypes`` is given.
+
+    Raises:
+        AuditError: the model cannot be found or loaded, an invalid reference table, CUDA asked
+            without a GPU, or a ``vllm``/``none`` reference (the check's noise floor still needs
+            local weights; those kinds are served by ``reference.backends``) — message names the fix.
+    """
+    from auditor.noise import REFERENCE_DTYPES
+    from probes.config import ConfigError, load_references
+
+    try:
+        tables = load_references(config_path)
+    except ConfigError as exc:
+        raise AuditError(str(exc), parameter="config_path") from None
+    rc = tables.get(name)
+    if name == "none" or (rc is not None and rc.kind != "local"):
+        kind = "none" if rc is None else rc.kind
+        raise AuditError(
+            f"reference {name!r} has kind {kind!r}: `auditor check` still computes its noise floor from local "
+            "weights, so it needs a kind = 'local' reference (reference.backends serves vllm/none for teacher "
+            "forcing). Fix: point the provider's reference at a local model or a [references.NAME] table with "
+            "kind = 'local'.", parameter="reference")
+    model = rc.model if rc is not None and rc.model else name
+    dev = device or (rc.device if rc is not None else "cpu")
+    if dev == "auto":
+        from reference.models import resolve_device
+
+        dev = str(resolve_device(dev))  # auto on a machine without a GPU shares the CPU models
+    if dev == "cuda":
+        dev = "cuda:0"
+    if dtypes is None and rc is not None and rc.dtype != "float32":
+        dtypes = [rc.dtype]
+    out = {}
+    for dt in dtypes or REFERENCE_DTYPES:
+        key: tuple[str, ...] = (name, dt) if dev == "cpu" else (name, dt, dev)
+        with _MODELS_LOCK:
+            lm = _MODELS.get(key)
+            if lm is None:
+                try:
+                    from reference.models import ModelNotAvailableError, load_model
+                except ImportError as exc:  # pragma: no cover - install problem
+                    raise AuditError(f"the reference engine is not installed ({exc}). Fix: pip install -e .") from None
+                try:
+                    lm = load_model(str(model), dtype=dt, device=dev,
+                                    device_map=rc.device_map if rc is not None else None,
+                                    max_memory=(dict(rc.max_memory) or None) if rc is not None else None)
+                except (ModelNotAvailableError, ValueError, OSError) as exc:
+                    raise AuditError(f"reference model {name!r} ({dt}) cannot be loaded: {exc}") from None
+                _MODELS[key] = lm
+        out[dt] = lm
+    return out
+
+
+def check_reference_api(name: str, api: str, config_path: str | None = None) -> None:
+    """Refuse, before any probe is sent, a chat audit against a base reference model (no chat template).
+
+    Loads only the reference tokenizer (``name`` resolved as in :func:`get_reference_models`).
+
+    Raises:
+        AuditError: ``api == "chat"`` and the reference has no chat template (exit code 3; the
+            message names the completions fix), or an invalid providers file.
+    """
+    if api != "chat" or name == "none":
+        return
+    from probes.config import ConfigError, get_reference
+    from reference.backends import ReferenceError, load_tokenizer
+    from reference.models import check_api_supported
+
+    loaded = next((lm for key, lm in list(_MODELS.items()) if key[0] == name), None)
+    if loaded is not None:
+        tok = loaded.tokenizer
+    else:
+        try:
+            rc = get_reference(name, config_path)
+            tok = load_tokenizer(str(rc.tokenizer or rc.model or name))
+        except ConfigError as exc:
+            raise AuditError(str(exc), parameter="config_path") from None
+        except ReferenceError:
+            return  # loading the model itself reports the problem, with its fix
+    try:
+        check_api_supported(tok, api)
+    except ValueError as exc:
+        raise AuditError(str(exc), parameter="api") from None
+
+
+def local_scorers(models: Mapping[str, LoadedModel], batch_size: int = SCORE_BATCH_SIZE) -> dict[str, Scorer]:
+    """reference dtype → :class:`LocalScorer` of that model."""
+    return {dt: LocalScorer(lm, dt, batch_size) for dt, lm in models.items()}
+
+
+# ------------------------------------------------------------------------------------------ setup
+#: Causes that only a reference can test (``reference = "none"`` leaves them untested).
+NOT_TESTED_WITHOUT_REFERENCE = ("QUANTIZATION", "SUBSTITUTION")
+
+
+def check_device(device: str | None, dtype: str | None = None) -> None:
+    """Validate ``--device`` / ``--dtype`` before any probe is sent.
+
+    ``device``: ``auto`` (CUDA when ``torch.cuda.is_available()``), ``cpu``, ``cuda``, ``cuda:N``;
+    ``dtype``: ``float32`` | ``bfloat16`` | ``float16`` (``reference.models.parse_dtype``).
+
+    Raises:
+        AuditError: an unknown device, CUDA asked without a visible GPU or ``cuda:N`` beyond the
+            visible GPUs (``parameter="device"``), an unknown dtype (``parameter="dtype"``); exit code 3.
+    """
+    from reference.models import parse_dtype, resolve_device
+
+    if device is not None:
+        try:
+            resolve_device(device)
+        except ValueError as exc:
+            raise AuditError(str(exc), parameter="device") from None
+    if dtype is not None:
+        try:
+            parse_dtype(dtype)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AuditError(str(exc), parameter="dtype") from None
+
+
+@dataclass
+class ReferenceSetup:
+    """The reference of one audit, whatever its kind.
+
+    Attributes:
+        kind: ``local`` | ``vllm`` | ``none``.
+        tokenizer: the reference tokenizer (for ``none``: the claimed model's, used only to align
+            the provider's tokens for the self tests).
+        scorers: reference precision → :class:`Scorer` (empty for ``none``).
+        lms: dtype → LoadedModel for the noise floor (empty when no local weights: ``vllm``, ``none``).
+        revision: pins the reference ("none" without one); dtype_label: e.g. ``float32+bfloat16``.
+        not_tested: causes the audit cannot test with this reference (``NOT_TESTED_WITHOUT_REFERENCE``).
+        notes: plain-language remarks for the report.
+        backend: a ``reference.backends.ReferenceBackend`` to close afterwards, or None.
+    """
+
+    kind: str
+    tokenizer: object
+    scorers: dict[str, Scorer]
+    lms: dict[str, LoadedModel]
+    revision: str
+    dtype_label: str
+    not_tested: tuple[str, ...] = ()
+    notes: list[str] | None = None
+    backend: object | None = None
+
+    def close(self) -> None:
+        """Close the backend's HTTP client (vllm); no-op otherwise."""
+        close = getattr(self.backend, "close", None)
+        if callable(close):
+            close()
+
+
+def _is_local_or_hub(m: str) -> bool:
+    """True for a bundled name, an existing path or cache dir, or an explicit ``org/name`` hub id."""
+    from pathlib import Path
+
+    from reference.models import BUNDLED, model_cache_dir
+
+    return m in BUNDLED or "/" in m or Path(m).expanduser().exists() or (model_cache_dir() / m).is_dir()
+
+
+def _check_known(name: str, model: str | None, config_path: str | None) -> None:
+    """Refuse a reference name that is no table, no loaded/bundled model, no local path and no
+    ``org/name`` hub id (so a typo is reported at once, not after hub retries).
+
+    Raises:
+        AuditError: ``parameter="reference"``, the message lists what the name could have been.
+    """
+    from probes.config import load_references
+    from reference.models import BUNDLED
+
+    m = str(model or name)
+    if any(k[0] == name for k in list(_MODELS)) or _is_local_or_hub(m):
+        return
+    try:
+        tables = sorted(load_references(config_path))
+    except Exception:  # noqa: BLE001 - the table errors are reported by get_reference already
+        tables = []
+    raise AuditError(
+        f"unknown reference {name!r}: not a [references.{name}] table"
+        + (f" (tables: {', '.join(tables)})" if tables else "")
+        + f", not a bundled model ({', '.join(BUNDLED)}), not a local directory or .gguf file, not an org/name hub "
+        f"id. Fix: set the provider's reference to one of those, or to \"none\" for the reference-free tests only.",
+        parameter="reference")
+
+
+def resolve_reference(
+    name: str,
+    *,
+    claimed_model: str | None = None,
+    config_path: str | None = None,
+    dtypes: Sequence[str] | None = None,
+    device: str | None = None,
+    models: Mapping[str, LoadedModel] | None = None,
+) -> ReferenceSetup:
+    """Build the audit's reference from a provider's ``reference`` (a ``[references.NAME]`` table, ``"none"``
+    or a plain model name).
+
+    - ``local``: :func:`get_reference_models` (``device``/``dtypes`` override the table).
+    - ``vllm``: ``reference.backends.make_backend`` (checks the endpoint answers ``prompt_logprobs``);
+      teacher forcing through vLLM's ``prompt_logprobs``. No local weights → no noise floor (the
+      logprob-divergence test reports "no noise floor"; greedy-match uses its default band).
+    - ``none``: no scorer; the tokenizer of the table's ``tokenizer``/``model`` or else of
+      ``claimed_model`` (the provider's ``model``), else the bundled default, aligns the provider's
+      tokens for the reference-free tests.
+
+    Raises:
+        AuditError: unknown/invalid reference table, a model or tokenizer that cannot be loaded,
+            CUDA without a GPU, a vLLM endpoint that does not answer or lacks ``prompt_logprobs``
+            (exit code 3, ``parameter="reference"`` or ``"device"``).
+    """
+    from probes.config import ConfigError, get_reference
+    from reference.backends import ReferenceError
+
+    if models:
+        lms = dict(models)
+        first = next(iter(lms.values()))
+        return ReferenceSetup("local", first.tokenizer, dict(local_scorers(lms)), lms, str(first.revision), "+".join(lms))
+    try:
+        rc = get_reference(name, config_path)
+    except ConfigError as exc:
+        raise AuditError(str(exc), parameter="reference") from None
+    if rc.kind == "local":
+        _check_known(name, rc.model, config_path)
+        lms = get_reference_models(name, dtypes, config_path=config_path, device=device)
+        first = next(iter(lms.values()))
+        return ReferenceSetup("local", first.tokenizer, dict(local_scorers(lms)), lms, str(first.revision), "+".join(lms))
+    from reference.backends import load_tokenizer, make_backend
+
+    if rc.kind == "vllm":
+        try:
+            be = make_backend(rc, check=True)
+        except ReferenceError as exc:
+            raise AuditError(f"reference {name!r} (kind vllm): {exc}", parameter="reference") from None
+        scorer: Scorer = be  # type: ignore[assignment]  # VLLMBackend has revision, dtype and score
+        return ReferenceSetup("vllm", be.tokenizer, {str(be.dtype): scorer}, {}, str(be.revision), str(be.dtype),
+                              notes=[f"reference: trusted vLLM server {rc.base_url} (model {rc.model}); no local "
+                                     "weights, so no noise floor: logprob-divergence does not run"], backend=be)
+    notes = [f"no reference (reference = {name!r}): {', '.join(NOT_TESTED_WITHOUT_REFERENCE)} not tested; only the "
+             "reference-free tests ran (self-consistency of samples against the provider's own logprobs, greedy "
+             "against its own top-1, parameter compliance)"]
+    tok = None
+    for cand in (rc.tokenizer, rc.model, claimed_model):
+        if cand and _is_local_or_hub(str(cand)):
+            try:
+                tok = load_tokenizer(str(cand))
+                break
+            except ReferenceError:
+                continue
+    if tok is None:
+        from reference.models import DEFAULT_MODEL
+
+        try:
+            tok = load_tokenizer(DEFAULT_MODEL)
+        except ReferenceError as exc:
+            raise AuditError(f"reference {name!r} (kind none): no tokenizer to align the provider's tokens ({exc}). "
+                             "Fix: set tokenizer = \"DIR\" in its [references.NAME] table.", parameter="reference") from None
+        notes.append(f"tokens aligned with the {DEFAULT_MODEL} tokenizer (the claimed model's could not be loaded)")
+    return ReferenceSetup("none", tok, {}, {}, "none", "none", NOT_TESTED_WITHOUT_REFERENCE, notes)
+
+
+# ------------------------------------------------------------------------------------------ cache
+def _pack(sc: ScoredContinuation) -> bytes:
+    buf = io.BytesIO()
+    arrays = {
+        "logprobs": np.asarray(sc.logprobs, np.float64),
+        "top_ids": np.asarray(sc.top_ids, np.int64),
+        "top_logprobs": np.asarray(sc.top_logprobs, np.float64),
+    }
+    if sc.tail_mass is not None:
+        arrays["tail_mass"] = np.asarray(sc.tail_mass, np.float64)
+    np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
+    return buf.getvalue()
+
+
+def _unpack(payload: bytes, token_ids: list[int]) -> ScoredContinuation:
+    from reference.scoring import ScoredContinuation
+
+    with np.load(io.BytesIO(payload)) as z:
+        tail = z["tail_mass"] if "tail_mass" in z.files else None
+        return ScoredContinuation(list(token_ids), z["logprobs"], z["top_ids"], z["top_logprobs"], None, tail)
+
+
+def _empty(top_k: int) -> ScoredContinuation:
+    from reference.scoring import ScoredContinuation
+
+    return ScoredContinuation([], np.zeros(0), np.zeros((0, top_k), np.int64), np.zeros((0, top_k)), None, np.zeros(0))
+
+
+# ------------------------------------------------------------------------------------------ stage
+def score_observations(
+    store: Store,
+    scorer: Scorer,
+    observations: Sequence[Observation],
+    *,
+    top_k: int = REFERENCE_TOP_K,
+    batch_size: int = SCORE_BATCH_SIZE,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[ScoredContinuation]:
+    """Teacher-force the reference at every observation's own prefix, through the cache.
+
+    Args:
+        store: open store (``reference_cache`` table).
+        scorer: the reference in one precision (:class:`Scorer`; ``scorer.revision`` and
+            ``scorer.dtype`` key the cache).
+        observations: their ``prompt_ids`` and ``ref_ids`` are scored.
+        top_k: alternatives per position; batch_size: observations sent to the scorer at once.
+        progress: ``progress(done, total)`` after each batch (sequences).
+
+    Returns:
+        ``reference.scoring.ScoredContinuation`` per observation (``token_ids == ref_ids``).
+
+    Raises:
+        ValueError: from the scorer (ids outside the vocabulary, empty prompt).
+    """
+    from auditor.store import queries as q
+
+    keys = [q.reference_cache_key(scorer.revision, scorer.dtype, o.prompt_ids, o.ref_ids, top_k) for o in observations]
+    with store.session() as s:
+        cached = q.reference_cache_get_many(s, keys)
+    out: list[ScoredContinuation | None] = [None] * len(observations)
+    todo = []
+    for i, (o, k) in enumerate(zip(observations, keys, strict=True)):
+        if not o.ref_ids:
+            out[i] = _empty(top_k)
+        elif k in cached:
+            try:
+                out[i] = _unpack(cached[k], o.ref_ids)
+            except (ValueError, KeyError, OSError):
+                todo.append(i)
+        else:
+            todo.append(i)
+    todo.sort(key=lambda i: len(observations[i].prompt_ids) + len(observations[i].ref_ids))
+    done = len(observations) - len(todo)
+    if progress is not None:
+        progress(done, len(observations))
+    for b in range(0, len(todo), batch_size):
+        idx = todo[b : b + batch_size]
+        res = scorer.score([observations[i].prompt_ids for i in idx], [observations[i].ref_ids for i in idx], top_k=top_k)
+        with store.session() as s:
+            for i, sc in zip(idx, res, strict=True):
+                out[i] = sc
+                q.reference_cache_put(s, keys[i], scorer.revision, _pack(sc))
+        done += len(idx)
+        if progress is not None:
+            progress(done, len(observations))
+    missing = [i for i, sc in enumerate(out) if sc is None]
+    if missing:  # pragma: no cover - a scorer returned fewer results than asked
+        raise ValueError(f"the reference scorer returned no result for observations {missing[:5]}")
+    return [sc for sc in out if sc is not None]

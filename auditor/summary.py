@@ -1,0 +1,164 @@
+"""Summary stage of ``auditor check``: speed figures and headline numbers stored with the run.
+
+- :func:`speed_summary`: TTFT/TPOT medians, tokens/s, tokens per stream chunk (from the attempts);
+- :func:`headline_summary`: mean KL and the honest floor's, the clear-mismatch rate, the nearest
+  honest reference, and the position counts of the analysis.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from auditor.detectors.speculation import StreamTiming, estimate_speculation
+from auditor.util import finite
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sqlalchemy.orm import Session
+
+    from auditor.detectors import DetectorResult
+    from auditor.evidence import Observation
+    from auditor.noise import FloorSet
+    from auditor.store import Store
+    from auditor.store.models import ProbeAttempt
+
+__all__ = ["headline_summary", "speed_summary"]
+
+
+def _final_attempts(session: Session, run_id: str) -> dict[int, ProbeAttempt]:
+    """probe_id → its last successful attempt."""
+    from sqlalchemy import select
+
+    from auditor.store.models import ProbeAttempt
+
+    out: dict[int, ProbeAttempt] = {}
+    rows = session.scalars(
+        select(ProbeAttempt)
+        .where(ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_(None))
+        .order_by(ProbeAttempt.probe_id, ProbeAttempt.attempt_no)
+    )
+    for a in rows:
+        out[a.probe_id] = a
+    return out
+
+
+def speed_summary(store: Store, run_id: str) -> dict[str, Any]:
+    """Speed figures of a run from its final successful attempts.
+
+    Returns a dict with ``ttft_median_s`` (s, streamed requests), ``tpot_median_s`` (s per output
+    token after the first: (latency − TTFT)/(tokens − 1), streamed requests with ≥ 2 tokens),
+    ``tokens_per_s`` (Σ completion tokens / Σ request latency), ``latency_median_s``,
+    ``tokens_per_chunk`` ({tokens in a stream chunk: chunks}) and ``mean_tokens_per_chunk``
+    (> 1 means the server releases several tokens per step: speculative decoding), and
+    ``speculation`` (the fingerprint of :func:`auditor.detectors.speculation.estimate_speculation`:
+    ``{detected, mean_accepted_tokens_per_step, ci95, evidence}``). Missing measurements are None.
+    """
+    from auditor.store import queries as q
+
+    ttft, tpot, lat = [], [], []
+    tok_sum, lat_sum = 0, 0.0
+    chunks: Counter[int] = Counter()
+    streams: list[StreamTiming] = []  # speculation fingerprint (auditor.detectors.speculation)
+    with store.session() as s:
+        finals = _final_attempts(s, run_id)
+        for p in q.list_probes(s, run_id, status="done"):
+            a = finals.get(p.id)
+            if a is None:
+                continue
+            n_tok = None
+            if p.usage and p.usage.get("completion_tokens") is not None:
+                n_tok = int(p.usage["completion_tokens"])
+            if n_tok is None:
+                n_tok = len(q.tokens_for_probe(s, p.id))
+            if a.latency_s is not None and a.latency_s > 0:
+                lat.append(float(a.latency_s))
+                tok_sum += n_tok
+                lat_sum += float(a.latency_s)
+            if a.ttft_s is not None:
+                ttft.append(float(a.ttft_s))
+                if a.latency_s is not None and n_tok >= 2:
+                    tpot.append(max(0.0, float(a.latency_s) - float(a.ttft_s)) / (n_tok - 1))
+            if a.tokens_per_chunk:
+                streams.append(StreamTiming(list(a.chunk_gaps_s or []), list(a.tokens_per_chunk), p.workload, n_tok,
+                                            a.ttft_s, p.probe_key))
+            for c in a.tokens_per_chunk or []:
+                if isinstance(c, (int, float)) and c >= 0:
+                    chunks[int(c)] += 1
+
+    def med(x: list[float]) -> float | None:
+        return float(statistics.median(x)) if x else None
+
+    n_chunks = sum(chunks.values())
+    return {
+        "ttft_median_s": med(ttft),
+        "tpot_median_s": med(tpot),
+        "tokens_per_s": (tok_sum / lat_sum) if lat_sum > 0 else None,
+        "latency_median_s": med(lat),
+        "tokens_per_chunk": {str(k): v for k, v in sorted(chunks.items())} or None,
+        "mean_tokens_per_chunk": (sum(k * v for k, v in chunks.items()) / n_chunks) if n_chunks else None,
+        "speculation": estimate_speculation(streams).to_dict(),
+    }
+
+
+def _by_ref_effect(r: DetectorResult | None, ref: str) -> float | None:
+    if r is None or not r.ran:
+        return None
+    by = (r.details or {}).get("by_reference") or {}
+    if ref in by and by[ref].get("effect") is not None:
+        return float(by[ref]["effect"])
+    return finite(r.effect)
+
+
+def _floor_mean_kl(floors: FloorSet | None, ref: str, lp: DetectorResult | None) -> float | None:
+    fl = floors.floors.get(ref) if floors is not None else None
+    if fl is None:
+        return None
+    m = (lp.details or {}).get("m") if lp is not None else None
+    try:
+        return float(fl.kl_floor(int(m)).mean_kl) if m is not None else float(fl.kl_floor(fl.available_m()[-1]).mean_kl)
+    except (KeyError, IndexError):
+        return None
+
+
+def headline_summary(
+    results: Sequence[DetectorResult],
+    floors: FloorSet,
+    ref0: str,
+    observations: Sequence[Observation],
+    n_positions: int,
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """Headline figures against the reference precision ``ref0`` (float32: the model as published).
+
+    Args:
+        results: the detectors' results (Holm-adjusted, as the verdict returns them).
+        floors: the noise floors used; observations: the analysed probes; n_positions: positions
+            in the evidence batch.
+
+    Returns:
+        (summary, tokens_extra): ``mean_kl`` and ``noise_floor`` (nats/position),
+        ``clear_mismatch_rate``, ``nearest_reference``, ``scored_positions``; and the counts
+        ``scored_positions``, ``aligned_positions`` (1:1), ``unaligned_positions``, ``provider_tokens``.
+    """
+    by = {r.name: r for r in results}
+    lp = by.get("logprob-divergence")
+    lp = lp if lp is not None and lp.ran else None
+    g = by.get("greedy-match")
+    g = g if g is not None and g.ran else None
+    n_tok = sum(len(o.tokens) for o in observations)
+    summary: dict[str, Any] = {
+        "mean_kl": _by_ref_effect(lp, ref0) if lp is not None else None,
+        "noise_floor": _floor_mean_kl(floors, ref0, lp),
+        "clear_mismatch_rate": _by_ref_effect(g, ref0) if g is not None else None,
+        "nearest_reference": (lp.details.get("nearest_reference") if lp is not None
+                              else g.details.get("nearest_reference") if g is not None else None),
+        "scored_positions": n_positions,
+    }
+    tokens_extra = {
+        "scored_positions": n_positions,
+        "aligned_positions": sum(1 for o in observations for x in o.one_to_one if x is not None),
+        "unaligned_positions": n_tok - sum(1 for o in observations for s in o.spans if s is not None),
+        "provider_tokens": n_tok,
+    }
+    return summary, tokens_extra

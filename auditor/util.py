@@ -1,0 +1,67 @@
+"""Two small value helpers every part of the auditor shares: :func:`finite` and :func:`json_safe`.
+
+A leaf module: standard library only (numpy values are recognised by duck typing, ``tolist``), so
+``auditor/detectors``, ``auditor/store`` and ``dashboard/`` can all import it without pulling
+anything (docs/ARCHITECTURE.md, layering rule L7).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+from collections.abc import Mapping
+from typing import Literal
+
+__all__ = ["JSONValue", "finite", "json_safe"]
+
+#: What :func:`json_safe` returns: strict JSON data (RFC 8259; no NaN/Infinity).
+JSONValue = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
+
+
+def finite(x: object) -> float | None:
+    """``x`` as a finite float, or None.
+
+    None, booleans, values ``float()`` cannot convert (TypeError/ValueError, e.g. "abc", a list)
+    and NaN/±inf all give None; numpy scalars and numeric strings convert. Never raises.
+    """
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        f = float(x)  # type: ignore[arg-type]  # anything float() accepts; the rest is None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def json_safe(obj: object, *, bytes_encoding: Literal["latin-1", "utf-8"] = "latin-1") -> JSONValue:
+    """Convert ``obj`` to strict JSON data (``json.dumps(..., allow_nan=False)`` accepts the result).
+
+    Rules: NaN/±inf → None; mappings → dicts with ``str`` keys; lists, tuples and sets → lists;
+    numpy arrays and scalars (anything with ``tolist``, torch tensors too) → Python numbers/lists;
+    dataclass instances → dicts; pydantic models → ``model_dump(mode="json")``; dates → ISO 8601
+    strings; bytes → str (``"latin-1"``: lossless, one char per byte, the store's choice;
+    ``"utf-8"``: readable, invalid bytes replaced, for reports); anything else → ``str(obj)``.
+    """
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):  # numpy float64 too (a float subclass): returned as a plain float
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, bytes | bytearray):
+        raw = bytes(obj)
+        return raw.decode("latin-1") if bytes_encoding == "latin-1" else raw.decode("utf-8", errors="replace")
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v, bytes_encoding=bytes_encoding) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set | frozenset):
+        return [json_safe(v, bytes_encoding=bytes_encoding) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return json_safe(dataclasses.asdict(obj), bytes_encoding=bytes_encoding)
+    if isinstance(obj, dt.datetime | dt.date):
+        return obj.isoformat()
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):  # pydantic models
+        return json_safe(dump(mode="json"), bytes_encoding=bytes_encoding)
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):  # numpy arrays and scalars, torch tensors
+        return json_safe(tolist(), bytes_encoding=bytes_encoding)
+    return str(obj)

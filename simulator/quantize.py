@@ -1,0 +1,371 @@
+"""Quantization of a causal LM for the quantized simulator profiles (fake-quant): weights, activations, KV.
+
+Plan: quantize with a maintained library (``optimum-quanto``'s weight quantizers and qtypes) and
+serve the *dequantized* float32 weights. Numerically the served model is the weight-only
+quantized model (the weights lie exactly on the quantization grid), at float32 speed on CPU:
+quanto's own quantized kernels take ~2 s (qint8) to ~95 s (qint4) per 64-token forward on two
+cores, far too slow to serve.
+
+Formats (the decoder's linear layers ``q,k,v,o,gate,up,down``; embeddings and the tied
+``lm_head`` are left in float32, as vLLM does for online fp8 and as GPTQ/AWQ checkpoints do):
+
+- ``int8``: symmetric per-output-channel round-to-nearest, scale = max|w_row| / 127
+  (quanto ``qint8`` + ``AbsmaxOptimizer``, axis 0).
+- ``int4``: group-wise affine round-to-nearest along the input dimension, group 64 by default,
+  scale = (max - min) / 15 and a float shift per group (quanto ``qint4`` + ``MaxOptimizer``,
+  the library's default int4 recipe).
+- ``fp8``: E4M3 (max 448) with one per-tensor scale amax/448 (vLLM online fp8); quanto
+  ``qfloat8_e4m3fn`` with that scale broadcast to every row.
+
+Fallback: when quanto is unavailable or fails (e.g. its C++ unpack extension cannot be
+compiled), an equivalent quantize-dequantize written in torch is used (same formulas; the
+fp8 path casts through ``torch.float8_e4m3fn``). ``QuantReport.backend`` says which ran.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FP8_E4M3_MAX = 448.0
+
+
+@dataclass
+class QuantReport:
+    """What :func:`quantize_model_weights` did.
+
+    Attributes:
+        scheme: ``int8`` | ``int4`` | ``fp8``.
+        group_size: int4 group size (None otherwise).
+        n_matrices: number of weight matrices quantized.
+        n_params: number of weights quantized.
+        seconds: wall time of quantization (s).
+        mean_rel_error: mean over matrices of ||W_q - W|| / ||W|| (Frobenius).
+        backend: ``optimum-quanto`` or ``torch-rtn`` (fallback), per matrix majority.
+        errors: messages from quanto failures that triggered the fallback.
+    """
+
+    scheme: str
+    group_size: int | None
+    n_matrices: int = 0
+    n_params: int = 0
+    seconds: float = 0.0
+    mean_rel_error: float = 0.0
+    backend: str = "optimum-quanto"
+    errors: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch reference implementations (fallback; also used by tests to cross-check quanto)
+# ---------------------------------------------------------------------------------------------
+
+
+def rtn_int8_per_channel(w: torch.Tensor) -> torch.Tensor:
+    """Symmetric int8 RTN per output channel; returns the dequantized ``[out, in]`` weights (same dtype)."""
+    w32 = w.float()
+    scale = w32.abs().amax(dim=1, keepdim=True) / 127.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.clamp(torch.round(w32 / scale), -127, 127)
+    return (q * scale).to(w.dtype)
+
+
+def rtn_int4_groupwise(w: torch.Tensor, group_size: int = 64) -> torch.Tensor:
+    """Affine int4 RTN per group of ``group_size`` input elements (min/max); dequantized ``[out, in]``.
+
+    Raises:
+        ValueError: ``in`` not divisible by ``group_size``.
+    """
+    out_f, in_f = w.shape
+    if in_f % group_size:
+        raise ValueError(f"int4: in_features={in_f} is not divisible by group_size={group_size}")
+    g = w.float().reshape(-1, group_size)
+    rmin = g.amin(dim=1, keepdim=True)
+    rmax = g.amax(dim=1, keepdim=True)
+    scale = (rmax - rmin) / 15.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    shift = -rmin
+    q = torch.clamp(torch.round((g + shift) / scale), 0, 15)
+    return (q * scale - shift).reshape(out_f, in_f).to(w.dtype)
+
+
+def rtn_fp8_per_tensor(w: torch.Tensor) -> torch.Tensor:
+    """E4M3 with one per-tensor scale amax/448 (saturating cast); dequantized, same dtype."""
+    w32 = w.float()
+    scale = w32.abs().max() / FP8_E4M3_MAX
+    if float(scale) == 0.0:
+        return w.clone()
+    q = torch.clamp(w32 / scale, -FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return (q.to(torch.float32) * scale).to(w.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# optimum-quanto path
+# ---------------------------------------------------------------------------------------------
+
+
+def quanto_fake_quant(w: torch.Tensor, scheme: str, group_size: int = 64) -> torch.Tensor:
+    """Quantize ``w`` ``[out, in]`` with optimum-quanto and return the dequantized float tensor.
+
+    Raises:
+        ImportError: optimum-quanto missing.
+        ValueError: unknown scheme or group size not dividing ``in``.
+        RuntimeError: quanto internals failed (e.g. its extension could not be built).
+    """
+    from optimum.quanto import qfloat8_e4m3fn, qint4, qint8
+    from optimum.quanto.tensor.optimizers import AbsmaxOptimizer, MaxOptimizer
+    from optimum.quanto.tensor.weights.quantization import quantize_weight
+
+    w32 = w.detach().float().contiguous()
+    if scheme == "int8":
+        scale = AbsmaxOptimizer()(w32, qtype=qint8, axis=0)
+        qt = quantize_weight(w32, qtype=qint8, axis=0, scale=scale, optimized=False)
+    elif scheme == "int4":
+        if w32.shape[1] % group_size:
+            raise ValueError(f"int4: in_features={w32.shape[1]} is not divisible by group_size={group_size}")
+        scale, shift = MaxOptimizer()(w32, qtype=qint4, axis=0, group_size=group_size)
+        qt = quantize_weight(w32, qtype=qint4, axis=0, scale=scale, shift=shift, group_size=group_size, optimized=False)
+    elif scheme == "fp8":
+        amax = w32.abs().max()
+        s = (amax / FP8_E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+        scale = s.reshape(1, 1).expand(w32.shape[0], 1).contiguous()
+        qt = quantize_weight(w32, qtype=qfloat8_e4m3fn, axis=0, scale=scale, optimized=False)
+    else:
+        raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4 or fp8")
+    return qt.dequantize().to(torch.float32).reshape(w.shape)
+
+
+def _fallback(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
+    if scheme == "int8":
+        return rtn_int8_per_channel(w.float())
+    if scheme == "int4":
+        return rtn_int4_groupwise(w.float(), group_size)
+    if scheme == "fp8":
+        return rtn_fp8_per_tensor(w.float())
+    raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4 or fp8")
+
+
+def iter_decoder_linears(model: Any):
+    """Yield ``(qualified_name, nn.Linear)`` for the decoder layers' projection matrices."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in LINEAR_NAMES:
+            yield name, mod
+
+
+def quantize_model_weights(
+    model: Any, scheme: str, group_size: int = 64, use_quanto: bool = True
+) -> QuantReport:
+    """Replace the decoder linears' weights of ``model`` in place by their quantize-dequantize.
+
+    Args:
+        model: a transformers causal LM (float32 weights expected; other dtypes are cast back).
+        scheme: ``int8`` | ``int4`` | ``fp8`` (see module docstring).
+        group_size: int4 group size along the input dimension (must divide every in_features).
+        use_quanto: try optimum-quanto first (default); False forces the torch fallback.
+
+    Returns:
+        QuantReport with timing (seconds) and the mean relative Frobenius error.
+
+    Raises:
+        ValueError: unknown scheme, or no linear layer found.
+    """
+    if scheme not in ("int8", "int4", "fp8"):
+        raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4 or fp8")
+    rep = QuantReport(scheme=scheme, group_size=group_size if scheme == "int4" else None)
+    t0 = time.perf_counter()
+    errs: list[float] = []
+    n_fallback = 0
+    with torch.no_grad():
+        for name, lin in iter_decoder_linears(model):
+            w = lin.weight.data
+            dq = None
+            if use_quanto:
+                try:
+                    dq = quanto_fake_quant(w, scheme, group_size)
+                except ValueError:
+                    raise
+                except Exception as e:  # fall back to the torch RTN on any quanto failure
+                    if len(rep.errors) < 3:
+                        rep.errors.append(f"{name}: {type(e).__name__}: {e}")
+            if dq is None:
+                dq = _fallback(w, scheme, group_size)
+                n_fallback += 1
+            errs.append(float((dq.float() - w.float()).norm() / w.float().norm().clamp_min(1e-30)))
+            lin.weight.data.copy_(dq.to(w.dtype))
+            rep.n_matrices += 1
+            rep.n_params += w.numel()
+    if rep.n_matrices == 0:
+        raise ValueError("quantize_model_weights: no decoder linear layers found (expected Llama-style *_proj)")
+    rep.seconds = time.perf_counter() - t0
+    rep.mean_rel_error = sum(errs) / len(errs)
+    rep.backend = "torch-rtn" if n_fallback * 2 > rep.n_matrices else "optimum-quanto"
+    return rep
+
+
+# ---------------------------------------------------------------------------------------------
+# runtime (activation / KV-cache) fake quantization: w8a8 and kv-fp8 profiles (issue 14)
+# ---------------------------------------------------------------------------------------------
+
+KV_FP8_ATTN = "spec_auditor_kv_fp8"
+#: Fixed calibration text for the static KV scales (deterministic; no data set is downloaded).
+KV_CALIBRATION_TEXT = (
+    "The committee met on Tuesday to review the budget. After a long discussion about schools, roads "
+    "and the new library, they agreed to postpone the vote. def add(a, b):\n    return a + b\n"
+    "Photosynthesis converts light energy into chemical energy stored in glucose. 1, 2, 3, 5, 8, 13."
+)
+
+
+def fp8_e4m3_fake_quant(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """Round ``x`` (any shape, float) to E4M3 with a fixed scale (saturating at ±448·scale); same dtype.
+
+    With a fixed scale the round trip is idempotent, so quantizing the whole (past + new) K/V on
+    every read equals storing each entry quantized once, as an fp8 KV cache does.
+    """
+    s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).clamp_min(torch.finfo(torch.float32).tiny)
+    y = torch.clamp(x.float() / s, -FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return (y.to(torch.float32) * s).to(x.dtype)
+
+
+def int8_per_token_fake_quant(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic symmetric int8 per token: each row along the last dim scaled by max|x_row|/127; same dtype.
+
+    This is the activation half of W8A8 (vLLM/compressed-tensors ``int8`` dynamic per-token
+    activations; SmoothQuant's per-token scheme without the smoothing factors).
+    """
+    x32 = x.float()
+    scale = x32.abs().amax(dim=-1, keepdim=True) / 127.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return (torch.clamp(torch.round(x32 / scale), -127, 127) * scale).to(x.dtype)
+
+
+def _act_quant_pre_hook(_module: torch.nn.Module, args: tuple) -> tuple:
+    return (int8_per_token_fake_quant(args[0]),) + tuple(args[1:])
+
+
+def install_act_int8(model: Any) -> int:
+    """Fake-quantize the inputs of every decoder linear to int8 per token (forward pre-hooks).
+
+    Returns the number of linears hooked. ``lm_head`` is left in full precision (as vLLM does).
+
+    Raises:
+        ValueError: no decoder linear found.
+    """
+    n = 0
+    for _name, lin in iter_decoder_linears(model):
+        lin.register_forward_pre_hook(_act_quant_pre_hook)
+        n += 1
+    if n == 0:
+        raise ValueError("w8a8: no decoder linear layers found (expected Llama-style *_proj)")
+    return n
+
+
+def _kv_fp8_attention(module, query, key, value, attention_mask, **kwargs):
+    """SDPA attention reading K/V through an fp8 E4M3 round trip with the layer's static scales."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    scales = getattr(module, "kv_fp8_scales", None)
+    if scales is not None:
+        key = fp8_e4m3_fake_quant(key, scales[0])
+        value = fp8_e4m3_fake_quant(value, scales[1])
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register_kv_fp8_attention() -> None:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(KV_FP8_ATTN, _kv_fp8_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(KV_FP8_ATTN, sdpa_mask)
+
+
+def _attention_modules(model: Any) -> list[torch.nn.Module]:
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError("kv-fp8 needs a Llama-style model with model.layers[*].self_attn")
+    return [layer.self_attn for layer in layers]
+
+
+def install_kv_fp8(model: Any, calibration_ids: list[int]) -> dict:
+    """Serve ``model`` with an fp8 E4M3 KV cache: static per-layer (per-tensor) scales amax/448.
+
+    Scale choice: one scale for K and one for V per layer, amax over a calibration forward of
+    ``calibration_ids`` (post-RoPE keys, as the cache stores them) divided by 448 — the recipe of
+    vLLM's ``--calculate-kv-scales`` / llm-compressor's calibrated ``k_scale``/``v_scale``
+    (vLLM docs, "Quantized KV Cache"). Values beyond the calibrated range saturate. Queries and
+    weights stay full precision. Implemented as a registered transformers attention function
+    that rounds K and V (past and new) through ``torch.float8_e4m3fn`` before SDPA.
+
+    Returns:
+        ``{"kv_cache_dtype": "fp8_e4m3", "k_scales": [...], "v_scales": [...]}`` (per layer).
+
+    Raises:
+        ValueError: not a Llama-style model, or empty ``calibration_ids``.
+    """
+    if not calibration_ids:
+        raise ValueError("install_kv_fp8: calibration_ids is empty; pass the calibration text's token ids")
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    _register_kv_fp8_attention()
+    mods = _attention_modules(model)
+    amax: dict[int, list[float]] = {}
+
+    def recorder(module, query, key, value, attention_mask, **kwargs):
+        i = mods.index(module)
+        a = amax.setdefault(i, [0.0, 0.0])
+        a[0] = max(a[0], float(key.detach().abs().max()))
+        a[1] = max(a[1], float(value.detach().abs().max()))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register("spec_auditor_kv_record", recorder)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("spec_auditor_kv_record", sdpa_mask)
+    old = model.config._attn_implementation
+    model.config._attn_implementation = "spec_auditor_kv_record"
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(calibration_ids)]), use_cache=False)
+    finally:
+        model.config._attn_implementation = old
+    scales: list[tuple[float, float]] = []
+    for i, m in enumerate(mods):
+        k, v = amax.get(i, [FP8_E4M3_MAX, FP8_E4M3_MAX])
+        scales.append((max(k, 1e-12) / FP8_E4M3_MAX, max(v, 1e-12) / FP8_E4M3_MAX))
+        object.__setattr__(m, "kv_fp8_scales", scales[-1])  # a plain attribute, read by _kv_fp8_attention
+    model.config._attn_implementation = KV_FP8_ATTN
+    return {"kv_cache_dtype": "fp8_e4m3", "k_scales": [s[0] for s in scales], "v_scales": [s[1] for s in scales]}
+
+
+def apply_runtime_quant(model: Any, profile: Any, tokenizer: Any = None) -> dict:
+    """Install a profile's runtime fake quantization (``act_quant``, ``kv_cache_dtype``) on ``model``.
+
+    Args:
+        model: a float32 Llama-style causal LM (modified in place: hooks / attention function).
+        profile: a ``simulator.profiles.Profile`` (reads ``act_quant`` and ``kv_cache_dtype``).
+        tokenizer: encodes :data:`KV_CALIBRATION_TEXT` for the KV scales (None: token ids 1..128).
+
+    Returns:
+        A JSON-ready dict for ``BuildInfo.quant`` (empty when the profile asks for nothing).
+
+    Raises:
+        ValueError: unknown ``act_quant`` / ``kv_cache_dtype`` value, or an unsupported model.
+    """
+    out: dict = {}
+    act = getattr(profile, "act_quant", None)
+    kv = getattr(profile, "kv_cache_dtype", None)
+    if act is not None:
+        if act != "int8":
+            raise ValueError(f"act_quant={act!r}: only 'int8' (dynamic per token) is supported")
+        out["act_quant"] = "int8-per-token"
+        out["act_quant_linears"] = install_act_int8(model)
+    if kv is not None:
+        if kv != "fp8":
+            raise ValueError(f"kv_cache_dtype={kv!r}: only 'fp8' (E4M3) is supported")
+        ids = list(tokenizer.encode(KV_CALIBRATION_TEXT)) if tokenizer is not None else list(range(1, 129))
+        out.update(install_kv_fp8(model, ids))
+    return out

