@@ -43,7 +43,14 @@ from typing import TYPE_CHECKING, Any
 
 from auditor.detection import LOGPROB_TEST_MAX_TEMPERATURE, run_reference_detectors
 from auditor.errors import AuditError, AuditInterrupted, NothingToAuditError
-from auditor.evidence import Observation, build_evidence, enrich_evidence, load_observations, store_aligned_ids
+from auditor.evidence import (
+    Observation,
+    build_evidence,
+    enrich_evidence,
+    load_observations,
+    store_aligned_ids,
+    tokenizer_mismatch,
+)
 from auditor.planning import load_suite_spec, plan_budget
 from auditor.report import AuditReport, report_from_store
 from auditor.scoring import (
@@ -207,9 +214,6 @@ def analyze_run(
         NothingToAuditError: no probe produced tokens (connection/config problem).
         TypeError: an unknown option name in ``overrides``.
     """
-    from auditor.noise import get_floors
-    from auditor.preflight import preflight_stage
-    from auditor.verdict import DEFAULT_POWER, decide_verdict
 
     opts = dataclasses.replace(options or CheckOptions(), **overrides)
     t0 = wall_start if wall_start is not None else time.perf_counter()
@@ -253,6 +257,8 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
     verdict = decide_verdict(results + pre.detector_results(), opts.alpha,
                              floor=_deciding_floor(results, floors, ref0) if floors is not None else None,
                              power=DEFAULT_POWER if opts.power is None else opts.power, **pre.verdict_kwargs())
+    if ref.tokenizer_is_claimed:
+        verdict = _tokenizer_substitution(verdict, tokenizer_mismatch(observations, tokenizer, config.api))
     verdict = _mark_not_tested(verdict, ref)
     n_pos = len(next(iter(batches.values()))) if batches else len(self_batch) if self_batch is not None else 0
     summary, tokens_extra = headline_summary(verdict.results, floors, ref0, observations,  # type: ignore[arg-type]
@@ -283,14 +289,43 @@ def _reference(config: ProviderConfig, opts: CheckOptions) -> ReferenceSetup:
                              models=opts.reference_models)
 
 
+def _tokenizer_substitution(verdict: Any, tm: Mapping[str, Any] | None) -> Any:
+    """SUBSTITUTION (rule ``2t-tokenizer``) when the provider's tokens prove another tokenizer
+    (:func:`auditor.evidence.tokenizer_mismatch`): an honest server of the claimed model cannot emit
+    a token outside its vocabulary, nor count a completions prompt differently. This holds whatever
+    the statistical detectors say (a cross-family model may even align well enough to look like
+    QUANTIZATION); the previous verdict is kept as a secondary cause."""
+    if not tm:
+        return verdict
+    parts = []
+    if "foreign_tokens" in tm["established"]:
+        ex = ", ".join(repr(t) for t in tm["foreign_tokens"][:6])
+        parts.append(f"{tm['n_foreign_distinct']} distinct token strings ({tm['n_foreign']} of {tm['n_checked']} "
+                     f"tokens and alternatives) do not exist in the claimed model's vocabulary, e.g. {ex}")
+    if "prompt_counts" in tm["established"]:
+        ex = ", ".join(f"{a} vs {b}" for a, b in tm["prompt_counts"][:4])
+        parts.append(f"the provider counts the prompt tokens differently on {tm['n_prompt_disagree']} of "
+                     f"{tm['n_prompt_checked']} completions prompts (provider vs claimed tokenizer: {ex})")
+    reason = "the provider uses another tokenizer than the claimed model's, so it serves another model: " + "; ".join(parts)
+    details = dict(verdict.details)
+    secondary = list(details.get("secondary_causes") or [])
+    if verdict.verdict not in ("PASS", "INCONCLUSIVE", "SUBSTITUTION"):
+        secondary.insert(0, {"verdict": verdict.verdict, "rule": details.get("rule"), "reason": verdict.reason,
+                             "evidence": []})
+    details.update(secondary_causes=secondary, rule="2t-tokenizer", tokenizer_mismatch=dict(tm),
+                   previous_verdict={"verdict": verdict.verdict, "reason": verdict.reason})
+    return dataclasses.replace(verdict, verdict="SUBSTITUTION", reason=reason, details=details)
+
+
 def _mark_not_tested(verdict: Any, ref: ReferenceSetup) -> Any:
     """The verdict with the causes this reference cannot test named in its reason and details
     (``reference = "none"``: "QUANTIZATION not tested: no reference; SUBSTITUTION not tested: ...")."""
-    if not ref.not_tested:
+    causes = [c for c in ref.not_tested if c != verdict.verdict]  # tokenizer evidence can still name SUBSTITUTION
+    if not causes:
         return verdict
-    note = "; ".join(f"{c} not tested: no reference" for c in ref.not_tested)
+    note = "; ".join(f"{c} not tested: no reference" for c in causes)
     details = dict(verdict.details)
-    details["not_tested"] = {c: "no reference (reference = 'none')" for c in ref.not_tested}
+    details["not_tested"] = dict.fromkeys(causes, "no reference (reference = 'none')")
     return dataclasses.replace(verdict, reason=f"{verdict.reason}; {note}", details=details)
 
 

@@ -41,8 +41,8 @@ __all__ = [
     "build_evidence",
     "enrich_evidence",
     "load_observations",
-    "tokenizer_mismatch",
     "store_aligned_ids",
+    "tokenizer_mismatch",
 ]
 
 #: Characters of provider text kept before an evidence position (``context``).
@@ -399,7 +399,8 @@ def tokenizer_mismatch(observations: Sequence[Observation], tokenizer: Any, api:
         if b is None:
             return
         n_checked += 1
-        known = bv.special.get(tok) is not None if b == b"" else b in bv.by_bytes
+        # added tokens (gemma's whitespace/HTML runs) live in ``special`` under their text, not in ``by_bytes``
+        known = tok in bv.special or b in bv.by_bytes or b.decode("utf-8", errors="replace") in bv.special
         if not known and (b != b"" or tok):
             foreign[tok] = foreign.get(tok, 0) + 1
 

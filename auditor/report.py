@@ -35,7 +35,7 @@ import json
 import math
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from auditor.detectors.speculation import speculation_line
 
@@ -198,7 +198,7 @@ class AuditReport:
     @classmethod
     def from_dict(cls, d: dict) -> AuditReport:
         """Inverse of :meth:`to_dict` (unknown keys are ignored)."""
-        names = {f for f in cls.__dataclass_fields__}
+        names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
@@ -324,8 +324,10 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         highlight=False,
     )
     t = Table(title=f"detectors (Holm, family-wise α = {report.alpha:g})", title_justify="left")
-    for col, just in (("detector", "left"), ("statistic", "right"), ("p", "right"), ("p (Holm)", "right"),
-                      ("effect [95% CI]", "right"), ("n", "right"), ("outcome", "left")):
+    cols: tuple[tuple[str, Literal["left", "right"]], ...] = (
+        ("detector", "left"), ("statistic", "right"), ("p", "right"), ("p (Holm)", "right"),
+        ("effect [95% CI]", "right"), ("n", "right"), ("outcome", "left"))
+    for col, just in cols:
         t.add_column(col, justify=just)
     for d in report.detectors:
         out = _outcome(d, report.alpha)
@@ -370,8 +372,8 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         speed.append(f"{s['tokens_per_s']:.1f} tokens/s")
     if s.get("mean_tokens_per_chunk") is not None:
         speed.append(f"{s['mean_tokens_per_chunk']:.2f} tokens/chunk")
-    if speculation_line(s.get("speculation")):
-        speed.append(speculation_line(s.get("speculation")))
+    if spec_line := speculation_line(s.get("speculation")):
+        speed.append(spec_line)
     console.print(
         f"cost: {tk.get('prompt', 0)} prompt + {tk.get('completion', 0)} completion tokens = {tk.get('total', 0)} tokens, "
         f"{_usd(report.cost_usd)}; {tk.get('scored_positions', 0)} positions scored against the reference"
@@ -408,6 +410,12 @@ def _top5_cell(e: dict, key: str = "ref_top5", texts_key: str = "ref_top5_tokens
 
 
 _EXTRA_KEYS = ("kl", "gap", "u", "rank", "p_argmax", "tail_mass", "clear", "provider_top1")
+
+
+def _p_adjusted_or_2(d: dict[str, Any]) -> float:
+    """Sort key: a detector's Holm-adjusted p, or 2.0 (after every real p) when it has none."""
+    p = d.get("p_adjusted")
+    return float(p) if p is not None else 2.0
 
 
 def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> str:
@@ -543,7 +551,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
     with_ev = [d for d in r.detectors if d.get("ran") and d.get("evidence")]
     chosen = [d for d in with_ev if d.get("rejects")]
     if not chosen and with_ev:
-        chosen = [min(with_ev, key=lambda d: d.get("p_adjusted") if d.get("p_adjusted") is not None else 2.0)]
+        chosen = [min(with_ev, key=_p_adjusted_or_2)]
     out.append("## Token-level evidence")
     out.append("")
     if not chosen:
@@ -724,6 +732,7 @@ def report_from_store(session: Any, run_id: str) -> AuditReport:
     if run is None:
         raise ReportError(f"no run {run_id!r} in this database. Fix: check the RUN_ID (dashboard, or `auditor check` output) and --db.")
     det = q.run_detail(session, run.id)
+    assert det is not None  # the run exists (found above)
     vrow = det.verdict
     if vrow is None:
         raise ReportError(
@@ -733,7 +742,7 @@ def report_from_store(session: Any, run_id: str) -> AuditReport:
     vd = dict(vrow.details or {})
     extra = vd.pop("report", {}) or {}
     dets_extra = extra.get("detectors", {}) or {}
-    detectors = []
+    detectors: list[dict[str, Any]] = []
     for row in det.detector_results:
         d = {
             "name": row.name,

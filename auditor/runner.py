@@ -449,8 +449,9 @@ async def run_probes_async(
     Cancellation (Ctrl-C, SIGTERM via the CLI) marks the run ``interrupted`` and re-raises.
     """
     from auditor.usage_estimate import UsageEstimates
-    from probes.client import ProbeClient, build_payload
+    from probes.client import ProbeClient
     from probes.normalize import normalize_response
+    from probes.wire import build_payload
 
     t_start = time.perf_counter()
     if api_key is None:

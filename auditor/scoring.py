@@ -33,16 +33,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from reference.scoring import ScoredContinuation
 
 __all__ = [
+    "NOT_TESTED_WITHOUT_REFERENCE",
     "REFERENCE_TOP_K",
     "SCORE_BATCH_SIZE",
-    "NOT_TESTED_WITHOUT_REFERENCE",
     "LocalScorer",
     "ReferenceSetup",
     "Scorer",
     "check_device",
-    "resolve_reference",
     "check_reference_api",
     "get_reference_models",
+    "resolve_reference",
     "score_observations",
 ]
 
@@ -248,6 +248,8 @@ class ReferenceSetup:
         not_tested: causes the audit cannot test with this reference (``NOT_TESTED_WITHOUT_REFERENCE``).
         notes: plain-language remarks for the report.
         backend: a ``reference.backends.ReferenceBackend`` to close afterwards, or None.
+        tokenizer_is_claimed: False when ``tokenizer`` is a stand-in (``none`` without the claimed
+            model's tokenizer): tokenizer evidence (cross-family substitution) is then not collected.
     """
 
     kind: str
@@ -259,6 +261,7 @@ class ReferenceSetup:
     not_tested: tuple[str, ...] = ()
     notes: list[str] | None = None
     backend: object | None = None
+    tokenizer_is_claimed: bool = True
 
     def close(self) -> None:
         """Close the backend's HTTP client (vllm); no-op otherwise."""
@@ -283,7 +286,7 @@ def _check_known(name: str, model: str | None, config_path: str | None) -> None:
     Raises:
         AuditError: ``parameter="reference"``, the message lists what the name could have been.
     """
-    from probes.config import load_references
+    from probes.config import ConfigError, load_references
     from reference.models import BUNDLED
 
     m = str(model or name)
@@ -291,7 +294,7 @@ def _check_known(name: str, model: str | None, config_path: str | None) -> None:
         return
     try:
         tables = sorted(load_references(config_path))
-    except Exception:  # noqa: BLE001 - the table errors are reported by get_reference already
+    except ConfigError:  # reported by get_reference already
         tables = []
     raise AuditError(
         f"unknown reference {name!r}: not a [references.{name}] table"
@@ -349,7 +352,7 @@ def resolve_reference(
             be = make_backend(rc, check=True)
         except ReferenceError as exc:
             raise AuditError(f"reference {name!r} (kind vllm): {exc}", parameter="reference") from None
-        scorer: Scorer = be  # type: ignore[assignment]  # VLLMBackend has revision, dtype and score
+        scorer: Scorer = be  # VLLMBackend has revision, dtype and score
         return ReferenceSetup("vllm", be.tokenizer, {str(be.dtype): scorer}, {}, str(be.revision), str(be.dtype),
                               notes=[f"reference: trusted vLLM server {rc.base_url} (model {rc.model}); no local "
                                      "weights, so no noise floor: logprob-divergence does not run"], backend=be)
@@ -373,6 +376,8 @@ def resolve_reference(
             raise AuditError(f"reference {name!r} (kind none): no tokenizer to align the provider's tokens ({exc}). "
                              "Fix: set tokenizer = \"DIR\" in its [references.NAME] table.", parameter="reference") from None
         notes.append(f"tokens aligned with the {DEFAULT_MODEL} tokenizer (the claimed model's could not be loaded)")
+        return ReferenceSetup("none", tok, {}, {}, "none", "none", NOT_TESTED_WITHOUT_REFERENCE, notes,
+                              tokenizer_is_claimed=False)
     return ReferenceSetup("none", tok, {}, {}, "none", "none", NOT_TESTED_WITHOUT_REFERENCE, notes)
 
 

@@ -35,9 +35,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from auditor.detectors.speculation import StreamTiming, estimate_speculation
-from probes.client import ProbeClient, ProbeResult, build_payload
+from probes.client import ProbeClient, ProbeResult
 from probes.config import ProviderConfig
 from probes.suites import WORKLOADS, Probe, load_suite
+from probes.wire import build_payload
 
 __all__ = [
     "DEFAULT_CONCURRENCY",

@@ -295,12 +295,12 @@ def required_positions(
     if name in ("sampling-argmax", "self-argmax"):
         if not result.ran or result.n <= 0:
             return None
-        var = d.get("var_per_position")
-        if var is None:
+        var_pos = d.get("var_per_position")
+        if var_pos is None:
             er = float(d.get("expected_rate", 0.5))
-            var = er * (1 - er)  # upper bound on mean p(1-p)
-        var = max(float(var), 0.05)
-        return math.ceil((za + zb) ** 2 * var / POWER_TARGETS["argmax_excess"] ** 2)
+            var_pos = er * (1 - er)  # upper bound on mean p(1-p)
+        var_pos = max(float(var_pos), 0.05)
+        return math.ceil((za + zb) ** 2 * var_pos / POWER_TARGETS["argmax_excess"] ** 2)
     if name in ("sampling-tail", "self-tail"):
         tau = float(d.get("mean_tail_mass", 0.0) or 0.0)
         if tau <= 0:

@@ -10,10 +10,11 @@ directives (``:red[...]``), emoji shortcodes (``:smile:``), LaTeX (``$...$``) an
 from __future__ import annotations
 
 import datetime as dt
-import math
 import re
 from collections.abc import Sequence
 from typing import Any
+
+from auditor.util import finite as _finite
 
 __all__ = [
     "VERDICT_COLORS",
@@ -113,16 +114,6 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, align: Se
         cells = [c if c not in (None, "") else "—" for c in row]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
-
-
-def _finite(x: Any) -> float | None:
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def fmt_p(p: Any) -> str:

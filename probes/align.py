@@ -59,9 +59,17 @@ class ByteVocab:
         """Build from a tokenizer-like object (see the module docstring). Pure apart from calls on it."""
         vocab: dict[str, int] = dict(tokenizer.get_vocab())
         special_strs = set(getattr(tokenizer, "all_special_tokens", []) or [])
-        added = getattr(tokenizer, "added_tokens_encoder", None)
-        if isinstance(added, dict):
-            special_strs |= set(added)
+        plain_added: set[str] = set()  # non-special added tokens (gemma's whitespace runs): raw text bytes
+        added = getattr(tokenizer, "added_tokens_decoder", None)
+        if isinstance(added, dict) and added:
+            for at in added.values():
+                content = str(getattr(at, "content", at))
+                (special_strs if getattr(at, "special", True) else plain_added).add(content)
+        else:
+            enc = getattr(tokenizer, "added_tokens_encoder", None)
+            if isinstance(enc, dict):
+                special_strs |= set(enc)
+        special_strs -= plain_added
         mode = "text"
         try:
             ids = tokenizer.encode(" a\n", add_special_tokens=False)
@@ -81,7 +89,9 @@ class ByteVocab:
                 special[s] = i
                 continue
             b: bytes | None
-            if mode == "gpt2":
+            if s in plain_added:
+                b = s.encode("utf-8")
+            elif mode == "gpt2":
                 b = gpt2_unicode_to_bytes(s)
             elif mode == "spm":
                 if len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
@@ -95,7 +105,10 @@ class ByteVocab:
                 b = s.encode("utf-8")
             if b is None or b == b"":
                 continue
-            by_bytes.setdefault(b, i)
+            if s in plain_added:
+                by_bytes[b] = i  # the tokenizer splits added tokens out first: their id is the one emitted
+            else:
+                by_bytes.setdefault(b, i)
             id_bytes[i] = b
         return cls(by_bytes, special, id_bytes, max((len(b) for b in by_bytes), default=1), mode)
 

@@ -52,40 +52,27 @@ from typing import Any
 import httpx
 import tenacity
 
+from probes import wire as _wire
 from probes.concurrency import AdaptiveConcurrency
 from probes.config import ProviderConfig
 from probes.sse import SSELineDecoder, loads_json
 from probes.wire import (
-    LIMIT_KINDS,
+    LIMIT_KINDS,  # noqa: F401 -- re-exported (__all__)
     MALFORMED_KINDS,
     RETRYABLE_KINDS,
-    RETRYABLE_STATUS,
+    RETRYABLE_STATUS,  # noqa: F401 -- re-exported (__all__)
     ParsedResponse,
     build_payload,
     chunk_tokens_by_choice,
-    count_chunk_tokens,
+    count_chunk_tokens,  # noqa: F401 -- re-exported (__all__)
     parse_response,
     parse_retry_after,
     parse_sse,
     stream_token_cap,
 )
 
-__all__ = [
-    "LIMIT_KINDS",
-    "RETRYABLE_STATUS",
-    "AttemptRecord",
-    "ParsedResponse",
-    "ProbeClient",
-    "ProbeResult",
-    "RateLimiter",
-    "build_payload",
-    "chunk_tokens_by_choice",
-    "count_chunk_tokens",
-    "parse_response",
-    "parse_retry_after",
-    "parse_sse",
-    "stream_token_cap",
-]
+__all__ = ["AttemptRecord", "ProbeClient", "ProbeResult", "RateLimiter"]
+__all__ += _wire.__all__  # the wire-format names, re-exported (their home is probes.wire)
 
 #: Bytes of an over-cap body kept as evidence.
 _EVIDENCE_BYTES = 64 * 1024

@@ -51,8 +51,9 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
@@ -521,6 +522,67 @@ def _format_validation_error(file: str, prefix: str, exc: ValidationError) -> st
     return "\n".join(lines)
 
 
+_Table = TypeVar("_Table", bound=BaseModel)
+
+
+def _validate_tables(
+    tables: dict[str, Any],
+    source: str,
+    section: str,
+    model: type[_Table],
+    fields_hint: str,
+    problem: Callable[[str, dict[str, Any]], str | None],
+) -> dict[str, _Table]:
+    """Validate every ``[SECTION.NAME]`` table as ``model`` (with ``name`` = the table key).
+
+    Args:
+        tables: ``{NAME: table}`` as parsed from TOML.
+        source: the file, for messages.
+        section: ``"providers"`` or ``"references"``.
+        model: the pydantic model of one table.
+        fields_hint: what a table holds, for the "expected a table" fix.
+        problem: ``(name, table) -> message tail`` (after ``"SOURCE: SECTION.NAME"``) for a table
+            refused before validation, else None.
+
+    Returns ``{name: model}`` in file order. Raises :class:`ConfigError` listing every problem.
+    """
+    out: dict[str, _Table] = {}
+    problems: list[str] = []
+    for name, body in tables.items():
+        where = f"{source}: {section}.{name}"
+        if not isinstance(body, dict):
+            problems.append(f"{where}: expected a table. Fix: write [{section}.{name}] with {fields_hint} below.")
+            continue
+        refused = problem(name, body)
+        if refused is not None:
+            problems.append(where + refused)
+            continue
+        try:
+            out[name] = model.model_validate({**body, "name": name})
+        except ValidationError as exc:
+            problems.append(_format_validation_error(source, f"{section}.{name}", exc))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return out
+
+
+def _provider_problem(name: str, body: dict[str, Any]) -> str | None:
+    if "name" in body and body["name"] != name:
+        return f".name: '{body['name']}' differs from the table key. Fix: drop the name field (the key is the name)."
+    if "api_key" in body:
+        return (".api_key: API keys must not be stored in files. Fix: remove it, "
+                "export the key in an env var and set api_key_env = \"THAT_VAR\".")
+    return None
+
+
+def _reference_problem(name: str, body: dict[str, Any]) -> str | None:
+    if name == "none":
+        return ": 'none' is reserved (no reference). Fix: pick another name."
+    if "api_key" in body:
+        return ".api_key: keys must not be stored in files. Fix: remove it and set api_key_env = \"THAT_VAR\"."
+    return None
+
+
 def parse_providers(data: dict[str, Any], source: str = "<providers>") -> dict[str, ProviderConfig]:
     """Validate an already-parsed TOML document (``{"providers": {NAME: {...}}}``).
 
@@ -542,33 +604,26 @@ def parse_providers(data: dict[str, Any], source: str = "<providers>") -> dict[s
         )
     if not isinstance(provs, dict):
         raise ConfigError(f"{source}: 'providers' must be a table of [providers.NAME] tables.")
-    out: dict[str, ProviderConfig] = {}
-    problems: list[str] = []
-    for name, body in provs.items():
-        if not isinstance(body, dict):
-            problems.append(f"{source}: providers.{name}: expected a table. Fix: write [providers.{name}] with its fields below.")
-            continue
-        body = dict(body)
-        if "name" in body and body["name"] != name:
-            problems.append(
-                f"{source}: providers.{name}.name: '{body['name']}' differs from the table key. Fix: drop the name field (the key is the name)."
-            )
-            continue
-        body["name"] = name
-        if "api_key" in body:
-            problems.append(
-                f"{source}: providers.{name}.api_key: API keys must not be stored in files. Fix: remove it, "
-                f"export the key in an env var and set api_key_env = \"THAT_VAR\"."
-            )
-            continue
-        try:
-            out[name] = ProviderConfig.model_validate(body)
-        except ValidationError as exc:
-            problems.append(_format_validation_error(source, f"providers.{name}", exc))
-    if problems:
-        raise ConfigError("\n".join(problems))
+    out = _validate_tables(provs, source, "providers", ProviderConfig, "its fields", _provider_problem)
     parse_references(data, source)  # a bad [references.NAME] table fails at load too
     return out
+
+
+def _read_config(path: str | os.PathLike[str] | None) -> tuple[dict[str, Any], str] | None:
+    """The parsed providers file and its path as text; None when no file exists and ``path`` is None.
+
+    Raises :class:`ConfigError` (missing explicit file, TOML syntax, unreadable file).
+    """
+    p = find_config_path(path)
+    if p is None:
+        return None
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: TOML syntax error: {exc}. Fix: correct the syntax at that line.") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc}.") from None
+    return data, str(p)
 
 
 def load_providers(path: str | os.PathLike[str] | None = None) -> dict[str, ProviderConfig]:
@@ -577,16 +632,8 @@ def load_providers(path: str | os.PathLike[str] | None = None) -> dict[str, Prov
     Returns ``{}`` when no file exists and ``path`` is ``None``.
     Raises :class:`ConfigError` (missing explicit file, TOML syntax, invalid fields).
     """
-    p = find_config_path(path)
-    if p is None:
-        return {}
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: TOML syntax error: {exc}. Fix: correct the syntax at that line.") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc}.") from None
-    return parse_providers(data, str(p))
+    found = _read_config(path)
+    return parse_providers(*found) if found is not None else {}
 
 
 
@@ -599,28 +646,7 @@ def parse_references(data: dict[str, Any], source: str = "<providers>") -> dict[
     refs = data.get("references", {}) if isinstance(data, dict) else {}
     if not isinstance(refs, dict):
         raise ConfigError(f"{source}: 'references' must be a table of [references.NAME] tables.")
-    out: dict[str, ReferenceConfig] = {}
-    problems: list[str] = []
-    for name, body in refs.items():
-        if not isinstance(body, dict):
-            problems.append(f"{source}: references.{name}: expected a table. Fix: write [references.{name}] with kind and model below.")
-            continue
-        if name == "none":
-            problems.append(f"{source}: references.none: 'none' is reserved (no reference). Fix: pick another name.")
-            continue
-        body = dict(body)
-        if "api_key" in body:
-            problems.append(f"{source}: references.{name}.api_key: keys must not be stored in files. Fix: remove it and "
-                            "set api_key_env = \"THAT_VAR\".")
-            continue
-        body["name"] = name
-        try:
-            out[name] = ReferenceConfig.model_validate(body)
-        except ValidationError as exc:
-            problems.append(_format_validation_error(source, f"references.{name}", exc))
-    if problems:
-        raise ConfigError("\n".join(problems))
-    return out
+    return _validate_tables(refs, source, "references", ReferenceConfig, "kind and model", _reference_problem)
 
 
 def load_references(path: str | os.PathLike[str] | None = None) -> dict[str, ReferenceConfig]:
@@ -628,16 +654,8 @@ def load_references(path: str | os.PathLike[str] | None = None) -> dict[str, Ref
 
     Raises :class:`ConfigError` (missing explicit file, TOML syntax, invalid fields).
     """
-    p = find_config_path(path)
-    if p is None:
-        return {}
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: TOML syntax error: {exc}. Fix: correct the syntax at that line.") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc}.") from None
-    return parse_references(data, str(p))
+    found = _read_config(path)
+    return parse_references(*found) if found is not None else {}
 
 
 def get_reference(name: str, path: str | os.PathLike[str] | None = None) -> ReferenceConfig:

@@ -14,11 +14,11 @@ drafts ``k`` that maximises the expected tokens per unit of cost,
 ``E[tokens](k, a) / (c_fwd(k+1) + k * c_draft)`` with ``E[tokens] = (1 - a^(k+1)) / (1 - a)``
 (Leviathan et al. 2023, eq. 1), ``a`` a decayed estimate of the per-draft acceptance rate from the
 *counts* of accepted and rejected drafts, and fixed costs in units of one single-token target
-forward (:class:`CostModel`; verifying n tokens costs ``1 + slope (n - 1)``, drafting one token
-``drafter.cost_per_token``). No clock enters a decision, so a seed reproduces the same tokens on a
-busy machine as on an idle one. ``k = 0`` is a plain step: when the drafts stop paying the policy
+forward (:class:`CostModel`; verifying n >= 2 tokens costs ``1 + overhead + slope (n - 1)``, a plain
+step 1, drafting one token ``drafter.cost_per_token``). No clock enters a decision, so a seed
+reproduces the same tokens on a busy machine as on an idle one. ``k = 0`` is a plain step: when the drafts stop paying the policy
 falls back to plain decoding within a few rounds, and probes again after a backoff (4, 8, ... 64
-rounds) during which its evidence decays back towards the prior.
+rounds), after which its evidence restarts from the prior.
 
 Why the n-gram drafter once lost to plain decoding on a busy 2-core machine (issue 15, measured with
 SmolLM2-135M on the copy-a-passage prompt): the former policy priced k from measured forward times;
@@ -28,6 +28,13 @@ cache crop costs about 0.2 ms a round (negligible); a full sort of 9 x 49,152 pr
 top-p cost 354 ms under load (more than a forward) and is now a partial sort (18 ms,
 ``reference.sampling``). Two intra-op threads on an oversubscribed 2-core machine made every forward
 5-10x slower than one thread (``benchmarks/spec_decode.py --threads 1``).
+
+Why chat prompts ran at 0.85x with only a dozen short probes (issue 15, measured one thread): not the
+loop's per-round work -- the same loop with a drafter that never proposes runs at 1.00x plain
+(median of 4 interleaved rounds, chat-0 and chat-1), and the n-gram lookups cost 0.3 ms a round
+(~0.5%) -- but the price of a verify forward: n = 2 tokens cost 1.3-1.9 single forwards (matrix-
+matrix instead of matrix-vector kernels), not the 1.15 the former linear cost model assumed, so each
+mostly rejected 1-2 draft probe lost most of a forward. :class:`CostModel` now prices that step.
 """
 
 from __future__ import annotations
@@ -121,26 +128,40 @@ class GenerationResult:
 class CostModel:
     """Cost of one round in units of one single-token target forward (fixed: no clock is read).
 
+    Verifying ``n = k + 1 >= 2`` tokens costs ``1 + verify_overhead + verify_slope * k``; a plain
+    step (k = 0) costs 1. The step at n = 2 is the measured shape of a CPU forward (issue 15, H13,
+    SmolLM2-135M fp32, one intra-op thread, context ~120 tokens, median of 9): n = 1 runs a
+    matrix-vector product, n >= 2 a small matrix-matrix one, so the forward costs 1.0 / 1.34-1.65 /
+    1.22-1.61 / 1.80-2.21 / 2.42-2.49 single forwards at n = 1 / 2 / 4 / 9 / 16 (n = 3 up to 2.4).
+    A linear ``1 + 0.15 k`` model priced a 1-2 draft probe at ~1.2 forwards while it really cost
+    ~1.7-2, which is why sparse, mostly-rejected probes on chat prompts ran at 0.85x plain.
+
     Attributes:
-        verify_slope: extra cost of each extra token in a verify forward. 0.15 is a rounded-up
-            measurement on a 2-core CPU with SmolLM2-135M (a 9-token forward costs about 2 single
-            ones at minimum, more under load; REFERENCES.md gives ~0.1 for CPU). A larger slope makes
-            the policy more reluctant to draft, never less safe.
+        verify_slope: extra cost of each draft in a verify forward (0.08, fitted over n = 2..16).
+        verify_overhead: fixed extra cost of any verify forward with at least one draft (0.6).
+            Larger values make the policy more reluctant to draft (it then needs a higher
+            acceptance rate and longer proposals), never less safe: outputs do not depend on it.
         draft_cost: cost of drafting one token (the drafter's ``cost_per_token``).
+
+    Raises:
+        ValueError: a negative field (name and value in the message).
     """
 
-    verify_slope: float = 0.15
+    verify_slope: float = 0.08
     draft_cost: float = 0.0
+    verify_overhead: float = 0.6
 
     def __post_init__(self) -> None:
-        if not (self.verify_slope >= 0 and self.draft_cost >= 0):
-            raise ValueError(
-                f"CostModel needs verify_slope >= 0 and draft_cost >= 0, got {self.verify_slope}, {self.draft_cost}"
-            )
+        for name in ("verify_slope", "draft_cost", "verify_overhead"):
+            v = getattr(self, name)
+            if not v >= 0:
+                raise ValueError(f"CostModel needs {name} >= 0, got {v}; pass a non-negative cost in forward units")
 
     def round_cost(self, k: int, include_draft: bool = True) -> float:
         """Cost of drafting k tokens (unless sunk) and verifying them in one forward of k+1 tokens."""
-        return 1.0 + self.verify_slope * k + (k * self.draft_cost if include_draft else 0.0)
+        if k <= 0:
+            return 1.0
+        return 1.0 + self.verify_overhead + self.verify_slope * k + (k * self.draft_cost if include_draft else 0.0)
 
 
 class DraftLengthPolicy:
@@ -148,7 +169,8 @@ class DraftLengthPolicy:
 
     Each round it asks for the k in ``0..min(k_max, limit)`` that maximises :meth:`value`. When that
     is 0 (drafting does not pay) it falls back to plain decoding for ``backoff`` rounds, then lets
-    the (meanwhile decayed) evidence decide again: a probe. Each fallback doubles ``backoff`` (4, 8,
+    the evidence decide again from the prior (the counts are cleared when the fallback ends; with the
+    CPU cost step a merely decayed estimate needed ~16 more rounds to clear the threshold): a probe. Each fallback doubles ``backoff`` (4, 8,
     ... up to 64 rounds) and a fully accepted round resets it, so a drafter that never pays costs at
     most a few probes of 1-3 drafts per hundred tokens. Deterministic: the same sequence of
     ``observe`` calls gives the same sequence of ``plan`` answers on any machine under any load.
@@ -157,8 +179,8 @@ class DraftLengthPolicy:
         k_max: upper bound on drafts per round (>= 0).
         cost: the cost model (forward-pass units).
         alpha_prior: prior per-draft acceptance rate, worth ``prior_strength`` pseudo-drafts.
-        decay: per-round decay of the acceptance evidence (recent rounds weigh more; while not
-            drafting the estimate drifts back to the prior, which lets a later probe happen).
+        decay: per-round decay of the acceptance evidence (recent rounds weigh more); the evidence
+            is cleared at the end of each fallback, so the next round probes from the prior.
         backoff: plain rounds after the first fallback; ``max_backoff`` caps the doubling.
 
     Raises:
@@ -201,7 +223,8 @@ class DraftLengthPolicy:
         """One-line description recorded in ``GenerationResult.draft_policy``."""
         c = self.cost
         return (
-            f"counts(k_max={self.k_max}, verify_slope={c.verify_slope:g}, draft_cost={c.draft_cost:g}, "
+            f"counts(k_max={self.k_max}, verify_overhead={c.verify_overhead:g}, verify_slope={c.verify_slope:g}, "
+            f"draft_cost={c.draft_cost:g}, "
             f"alpha_prior={self.alpha_prior:g}, decay={self.decay:g}, "
             f"backoff={self.first_backoff}..{self.max_backoff})"
         )
@@ -245,6 +268,8 @@ class DraftLengthPolicy:
         self.rejected *= self.decay
         if self.waiting > 0:
             self.waiting -= 1
+            if self.waiting == 0:  # the fallback is over: probe from the prior, not from stale evidence
+                self.accepted = self.rejected = 0.0
         if n_drafted > 0:
             self.accepted += n_accepted
             self.rejected += 1.0 if n_accepted < n_drafted else 0.0
@@ -287,6 +312,9 @@ def _prefill(run: _Decode) -> DynamicCache:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=run.model.config)
+    # sliding-window layers (Gemma 2/3, Mistral) drop keys beyond the window at once and then refuse
+    # ``crop`` (RuntimeError); recording the past keeps them until the round's crop in _commit
+    cache.activate_past_recording()  # type: ignore[no-untyped-call]  # untyped in transformers
     if len(run.prompt) > 1:
         x = torch.tensor([run.prompt[:-1]], dtype=torch.long, device=run.device)
         run.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
@@ -343,8 +371,8 @@ def _verify_step(
 def _commit(run: _Decode, cache: DynamicCache, drafts: torch.Tensor, n_acc: int) -> None:
     """Roll the rejected drafts out of the KV cache and record the round's counts."""
     nd = int(drafts.numel())
-    if nd > n_acc:
-        cache.crop(-(nd - n_acc))
+    # always crop: ``crop(0)`` is a no-op on full layers and trims recorded sliding-window layers to the window
+    cache.crop(-(nd - n_acc))
     if run.policy is not None:
         run.policy.observe(n_acc, nd)
     run.n_drafted += nd

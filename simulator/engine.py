@@ -56,19 +56,24 @@ def bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
 
 
 def build_vocab_bytes(tokenizer: Any) -> list[bytes]:
     """Exact bytes of every token id ``[V]`` (index = token id).
 
     Byte-level BPE token strings (``Ġ`` = space, ...) are mapped through the inverse of
-    :func:`bytes_to_unicode`; added/special tokens (``<|im_end|>``) are their UTF-8 text. Tokens
-    whose string is not byte-level (another tokenizer family) fall back to ``decode([id])``.
+    :func:`bytes_to_unicode`; SentencePiece ones (Gemma, Llama 2: ``▁`` = space, byte fallback
+    ``<0xNN>``) are their UTF-8 text with ``▁`` -> space and ``<0xNN>`` -> byte NN (the GPT-2 map
+    would turn ``é`` into byte 0xE9); added/special tokens (``<|im_end|>``) are their UTF-8 text.
+    Tokens whose string is not byte-level (another tokenizer family) fall back to ``decode([id])``.
+    Agrees with the auditor's ``probes.align.ByteVocab``.
     """
     dec = {c: b for b, c in bytes_to_unicode().items()}
     n = len(tokenizer)
     toks = tokenizer.convert_ids_to_tokens(list(range(n)))
+    probe = tokenizer.convert_ids_to_tokens(tokenizer.encode(" a\n", add_special_tokens=False))
+    spm = any(p is not None and ("\u2581" in p or p == "<0x0A>") for p in probe)
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
     out: list[bytes] = []
@@ -78,6 +83,11 @@ def build_vocab_bytes(tokenizer: Any) -> list[bytes]:
             continue
         if i in special or i in added:
             out.append(s.encode("utf-8"))
+            continue
+        if spm:
+            is_byte = len(s) == 6 and s.startswith("<0x") and s.endswith(">") and all(c in "0123456789abcdefABCDEF" for c in s[3:5])
+            hexbyte = s[3:5] if is_byte else None
+            out.append(bytes([int(hexbyte, 16)]) if hexbyte else s.replace("\u2581", " ").encode("utf-8"))
             continue
         try:
             out.append(bytes(dec[c] for c in s))
@@ -159,6 +169,7 @@ class ServedModel(torch.nn.Module):
             if pos_ids is not None:
                 positions = pos_ids[:, -n_out:].cpu()
             else:
+                assert input_ids is not None  # without position_ids the caller passes input_ids
                 n_in = input_ids.shape[1]
                 positions = (torch.arange(past + n_in - n_out, past + n_in)).unsqueeze(0).expand(logits.shape[0], -1)
             noise = self._noise(positions, logits.shape[-1], logits.device)
@@ -248,6 +259,7 @@ def build_served_model(profile: Profile, lm: Any, copy_model: bool = True) -> tu
     if profile.substitute_layers is not None:
         n_total = len(model.model.layers)
         keep = resolve_substitute_layers(profile, n_total)
+        assert keep is not None  # substitute_layers is set
         prune_layers_(model, keep)
     if profile.weight_quant:
         from simulator.quantize import quantize_model_weights
@@ -499,8 +511,8 @@ class SimulatorEngine:
         Raises:
             ValueError: invalid arguments (from the reference loop).
         """
-        from simulator.verifiers import make_verifier
         from reference.speculative import speculative_generate
+        from simulator.verifiers import make_verifier
 
         if seed is None or self.profile.ignore_seed:  # ignore_seed: compliance fault (issue 13)
             seed = self.next_seed()

@@ -37,6 +37,7 @@ exactly by the lossy acceptance rule. This keeps relaxed acceptance active on ev
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -65,6 +66,55 @@ def _sample_without(pi: torch.Tensor, d: int, generator: torch.Generator | None)
     if float(rest.sum()) <= 0.0:
         return int(d)
     return sample_from(rest, generator)
+
+
+def _relaxed_verify(
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    draft_ids: torch.Tensor,
+    generator: torch.Generator | None,
+    greedy: bool,
+    *,
+    rule_applies: bool,
+    ideal_fallback: bool,
+    accept: Callable[[torch.Tensor, int], bool],
+    on_reject: Callable[[torch.Tensor, int], int],
+    bonus: Callable[[torch.Tensor], int],
+) -> VerifyResult:
+    """Verify a draft chain under a relaxed rule, or strictly where the rule does not apply.
+
+    The ``verify`` shared by the lossy verifiers (``Verifier`` protocol arguments first).
+
+    Args:
+        p: target distribution ``[k+1, V]`` float.
+        q: draft distribution ``[k, V]`` or None (used by the strict path of sampling requests).
+        draft_ids: the k draft token ids ``[k]`` int64.
+        generator: source of every random draw.
+        greedy: the request is greedy (T = 0).
+        rule_applies: False: verify strictly (``reference.verify.verify_drafts``) instead.
+        ideal_fallback: with k = 0, draw a stand-in draft d ~ p[0] and test it like a real one.
+        accept: ``(p_i [V], d) -> bool``, whether draft d is accepted at position i.
+        on_reject: ``(p_i [V], d) -> token`` emitted at the first rejection.
+        bonus: ``p_k [V] -> token`` emitted after every draft was accepted.
+
+    Returns:
+        ``VerifyResult(accepted drafts, emitted token)``; calls are made in chain order, so every
+        random draw comes from ``generator`` in the same order as a hand-written loop.
+
+    Raises:
+        ValueError: ``p`` is not ``[k+1, V]``.
+    """
+    drafts = _drafts(draft_ids)
+    _check(p, drafts)
+    if not rule_applies:
+        return verify_drafts(p, None if greedy else q, draft_ids, generator, greedy=greedy)
+    if not drafts and ideal_fallback:
+        d = sample_from(p[0], generator)
+        return VerifyResult(0, d if accept(p[0], d) else on_reject(p[0], d))
+    for i, d in enumerate(drafts):
+        if not accept(p[i], d):
+            return VerifyResult(i, on_reject(p[i], d))
+    return VerifyResult(len(drafts), bonus(p[len(drafts)]))
 
 
 class RelaxedThresholdVerifier:
@@ -105,19 +155,14 @@ class RelaxedThresholdVerifier:
 
     def verify(self, p, q, draft_ids, generator, greedy) -> VerifyResult:
         """Relaxed verification of a chain of drafts (q is ignored: SGLang's target-only rule)."""
-        drafts = _drafts(draft_ids)
-        _check(p, drafts)
-        if greedy:
-            return verify_drafts(p, None, draft_ids, generator, greedy=True)
-        if not drafts and self.ideal_fallback:
-            d = sample_from(p[0], generator)
-            if self._one(p[0], d, generator):
-                return VerifyResult(0, d)
-            return VerifyResult(0, _sample_without(p[0], d, generator))
-        for i, d in enumerate(drafts):
-            if not self._one(p[i], d, generator):
-                return VerifyResult(i, _sample_without(p[i], d, generator))
-        return VerifyResult(len(drafts), sample_from(p[len(drafts)], generator))
+        return _relaxed_verify(
+            p, q, draft_ids, generator, greedy,
+            rule_applies=not greedy,
+            ideal_fallback=self.ideal_fallback,
+            accept=lambda pi, d: self._one(pi, d, generator),
+            on_reject=lambda pi, d: _sample_without(pi, d, generator),
+            bonus=lambda pi: sample_from(pi, generator),
+        )
 
 
 def entropy_nats(pi: torch.Tensor) -> float:
@@ -151,19 +196,14 @@ class TypicalAcceptanceVerifier:
 
     def verify(self, p, q, draft_ids, generator, greedy) -> VerifyResult:
         """Typical acceptance of a chain: deterministic accept test, argmax on rejection, bonus ~ p."""
-        drafts = _drafts(draft_ids)
-        _check(p, drafts)
-        if greedy:
-            return verify_drafts(p, None, draft_ids, generator, greedy=True)
-        if not drafts and self.ideal_fallback:
-            d = sample_from(p[0], generator)
-            if float(p[0, d]) > self.threshold(p[0]):
-                return VerifyResult(0, d)
-            return VerifyResult(0, int(p[0].argmax()))
-        for i, d in enumerate(drafts):
-            if not float(p[i, d]) > self.threshold(p[i]):
-                return VerifyResult(i, int(p[i].argmax()))
-        return VerifyResult(len(drafts), sample_from(p[len(drafts)], generator))
+        return _relaxed_verify(
+            p, q, draft_ids, generator, greedy,
+            rule_applies=not greedy,
+            ideal_fallback=self.ideal_fallback,
+            accept=lambda pi, d: float(pi[d]) > self.threshold(pi),
+            on_reject=lambda pi, d: int(pi.argmax()),
+            bonus=lambda pi: sample_from(pi, generator),
+        )
 
 
 class GreedyVerifyVerifier:
@@ -260,17 +300,14 @@ class GreedyRelaxedVerifier:
 
     def verify(self, p, q, draft_ids, generator, greedy) -> VerifyResult:
         """Relaxed greedy chain for greedy requests (see class doc); strict for sampling."""
-        drafts = _drafts(draft_ids)
-        _check(p, drafts)
-        if not greedy:
-            return verify_drafts(p, q, draft_ids, generator, greedy=False)
-        if not drafts and self.ideal_fallback:
-            d = sample_from(p[0], generator)
-            return VerifyResult(0, d if self.accepts(p[0], d) else int(p[0].argmax()))
-        for i, d in enumerate(drafts):
-            if not self.accepts(p[i], d):
-                return VerifyResult(i, int(p[i].argmax()))
-        return VerifyResult(len(drafts), int(p[len(drafts)].argmax()))
+        return _relaxed_verify(
+            p, q, draft_ids, generator, greedy,
+            rule_applies=greedy,
+            ideal_fallback=self.ideal_fallback,
+            accept=self.accepts,
+            on_reject=lambda pi, d: int(pi.argmax()),
+            bonus=lambda pi: int(pi.argmax()),
+        )
 
 
 def make_verifier(profile: Profile, request_seed: int | None = None) -> Verifier:

@@ -29,16 +29,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from auditor.store.models import (
-    AuditRun,
-    CalibrationResult,
-    DetectorResultRow,
-    NormalizedToken,
-    Probe,
-    ProbeAttempt,
-    Provider,
-    VerdictRow,
-)
+from auditor.store import models as orm
 
 __all__ = ["DEMO_PROVIDERS", "HOSTILE_TOKEN", "seed_demo"]
 
@@ -199,7 +190,7 @@ def seed_demo(
         return vocab.setdefault(text, 1000 + len(vocab))
 
     for p_index, (name, prof) in enumerate(DEMO_PROVIDERS.items()):
-        provider = Provider(
+        provider = orm.Provider(
             name=name,
             base_url=f"http://127.0.0.1:{8101 + p_index}/v1",
             model=_MODEL,
@@ -233,7 +224,7 @@ def seed_demo(
             audits = 200
             half = 1.96 * (rate * (1 - rate) / audits) ** 0.5 + 0.5 / audits
             session.add(
-                CalibrationResult(
+                orm.CalibrationResult(
                     model=_MODEL,
                     profile=profile,
                     budget_tokens=20000,
@@ -254,7 +245,7 @@ def _seed_run(
     session: Session,
     rng: random.Random,
     tid: Callable[[str], int],
-    provider: Provider,
+    provider: orm.Provider,
     name: str,
     prof: dict[str, Any],
     verdict: str | None,
@@ -270,7 +261,7 @@ def _seed_run(
         prof["chunk_weights"] if degraded or name == "sim-honest" else DEMO_PROVIDERS["sim-honest"]["chunk_weights"]
     )
     failed = verdict is None
-    run = AuditRun(
+    run = orm.AuditRun(
         provider_id=provider.id,
         provider_name=name,
         model=_MODEL,
@@ -335,7 +326,7 @@ def _seed_run(
         prompt_tokens += n_prompt
         completion_tokens += len(tokens)
         stream = mode != "sampling"
-        probe = Probe(
+        probe = orm.Probe(
             run_id=run.id,
             probe_key=f"{pid}-01#0",
             workload=pid,
@@ -365,7 +356,7 @@ def _seed_run(
             all_chunks.extend(chunks)
         ttft = jitter(prof["ttft_s"], 0.2)
         session.add(
-            ProbeAttempt(
+            orm.ProbeAttempt(
                 probe_id=probe.id,
                 run_id=run.id,
                 attempt_no=1,
@@ -386,7 +377,7 @@ def _seed_run(
         for pos, (tok, lp) in enumerate(zip(tokens, logprobs, strict=True)):
             top = [[tok, lp]] + [[alt, round(lp - 1.5 - k, 4)] for k, alt in enumerate(_ALT[:4])]
             session.add(
-                NormalizedToken(
+                orm.NormalizedToken(
                     probe_id=probe.id,
                     position=pos,
                     token=tok,
@@ -471,7 +462,7 @@ def _seed_run(
         adjusted[i] = running
     for i, (dname, stat, p, eff, n, ev) in enumerate(raw):
         session.add(
-            DetectorResultRow(
+            orm.DetectorResultRow(
                 run_id=run.id,
                 name=dname,
                 statistic=round(stat, 4),
@@ -490,7 +481,7 @@ def _seed_run(
     reason = _REASONS[verdict].format(kl=kl, floor=_NOISE_FLOOR, p=p_min, rate=mismatch)
     run.verdict_reason = reason
     session.add(
-        VerdictRow(
+        orm.VerdictRow(
             run_id=run.id,
             verdict=verdict,
             reason=reason,

@@ -161,7 +161,7 @@ def register(app: typer.Typer) -> None:
             try:
                 n = cal.store_results(run, db)
                 say(f"stored {n} rows in calibration_results")
-            except Exception as exc:  # noqa: BLE001 - report, the files are written already
+            except Exception as exc:  # report it: the files are written already
                 typer.echo(f"warning: could not store results in the database: {exc}", err=True)
         records = run.to_json_list()
         if as_json:

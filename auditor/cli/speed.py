@@ -18,17 +18,7 @@ from pathlib import Path
 
 import typer
 
-from auditor.cli.common import CONFIG_HELP, DB_HELP, fail
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        fail(f"--concurrency {text!r}: give comma-separated integers, e.g. 1,4,16")
-    if not out or min(out) < 1:
-        fail(f"--concurrency {text!r}: give levels >= 1, e.g. 1,4,16")
-    return out
+from auditor.cli.common import CONFIG_HELP, DB_HELP, fail, positive_ints
 
 
 def register(app: typer.Typer) -> None:
@@ -63,7 +53,7 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = get_provider(provider, config)
             plan = plan_speed(cfg, workloads=[w.strip() for w in workloads.split(",") if w.strip()],
-                              concurrency=_levels(concurrency), requests_per_cell=requests_per_cell,
+                              concurrency=positive_ints(concurrency, "--concurrency", "1,4,16"), requests_per_cell=requests_per_cell,
                               max_tokens=max_tokens, budget_tokens=budget_tokens)
         except (ConfigError, SpeedError) as e:
             fail(str(e))

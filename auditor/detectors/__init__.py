@@ -195,6 +195,52 @@ _REF_SAMPLED = (
 )
 _OWN_SAMPLED = "T = 1, aligned token, trusted provider top_logprobs (listed support + tail bucket)"
 
+#: Power family and target of each sampling test kind (the same for the reference and self tests).
+_SAMPLING_POWER: Mapping[TestKind, tuple[PowerFamily | None, PowerTarget | None]] = MappingProxyType(
+    {
+        TestKind.PIT: (None, None),
+        TestKind.ARGMAX: (PowerFamily.ACCEPTANCE, _ARGMAX_EXCESS),
+        TestKind.TAIL: (PowerFamily.TRUNCATION, _TAIL_RATIO),
+    }
+)
+
+
+def _sampling_spec(
+    name: DetectorName,
+    fn: DetectorFn,
+    test: TestKind,
+    causes: tuple[str, ...],
+    *,
+    own: bool,
+    description: str,
+    implication: str,
+    finding: str,
+    positions_note: str = "",
+) -> DetectorSpec:
+    """A sampling-mode registry entry: what follows from reading the reference's rows (``own=False``)
+    or the provider's own top_logprobs (``own=True``), and from the test kind (power family and target).
+
+    ``positions_note`` is appended to the positions text; the other arguments are
+    :class:`DetectorSpec` fields.
+    """
+    family, target = _SAMPLING_POWER[test]
+    return DetectorSpec(
+        name,
+        fn,
+        description,
+        needs_reference=not own,
+        needs_top_logprobs=own,
+        mode=Mode.SAMPLING,
+        test=test,
+        positions=(_OWN_SAMPLED if own else _REF_SAMPLED) + positions_note,
+        causes=causes,
+        implication=implication,
+        finding=finding,
+        power_family=family,
+        power_target=target,
+    )
+
+
 #: The registry, in a fixed order (``run_detectors`` derives each detector's seed from its index:
 #: append new detectors at the end so that existing seeds do not move).
 DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
@@ -231,95 +277,42 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                 power_family=PowerFamily.MODEL,
                 power_target=_KL_RATIO,
             ),
-            DetectorSpec(
-                DetectorName.SAMPLING_GOF,
-                sampling_gof,
-                "sampled tokens: randomized PIT uniformity (Cramér–von Mises)",
-                needs_reference=True,
-                needs_top_logprobs=False,
-                mode=Mode.SAMPLING,
-                test=TestKind.PIT,
-                positions=_REF_SAMPLED,
-                causes=(_R, _Q),
+            _sampling_spec(
+                DetectorName.SAMPLING_GOF, sampling_gof, TestKind.PIT, (_R, _Q), own=False,
+                description="sampled tokens: randomized PIT uniformity (Cramér–von Mises)",
                 implication="sampled tokens do not follow the reference distribution",
                 finding="sampled tokens do not follow the reference distribution",
-                power_family=None,
-                power_target=None,
             ),
-            DetectorSpec(
-                DetectorName.SAMPLING_ARGMAX,
-                sampling_argmax,
-                "sampled tokens: argmax over-emission (relaxed acceptance)",
-                needs_reference=True,
-                needs_top_logprobs=False,
-                mode=Mode.SAMPLING,
-                test=TestKind.ARGMAX,
-                positions=_REF_SAMPLED + "; tested where p(argmax) >= ARGMAX_TEST_MIN_P",
-                causes=(_R, _D),
+            _sampling_spec(
+                DetectorName.SAMPLING_ARGMAX, sampling_argmax, TestKind.ARGMAX, (_R, _D), own=False,
+                description="sampled tokens: argmax over-emission (relaxed acceptance)",
+                positions_note="; tested where p(argmax) >= ARGMAX_TEST_MIN_P",
                 implication="argmax over-emitted (relaxed acceptance, or greedy serving)",
                 finding="the argmax is over-emitted when sampling (relaxed acceptance, or greedy serving)",
-                power_family=PowerFamily.ACCEPTANCE,
-                power_target=_ARGMAX_EXCESS,
             ),
-            DetectorSpec(
-                DetectorName.SAMPLING_TAIL,
-                sampling_tail,
-                "sampled tokens: low-probability tail deficit (truncated sampling)",
-                needs_reference=True,
-                needs_top_logprobs=False,
-                mode=Mode.SAMPLING,
-                test=TestKind.TAIL,
-                positions=_REF_SAMPLED,
-                causes=(_D, _R, _Q),
+            _sampling_spec(
+                DetectorName.SAMPLING_TAIL, sampling_tail, TestKind.TAIL, (_D, _R, _Q), own=False,
+                description="sampled tokens: low-probability tail deficit (truncated sampling)",
                 implication="low-probability tail under-emitted (truncated sampling)",
                 finding="the low-probability tail is under-emitted (truncated sampling)",
-                power_family=PowerFamily.TRUNCATION,
-                power_target=_TAIL_RATIO,
             ),
-            DetectorSpec(
-                DetectorName.SELF_GOF,
-                self_gof,
-                "sampled tokens vs own logprobs: randomized PIT uniformity",
-                needs_reference=False,
-                needs_top_logprobs=True,
-                mode=Mode.SAMPLING,
-                test=TestKind.PIT,
-                positions=_OWN_SAMPLED,
-                causes=(_R,),
+            _sampling_spec(
+                DetectorName.SELF_GOF, self_gof, TestKind.PIT, (_R,), own=True,
+                description="sampled tokens vs own logprobs: randomized PIT uniformity",
                 implication="sampled tokens do not follow the provider's own reported distribution",
                 finding="sampled tokens do not follow the provider's own reported distribution",
-                power_family=None,
-                power_target=None,
             ),
-            DetectorSpec(
-                DetectorName.SELF_ARGMAX,
-                self_argmax,
-                "sampled tokens vs own logprobs: top-1 over-emission",
-                needs_reference=False,
-                needs_top_logprobs=True,
-                mode=Mode.SAMPLING,
-                test=TestKind.ARGMAX,
-                positions=_OWN_SAMPLED,
-                causes=(_R, _D),
+            _sampling_spec(
+                DetectorName.SELF_ARGMAX, self_argmax, TestKind.ARGMAX, (_R, _D), own=True,
+                description="sampled tokens vs own logprobs: top-1 over-emission",
                 implication="own top-1 over-emitted (relaxed acceptance)",
                 finding="the provider's own top-1 is over-emitted when sampling",
-                power_family=PowerFamily.ACCEPTANCE,
-                power_target=_ARGMAX_EXCESS,
             ),
-            DetectorSpec(
-                DetectorName.SELF_TAIL,
-                self_tail,
-                "sampled tokens vs own logprobs: tail deficit",
-                needs_reference=False,
-                needs_top_logprobs=True,
-                mode=Mode.SAMPLING,
-                test=TestKind.TAIL,
-                positions=_OWN_SAMPLED,
-                causes=(_D, _R),
+            _sampling_spec(
+                DetectorName.SELF_TAIL, self_tail, TestKind.TAIL, (_D, _R), own=True,
+                description="sampled tokens vs own logprobs: tail deficit",
                 implication="own tail under-emitted (truncated sampling)",
                 finding="the provider's own tail is under-emitted",
-                power_family=PowerFamily.TRUNCATION,
-                power_target=_TAIL_RATIO,
             ),
             DetectorSpec(
                 DetectorName.SELF_GREEDY,

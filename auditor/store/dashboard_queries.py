@@ -32,7 +32,6 @@ dashboard then shows the id) unless the evidence carries ``ref_top5_tokens`` its
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -51,6 +50,7 @@ from auditor.store.models import (
     Schedule,
     VerdictRow,
 )
+from auditor.util import finite as _num
 
 __all__ = [
     "SUMMARY_KEYS",
@@ -98,17 +98,6 @@ _REQUIRED_TABLES = ("audit_runs", "detector_results", "verdicts", "probes")
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def _num(value: Any) -> float | None:
-    """A finite float, or None for missing/non-numeric/NaN/inf values."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _as_utc_start(value: dt.date | dt.datetime | None) -> dt.datetime | None:

@@ -119,7 +119,7 @@ def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
         kwargs["pool_pre_ping"] = True
     try:
         engine = create_engine(u, **kwargs)
-    except Exception as exc:
+    except Exception as exc:  # missing DBAPI driver etc.
         raise StoreError(
             f"cannot use the database URL {redact_url(url)} (from --db or ${ENV_DB_URL}): {exc}. "
             "Fix: use a SQLAlchemy URL with an installed driver, e.g. sqlite:///path/auditor.db or "

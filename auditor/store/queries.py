@@ -37,6 +37,7 @@ from auditor.store.models import (
     new_run_id,
     utcnow,
 )
+from auditor.util import finite as _finite
 
 # ---------------------------------------------------------------------------------------------
 # Sanitizing helpers
@@ -102,16 +103,6 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, dt.datetime | dt.date):
         return obj.isoformat()
     return str(obj)
-
-
-def _finite(x: Any) -> float | None:
-    if x is None:
-        return None
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:

@@ -13,11 +13,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.server_process import stop_process, wait_until_up
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,26 +57,10 @@ def dashboard_server(seeded, tmp_path):
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"dashboard exited with {proc.returncode}: {(tmp_path / 'streamlit.log').read_text()}")
-            try:
-                if httpx.get(f"{base}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("dashboard did not become healthy within 90 s")
-            time.sleep(0.5)
+        wait_until_up(proc, f"{base}/_stcore/health", timeout_s=90, log=(tmp_path / "streamlit.log").read_text)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
 
 

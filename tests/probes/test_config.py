@@ -135,12 +135,20 @@ def test_echo_needs_completions() -> None:
         ProviderConfig(name="a", base_url="http://x/v1", model="m", capabilities=Capabilities(echo=True))
 
 
-def test_every_field_documented() -> None:
+def _parse_config_module():  # at collection time: see the note in tests/test_layering.py (gh-106905)
     import ast
     import inspect
 
-    src = inspect.getsource(cfgmod)
-    tree = ast.parse(src)
+    return ast.parse(inspect.getsource(cfgmod))
+
+
+_CONFIG_TREE = _parse_config_module()
+
+
+def test_every_field_documented() -> None:
+    import ast
+
+    tree = _CONFIG_TREE
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name in {"ProviderConfig", "Capabilities", "RateLimits", "Pricing", "RetryPolicy"}:
             body = node.body

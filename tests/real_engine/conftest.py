@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.server_process import stop_process, wait_until_up
 
 ENGINE_VERSION = "0.3.36"
 
@@ -63,25 +63,10 @@ def llama_server(gguf_path, tmp_path_factory) -> Iterator[str]:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama.cpp server exited ({proc.returncode}): {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama.cpp server did not come up in 120 s: {log.read_text()[-2000:]}")
-            time.sleep(1)
+        wait_until_up(proc, f"{base}/models", timeout_s=120, poll_s=1, log=lambda: log.read_text()[-2000:])
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
 
 
 @pytest.fixture(scope="session")

@@ -219,6 +219,23 @@ def test_draft_length_policy_cost_model():
         DraftLengthPolicy(k_max=-1)
     with pytest.raises(ValueError, match="verify_slope"):
         CostModel(verify_slope=-0.1)
+    with pytest.raises(ValueError, match="verify_overhead"):
+        CostModel(verify_overhead=-0.5)
+
+
+def test_cost_model_prices_the_step_from_one_to_two_tokens():
+    """A CPU forward jumps from n=1 (matrix-vector) to n>=2 (matrix-matrix): a lone draft at the prior
+    acceptance rate must not be verified, while a long well-accepted proposal still is (issue 15)."""
+    c = CostModel()
+    assert c.round_cost(0) == 1.0 and c.round_cost(1) >= 1.5 and c.round_cost(8) < 1.0 + 0.15 * 8 + 0.6
+    prior = DraftLengthPolicy(k_max=8)
+    assert prior.truncate(1) == 0 < prior.truncate(8)  # 1.6 tokens for ~1.7 forwards does not pay
+    linear = DraftLengthPolicy(k_max=8, cost=CostModel(verify_slope=0.15, verify_overhead=0.0))
+    assert linear.truncate(1) == 1  # the old linear model verified it (the chat-prompt slowdown)
+    sure = DraftLengthPolicy(k_max=8)
+    for _ in range(30):
+        sure.observe(3, 3)
+    assert sure.truncate(1) == 1 and sure.plan(8) == 8
 
 
 def test_policy_falls_back_to_plain_and_probes_again(tiny_lm, prompt_ids, plain):

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
 from auditor.cli import app
+from tests.server_process import stop_process, wait_until_up
 
 
 def test_list_profiles():
@@ -50,25 +49,13 @@ def test_serve_process_answers_official_client(tiny_lm, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"},
     )
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.5)
+        # the log is the process's stdout pipe: read it only once the process has exited (else it blocks)
+        wait_until_up(proc, f"http://127.0.0.1:{port}/health", timeout_s=180,
+                      log=lambda: proc.stdout.read() if proc.poll() is not None else "")
         with OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60) as c:
             assert [m.id for m in c.models.list().data] == ["acme-1"]
             r = c.chat.completions.create(model="acme-1", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                           temperature=1.0, logprobs=True, top_logprobs=3)
             assert r.choices[0].logprobs.content and r.usage.completion_tokens >= 1
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
