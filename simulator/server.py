@@ -396,6 +396,8 @@ def create_app(
                                   headers=hdr), kind
         if kind == "slow":
             await asyncio.sleep(sim.faults.delay_s)
+            if await request.is_disconnected():  # the client gave up during the delay
+                return Response(status_code=499), kind
         if kind == "malformed" and not stream:
             return Response('{"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": ',
                             media_type="application/json", headers=hdr), kind
@@ -526,8 +528,6 @@ def create_app(
         fault_resp, kind = await fault_gate(request, req.stream)
         if fault_resp is not None:
             return fault_resp
-        if kind == "slow" and await request.is_disconnected():
-            return Response(status_code=499)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
 
@@ -616,8 +616,6 @@ def create_app(
         fault_resp, kind = await fault_gate(request, req.stream)
         if fault_resp is not None:
             return fault_resp
-        if kind == "slow" and await request.is_disconnected():
-            return Response(status_code=499)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         plp: dict[int, list[dict | None]] = {}
