@@ -1,0 +1,102 @@
+"""JUnit XML rendering of an :class:`~auditor.report.AuditReport` (moved out of ``auditor.report``).
+
+Re-exported as ``auditor.report.render_junit``; import it from there.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from auditor.report import AuditReport
+
+__all__ = ["render_junit"]
+
+
+def render_junit(report: AuditReport) -> str:
+    """JUnit XML: a ``testsuite`` per audit, a ``testcase`` per detector and one for the verdict."""
+    from auditor.report import IMPLICATIONS, _evidence_rows, _failure_line, _fmt_effect, _fmt_p
+
+    r = report
+    ran = [d for d in r.detectors if d.get("ran")]
+    checks = r.preflight_checks
+    causes = r.secondary_causes
+    failures = (sum(1 for d in ran if d.get("rejects")) + (1 if r.exit_code == 1 else 0) + len(causes)
+                + sum(1 for c in checks if c.get("passed") is False))
+    skipped = sum(1 for d in r.detectors if not d.get("ran")) + sum(1 for c in checks if c.get("passed") is None)
+    errors = 1 if r.exit_code == 2 else 0
+    suites = ET.Element("testsuites", name="spec-auditor")
+    ts = ET.SubElement(
+        suites,
+        "testsuite",
+        name=f"spec-auditor.{r.provider}",
+        tests=str(len(r.detectors) + 1 + len(causes) + len(checks)),
+        failures=str(failures),
+        errors=str(errors),
+        skipped=str(skipped),
+        time=f"{(r.wall_s or 0.0):.3f}",
+        timestamp=str(r.started_at or ""),
+    )
+    props = ET.SubElement(ts, "properties")
+    for k, v in (
+        ("run_id", r.run_id),
+        ("provider", r.provider),
+        ("model", r.model),
+        ("verdict", r.verdict),
+        ("alpha", r.alpha),
+        ("suite", f"{r.suite} v{r.suite_version}"),
+        ("reference", f"{(r.reference or {}).get('model')}@{(r.reference or {}).get('revision')}"),
+        ("tokens", (r.tokens or {}).get("total")),
+        ("cost_usd", r.cost_usd),
+    ):
+        ET.SubElement(props, "property", name=k, value="" if v is None else str(v))
+    cls = f"spec-auditor.{r.provider}"
+    for d in r.detectors:
+        tc = ET.SubElement(ts, "testcase", classname=cls, name=d["name"], time="0")
+        if not d.get("ran"):
+            ET.SubElement(tc, "skipped", message=str(d.get("reason") or "not run"))
+        elif d.get("rejects"):
+            f = ET.SubElement(
+                tc,
+                "failure",
+                type="rejects",
+                message=f"p_adjusted={_fmt_p(d.get('p_adjusted'))} <= alpha={r.alpha:g}: {IMPLICATIONS.get(d['name'], '')}",
+            )
+            f.text = json.dumps(
+                {"statistic": d.get("statistic"), "effect": d.get("effect"), "effect_ci": d.get("effect_ci"),
+                 "n": d.get("n"), "evidence": _evidence_rows(d, 3)},
+                ensure_ascii=False,
+                default=str,
+            )
+        else:
+            so = ET.SubElement(tc, "system-out")
+            so.text = f"p={_fmt_p(d.get('p_value'))} p_adjusted={_fmt_p(d.get('p_adjusted'))} effect={_fmt_effect(d)} n={d.get('n')}"
+    tc = ET.SubElement(ts, "testcase", classname=cls, name="verdict", time=f"{(r.wall_s or 0.0):.3f}")
+    if r.exit_code == 1:
+        ET.SubElement(tc, "failure", type=r.verdict, message=r.verdict_reason)
+    elif r.exit_code == 2:
+        ET.SubElement(tc, "error", type=r.verdict, message=r.verdict_reason)
+    else:
+        so = ET.SubElement(tc, "system-out")
+        so.text = r.verdict_reason
+    for c in causes:
+        tc = ET.SubElement(ts, "testcase", classname=cls, name=f"cause:{c.get('verdict')}:{c.get('rule')}", time="0")
+        f = ET.SubElement(tc, "failure", type=str(c.get("verdict")), message=str(c.get("reason")))
+        f.text = json.dumps(c.get("evidence") or [], ensure_ascii=False, default=str)
+    for c in checks:
+        tc = ET.SubElement(ts, "testcase", classname=f"{cls}.preflight", name=str(c.get("name")), time="0")
+        if c.get("passed") is None:
+            ET.SubElement(tc, "skipped", message=str(c.get("summary") or "not run"))
+        elif c.get("passed") is False:
+            f = ET.SubElement(tc, "failure", type=f"preflight-{c.get('kind')}", message=str(c.get("summary")))
+            f.text = json.dumps({k: c.get(k) for k in ("p_value", "statistic", "n", "evidence")}, ensure_ascii=False,
+                                default=str)
+        else:
+            ET.SubElement(tc, "system-out").text = str(c.get("summary"))
+    fl = _failure_line(r.provider_failures)
+    if fl:
+        ET.SubElement(props, "property", name="provider_failures", value=fl)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
