@@ -22,7 +22,9 @@ sequence of named stages, each in its own module:
    floor; intersection–union over the references; ``self-greedy`` on the provider's own logprobs.
 7. **Verdict → store** (``auditor.verdict.decide_verdict``, :mod:`auditor.summary`): the
    parameter-compliance pre-flight (:mod:`auditor.preflight`, sent once per run and stored in its
-   summary) and the run's probe failures join the detectors; Holm → verdict; detector results, verdict, the run summary and the aligned reference ids
+   summary) and the run's probe failures join the detectors, and, when the reference's tokenizer is
+   the claimed one, the tokenizer evidence (``auditor.evidence.tokenizer_mismatch``, rule 2t);
+   Holm → verdict; detector results, verdict, the run summary and the aligned reference ids
    (``normalized_tokens.ref_token_id``) written in one final transaction →
    :class:`auditor.report.AuditReport`.
 
@@ -254,11 +256,12 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
                               observations, tokenizer)
     pre = preflight_stage(store, run_id, config, tokenizer)  # issue 13: parameter pre-flight + provider failures
     ref0 = next(iter(ref.scorers), ref.dtype_label)
+    # cross-family substitution (rule 2t) is only provable against the claimed model's own tokenizer
+    tm = tokenizer_mismatch(observations, tokenizer, config.api) if ref.tokenizer_is_claimed else None
     verdict = decide_verdict(results + pre.detector_results(), opts.alpha,
                              floor=_deciding_floor(results, floors, ref0) if floors is not None else None,
-                             power=DEFAULT_POWER if opts.power is None else opts.power, **pre.verdict_kwargs())
-    if ref.tokenizer_is_claimed:
-        verdict = _tokenizer_substitution(verdict, tokenizer_mismatch(observations, tokenizer, config.api))
+                             power=DEFAULT_POWER if opts.power is None else opts.power, tokenizer_mismatch=tm,
+                             **pre.verdict_kwargs())
     verdict = _mark_not_tested(verdict, ref)
     n_pos = len(next(iter(batches.values()))) if batches else len(self_batch) if self_batch is not None else 0
     summary, tokens_extra = headline_summary(verdict.results, floors, ref0, observations,  # type: ignore[arg-type]
@@ -287,34 +290,6 @@ def _reference(config: ProviderConfig, opts: CheckOptions) -> ReferenceSetup:
     return resolve_reference(config.reference, claimed_model=config.model, config_path=opts.config_path,
                              dtypes=[opts.dtype] if opts.dtype else opts.reference_dtypes, device=opts.device,
                              models=opts.reference_models)
-
-
-def _tokenizer_substitution(verdict: Any, tm: Mapping[str, Any] | None) -> Any:
-    """SUBSTITUTION (rule ``2t-tokenizer``) when the provider's tokens prove another tokenizer
-    (:func:`auditor.evidence.tokenizer_mismatch`): an honest server of the claimed model cannot emit
-    a token outside its vocabulary, nor count a completions prompt differently. This holds whatever
-    the statistical detectors say (a cross-family model may even align well enough to look like
-    QUANTIZATION); the previous verdict is kept as a secondary cause."""
-    if not tm:
-        return verdict
-    parts = []
-    if "foreign_tokens" in tm["established"]:
-        ex = ", ".join(repr(t) for t in tm["foreign_tokens"][:6])
-        parts.append(f"{tm['n_foreign_distinct']} distinct token strings ({tm['n_foreign']} of {tm['n_checked']} "
-                     f"tokens and alternatives) do not exist in the claimed model's vocabulary, e.g. {ex}")
-    if "prompt_counts" in tm["established"]:
-        ex = ", ".join(f"{a} vs {b}" for a, b in tm["prompt_counts"][:4])
-        parts.append(f"the provider counts the prompt tokens differently on {tm['n_prompt_disagree']} of "
-                     f"{tm['n_prompt_checked']} completions prompts (provider vs claimed tokenizer: {ex})")
-    reason = "the provider uses another tokenizer than the claimed model's, so it serves another model: " + "; ".join(parts)
-    details = dict(verdict.details)
-    secondary = list(details.get("secondary_causes") or [])
-    if verdict.verdict not in ("PASS", "INCONCLUSIVE", "SUBSTITUTION"):
-        secondary.insert(0, {"verdict": verdict.verdict, "rule": details.get("rule"), "reason": verdict.reason,
-                             "evidence": []})
-    details.update(secondary_causes=secondary, rule="2t-tokenizer", tokenizer_mismatch=dict(tm),
-                   previous_verdict={"verdict": verdict.verdict, "reason": verdict.reason})
-    return dataclasses.replace(verdict, verdict="SUBSTITUTION", reason=reason, details=details)
 
 
 def _mark_not_tested(verdict: Any, ref: ReferenceSetup) -> Any:

@@ -53,18 +53,23 @@ def run_reference_detectors(
         DETECTORS,
         REFERENCE_DETECTORS,
         SELF_SAMPLING_DETECTORS,
+        Mode,
+        detectors_where,
         run_detectors,
     )
+
+    # the logprob tests compare with a floor measured on greedy continuations: like with like (T = 0)
+    logprob_names = [str(k) for k in detectors_where(mode=Mode.LOGPROB, needs_reference=True)]
+    other_names = [str(k) for k in REFERENCE_DETECTORS if k not in logprob_names]
+    self_greedy = [str(k) for k in detectors_where(mode=Mode.GREEDY, needs_reference=False)]
 
     out: dict[str, DetectorResult] = {}
     per_ref: dict[str, dict[str, DetectorResult]] = {}
     for r, batch in batches.items():
         floor = floors.floors.get(r) if floors is not None else None
-        names = [k for k in REFERENCE_DETECTORS if k != "logprob-divergence"]
-        res_all = run_detectors(batch, floor, names=names, seed=seed)
-        # the logprob floor is measured on greedy continuations: compare like with like (T = 0)
+        res_all = run_detectors(batch, floor, names=other_names, seed=seed)
         greedy = batch.subset(batch.temperatures <= LOGPROB_TEST_MAX_TEMPERATURE)
-        res_all += run_detectors(greedy, floor, names=["logprob-divergence"], seed=seed)
+        res_all += run_detectors(greedy, floor, names=logprob_names, seed=seed)
         for res in res_all:
             per_ref.setdefault(res.name, {})[r] = res
     for name, by in per_ref.items():
@@ -84,7 +89,7 @@ def run_reference_detectors(
         out[name] = replace(best, details=det)
     sb = self_batch if self_batch is not None else (next(iter(batches.values())) if batches else None)
     if sb is not None:
-        self_names = ["self-greedy"] + ([] if batches else list(SELF_SAMPLING_DETECTORS))
+        self_names = self_greedy + ([] if batches else [str(k) for k in SELF_SAMPLING_DETECTORS])
         lenient = floors.most_lenient() if floors is not None else None
         for res in run_detectors(sb, lenient, names=self_names, seed=seed):
             out[res.name] = res

@@ -16,7 +16,6 @@ reference distribution); alignment failures end a continuation and are counted.
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ import numpy as np
 
 from probes.align import AlignmentFailure, ByteVocab, align_to_reference
 from probes.align import _byte_vocab as _bv
+from probes.records import TokenRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.detectors import DetectorResult, EvidenceBatch
@@ -37,7 +37,6 @@ __all__ = [
     "EVIDENCE_CONTEXT_CHARS",
     "EvidenceIndex",
     "Observation",
-    "StoredToken",
     "build_evidence",
     "enrich_evidence",
     "load_observations",
@@ -49,26 +48,6 @@ __all__ = [
 EVIDENCE_CONTEXT_CHARS = 60
 
 
-@dataclass(frozen=True)
-class StoredToken:
-    """One provider token as stored in ``normalized_tokens`` (fields of ``probes.normalize.TokenRecord``).
-
-    Attributes:
-        index: position in the continuation; token: the string as reported.
-        bytes: authoritative bytes (None = not recoverable).
-        logprob: nats, None when censored/untrustworthy.
-        top_logprobs: alternatives ``(token, bytes | None, logprob | None)`` in the order given.
-        anomalies: per-token anomaly kinds (``retokenized`` for rebuilt tokens).
-    """
-
-    index: int
-    token: str
-    bytes: bytes | None
-    logprob: float | None
-    top_logprobs: list[tuple[str, builtins.bytes | None, float | None]] = field(default_factory=list)
-    anomalies: list[str] = field(default_factory=list)
-
-
 @dataclass
 class Observation:
     """One finished probe, read from the store and aligned to the reference tokenizer.
@@ -78,7 +57,7 @@ class Observation:
         temperature: requested temperature; top_p: requested top_p (1.0 when not sent).
         request: the JSON body sent.
         prompt_ids: reference prompt token ids (chat template applied for ``api = chat``).
-        tokens: :class:`StoredToken` list (bytes of alternatives included).
+        tokens: ``probes.records.TokenRecord`` list, as stored (bytes of alternatives included).
         ref_ids: reference continuation ids (teacher-forced), covering ``aligned_prefix`` tokens.
         spans: per provider token, ``(start, end)`` into ``ref_ids`` or None.
         one_to_one: per provider token, the single reference id or None.
@@ -95,7 +74,7 @@ class Observation:
     top_p: float
     request: dict[str, Any]
     prompt_ids: list[int]
-    tokens: list[StoredToken]
+    tokens: list[TokenRecord]
     ref_ids: list[int]
     spans: list[tuple[int, int] | None]
     one_to_one: list[int | None]
@@ -118,8 +97,13 @@ def _alt_bytes(hexes: Sequence[Any] | None, i: int, tok: str) -> bytes | None:
         return None
 
 
-def stored_tokens(rows: Sequence[NormalizedToken]) -> list[StoredToken]:
-    """:class:`StoredToken` list from ``normalized_tokens`` rows (by position)."""
+def stored_tokens(rows: Sequence[NormalizedToken]) -> list[TokenRecord]:
+    """The ``TokenRecord`` list the runner stored, read back from ``normalized_tokens`` rows (by position).
+
+    The rows were written from validated records (``auditor.store.queries.token_row_values``), so
+    they are rebuilt without validating again (``model_construct``: no cost, and a row the store
+    holds never raises here).
+    """
     out = []
     for r in rows:
         tops = []
@@ -128,13 +112,13 @@ def stored_tokens(rows: Sequence[NormalizedToken]) -> list[StoredToken]:
             tok = str(alt[0]) if alt and alt[0] is not None else ""
             lp = alt[1] if len(alt) > 1 else None
             tops.append((tok, _alt_bytes(hexes, i, tok), None if lp is None else float(lp)))
-        out.append(StoredToken(index=r.position, token=r.token, bytes=r.token_bytes, logprob=r.logprob,
-                               top_logprobs=tops, anomalies=list(r.anomalies or [])))
+        out.append(TokenRecord.model_construct(index=r.position, token=r.token, bytes=r.token_bytes,
+                                               logprob=r.logprob, top_logprobs=tops, anomalies=list(r.anomalies or [])))
     return out
 
 
-def _retokenize(text: str, bv: ByteVocab, tokenizer: Any) -> list[StoredToken]:
-    """StoredTokens of ``text`` tokenized by the reference tokenizer (no logprobs, no alternatives).
+def _retokenize(text: str, bv: ByteVocab, tokenizer: Any) -> list[TokenRecord]:
+    """Token records of ``text`` tokenized by the reference tokenizer (no logprobs, no alternatives).
 
     Fallback for responses without per-token data (the provider returned no logprobs): it assumes
     the provider emitted the canonical tokenization of its text, which holds for almost every
@@ -142,7 +126,7 @@ def _retokenize(text: str, bv: ByteVocab, tokenizer: Any) -> list[StoredToken]:
     position is then scored as its canonical merge). Each record carries ``retokenized``.
     """
     return [
-        StoredToken(index=i, token=_token_text(bv, int(tid)), bytes=bv.id_bytes.get(int(tid)), logprob=None,
+        TokenRecord(index=i, token=_token_text(bv, int(tid)), bytes=bv.id_bytes.get(int(tid)), logprob=None,
                     anomalies=["retokenized"])
         for i, tid in enumerate(tokenizer.encode(text, add_special_tokens=False))
     ]
@@ -184,7 +168,7 @@ def load_observations(store: Store, run_id: str, config: ProviderConfig, tokeniz
                 anomalies.append("retokenized_text")
             if not tokens:
                 continue
-            al = align_to_reference(tokens, bv)  # type: ignore[arg-type]  # StoredToken has TokenRecord's fields
+            al = align_to_reference(tokens, bv)
             temp, top_p = req.get("temperature"), req.get("top_p")
             obs.append(
                 Observation(

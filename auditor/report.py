@@ -33,11 +33,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from auditor.detectors import DETECTORS
 from auditor.detectors.speculation import speculation_line
 from auditor.report_junit import render_junit
+from auditor.verdict import EXIT_CODES
 
 __all__ = [
     "FORMATS",
@@ -45,6 +48,7 @@ __all__ = [
     "REPORT_SCHEMA",
     "AuditReport",
     "ReportError",
+    "concurrency_line",
     "exit_code_for",
     "load_report",
     "render",
@@ -52,6 +56,7 @@ __all__ = [
     "render_junit",
     "render_markdown",
     "render_text",
+    "usage_note",
 ]
 
 #: Identifier of the JSON layout (bump on incompatible changes).
@@ -59,28 +64,11 @@ REPORT_SCHEMA = "spec-auditor.report/1"
 #: Output formats understood by :func:`render`.
 FORMATS = ("text", "json", "markdown", "junit")
 
-#: Verdict → CLI exit code (issue 5): 0 PASS, 1 a deviation, 2 INCONCLUSIVE. 3 is for usage errors.
-_EXIT = {
-    "PASS": 0,
-    "QUANTIZATION": 1,
-    "RELAXED_VERIFICATION": 1,
-    "SUBSTITUTION": 1,
-    "DECODING_NONCOMPLIANT": 1,
-    "INCONCLUSIVE": 2,
-}
+#: Verdict → CLI exit code (issue 5), from :data:`auditor.verdict.EXIT_CODES` (its one home).
+_EXIT: Mapping[str, int] = {str(k): v for k, v in EXIT_CODES.items()}
 
-#: What a rejecting detector implies (shown in reports next to the finding).
-IMPLICATIONS = {
-    "greedy-match": "greedy tokens differ from the reference argmax beyond the honest noise band",
-    "logprob-divergence": "the reported distribution differs from every honest variant of the reference",
-    "sampling-gof": "sampled tokens do not follow the reference distribution",
-    "sampling-argmax": "the argmax is over-emitted when sampling (relaxed acceptance, or greedy serving)",
-    "sampling-tail": "the low-probability tail is under-emitted (truncated sampling)",
-    "self-gof": "sampled tokens do not follow the provider's own reported distribution",
-    "self-argmax": "the provider's own top-1 is over-emitted when sampling",
-    "self-tail": "the provider's own tail is under-emitted",
-    "self-greedy": "greedy tokens contradict the provider's own reported top-1 (decode path differs)",
-}
+#: What a rejecting detector implies (shown in reports next to the finding): the registry's ``finding``.
+IMPLICATIONS: Mapping[str, str] = {name: spec.finding for name, spec in DETECTORS.items()}
 
 
 class ReportError(LookupError):
@@ -305,6 +293,29 @@ def _failure_line(f: dict | None) -> str | None:
     return f"{f.get('failed')} of {f.get('total')} probes failed ({float(f.get('share') or 0):.0%}): {kinds}"
 
 
+def usage_note(summary: dict | None) -> str | None:
+    """``"estimated: 12 responses came without usage, counted with the reference tokenizer"`` when
+    the run's token figures were estimated (summary key ``usage_estimated``, written by
+    ``auditor.usage_estimate.UsageEstimates``), else None."""
+    s = summary or {}
+    if not s.get("usage_estimated"):
+        return None
+    how = {"tokenizer": "the reference tokenizer", "chars/4": "4 characters per token"}.get(
+        str(s.get("usage_prompt_tokens_method")), "an estimate")
+    n = s.get("usage_missing_responses")
+    return f"estimated: {n if n is not None else 'some'} responses came without usage, counted with {how}"
+
+
+def concurrency_line(summary: dict | None) -> str | None:
+    """One line when the client narrowed its concurrency during the run (summary key
+    ``concurrency``, ``probes.concurrency.AdaptiveConcurrency.stats``), e.g. ``"concurrency reduced
+    8→1 after 4 truncated_stream failures"``; None when the width never changed."""
+    c = (summary or {}).get("concurrency")
+    if not isinstance(c, dict) or not c.get("changes"):
+        return None
+    return str(c.get("summary") or f"concurrency changed {c.get('configured')}→{c.get('current')} during the run")
+
+
 def _check_mark(c: dict) -> str:
     return {True: "pass", False: "FAIL", None: "not run"}[c.get("passed")]
 
@@ -374,9 +385,13 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         speed.append(f"{s['mean_tokens_per_chunk']:.2f} tokens/chunk")
     if spec_line := speculation_line(s.get("speculation")):
         speed.append(spec_line)
+    if cl := concurrency_line(s):
+        console.print(f"  [yellow]{cl}[/yellow]", highlight=False)
+    est = usage_note(s)
     console.print(
         f"cost: {tk.get('prompt', 0)} prompt + {tk.get('completion', 0)} completion tokens = {tk.get('total', 0)} tokens, "
-        f"{_usd(report.cost_usd)}; {tk.get('scored_positions', 0)} positions scored against the reference"
+        f"{_usd(report.cost_usd)}" + (f" ({est})" if est else "")
+        + f"; {tk.get('scored_positions', 0)} positions scored against the reference"
         + (f"; {', '.join(speed)}" if speed else "")
         + (f"; wall {report.wall_s:.1f} s" if report.wall_s is not None else ""),
         highlight=False,
@@ -441,10 +456,12 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Probe suite", f"`{r.suite}` v{r.suite_version}" + (f" (digest `{r.suite_digest}`)" if r.suite_digest else "")),
         ("Significance", f"family-wise α = {r.alpha:g} (Holm over {vd.get('n_tests', '—')} tests)"),
         ("Tokens", f"{tk.get('prompt', 0)} prompt + {tk.get('completion', 0)} completion = {tk.get('total', 0)}"
+         + (" (estimated)" if usage_note(s) else "")
          + (f" (budget {tk['budget']} completion tokens)" if tk.get("budget") else "")
          + f"; {tk.get('scored_positions', 0)} positions scored"),
-        ("Cost", _usd(r.cost_usd)),
+        ("Cost", _usd(r.cost_usd) + (f" ({usage_note(s)})" if usage_note(s) else "")),  # issue 13: never silent
         ("Provider failures", _failure_line(r.provider_failures) or "none"),
+        *([("Concurrency", concurrency_line(s))] if concurrency_line(s) else []),
         ("Started / finished", f"{r.started_at} / {r.finished_at}"),
         ("Code version", f"`{r.code_version}`"),
     ]

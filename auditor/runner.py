@@ -64,6 +64,23 @@ class RunnerError(RuntimeError):
     process); the message names the run and the fix."""
 
 
+class _WorkerInterrupt(Exception):
+    """A ``KeyboardInterrupt``/``SystemExit`` raised inside a probe worker (e.g. by the progress
+    callback), carried as an ordinary exception.
+
+    asyncio stops the event loop as soon as a task raises one of those two, before the run can
+    cancel and await its other workers; the tasks left behind then end at ``asyncio.run``'s shutdown
+    with an exception nobody retrieves ("Task exception was never retrieved"). Carried this way the
+    interrupt travels through ``gather`` like any error: the run cancels and awaits every worker,
+    marks itself ``interrupted``, and :func:`run_probes` re-raises the original exception (``exc``)
+    once the loop has closed.
+    """
+
+    def __init__(self, exc: KeyboardInterrupt | SystemExit):
+        super().__init__(f"{type(exc).__name__} in a probe worker")
+        self.exc = exc
+
+
 @dataclass(frozen=True)
 class PlanItem:
     """One planned request: suite probe ``probe`` sample ``sample`` under key ``probe_key``."""
@@ -112,6 +129,8 @@ class RunSummary:
     resumed: bool = False
     latency_median_s: float | None = None
     ttft_median_s: float | None = None
+    usage_note: str | None = None  # token/cost figures estimated (auditor.report.usage_note), None = as billed
+    concurrency: str | None = None  # the client narrowed its concurrency (auditor.report.concurrency_line)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -220,6 +239,7 @@ def summarize_run(store: Store, run_id: str, *, elapsed_s: float | None = None, 
     """
     from sqlalchemy import func, select
 
+    from auditor.report import concurrency_line, usage_note
     from auditor.store.models import ProbeAttempt
 
     with store.session() as s:
@@ -276,6 +296,8 @@ def summarize_run(store: Store, run_id: str, *, elapsed_s: float | None = None, 
             resumed=resumed,
             latency_median_s=_median(lat),
             ttft_median_s=_median(ttft),
+            usage_note=usage_note(run.summary),
+            concurrency=concurrency_line(run.summary),
         )
 
 
@@ -303,7 +325,9 @@ def render_summary(summary: RunSummary, console: Any | None = None) -> None:
     t.add_row(
         "tokens", f"{summary.tokens} normalized; usage {summary.prompt_tokens} in / {summary.completion_tokens} out"
     )
-    t.add_row("cost", f"${summary.cost_usd:.6f}")
+    t.add_row("cost", f"${summary.cost_usd:.6f}" + (f" ({summary.usage_note})" if summary.usage_note else ""))
+    if summary.concurrency:
+        t.add_row("concurrency", summary.concurrency)
     if summary.latency_median_s is not None:
         t.add_row("latency median", f"{summary.latency_median_s:.3f} s")
     if summary.ttft_median_s is not None:
@@ -446,7 +470,10 @@ async def run_probes_async(
 ) -> str:
     """Async core of :func:`run_probes` (same arguments); returns the run id.
 
-    Cancellation (Ctrl-C, SIGTERM via the CLI) marks the run ``interrupted`` and re-raises.
+    Cancellation (Ctrl-C, SIGTERM via the CLI) marks the run ``interrupted`` and re-raises; a
+    ``KeyboardInterrupt``/``SystemExit`` raised inside a worker (the progress callback) does too,
+    after every worker has been cancelled and awaited, raised as ``_WorkerInterrupt`` (which
+    :func:`run_probes` unwraps).
     """
     from auditor.usage_estimate import UsageEstimates
     from probes.client import ProbeClient
@@ -622,7 +649,7 @@ async def run_probes_async(
             for _pid, key, _n in pending:
                 queue.put_nowait(key)
 
-            async def worker() -> None:
+            async def work() -> None:
                 while True:
                     try:
                         key = queue.get_nowait()
@@ -636,6 +663,12 @@ async def run_probes_async(
                         count_outcome(key, outcome)
                     report()
 
+            async def worker() -> None:
+                try:
+                    await work()
+                except (KeyboardInterrupt, SystemExit) as exc:  # see _WorkerInterrupt
+                    raise _WorkerInterrupt(exc) from None
+
             n_workers = max(1, min(config.rate_limits.concurrency, len(pending) or 1))
             workers = [asyncio.create_task(worker()) for _ in range(n_workers)]
             try:
@@ -646,7 +679,7 @@ async def run_probes_async(
                 await asyncio.gather(*workers, return_exceptions=True)
                 raise
         status = "completed"
-    except (asyncio.CancelledError, KeyboardInterrupt):
+    except (asyncio.CancelledError, KeyboardInterrupt, _WorkerInterrupt):
         status = "interrupted"
         raise
     finally:
@@ -712,3 +745,5 @@ def run_probes(
         return asyncio.run(run_probes_async(store, provider_config, suite, run_id, resume, progress, **kwargs))
     except asyncio.CancelledError:  # SIGTERM cancelled the run (already marked interrupted)
         raise KeyboardInterrupt("run cancelled") from None
+    except _WorkerInterrupt as e:  # raised in a worker (the progress callback); the run is marked interrupted
+        raise e.exc from None

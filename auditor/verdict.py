@@ -41,7 +41,10 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    top-1) or ``preflight-top-p`` (at temperature 1 with ``top_p = 1`` the sampled tokens miss the
    provider's own low-probability region: a server-side top-k / top-p / min-p) →
    DECODING_NONCOMPLIANT. Pre-flight results never count towards the power check.
-Every other rejecting detector is listed under details["findings"] with its implication.
+2t. ``tokenizer_mismatch`` (keyword, below) establishes another tokenizer → SUBSTITUTION, whatever
+   the rules above decided (applied last; the previous verdict becomes a secondary cause).
+Every other rejecting detector is listed under details["findings"] with its implication (the
+registry's, ``auditor.detectors``).
 
 Every cause, not just the first: ``details["secondary_causes"]`` lists each other cause that its
 own tests establish at the same family-wise alpha (each with its rule, reason and deciding
@@ -63,6 +66,11 @@ Context that overrides the rules (keyword arguments of :func:`decide_verdict`):
   reference-based detectors then compare different contexts, so they are set aside (not run,
   reason named) and only the reference-free tests decide; the reason says so. A template
   difference is never turned into QUANTIZATION or SUBSTITUTION.
+- ``tokenizer_mismatch``: the provider's tokens prove another tokenizer than the claimed model's
+  (``auditor.evidence.tokenizer_mismatch``; passed only when the reference's tokenizer is the
+  claimed one) → SUBSTITUTION, rule ``2t-tokenizer``, with ``details["tokenizer_mismatch"]`` and
+  ``details["previous_verdict"]``; the previous verdict (unless PASS, INCONCLUSIVE or SUBSTITUTION)
+  is listed first under ``secondary_causes``.
 The substitution/shape thresholds are named constants to be calibrated on the simulator's
 ``substituted``, ``relaxed-threshold`` and truncation profiles (issue 7).
 """
@@ -75,6 +83,15 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from auditor.detectors import (
+    IMPLICATIONS,
+    PREFLIGHT_CHECKS,
+    REFERENCE_DETECTORS,
+    SELF_SAMPLING_DETECTORS,
+    DetectorName,
+    TestKind,
+    detectors_where,
+)
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
@@ -172,13 +189,9 @@ MAX_PROVIDER_FAILURE_SHARE = 0.10
 #: SmolLM2-135M (docs/real-engines.md); weight-only int8 on the simulator lies in the same range.
 MILD_DIVERGENCE_MAX_RATIO = 5.0
 MILD_DIVERGENCE_MIN_TOP1 = 0.9
-#: Detectors that compare with the reference model at the same prompt (set aside on a template mismatch).
-REFERENCE_DETECTORS = ("greedy-match", "logprob-divergence", "sampling-gof", "sampling-argmax", "sampling-tail")
-#: Pre-flight checks that enter the Holm family (auditor.preflight) and the rule each decides.
-PREFLIGHT_RULES = {
-    "preflight-greedy-top1": "6-preflight-greedy",
-    "preflight-top-p": "6-preflight-sampling",
-}
+# Which detectors compare with the reference (REFERENCE_DETECTORS, set aside on a template mismatch),
+# the sampling tests of each kind, the pre-flight checks with the rule each decides
+# (PREFLIGHT_CHECKS) and every implication are the registry's (auditor.detectors).
 
 
 @dataclass
@@ -237,6 +250,7 @@ def decide_verdict(
     power: float = DEFAULT_POWER,
     provider_failures: Mapping[str, Any] | None = None,
     template_mismatch: Mapping[str, object] | None = None,
+    tokenizer_mismatch: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """Apply Holm at family-wise level ``alpha`` across the detectors that ran, then the rules above.
 
@@ -250,6 +264,11 @@ def decide_verdict(
             run (``auditor.preflight.provider_failures``); None = not known.
         template_mismatch: ``{"provider_prompt_tokens": int, "reference_prompt_tokens": int, ...}``
             when the provider renders prompts differently from the reference; None = same or unknown.
+        tokenizer_mismatch: evidence that the provider uses another tokenizer than the claimed model's
+            (``auditor.evidence.tokenizer_mismatch``: ``established``, ``foreign_tokens``, ``n_foreign``,
+            ``n_foreign_distinct``, ``n_checked``, ``prompt_counts``, ``n_prompt_disagree``,
+            ``n_prompt_checked``); pass it only when the reference's tokenizer is the claimed model's.
+            None or empty = no such evidence.
 
     Returns:
         Verdict (``results`` carries the Holm-adjusted copies; ``details["secondary_causes"]``
@@ -296,7 +315,7 @@ def decide_verdict(
         "not_run": {r.name: r.reason for r in adj if not r.ran},
     }
     details["findings"] = [
-        {"detector": r.name, "p_adjusted": r.p_adjusted, "implication": _IMPLICATION.get(r.name, "")}
+        {"detector": r.name, "p_adjusted": r.p_adjusted, "implication": _implication(r.name)}
         for r in ran
         if rejects(r.name)
     ]
@@ -305,7 +324,7 @@ def decide_verdict(
     ctx = _Ctx(by, rejects, details)
     cause = _primary_cause(ctx)
     if cause is None:
-        n_power = sum(1 for r in ran if not r.name.startswith("preflight-"))
+        n_power = sum(1 for r in ran if r.name not in PREFLIGHT_CHECKS)
         cause = _no_rejection(adj, alpha, power, floor, details, max(1, n_power))
     secondary = [c for c in _other_causes(ctx, cause) if c.rule != cause.rule]
     fail = _failure_summary(provider_failures)
@@ -331,7 +350,35 @@ def decide_verdict(
     reason = cause.reason
     if secondary:
         reason += "; also " + "; ".join(f"{c.kind} ({c.short})" for c in secondary)
-    return Verdict(str(cause.kind), reason, _json(details), adj)
+    verdict = Verdict(str(cause.kind), reason, _json(details), adj)
+    return _tokenizer_substitution(verdict, tokenizer_mismatch) if tokenizer_mismatch else verdict
+
+
+def _tokenizer_substitution(verdict: Verdict, tm: Mapping[str, Any]) -> Verdict:
+    """Rule 2t: SUBSTITUTION when the provider's tokens prove another tokenizer (``tm``, see
+    :func:`decide_verdict`): an honest server of the claimed model cannot emit a token outside its
+    vocabulary, nor count a completions prompt differently. This holds whatever the statistical
+    detectors say (a cross-family model may even align well enough to look like QUANTIZATION); the
+    previous verdict is kept as a secondary cause (unless PASS, INCONCLUSIVE or SUBSTITUTION) and in
+    ``details["previous_verdict"]``, the evidence in ``details["tokenizer_mismatch"]``."""
+    parts = []
+    if "foreign_tokens" in tm["established"]:
+        ex = ", ".join(repr(t) for t in tm["foreign_tokens"][:6])
+        parts.append(f"{tm['n_foreign_distinct']} distinct token strings ({tm['n_foreign']} of {tm['n_checked']} "
+                     f"tokens and alternatives) do not exist in the claimed model's vocabulary, e.g. {ex}")
+    if "prompt_counts" in tm["established"]:
+        ex = ", ".join(f"{a} vs {b}" for a, b in tm["prompt_counts"][:4])
+        parts.append(f"the provider counts the prompt tokens differently on {tm['n_prompt_disagree']} of "
+                     f"{tm['n_prompt_checked']} completions prompts (provider vs claimed tokenizer: {ex})")
+    reason = "the provider uses another tokenizer than the claimed model's, so it serves another model: " + "; ".join(parts)
+    details = dict(verdict.details)
+    secondary = list(details.get("secondary_causes") or [])
+    if verdict.verdict not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE, VerdictKind.SUBSTITUTION):
+        secondary.insert(0, {"verdict": verdict.verdict, "rule": details.get("rule"), "reason": verdict.reason,
+                             "evidence": []})
+    details.update(secondary_causes=secondary, rule="2t-tokenizer", tokenizer_mismatch=dict(tm),
+                   previous_verdict={"verdict": verdict.verdict, "reason": verdict.reason})
+    return replace(verdict, verdict=str(VerdictKind.SUBSTITUTION), reason=reason, details=details)
 
 
 @dataclass(frozen=True)
@@ -351,7 +398,7 @@ class _Cause:
             r = self.by.get(n)
             if r is not None:
                 ev.append({"detector": n, "p_adjusted": _f(r.p_adjusted), "p_value": _f(r.p_value),
-                           "effect": _f(r.effect), "n": r.n, "implication": _IMPLICATION.get(n, "")})
+                           "effect": _f(r.effect), "n": r.n, "implication": _implication(n)})
         return {"verdict": str(self.kind), "rule": self.rule, "reason": self.reason, "evidence": ev}
 
 
@@ -363,11 +410,11 @@ class _Ctx:
 
     @property
     def lp(self) -> DetectorResult | None:
-        return self.by.get("logprob-divergence")
+        return self.by.get(DetectorName.LOGPROB_DIVERGENCE)
 
     @property
     def lp_sig(self) -> bool:
-        return self.rejects("logprob-divergence")
+        return self.rejects(DetectorName.LOGPROB_DIVERGENCE)
 
     @property
     def lp_ratio(self) -> float | None:
@@ -388,12 +435,12 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
     """Rules 1-4 and 6 in order (the first that fires), or None when nothing rejects."""
     by, rejects = c.by, c.rejects
     c.details["logprobs_consistent"] = c.lp_consistent
-    if rejects("self-greedy") and not c.lp_sig:
+    if rejects(DetectorName.SELF_GREEDY) and not c.lp_sig:
         return _self_greedy(c)
     if c.lp_sig:
         return _logprob_cause(c)
-    if rejects("greedy-match"):
-        g = by["greedy-match"]
+    if rejects(DetectorName.GREEDY_MATCH):
+        g = by[DetectorName.GREEDY_MATCH]
         rate = g.effect
         if c.lp_consistent:
             return c.cause(
@@ -416,14 +463,14 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
     s = _sampling_cause(c, reference=True, record_shape=True)
     if s is not None:
         return s
-    for name in PREFLIGHT_RULES:
+    for name in PREFLIGHT_CHECKS:
         if rejects(name):
             return _preflight_cause(c, name)
     return None
 
 
 def _self_greedy(c: _Ctx) -> _Cause:
-    r = c.by["self-greedy"]
+    r = c.by[DetectorName.SELF_GREEDY]
     return c.cause(
         VerdictKind.DECODING_NONCOMPLIANT,
         f"at temperature 0 the emitted token contradicts the provider's own reported top-1 at "
@@ -435,7 +482,7 @@ def _self_greedy(c: _Ctx) -> _Cause:
 
 
 def _logprob_cause(c: _Ctx) -> _Cause:
-    lp = c.by["logprob-divergence"]
+    lp = c.by[DetectorName.LOGPROB_DIVERGENCE]
     d = lp.details or {}
     kl, top1 = lp.effect, d.get("top1_agreement", 1.0)
     ratio = d.get("ratio_to_floor", float("nan"))
@@ -476,20 +523,14 @@ def _preflight_cause(c: _Ctx, name: str) -> _Cause:
                 f"expected from its reported probabilities: the server applies its own top-k / top-p / min-p "
                 f"nobody asked for")
     return c.cause(VerdictKind.DECODING_NONCOMPLIANT, f"{text} ({name} p_adj={r.p_adjusted:.3g})",
-                   PREFLIGHT_RULES[name], [name], f"{name} p_adj={r.p_adjusted:.3g}")
+                   PREFLIGHT_CHECKS[name].rule, [name], f"{name} p_adj={r.p_adjusted:.3g}")
 
 
 def _sampling_cause(c: _Ctx, *, reference: bool, record_shape: bool = False) -> _Cause | None:
     """Rule 4 on the sampling tests (``reference=False``: only the provider-self tests)."""
     by, rejects = c.by, c.rejects
-    arg_names: tuple[str, ...]
-    tail_names: tuple[str, ...]
-    gof_names: tuple[str, ...]
-    if reference:
-        arg_names, tail_names, gof_names = (
-            ("sampling-argmax", "self-argmax"), ("sampling-tail", "self-tail"), ("sampling-gof", "self-gof"))
-    else:
-        arg_names, tail_names, gof_names = ("self-argmax",), ("self-tail",), ("self-gof",)
+    arg_names, tail_names, gof_names = (_sampling_tests(t, reference=reference)
+                                        for t in (TestKind.ARGMAX, TestKind.TAIL, TestKind.PIT))
     arg_sig = any(rejects(k) for k in arg_names)
     tail_sig = any(rejects(k) for k in tail_names)
     gof_sig = any(rejects(k) for k in gof_names)
@@ -524,7 +565,7 @@ def _sampling_cause(c: _Ctx, *, reference: bool, record_shape: bool = False) -> 
             f"tail {'intact' if tratio > 0.8 else 'only partly thinned'} ({tratio:.0%} of expected): the "
             f"signature of lossy speculative acceptance ({_pstr(by, arg_names)})",
             "4c-relaxed", rej, f"argmax over-emitted, {_pstr(by, arg_names)}")
-    self_sig = any(rejects(k) for k in ("self-gof", "self-argmax", "self-tail"))
+    self_sig = any(rejects(k) for k in SELF_SAMPLING_DETECTORS)
     if c.lp_consistent or self_sig or excess > 0:
         return c.cause(
             VerdictKind.RELAXED_VERIFICATION,
@@ -538,18 +579,24 @@ def _sampling_cause(c: _Ctx, *, reference: bool, record_shape: bool = False) -> 
         "4d-quantization", rej, _pstr(by, gof_names + tail_names))
 
 
+def _sampling_tests(test: TestKind, *, reference: bool) -> tuple[str, ...]:
+    """The sampling tests of kind ``test`` in registry order (reference ``sampling-*`` before ``self-*``);
+    only the provider-self ones when ``reference`` is False."""
+    return tuple(str(n) for n in detectors_where(test=test, needs_reference=None if reference else False))
+
+
 def _other_causes(c: _Ctx, primary: _Cause) -> list[_Cause]:
     """Every cause other than the primary that its own tests establish (see the module docstring)."""
     if primary.kind in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE):
         return []
     out: list[_Cause] = []
-    if c.rejects("self-greedy") and primary.rule != "1-self-greedy":
+    if c.rejects(DetectorName.SELF_GREEDY) and primary.rule != "1-self-greedy":
         out.append(_self_greedy(c))
     if not primary.rule.startswith("4"):
         s = _sampling_cause(c, reference=c.lp_consistent or _mild(c))
         if s is not None:
             out.append(s)
-    for name in PREFLIGHT_RULES:
+    for name in PREFLIGHT_CHECKS:
         if c.rejects(name):
             out.append(_preflight_cause(c, name))
     return out
@@ -622,19 +669,10 @@ def _failure_summary(f: Mapping[str, Any] | None) -> dict | None:
     return {"failed": failed, "total": total, "share": failed / total, "kinds": kinds}
 
 
-_IMPLICATION = {
-    "greedy-match": "greedy tokens differ from the reference (model changed, or decode path differs)",
-    "logprob-divergence": "reported distribution differs from the reference (quantization or substitution)",
-    "sampling-gof": "sampled tokens do not follow the reference distribution",
-    "sampling-argmax": "argmax over-emitted (relaxed acceptance, or greedy serving)",
-    "sampling-tail": "low-probability tail under-emitted (truncated sampling)",
-    "self-gof": "sampled tokens do not follow the provider's own reported distribution",
-    "self-argmax": "own top-1 over-emitted (relaxed acceptance)",
-    "self-tail": "own tail under-emitted (truncated sampling)",
-    "self-greedy": "greedy tokens contradict own reported top-1 (decode path differs)",
-    "preflight-greedy-top1": "pre-flight: temperature-0 tokens are not the provider's own top-1",
-    "preflight-top-p": "pre-flight: server-side top-k/top-p/min-p at temperature 1 with top_p=1",
-}
+def _implication(name: str) -> str:
+    """Short cause-naming phrase of a rejecting detector or pre-flight check (registry), "" if unknown."""
+    pre = PREFLIGHT_CHECKS.get(name)
+    return pre.implication if pre is not None else IMPLICATIONS.get(name, "")
 
 
 def _pstr(by, names) -> str:

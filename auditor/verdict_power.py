@@ -13,6 +13,7 @@ import math
 import numpy as np
 from scipy import stats
 
+from auditor.detectors import DETECTORS, MODES, POWER_FAMILIES, POWER_TARGETS, TestKind
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 
@@ -20,34 +21,9 @@ __all__ = ["DEFAULT_POWER", "POWER_FAMILIES", "POWER_TARGETS", "required_positio
 
 DEFAULT_POWER = 0.8
 
-#: Target effects behind the INCONCLUSIVE power calculation (what an audit should be able to see).
-POWER_TARGETS = {
-    "clear_mismatch_rate": 0.03,  # greedy-match / self-greedy: 3% clear mismatches (int8-like)
-    "kl_ratio": 3.0,  # logprob-divergence: geometric-mean KL 3x the honest floor
-    "argmax_excess": 0.08,  # sampling-/self-argmax: +0.08 argmax emissions per position
-    "tail_ratio": 0.0,  # sampling-/self-tail: the tail entirely missing
-}
-
-_MODE = {
-    "greedy-match": "greedy",
-    "self-greedy": "greedy",
-    "logprob-divergence": "logprob",
-    "sampling-gof": "sampling",
-    "sampling-argmax": "sampling",
-    "sampling-tail": "sampling",
-    "self-gof": "sampling",
-    "self-argmax": "sampling",
-    "self-tail": "sampling",
-}
-
-
-#: Power families: PASS needs, for every family that ran, one adequately powered detector.
-POWER_FAMILIES = {
-    "model": ("greedy-match", "logprob-divergence"),
-    "acceptance": ("sampling-argmax", "self-argmax"),
-    "truncation": ("sampling-tail", "self-tail"),
-    "decode-path": ("self-greedy",),
-}
+# POWER_TARGETS (the effects an audit should be able to see) and POWER_FAMILIES (PASS needs, for every
+# family that ran, one adequately powered detector) are the registry's (``auditor.detectors``: each
+# detector's ``power_target`` and ``power_family``), re-exported here.
 
 
 def _greedy_required(
@@ -79,7 +55,8 @@ def required_positions(
     power: float = DEFAULT_POWER,
     floor: NoiseFloor | None = None,
 ) -> int | None:
-    """Positions this detector needs for ``power`` against its POWER_TARGETS effect at level alpha_test.
+    """Positions this detector needs for ``power`` against its registry target effect (``power_target``,
+    one of POWER_TARGETS) at level alpha_test; the calculation follows its test kind.
 
     Simple normal/binomial calculations (one-sided): greedy tests — exact binomial against the
     honest rate r0 vs target rate; logprob — z-test on mean log-KL with the floor's variance
@@ -88,23 +65,24 @@ def required_positions(
     Returns None when no calculation applies (e.g. the omnibus PIT tests) or inputs are missing.
     """
     d = result.details or {}
-    name = result.name
+    powered = _powered(result.name)
+    if powered is None:
+        return None
+    test, target = powered
     za = stats.norm.isf(alpha_test)
     zb = stats.norm.ppf(power)
-    if name in ("greedy-match", "self-greedy"):
+    if test == TestKind.CLEAR_MISMATCH:
         r0 = float(d.get("r0", 1e-3))
-        return _greedy_required(
-            r0, max(POWER_TARGETS["clear_mismatch_rate"], 2 * r0), alpha_test, power
-        )
-    if name == "logprob-divergence":
+        return _greedy_required(r0, max(target, 2 * r0), alpha_test, power)
+    if test == TestKind.KL:
         if floor is None or "m" not in d:
             return None
         vc = floor.kl_floor(int(d["m"])).components
         per_prompt = max(1.0, result.n / max(1, int(d.get("n_prompts", 1))))
         var = vc.sigma_w2 + vc.sigma_b2 * per_prompt
-        shift = math.log(POWER_TARGETS["kl_ratio"])
+        shift = math.log(target)
         return math.ceil((za + zb) ** 2 * var / shift**2)
-    if name in ("sampling-argmax", "self-argmax"):
+    if test == TestKind.ARGMAX:
         if not result.ran or result.n <= 0:
             return None
         var_pos = d.get("var_per_position")
@@ -112,13 +90,20 @@ def required_positions(
             er = float(d.get("expected_rate", 0.5))
             var_pos = er * (1 - er)  # upper bound on mean p(1-p)
         var_pos = max(float(var_pos), 0.05)
-        return math.ceil((za + zb) ** 2 * var_pos / POWER_TARGETS["argmax_excess"] ** 2)
-    if name in ("sampling-tail", "self-tail"):
+        return math.ceil((za + zb) ** 2 * var_pos / target**2)
+    if test == TestKind.TAIL:
         tau = float(d.get("mean_tail_mass", 0.0) or 0.0)
         if tau <= 0:
             return None
         return math.ceil(-math.log(alpha_test) / tau)
     return None
+
+
+def _powered(name: str) -> tuple[TestKind, float] | None:
+    """(test kind, target effect) of ``name`` from the registry; None when it has no power target
+    (the PIT tests, pre-flight checks, unknown names)."""
+    s = DETECTORS.get(name)
+    return (s.test, s.power_target.value) if s is not None and s.power_target is not None else None
 
 
 def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
@@ -141,7 +126,7 @@ def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
             "required_positions": req,
             "n": r.n,
             "adequate": bool(r.ran and r.n >= req),
-            "mode": _MODE.get(r.name),
+            "mode": str(MODES[r.name]) if r.name in MODES else None,
         }
     details["power"] = pw
     ran_names = {r.name for r in adj if r.ran}
@@ -174,11 +159,13 @@ def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
 
 def _required_default(name: str, alpha_test: float, power: float) -> int | None:
     """Budget guess for a detector that did not run (no data to plug in)."""
-    if name in ("greedy-match", "self-greedy"):
-        return _greedy_required(
-            1e-3, POWER_TARGETS["clear_mismatch_rate"], alpha_test, power
-        )
-    if name in ("sampling-argmax", "self-argmax"):
+    powered = _powered(name)
+    if powered is None:
+        return None
+    test, target = powered
+    if test == TestKind.CLEAR_MISMATCH:
+        return _greedy_required(1e-3, target, alpha_test, power)
+    if test == TestKind.ARGMAX:
         za, zb = stats.norm.isf(alpha_test), stats.norm.ppf(power)
-        return math.ceil((za + zb) ** 2 * 0.2 / POWER_TARGETS["argmax_excess"] ** 2)
+        return math.ceil((za + zb) ** 2 * 0.2 / target**2)
     return None

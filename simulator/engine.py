@@ -46,29 +46,21 @@ class StopGeneration(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable unicode map used by byte-level BPE (Radford et al. 2019)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs), strict=True))
-
-
 def build_vocab_bytes(tokenizer: Any) -> list[bytes]:
     """Exact bytes of every token id ``[V]`` (index = token id).
 
-    Byte-level BPE token strings (``Ġ`` = space, ...) are mapped through the inverse of
-    :func:`bytes_to_unicode`; SentencePiece ones (Gemma, Llama 2: ``▁`` = space, byte fallback
-    ``<0xNN>``) are their UTF-8 text with ``▁`` -> space and ``<0xNN>`` -> byte NN (the GPT-2 map
+    Byte-level BPE token strings (``Ġ`` = space, ...) are mapped through the inverse of GPT-2's
+    byte-to-unicode table (Radford et al. 2019), taken from transformers itself
+    (``transformers.convert_slow_tokenizer.bytes_to_unicode``, the table its byte-level tokenizers
+    are built with), not from ``probes/``: L2, and the simulator stays an independent check of the
+    auditor's byte recovery (``probes.byte_recovery``). SentencePiece ones (Gemma, Llama 2: ``▁`` =
+    space, byte fallback ``<0xNN>``) are their UTF-8 text with ``▁`` -> space and ``<0xNN>`` -> byte NN (the GPT-2 map
     would turn ``é`` into byte 0xE9); added/special tokens (``<|im_end|>``) are their UTF-8 text.
     Tokens whose string is not byte-level (another tokenizer family) fall back to ``decode([id])``.
     Agrees with the auditor's ``probes.align.ByteVocab``.
     """
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
     dec = {c: b for b, c in bytes_to_unicode().items()}
     n = len(tokenizer)
     toks = tokenizer.convert_ids_to_tokens(list(range(n)))
@@ -647,7 +639,6 @@ __all__ = [
     "TokenInfo",
     "build_served_model",
     "build_vocab_bytes",
-    "bytes_to_unicode",
     "mean_kl",
     "prune_layers_",
     "token_display",

@@ -4,11 +4,13 @@
                   [--format text|json|markdown|junit] [--db URL] [--config F] [--resume RUN_ID]
                   [--device auto|cpu|cuda|cuda:N] [--dtype float32|bfloat16|float16]
     auditor report RUN_ID [--format markdown|json|junit|text] [--output PATH] [--db URL]
+    auditor report --provider NAME [--window-days D] [--format ...] [--output PATH] [--db URL]
     auditor demo [--json PATH] [--suite S] [--budget-tokens N] [--db URL]
 
 Exit codes of ``check``: 0 PASS, 1 a deviation (QUANTIZATION / RELAXED_VERIFICATION / SUBSTITUTION /
 DECODING_NONCOMPLIANT), 2 INCONCLUSIVE, 3 usage/config/connection error (one line on stderr, no
-traceback), 130 interrupted. ``report``: 0, or 3 for an unknown run. ``demo``: 0 when every
+traceback), 130 interrupted. ``report``: 0, or 3 for an unknown run or provider, or for both or
+neither of RUN_ID and --provider. ``demo``: 0 when every
 simulator's cause was named, 1 otherwise, 3 when a simulator did not start.
 """
 
@@ -149,12 +151,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command("report")
     def report_cmd(
-        run_id: str = typer.Argument(..., help="RUN_ID of a stored audit (a unique prefix is enough)."),
+        run_id: str | None = typer.Argument(None, help="RUN_ID of a stored audit (a unique prefix is enough)."),
+        provider: str | None = typer.Option(None, "--provider", "-p", help="Instead of RUN_ID: the provider's combined standing over its recent audits (every suite, every cause)."),
+        window_days: float = typer.Option(7.0, "--window-days", help="With --provider: audits started within this many days before the provider's newest audit count."),
         fmt: str = typer.Option("markdown", "--format", "-f", help="markdown | json | junit | text."),
         output: Path | None = typer.Option(None, "--output", "-o", help="Write to PATH instead of stdout."),
         db: str | None = typer.Option(None, "--db", help="Database URL (default $AUDITOR_DB_URL or the user data dir SQLite file)."),
     ) -> None:
-        """Re-render a stored audit (Markdown for a procurement file, JSON, JUnit XML or text)."""
+        """Re-render a stored audit (Markdown for a procurement file, JSON, JUnit XML or text), or with
+        --provider the provider's combined standing over the newest audit of each suite."""
         from rich.console import Console
 
         from auditor.report import ReportError, load_report, render
@@ -162,6 +167,24 @@ def register(app: typer.Typer) -> None:
 
         if fmt not in FORMATS and fmt not in ("md", "xml"):
             raise _fail(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+        if (run_id is None) == (provider is None):
+            raise _fail("give exactly one of RUN_ID (one audit) or --provider NAME (its combined standing), "
+                        "e.g. `auditor report --provider acme --format markdown`")
+        if provider is not None:
+            from auditor.standing import load_standing, render_standing
+
+            try:
+                standing = load_standing(provider, db, window_days=window_days)
+            except ValueError as exc:
+                raise _fail(str(exc).replace("window_days=", "--window-days ")) from None
+            except StoreError as exc:
+                raise _fail(str(exc)) from None
+            if standing is None:
+                raise _fail(f"no completed audit of provider {provider!r} in this database. Fix: check the name "
+                            f"(`auditor providers list`) and --db, or audit it: `auditor check --provider {provider}`.")
+            _emit(render_standing(standing, fmt), output)
+            return
+        assert run_id is not None  # exactly one of the two (checked above)
         try:
             rep = load_report(run_id, db)
         except (ReportError, StoreError) as exc:

@@ -19,8 +19,10 @@ Each key's metadata lives here, in one place (:class:`DetectorSpec` in :data:`DE
 probe mode it reads, the positions it uses, its test kind, the causes a rejection points at, the
 power family and the target effect of the PASS/INCONCLUSIVE power check. ``auditor.verdict`` and
 the pipeline read it through :func:`spec`, :func:`detectors_where`, :data:`MODES`,
-:data:`IMPLICATIONS`, :data:`POWER_FAMILIES` and :data:`POWER_TARGETS`; names are
-:class:`DetectorName` members, never bare strings.
+:data:`IMPLICATIONS`, :data:`POWER_FAMILIES`, :data:`POWER_TARGETS`, :data:`REFERENCE_DETECTORS`
+and :data:`SELF_SAMPLING_DETECTORS`; names are :class:`DetectorName` members, never bare strings.
+The pre-flight parameter checks that join the same Holm family (``auditor.preflight``) have their
+entries in :data:`PREFLIGHT_CHECKS` (the verdict rule each decides, its implication).
 
 ``run_detectors`` runs a selection and returns one DetectorResult per key (``ran=False`` with a
 reason when a detector had nothing to work on); ``auditor.verdict.decide_verdict`` applies Holm
@@ -59,6 +61,7 @@ __all__ = [
     "MODES",
     "POWER_FAMILIES",
     "POWER_TARGETS",
+    "PREFLIGHT_CHECKS",
     "REFERENCE_DETECTORS",
     "SELF_SAMPLING_DETECTORS",
     "UNTRUSTED_LOGPROB_ANOMALIES",
@@ -72,6 +75,7 @@ __all__ = [
     "PositionEvidence",
     "PowerFamily",
     "PowerTarget",
+    "PreflightSpec",
     "TestKind",
     "compute_noise_floor",
     "detectors_where",
@@ -161,7 +165,8 @@ class DetectorSpec:
         name: registry key.
         fn: the detector function.
         description: one line, what it compares.
-        needs_reference: needs the reference model's distribution (else: provider's own logprobs).
+        needs_reference: compares with the reference model's distribution at the same prompt (else:
+            the provider's own logprobs); such detectors are set aside on a chat-template mismatch.
         needs_top_logprobs: needs the provider's reported top_logprobs.
         mode: the probe mode whose responses it reads.
         test: the statistic (decides the power calculation).
@@ -190,52 +195,77 @@ class DetectorSpec:
     power_target: PowerTarget | None
 
 
-_REF_SAMPLED = (
-    "T > 0, aligned token, reference row (top-K list: T = 1 only; full rows: any T > 0, tempered)"
-)
+@dataclass(frozen=True)
+class _Kind:
+    """What a test kind fixes for the detectors of that kind that read the reference (``ref_*``) or the
+    provider's own logprobs (``own_*``): probe mode, positions text, description prefix, power check."""
+
+    mode: Mode
+    ref_positions: str
+    own_positions: str
+    ref_prefix: str
+    own_prefix: str
+    ref_power: tuple[PowerFamily | None, PowerTarget | None]
+    own_power: tuple[PowerFamily | None, PowerTarget | None]
+
+
+_REF_SAMPLED = "T > 0, aligned token, reference row (top-K list: T = 1 only; full rows: any T > 0, tempered)"
 _OWN_SAMPLED = "T = 1, aligned token, trusted provider top_logprobs (listed support + tail bucket)"
 
-#: Power family and target of each sampling test kind (the same for the reference and self tests).
-_SAMPLING_POWER: Mapping[TestKind, tuple[PowerFamily | None, PowerTarget | None]] = MappingProxyType(
+
+def _sampled(power: tuple[PowerFamily | None, PowerTarget | None]) -> _Kind:
+    """A sampling test kind: the same power check for the reference and the self test."""
+    return _Kind(Mode.SAMPLING, _REF_SAMPLED, _OWN_SAMPLED, "sampled tokens: ", "sampled tokens vs own logprobs: ",
+                 power, power)
+
+
+#: The test kinds read from the reference or from the provider's own logprobs (not KL: reference only).
+_KINDS: Mapping[TestKind, _Kind] = MappingProxyType(
     {
-        TestKind.PIT: (None, None),
-        TestKind.ARGMAX: (PowerFamily.ACCEPTANCE, _ARGMAX_EXCESS),
-        TestKind.TAIL: (PowerFamily.TRUNCATION, _TAIL_RATIO),
+        TestKind.CLEAR_MISMATCH: _Kind(
+            Mode.GREEDY, "T = 0, aligned token, reference row", "T = 0, aligned token, trusted provider top_logprobs",
+            "", "", (PowerFamily.MODEL, _CLEAR_MISMATCH), (PowerFamily.DECODE_PATH, _CLEAR_MISMATCH),
+        ),
+        TestKind.PIT: _sampled((None, None)),
+        TestKind.ARGMAX: _sampled((PowerFamily.ACCEPTANCE, _ARGMAX_EXCESS)),
+        TestKind.TAIL: _sampled((PowerFamily.TRUNCATION, _TAIL_RATIO)),
     }
 )
 
 
-def _sampling_spec(
+def _paired_spec(
     name: DetectorName,
     fn: DetectorFn,
     test: TestKind,
     causes: tuple[str, ...],
-    *,
     own: bool,
     description: str,
     implication: str,
-    finding: str,
+    finding: str | None = None,
     positions_note: str = "",
 ) -> DetectorSpec:
-    """A sampling-mode registry entry: what follows from reading the reference's rows (``own=False``)
-    or the provider's own top_logprobs (``own=True``), and from the test kind (power family and target).
+    """A registry entry of a test kind in :data:`_KINDS`: what follows from reading the reference
+    (``own=False``) or the provider's own top_logprobs (``own=True``), and from the test kind (mode,
+    positions, power family and target).
 
-    ``positions_note`` is appended to the positions text; the other arguments are
-    :class:`DetectorSpec` fields.
+    ``description`` follows the kind's prefix (sampling tests: "sampled tokens: " or "sampled tokens
+    vs own logprobs: "); ``finding`` defaults to ``implication``; ``positions_note`` is appended to the
+    positions text; the other arguments are :class:`DetectorSpec` fields.
     """
-    family, target = _SAMPLING_POWER[test]
+    k = _KINDS[test]
+    family, target = k.own_power if own else k.ref_power
     return DetectorSpec(
         name,
         fn,
-        description,
+        (k.own_prefix if own else k.ref_prefix) + description,
         needs_reference=not own,
         needs_top_logprobs=own,
-        mode=Mode.SAMPLING,
+        mode=k.mode,
         test=test,
-        positions=(_OWN_SAMPLED if own else _REF_SAMPLED) + positions_note,
+        positions=(k.own_positions if own else k.ref_positions) + positions_note,
         causes=causes,
         implication=implication,
-        finding=finding,
+        finding=implication if finding is None else finding,
         power_family=family,
         power_target=target,
     )
@@ -247,21 +277,10 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
     {
         str(s.name): s
         for s in (
-            DetectorSpec(
-                DetectorName.GREEDY_MATCH,
-                greedy_match,
-                "T=0 tokens vs reference argmax; clear mismatches beyond the noise band",
-                needs_reference=True,
-                needs_top_logprobs=False,
-                mode=Mode.GREEDY,
-                test=TestKind.CLEAR_MISMATCH,
-                positions="T = 0, aligned token, reference row",
-                causes=(_Q, _S, _D),
-                implication="greedy tokens differ from the reference (model changed, or decode path differs)",
-                finding="greedy tokens differ from the reference argmax beyond the honest noise band",
-                power_family=PowerFamily.MODEL,
-                power_target=_CLEAR_MISMATCH,
-            ),
+            _paired_spec(DetectorName.GREEDY_MATCH, greedy_match, TestKind.CLEAR_MISMATCH, (_Q, _S, _D), False,
+                         "T=0 tokens vs reference argmax; clear mismatches beyond the noise band",
+                         "greedy tokens differ from the reference (model changed, or decode path differs)",
+                         "greedy tokens differ from the reference argmax beyond the honest noise band"),
             DetectorSpec(
                 DetectorName.LOGPROB_DIVERGENCE,
                 logprob_divergence,
@@ -277,58 +296,31 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                 power_family=PowerFamily.MODEL,
                 power_target=_KL_RATIO,
             ),
-            _sampling_spec(
-                DetectorName.SAMPLING_GOF, sampling_gof, TestKind.PIT, (_R, _Q), own=False,
-                description="sampled tokens: randomized PIT uniformity (Cramér–von Mises)",
-                implication="sampled tokens do not follow the reference distribution",
-                finding="sampled tokens do not follow the reference distribution",
-            ),
-            _sampling_spec(
-                DetectorName.SAMPLING_ARGMAX, sampling_argmax, TestKind.ARGMAX, (_R, _D), own=False,
-                description="sampled tokens: argmax over-emission (relaxed acceptance)",
-                positions_note="; tested where p(argmax) >= ARGMAX_TEST_MIN_P",
-                implication="argmax over-emitted (relaxed acceptance, or greedy serving)",
-                finding="the argmax is over-emitted when sampling (relaxed acceptance, or greedy serving)",
-            ),
-            _sampling_spec(
-                DetectorName.SAMPLING_TAIL, sampling_tail, TestKind.TAIL, (_D, _R, _Q), own=False,
-                description="sampled tokens: low-probability tail deficit (truncated sampling)",
-                implication="low-probability tail under-emitted (truncated sampling)",
-                finding="the low-probability tail is under-emitted (truncated sampling)",
-            ),
-            _sampling_spec(
-                DetectorName.SELF_GOF, self_gof, TestKind.PIT, (_R,), own=True,
-                description="sampled tokens vs own logprobs: randomized PIT uniformity",
-                implication="sampled tokens do not follow the provider's own reported distribution",
-                finding="sampled tokens do not follow the provider's own reported distribution",
-            ),
-            _sampling_spec(
-                DetectorName.SELF_ARGMAX, self_argmax, TestKind.ARGMAX, (_R, _D), own=True,
-                description="sampled tokens vs own logprobs: top-1 over-emission",
-                implication="own top-1 over-emitted (relaxed acceptance)",
-                finding="the provider's own top-1 is over-emitted when sampling",
-            ),
-            _sampling_spec(
-                DetectorName.SELF_TAIL, self_tail, TestKind.TAIL, (_D, _R), own=True,
-                description="sampled tokens vs own logprobs: tail deficit",
-                implication="own tail under-emitted (truncated sampling)",
-                finding="the provider's own tail is under-emitted",
-            ),
-            DetectorSpec(
-                DetectorName.SELF_GREEDY,
-                self_greedy,
-                "T=0 tokens vs own reported top-1 (decode path consistency)",
-                needs_reference=False,
-                needs_top_logprobs=True,
-                mode=Mode.GREEDY,
-                test=TestKind.CLEAR_MISMATCH,
-                positions="T = 0, aligned token, trusted provider top_logprobs",
-                causes=(_D,),
-                implication="greedy tokens contradict own reported top-1 (decode path differs)",
-                finding="greedy tokens contradict the provider's own reported top-1 (decode path differs)",
-                power_family=PowerFamily.DECODE_PATH,
-                power_target=_CLEAR_MISMATCH,
-            ),
+            _paired_spec(DetectorName.SAMPLING_GOF, sampling_gof, TestKind.PIT, (_R, _Q), False,
+                         "randomized PIT uniformity (Cramér–von Mises)",
+                         "sampled tokens do not follow the reference distribution"),
+            _paired_spec(DetectorName.SAMPLING_ARGMAX, sampling_argmax, TestKind.ARGMAX, (_R, _D), False,
+                         "argmax over-emission (relaxed acceptance)",
+                         "argmax over-emitted (relaxed acceptance, or greedy serving)",
+                         "the argmax is over-emitted when sampling (relaxed acceptance, or greedy serving)",
+                         positions_note="; tested where p(argmax) >= ARGMAX_TEST_MIN_P"),
+            _paired_spec(DetectorName.SAMPLING_TAIL, sampling_tail, TestKind.TAIL, (_D, _R, _Q), False,
+                         "low-probability tail deficit (truncated sampling)",
+                         "low-probability tail under-emitted (truncated sampling)",
+                         "the low-probability tail is under-emitted (truncated sampling)"),
+            _paired_spec(DetectorName.SELF_GOF, self_gof, TestKind.PIT, (_R,), True,
+                         "randomized PIT uniformity",
+                         "sampled tokens do not follow the provider's own reported distribution"),
+            _paired_spec(DetectorName.SELF_ARGMAX, self_argmax, TestKind.ARGMAX, (_R, _D), True,
+                         "top-1 over-emission", "own top-1 over-emitted (relaxed acceptance)",
+                         "the provider's own top-1 is over-emitted when sampling"),
+            _paired_spec(DetectorName.SELF_TAIL, self_tail, TestKind.TAIL, (_D, _R), True,
+                         "tail deficit", "own tail under-emitted (truncated sampling)",
+                         "the provider's own tail is under-emitted"),
+            _paired_spec(DetectorName.SELF_GREEDY, self_greedy, TestKind.CLEAR_MISMATCH, (_D,), True,
+                         "T=0 tokens vs own reported top-1 (decode path consistency)",
+                         "greedy tokens contradict own reported top-1 (decode path differs)",
+                         "greedy tokens contradict the provider's own reported top-1 (decode path differs)"),
         )
     }
 )
@@ -372,9 +364,44 @@ IMPLICATIONS: Mapping[str, str] = MappingProxyType({k: s.implication for k, s in
 POWER_FAMILIES: Mapping[str, tuple[DetectorName, ...]] = MappingProxyType(
     {str(f): detectors_where(power_family=f) for f in PowerFamily}
 )
+#: Detectors that compare with the reference model at the same prompt (set aside on a template mismatch).
 REFERENCE_DETECTORS = detectors_where(needs_reference=True)
+#: The sampling tests on the provider's own logprobs (run only without a reference, by default).
 SELF_SAMPLING_DETECTORS = tuple(
     s.name for s in DETECTORS.values() if not s.needs_reference and s.mode == Mode.SAMPLING
+)
+
+
+@dataclass(frozen=True)
+class PreflightSpec:
+    """Entry of a pre-flight parameter check that joins the verdict's Holm family.
+
+    ``auditor.preflight`` turns its decoding checks into ``preflight-*`` DetectorResults; the verdict
+    (rule 6) names DECODING_NONCOMPLIANT when one rejects. Pre-flight results never count towards
+    the power check.
+
+    Attributes:
+        name: the DetectorResult name (``preflight-<check>``).
+        rule: the verdict rule it decides (``Verdict.details["rule"]``).
+        implication: short cause-naming phrase for ``Verdict.details["findings"]``.
+    """
+
+    name: str
+    rule: str
+    implication: str
+
+
+#: The pre-flight checks in the Holm family, in the order the verdict consults them.
+PREFLIGHT_CHECKS: Mapping[str, PreflightSpec] = MappingProxyType(
+    {
+        s.name: s
+        for s in (
+            PreflightSpec("preflight-greedy-top1", "6-preflight-greedy",
+                          "pre-flight: temperature-0 tokens are not the provider's own top-1"),
+            PreflightSpec("preflight-top-p", "6-preflight-sampling",
+                          "pre-flight: server-side top-k/top-p/min-p at temperature 1 with top_p=1"),
+        )
+    }
 )
 
 

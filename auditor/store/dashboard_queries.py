@@ -50,6 +50,7 @@ from auditor.store.models import (
     Schedule,
     VerdictRow,
 )
+from auditor.store.standing_queries import standing_of_runs
 from auditor.util import finite as _num
 
 __all__ = [
@@ -274,6 +275,12 @@ def provider_overview(
     and ``detectors`` (list of ``{"name", "p_value", "p_adjusted", "ran", ...}``). Providers
     without any verdict yet have ``verdict=None`` and the figures of their newest run.
 
+    The combined standing over the provider's recent audits (every suite, :mod:`auditor.standing`,
+    computed from the matching runs): ``standing`` (verdict or None), ``standing_reason``,
+    ``standing_suites``, ``causes`` (every cause found, worst first: ``verdict``, ``suite``,
+    ``run_id``, ``started_at``, ``rule``, ``reason``, ``primary``, ``evidence``), ``not_tested``
+    and ``standing_detail`` (the whole ``Standing.to_dict()``).
+
     Rows are sorted by provider name, then model.
     """
     runs = list(
@@ -310,6 +317,9 @@ def provider_overview(
                 ],
             }
         )
+        st = standing_of_runs(session, key[0], rs, model=key[1]).to_dict()
+        row.update(standing=st["standing"], standing_reason=st["reason"], standing_suites=st["suites"],
+                   causes=st["causes"], not_tested=st["not_tested"], standing_detail=st)
         rows.append(row)
     rows.sort(key=lambda r: (r["provider_name"], r["model"] or ""))
     return rows

@@ -1,4 +1,5 @@
-"""Providers overview: one row per provider/model with the latest verdict and key figures."""
+"""Providers overview: one row per provider/model with its combined standing (every recent suite,
+every cause: ``auditor.standing``), the latest run's verdict and key figures."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from dashboard.render import (
 from dashboard.views.common import Filters
 
 #: Fixed columns before and after the per-detector p-value columns.
-HEAD = ["Provider", "Model", "Verdict", "Date (UTC)"]
+HEAD = ["Provider", "Model", "Standing (recent suites)", "Latest run", "Date (UTC)"]
 TAIL = [
     "Greedy clear mismatch",
     "Mean KL, nats (× noise floor)",
@@ -65,6 +66,20 @@ def _kl_cell(kl: Any, floor: Any) -> str:
     return fmt_num(kl)
 
 
+def standing_cell(r: dict[str, Any]) -> str:
+    """The combined standing badge, the suites it covers and every distinct cause (markdown, escaped)."""
+    st = r.get("standing")
+    if not st:
+        return "—"
+    causes: list[str] = []
+    for c in r.get("causes") or []:
+        if c["verdict"] not in causes and c["verdict"] != st:
+            causes.append(c["verdict"])
+    suites = ", ".join(escape_md(str(x)) for x in r.get("standing_suites") or [])
+    return (verdict_badge(st) + (" + " + " + ".join(verdict_badge(c) for c in causes) if causes else "")
+            + (f" over {suites}" if suites else ""))
+
+
 def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Headers and markdown cells of the overview table (provider text escaped).
 
@@ -80,7 +95,8 @@ def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
             [
                 f"**{escape_md(r['provider_name'])}**",
                 escape_md(r["model"] or "—"),
-                verdict_badge(r["verdict"]),
+                standing_cell(r),
+                verdict_badge(r["verdict"]) + (f" ({escape_md(r['suite'])})" if r.get("suite") else ""),
                 date,
                 *[_p_cell(r["detectors"], n) for n in names],
                 fmt_pct(r["clear_mismatch_rate"]),
@@ -93,17 +109,39 @@ def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
     return headers, out
 
 
+def why_markdown(r: dict[str, Any]) -> str:
+    """The "Why" entry of a row: the standing with every cause (suite, run, rule, deciding evidence),
+    what no recent audit tested, and the latest run's verdict and reason (markdown, escaped)."""
+    who = f"**{escape_md(r['provider_name'])}** ({escape_md(r['model'] or '—')})"
+    reason = r["verdict_reason"] or ("no verdict yet" if not r["verdict"] else "")
+    latest = f"latest run {md_code(r['run_id'])}: {verdict_badge(r['verdict'])} {escape_md(reason, max_len=400)}"
+    if not r.get("standing"):
+        return f"- {who}, {latest}"
+    lines = [f"- {who}: standing {verdict_badge(r['standing'])} — {escape_md(r['standing_reason'], max_len=400)}"]
+    for c in r.get("causes") or []:
+        ev = ", ".join(f"{e.get('detector')} p_adj={fmt_p(e.get('p_adjusted'))}" for e in c.get("evidence") or [])
+        tag = "primary" if c["primary"] else f"also, in a {c['audit_verdict']} audit"
+        lines.append(f"  - {verdict_badge(c['verdict'])} ({escape_md(tag)}; suite {escape_md(str(c['suite']))}, run "
+                     f"{md_code(c['run_id'])}, rule {md_code(str(c['rule']))}): {escape_md(c['reason'], max_len=300)}"
+                     + (f" — {escape_md(ev)}" if ev else ""))
+    for n in r.get("not_tested") or []:
+        lines.append(f"  - not tested: {escape_md(n['what'])} — {escape_md(n['why'], max_len=200)}")
+    lines.append(f"  - {latest}")
+    return "\n".join(lines)
+
+
 def _csv(rows: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
     cols = [
-        "provider_name", "model", "verdict", "run_id", "started_at", "clear_mismatch_rate", "mean_kl",
+        "provider_name", "model", "standing", "verdict", "run_id", "started_at", "clear_mismatch_rate", "mean_kl",
         "noise_floor", "tokens", "cost_usd", "ttft_median_s", "tpot_median_s", "tokens_per_s", "n_runs",
     ]  # fmt: skip
     w = csv.writer(buf)
-    w.writerow(cols + ["detector_p_adjusted"])
+    w.writerow(cols + ["detector_p_adjusted", "causes"])
     for r in rows:
         det = ";".join(f"{d['name']}={d['p_adjusted']}" for d in r["detectors"])
-        w.writerow([r.get(c) for c in cols] + [det])
+        causes = ";".join(f"{c['verdict']}@{c['suite']}:{c['run_id']}" for c in r.get("causes") or [])
+        w.writerow([r.get(c) for c in cols] + [det, causes])
     return buf.getvalue()
 
 
@@ -111,7 +149,9 @@ def render(db_url: str, filters: Filters) -> None:
     """Draw the Providers page."""
     st.header("Providers")
     st.caption(
-        "Latest verdict per provider and model, with the figures behind it. p-values are "
+        "Standing per provider and model: the worst verdict of the newest audit of each suite within 7 days "
+        "of its newest audit, with every cause any of them found; then the latest run's verdict and the "
+        "figures behind it (`auditor report --provider NAME`). p-values are "
         "Holm-adjusted across detectors; KL is per token in nats against the reference model, "
         "shown next to the honest-vs-honest noise floor. Tokens and USD are summed over the runs "
         "in the selected period."
@@ -120,7 +160,7 @@ def render(db_url: str, filters: Filters) -> None:
     if not rows:
         st.info("No runs match the filters. Widen the date range or clear the model/suite filters.")
         return
-    counts = Counter(r["verdict"] or "no verdict" for r in rows)
+    counts = Counter(r.get("standing") or "no verdict" for r in rows)
     st.markdown(
         f"**{len(rows)} provider/model pairs** — "
         + " · ".join(
@@ -128,12 +168,8 @@ def render(db_url: str, filters: Filters) -> None:
         )
     )
     headers, cells = overview_table(rows)
-    st.markdown(md_table(headers, cells, align=["l"] * 4 + ["r"] * (len(headers) - 4)))
+    st.markdown(md_table(headers, cells, align=["l"] * 5 + ["r"] * (len(headers) - 5)))
     st.markdown("**Why**")
     for r in rows:
-        reason = r["verdict_reason"] or ("no verdict yet" if not r["verdict"] else "")
-        st.markdown(
-            f"- **{escape_md(r['provider_name'])}** ({escape_md(r['model'] or '—')}), run "
-            f"{md_code(r['run_id'])}: {verdict_badge(r['verdict'])} {escape_md(reason, max_len=400)}"
-        )
+        st.markdown(why_markdown(r))
     st.download_button("Download as CSV", _csv(rows), file_name="providers.csv", mime="text/csv", key="dl_overview")

@@ -9,13 +9,14 @@ import pytest
 
 from auditor.detectors import (
     DETECTORS,
-    IMPLICATIONS,
     MODES,
     POWER_FAMILIES,
     POWER_TARGETS,
+    PREFLIGHT_CHECKS,
     REFERENCE_DETECTORS,
     SELF_SAMPLING_DETECTORS,
     DetectorName,
+    DetectorResult,
     EvidenceBatch,
     Mode,
     PowerFamily,
@@ -24,7 +25,7 @@ from auditor.detectors import (
     run_detectors,
     spec,
 )
-from auditor.verdict import VerdictKind
+from auditor.verdict import VerdictKind, decide_verdict, required_positions
 
 
 def test_every_name_has_exactly_one_spec_in_enum_order() -> None:
@@ -72,20 +73,82 @@ def test_self_tests_need_top_logprobs_and_no_reference() -> None:
     assert detectors_where(mode=Mode.LOGPROB, needs_reference=False) == ()
 
 
-def test_verdict_tables_agree_with_the_registry() -> None:
-    """Until auditor/verdict.py reads the registry, its own tables must say the same thing."""
-    import auditor.verdict as v
+def _result(name: str, p: float) -> DetectorResult:
+    """A result of ``name`` with enough details for every verdict rule (nothing extreme)."""
+    return DetectorResult(name, 3.0, p, 0.01, (0.01, 0.01), 2000, [],
+                          details={"r0": 1e-3, "band": 0.2, "ratio_to_floor": 1.0, "top1_agreement": 0.99,
+                                   "m": 5, "n_prompts": 40, "expected_rate": 0.6, "argmax_rate": 0.6,
+                                   "excess_per_position": 0.0, "tail_ratio": 1.0, "deficit_per_position": 0.0,
+                                   "mean_tail_mass": 0.05, "expected": 30.0})
 
-    assert {k: tuple(m) for k, m in v.POWER_FAMILIES.items()} == {
-        k: tuple(m) for k, m in POWER_FAMILIES.items()
+
+def _all_quiet() -> list[DetectorResult]:
+    return [_result(k, 0.5) for k in DETECTORS]
+
+
+@pytest.mark.parametrize("name", [*DETECTORS, *PREFLIGHT_CHECKS])
+def test_verdict_findings_carry_the_registry_implication(name: str) -> None:
+    res = [r if r.name != name else _result(name, 1e-12) for r in _all_quiet()]
+    if name in PREFLIGHT_CHECKS:
+        res.append(_result(name, 1e-12))
+    v = decide_verdict(res)
+    want = PREFLIGHT_CHECKS[name].implication if name in PREFLIGHT_CHECKS else spec(name).implication
+    assert v.details["findings"] == [{"detector": name, "p_adjusted": pytest.approx(1e-12 * len(res)),
+                                      "implication": want}]
+    causes = spec(name).causes if name in DETECTORS else ("DECODING_NONCOMPLIANT",)
+    assert want and v.verdict in causes
+
+
+@pytest.mark.parametrize("name", list(PREFLIGHT_CHECKS))
+def test_preflight_rejection_decides_its_registry_rule_and_never_counts_for_power(name: str) -> None:
+    v = decide_verdict([*_all_quiet(), _result(name, 1e-12)])
+    assert v.verdict == "DECODING_NONCOMPLIANT" and v.details["rule"] == PREFLIGHT_CHECKS[name].rule
+    quiet = decide_verdict([*_all_quiet(), _result(name, 0.5)])
+    assert quiet.details["n_tests"] == len(DETECTORS) + 1 and quiet.details["rule"] in ("5-pass", "5-underpowered")
+    assert name not in quiet.details["power"]
+    assert quiet.details["power"] == decide_verdict(_all_quiet()).details["power"]  # same Bonferroni m
+
+
+def test_template_mismatch_sets_aside_exactly_the_reference_detectors() -> None:
+    v = decide_verdict(_all_quiet(), template_mismatch={"provider_prompt_tokens": 61, "reference_prompt_tokens": 31})
+    assert set(v.details["not_run"]) == set(REFERENCE_DETECTORS) == {
+        k for k, s in DETECTORS.items() if s.needs_reference
     }
-    assert dict(v.POWER_TARGETS) == dict(POWER_TARGETS)
-    mode_table = getattr(v, "_MODE", None)
-    if mode_table is not None:
-        assert {k: mode_table.get(k) for k in DETECTORS} == {k: str(m) for k, m in MODES.items()}
-    impl = getattr(v, "_IMPLICATION", None)
-    if impl is not None:  # (it may also list non-detector results, e.g. preflight-*)
-        assert {k: impl.get(k) for k in DETECTORS} == dict(IMPLICATIONS)
+    assert set(v.details["ran"]) == {k for k, s in DETECTORS.items() if not s.needs_reference}
+
+
+def test_verdict_power_follows_the_registry() -> None:
+    v = decide_verdict(_all_quiet())
+    power = v.details["power"]
+    # a power calculation exactly for the detectors with a power target (the KL test also needs the noise
+    # floor, not given here), tagged with their probe mode
+    powered = {k for k, s in DETECTORS.items() if s.power_target is not None and s.test != TestKind.KL}
+    assert set(power) == powered
+    assert {k: p["mode"] for k, p in power.items()} == {k: str(MODES[k]) for k in power}
+    assert list(v.details["power_families"]) == list(POWER_FAMILIES) == [f.value for f in PowerFamily]
+    for r in _all_quiet():
+        assert (required_positions(r, alpha_test=0.01) is not None) == (r.name in powered), r.name
+    # tests of one kind share the kind's calculation and target
+    for kind in (TestKind.CLEAR_MISMATCH, TestKind.ARGMAX, TestKind.TAIL):
+        reqs = {required_positions(_result(k, 0.5), alpha_test=0.01) for k in detectors_where(test=kind)}
+        assert len(reqs) == 1 and None not in reqs, kind
+
+
+def test_sampling_rules_read_the_test_kind_from_the_registry() -> None:
+    """Rule 4 groups the sampling tests by kind: a self-tail rejection alone (no reference) is truncation,
+    a self-argmax rejection alone is relaxed acceptance."""
+    own = [_result(k, 0.5) for k in SELF_SAMPLING_DETECTORS]
+    tail = detectors_where(test=TestKind.TAIL, needs_reference=False)[0]
+    arg = detectors_where(test=TestKind.ARGMAX, needs_reference=False)[0]
+    res = [r if r.name != tail else _result(tail, 1e-12) for r in own]
+    res = [r if r.name != tail else DetectorResult(tail, 0.0, 1e-12, 0.0, (0.0, 0.0), 2000, [],
+                                                   details={"tail_ratio": 0.0, "deficit_per_position": 0.05})
+           for r in res]
+    assert decide_verdict(res).details["rule"] == "4b-truncated"
+    res = [r if r.name != arg else DetectorResult(arg, 0.0, 1e-12, 0.1, (0.1, 0.1), 2000, [],
+                                                  details={"excess_per_position": 0.1, "argmax_rate": 0.7})
+           for r in own]
+    assert decide_verdict(res).details["rule"] == "4c-relaxed"
 
 
 def test_results_carry_plain_string_names_and_serialise() -> None:

@@ -532,3 +532,69 @@ def test_mild_divergence_lets_reference_sampling_tests_name_the_sampler():
     strong = replace(res, mk("logprob-divergence", 1e-30, n=2000, effect=0.05, ratio_to_floor=40.0,
                              top1_agreement=0.85, m=5, n_prompts=40))
     assert "4b-truncated" not in [c["rule"] for c in decide_verdict(strong).details["secondary_causes"]]
+
+
+# ------------------------------------------------------------------ rule 2t: another tokenizer
+def foreign_tokens(**over):
+    """``auditor.evidence.tokenizer_mismatch`` output: foreign token strings established."""
+    tm = {"established": ["foreign_tokens"], "foreign_tokens": ["<eos>", "▁the", "▁cat", "▁key"],
+          "n_foreign": 17, "n_foreign_distinct": 4, "n_checked": 300, "prompt_counts": [],
+          "n_prompt_disagree": 0, "n_prompt_checked": 0, "offsets": []}
+    return {**tm, **over}
+
+
+def test_rule2t_tokenizer_overrides_pass_with_the_evidence():
+    before = decide_verdict(quiet())
+    assert before.verdict == VerdictKind.PASS
+    v = decide_verdict(quiet(), tokenizer_mismatch=foreign_tokens())
+    assert v.verdict == VerdictKind.SUBSTITUTION and v.exit_code == 1
+    assert v.reason == (
+        "the provider uses another tokenizer than the claimed model's, so it serves another model: 4 distinct token "
+        "strings (17 of 300 tokens and alternatives) do not exist in the claimed model's vocabulary, e.g. '<eos>', "
+        "'▁the', '▁cat', '▁key'")
+    assert v.details["rule"] == "2t-tokenizer"
+    assert v.details["tokenizer_mismatch"] == foreign_tokens()
+    assert v.details["previous_verdict"] == {"verdict": "PASS", "reason": before.reason}
+    assert v.details["secondary_causes"] == []  # a PASS is no cause
+    # everything else the rules computed stays (detectors, power, findings)
+    assert v.details["detectors"] == before.details["detectors"] and v.details["power"] == before.details["power"]
+
+
+def test_rule2t_keeps_the_statistical_cause_as_first_secondary():
+    before = decide_verdict(llama_like())
+    tm = foreign_tokens(established=["prompt_counts"], prompt_counts=[[12, 11], [30, 28], [7, 6], [9, 8], [5, 4]],
+                        n_prompt_disagree=5, n_prompt_checked=6)
+    v = decide_verdict(llama_like(), tokenizer_mismatch=tm)
+    assert v.verdict == VerdictKind.SUBSTITUTION and v.details["rule"] == "2t-tokenizer"
+    assert v.reason.endswith("the provider counts the prompt tokens differently on 5 of 6 completions prompts "
+                             "(provider vs claimed tokenizer: 12 vs 11, 30 vs 28, 7 vs 6, 9 vs 8)")
+    assert "distinct token strings" not in v.reason
+    sec = v.details["secondary_causes"]
+    assert sec[0] == {"verdict": "QUANTIZATION", "rule": before.details["rule"], "reason": before.reason,
+                      "evidence": []}
+    assert sec[1:] == before.details["secondary_causes"]
+    assert v.details["previous_verdict"] == {"verdict": "QUANTIZATION", "reason": before.reason}
+
+
+@pytest.mark.parametrize("previous", ["SUBSTITUTION", "INCONCLUSIVE"])
+def test_rule2t_never_lists_substitution_or_inconclusive_as_secondary(previous):
+    if previous == "SUBSTITUTION":
+        res = replace(quiet(), mk("logprob-divergence", 1e-40, n=2000, effect=0.5, ratio_to_floor=80.0,
+                                  top1_agreement=0.6, m=5, n_prompts=40))
+        kw: dict = {}
+    else:
+        res = llama_like()
+        kw = {"provider_failures": {"failed": 48, "total": 52, "kinds": {"truncated_stream": 48}}}
+    before = decide_verdict(res, **kw)
+    assert before.verdict == previous
+    v = decide_verdict(res, tokenizer_mismatch=foreign_tokens(), **kw)
+    assert v.verdict == VerdictKind.SUBSTITUTION and v.details["rule"] == "2t-tokenizer"
+    assert v.details["secondary_causes"] == before.details["secondary_causes"]
+    assert v.details["previous_verdict"]["verdict"] == previous
+
+
+@pytest.mark.parametrize("tm", [None, {}])
+def test_rule2t_needs_evidence(tm):
+    a, b = decide_verdict(llama_like()), decide_verdict(llama_like(), tokenizer_mismatch=tm)
+    assert (a.verdict, a.reason, a.details) == (b.verdict, b.reason, b.details)
+    assert "tokenizer_mismatch" not in b.details and "previous_verdict" not in b.details
