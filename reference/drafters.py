@@ -6,7 +6,8 @@ reads exactly this interface and nothing else:
 - ``propose(context_ids, k, *, sampling, generator) -> Proposal(ids [k'] int64, q [k', V] float32 | None)``
   with ``k' <= k`` (possibly 0). ``q`` is the draft distribution each draft was sampled from, after
   the *same* processing as the target's p (``logits_to_probs``); ``None`` means a deterministic
-  drafter (one-hot q: n-gram lookup, greedy drafting, scripted drafts).
+  drafter (one-hot q: n-gram lookup, greedy drafting, scripted drafts). ``propose`` is defined
+  once, on the base class; each kind implements the hook ``_draft(context_ids, k, sampling, generator)``.
 - ``cost_per_token``: the cost of drafting one token in units of one single-token target forward
   (the draft-length policy's cost model; 0 for n-gram lookup).
 - ``reset()``: a new sequence starts (drop caches).
@@ -14,7 +15,8 @@ reads exactly this interface and nothing else:
 Kinds:
 - ``NgramDrafter``: prompt lookup (Saxena 2023; vLLM ``prompt_lookup_min/max``), longest n-gram
   suffix match wins, latest occurrence; free to run.
-- ``DraftModelDrafter``: a smaller causal LM sharing the tokenizer, with its own KV cache.
+- ``DraftModelDrafter``: a smaller causal LM sharing the tokenizer, with its own KV cache (it and
+  ``SelfDrafter`` share ``_LMDrafter``: autoregressive drafting from an incrementally fed LM).
 - ``SelfDrafter``: early exit (LayerSkip, Elhoushi et al. 2024; Draft & Verify, Zhang et al. 2023):
   the target's first L decoder layers + its final norm + LM head, with its own KV cache.
 - ``ScriptedDrafter`` / ``SequenceDrafter``: fixed proposals for tests.
@@ -62,7 +64,6 @@ class Drafter(abc.ABC):
     name: str = "drafter"
     cost_per_token: float = 0.0
 
-    @abc.abstractmethod
     def propose(
         self,
         context_ids: Sequence[int],
@@ -82,6 +83,13 @@ class Drafter(abc.ABC):
         Returns:
             ``Proposal(ids [k'] int64, q [k', V] | None)``.
         """
+        return self._draft(context_ids, k, sampling, generator)
+
+    @abc.abstractmethod
+    def _draft(
+        self, context_ids: Sequence[int], k: int, sampling: SamplingParams | None, generator: torch.Generator | None
+    ) -> Proposal:
+        """The kind's own drafting: :meth:`propose`'s arguments, positionally (subclasses implement this)."""
 
     def reset(self) -> None:  # noqa: B027 - a no-op default: stateless drafters need nothing
         """A new sequence starts: forget any per-sequence state (default: nothing to forget)."""
@@ -138,13 +146,8 @@ class NgramDrafter(Drafter):
                 return out
         return []
 
-    def propose(
-        self,
-        context_ids: Sequence[int],
-        k: int,
-        *,
-        sampling: SamplingParams | None = None,
-        generator: torch.Generator | None = None,
+    def _draft(
+        self, context_ids: Sequence[int], k: int, sampling: SamplingParams | None, generator: torch.Generator | None
     ) -> Proposal:
         """Propose up to k tokens by prompt lookup; q is None (one-hot)."""
         ids = self.find(context_ids, k)
@@ -209,39 +212,50 @@ class _IncrementalLM:
         return logits[0, -1]
 
 
-def _draft_autoregressive(
-    runner: _IncrementalLM,
-    context_ids: Sequence[int],
-    k: int,
-    sampling: SamplingParams | None,
-    generator: torch.Generator | None,
-) -> Proposal:
-    if k <= 0:
-        return Proposal(_EMPTY, None)
-    sampling = sampling or SamplingParams()
-    with torch.inference_mode():
-        logits = runner.sync(context_ids)
-        ids: list[int] = []
-        qs: list[torch.Tensor] = []
-        for j in range(k):
-            if sampling.greedy:
-                t = int(logits.argmax().item())
-            else:
-                qj = logits_to_probs(logits.float(), sampling.temperature, sampling.top_k, sampling.top_p)
-                t = sample_from(qj, generator)
-                qs.append(qj)
-            ids.append(t)
-            if j < k - 1:
-                logits = runner.feed([t])
-    q = torch.stack(qs).cpu() if qs else None
-    return Proposal(torch.tensor(ids, dtype=torch.long), q)
+class _LMDrafter(Drafter):
+    """A drafter that runs a causal LM (``_runner``) autoregressively, with its own KV cache.
+
+    Subclasses set ``self._runner`` in ``__init__``. At temperature 0 drafts are the LM's argmax
+    (q None); otherwise each draft is sampled from q = ``logits_to_probs(logits, same params as p)``
+    and q is returned ``[k', V]`` float32 on CPU.
+    """
+
+    _runner: _IncrementalLM
+
+    def _draft(
+        self, context_ids: Sequence[int], k: int, sampling: SamplingParams | None, generator: torch.Generator | None
+    ) -> Proposal:
+        """Draft up to k tokens autoregressively with ``self._runner`` (see class doc)."""
+        if k <= 0:
+            return Proposal(_EMPTY, None)
+        sampling = sampling or SamplingParams()
+        with torch.inference_mode():
+            logits = self._runner.sync(context_ids)
+            ids: list[int] = []
+            qs: list[torch.Tensor] = []
+            for j in range(k):
+                if sampling.greedy:
+                    t = int(logits.argmax().item())
+                else:
+                    qj = logits_to_probs(logits.float(), sampling.temperature, sampling.top_k, sampling.top_p)
+                    t = sample_from(qj, generator)
+                    qs.append(qj)
+                ids.append(t)
+                if j < k - 1:
+                    logits = self._runner.feed([t])
+        q = torch.stack(qs).cpu() if qs else None
+        return Proposal(torch.tensor(ids, dtype=torch.long), q)
+
+    def reset(self) -> None:
+        """Forget the KV cache (new sequence)."""
+        self._runner.reset()
 
 
 def _n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-class DraftModelDrafter(Drafter):
+class DraftModelDrafter(_LMDrafter):
     """A separate (smaller) causal LM sharing the target's tokenizer, with its own KV cache.
 
     At temperature 0 drafts are the draft model's argmax (q None); otherwise drafts are sampled
@@ -274,20 +288,6 @@ class DraftModelDrafter(Drafter):
 
         self._runner = _IncrementalLM(self.model, fwd)
 
-    def propose(
-        self,
-        context_ids: Sequence[int],
-        k: int,
-        *,
-        sampling: SamplingParams | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Proposal:
-        """Draft up to k tokens autoregressively from the draft model (see class doc)."""
-        return _draft_autoregressive(self._runner, context_ids, k, sampling, generator)
-
-    def reset(self) -> None:
-        """Forget the KV cache (new sequence)."""
-        self._runner.reset()
 
 
 def early_exit_forward(
@@ -327,7 +327,7 @@ def early_exit_forward(
     return out
 
 
-class SelfDrafter(Drafter):
+class SelfDrafter(_LMDrafter):
     """Self-speculative early-exit drafter: the target's first ``n_layers`` layers + final norm + LM head.
 
     Keeps its own ``DynamicCache`` (only the first ``n_layers`` layers are filled). Greedy at
@@ -368,20 +368,6 @@ class SelfDrafter(Drafter):
 
         self._runner = _IncrementalLM(self.model, fwd)
 
-    def propose(
-        self,
-        context_ids: Sequence[int],
-        k: int,
-        *,
-        sampling: SamplingParams | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Proposal:
-        """Draft up to k tokens with the early-exit model (see class doc)."""
-        return _draft_autoregressive(self._runner, context_ids, k, sampling, generator)
-
-    def reset(self) -> None:
-        """Forget the KV cache (new sequence)."""
-        self._runner.reset()
 
 
 #: one scripted proposal: ids, or ``(ids, q | None)``
@@ -409,13 +395,8 @@ class ScriptedDrafter(Drafter):
         self.cost_per_token = float(cost_per_token)
         self.calls = 0
 
-    def propose(
-        self,
-        context_ids: Sequence[int],
-        k: int,
-        *,
-        sampling: SamplingParams | None = None,
-        generator: torch.Generator | None = None,
+    def _draft(
+        self, context_ids: Sequence[int], k: int, sampling: SamplingParams | None, generator: torch.Generator | None
     ) -> Proposal:
         """Return the next scripted proposal, truncated to k."""
         out: ScriptEntry
@@ -449,13 +430,8 @@ class SequenceDrafter(Drafter):
     def __init__(self, sequence: Sequence[int]):
         self.sequence = list(sequence)
 
-    def propose(
-        self,
-        context_ids: Sequence[int],
-        k: int,
-        *,
-        sampling: SamplingParams | None = None,
-        generator: torch.Generator | None = None,
+    def _draft(
+        self, context_ids: Sequence[int], k: int, sampling: SamplingParams | None, generator: torch.Generator | None
     ) -> Proposal:
         """Propose ``sequence[len(context) : len(context)+k]`` (q None)."""
         n = len(context_ids)
