@@ -318,7 +318,9 @@ def resolve_reference(
 
     - ``local``: :func:`get_reference_models` (``device``/``dtypes`` override the table).
     - ``vllm``: ``reference.backends.make_backend`` (checks the endpoint answers ``prompt_logprobs``);
-      teacher forcing through vLLM's ``prompt_logprobs``. No local weights → no noise floor (the
+      teacher forcing through vLLM's ``prompt_logprobs``. The noise floor comes from local float32
+      weights of the same model when the table's ``tokenizer``/``model`` names a bundled model or a
+      directory with weights (:func:`_vllm_floor_weights`); else no noise floor (the
       logprob-divergence test reports "no noise floor"; greedy-match uses its default band).
     - ``none``: no scorer; the tokenizer of the table's ``tokenizer``/``model`` or else of
       ``claimed_model`` (the provider's ``model``), else the bundled default, aligns the provider's
@@ -353,9 +355,20 @@ def resolve_reference(
         except ReferenceError as exc:
             raise AuditError(f"reference {name!r} (kind vllm): {exc}", parameter="reference") from None
         scorer: Scorer = be  # VLLMBackend has revision, dtype and score
+        floor_lms, floor_src = _vllm_floor_weights(rc, device)
+        if floor_lms:
+            # scorer keyed by the floor's precision so that the detectors find its floor; the cache key
+            # and the report keep the backend's own dtype ("server") and revision ("vllm:...")
+            note = (f"reference: trusted vLLM server {rc.base_url} (model {rc.model}); noise floor measured from the "
+                    f"local float32 weights of {floor_src} (the same model), so logprob-divergence runs; the trusted "
+                    "engine's own run-to-run spread is not part of that floor (docs/scale.md)")
+            return ReferenceSetup("vllm", be.tokenizer, dict.fromkeys(floor_lms, scorer), floor_lms, str(be.revision),
+                                  str(be.dtype), notes=[note], backend=be)
         return ReferenceSetup("vllm", be.tokenizer, {str(be.dtype): scorer}, {}, str(be.revision), str(be.dtype),
                               notes=[f"reference: trusted vLLM server {rc.base_url} (model {rc.model}); no local "
-                                     "weights, so no noise floor: logprob-divergence does not run"], backend=be)
+                                     "weights of the served model here (its tokenizer/model names no bundled model or "
+                                     "directory with weight files), so no noise floor: logprob-divergence does not "
+                                     "run and greedy-match uses its default near-tie band"], backend=be)
     notes = [f"no reference (reference = {name!r}): {', '.join(NOT_TESTED_WITHOUT_REFERENCE)} not tested; only the "
              "reference-free tests ran (self-consistency of samples against the provider's own logprobs, greedy "
              "against its own top-1, parameter compliance)"]
@@ -379,6 +392,46 @@ def resolve_reference(
         return ReferenceSetup("none", tok, {}, {}, "none", "none", NOT_TESTED_WITHOUT_REFERENCE, notes,
                               tokenizer_is_claimed=False)
     return ReferenceSetup("none", tok, {}, {}, "none", "none", NOT_TESTED_WITHOUT_REFERENCE, notes)
+
+
+def _has_local_weights(m: str) -> bool:
+    """True when ``m`` is a bundled model name, a ``.gguf`` file or a directory holding weight files
+    (``*.safetensors``/``*.bin``/``*.gguf``): loading it never contacts a hub."""
+    from pathlib import Path
+
+    from reference.models import BUNDLED, model_cache_dir
+
+    if m in BUNDLED:
+        return True
+    p = Path(m).expanduser()
+    if p.is_file():
+        return p.suffix == ".gguf"
+    for d in (p, model_cache_dir() / m):
+        if d.is_dir() and any(next(d.glob(g), None) is not None for g in ("*.safetensors", "*.bin", "*.gguf")):
+            return True
+    return False
+
+
+def _vllm_floor_weights(rc: object, device: str | None) -> tuple[dict[str, LoadedModel], str]:
+    """Local float32 weights of a vLLM reference's served model, for the noise floor only.
+
+    The floor (``auditor.noise``) needs the model's weights: it decodes through honest simulated
+    deployments (fp32, kernel noise, bf16) and teacher-forces their tokens. A trusted vLLM engine
+    exposes only top-k ``prompt_logprobs``, not weights, so the floor can be measured only when the
+    same model's weights are also here: the table's ``tokenizer`` (else ``model``) names a bundled
+    model or a local directory / ``.gguf`` with weight files. Hub ids are never downloaded for this.
+
+    Returns:
+        ({"float32": LoadedModel}, source name), or ({}, "") when no local weights exist or they do
+        not load (the audit then runs without a floor, as documented in the reference notes).
+    """
+    for cand in (getattr(rc, "tokenizer", None), getattr(rc, "model", None)):
+        if cand and _has_local_weights(str(cand)):
+            try:
+                return get_reference_models(str(cand), ["float32"], device=device), str(cand)
+            except AuditError:
+                continue
+    return {}, ""
 
 
 # ------------------------------------------------------------------------------------------ cache

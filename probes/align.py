@@ -84,6 +84,7 @@ class ByteVocab:
         by_bytes: dict[bytes, int] = {}
         id_bytes: dict[int, bytes] = {}
         special: dict[str, int] = {}
+        fallback: list[tuple[bytes, int]] = []
         for s, i in sorted(vocab.items(), key=lambda kv: kv[1]):
             if s in special_strs:
                 special[s] = i
@@ -107,9 +108,13 @@ class ByteVocab:
                 continue
             if s in plain_added:
                 by_bytes[b] = i  # the tokenizer splits added tokens out first: their id is the one emitted
+            elif mode == "spm" and s.startswith("<0x"):
+                fallback.append((b, i))  # byte fallback: emitted only where no piece spells the byte
             else:
                 by_bytes.setdefault(b, i)
             id_bytes[i] = b
+        for b, i in fallback:  # after every piece: "(" is the piece id, not <0x28> (Gemma: 236769, not 278)
+            by_bytes.setdefault(b, i)
         return cls(by_bytes, special, id_bytes, max((len(b) for b in by_bytes), default=1), mode)
 
     def segment(self, data: bytes) -> list[int] | None:

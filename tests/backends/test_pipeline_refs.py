@@ -60,3 +60,34 @@ def test_reference_table_local_and_unusable_kinds(tmp_path, base_dir):
     bad = _providers(tmp_path, "x", '[references.x]\nkind = "local"\nmodel = "m"\ndevice = "gpu"\n')
     with pytest.raises(AuditError, match=r"references\.x\.device"):
         get_reference_models("x", config_path=bad)
+
+
+def test_vllm_reference_floor_from_local_weights(tmp_path, base_dir, tiny_lm, smollm2_tokenizer):
+    """A vllm reference whose tokenizer names a directory with the served model's weights gets a noise
+    floor from those weights (scorer keyed float32, report dtype still "server"); a tokenizer-only
+    directory gives no floor (logprob-divergence cannot run), as the reference notes say."""
+    from auditor.scoring import resolve_reference
+    from simulator.server import ServerThread, create_app
+
+    tok_only = tmp_path / "tok"
+    smollm2_tokenizer.save_pretrained(tok_only)
+    srv = ServerThread(create_app("honest-fp32", lm=tiny_lm, served_model_name="trusted", seed=0), timeout=120).start()
+    try:
+        table = "".join(f'[references.{n}]\nkind = "vllm"\nmodel = "trusted"\nbase_url = "{srv.base_url}"\n'
+                        f'tokenizer = "{d}"\n' for n, d in (("withw", base_dir), ("tokonly", tok_only)))
+        cfg = _providers(tmp_path, "withw", table)
+        ref = resolve_reference("withw", config_path=cfg, device="cpu")
+        try:
+            assert ref.kind == "vllm" and list(ref.lms) == ["float32"] and list(ref.scorers) == ["float32"]
+            assert ref.dtype_label == "server" and ref.scorers["float32"].dtype == "server"
+            assert ref.lms["float32"].path == str(base_dir) and "noise floor measured" in (ref.notes or [""])[0]
+        finally:
+            ref.close()
+            _MODELS.pop((str(base_dir), "float32"), None)
+        ref2 = resolve_reference("tokonly", config_path=cfg, device="cpu")
+        try:
+            assert ref2.lms == {} and list(ref2.scorers) == ["server"] and "no noise floor" in (ref2.notes or [""])[0]
+        finally:
+            ref2.close()
+    finally:
+        srv.stop()
