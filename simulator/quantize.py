@@ -138,6 +138,38 @@ def quanto_fake_quant(w: torch.Tensor, scheme: str, group_size: int = 64) -> tor
     return qt.dequantize().to(torch.float32).reshape(w.shape)
 
 
+#: A quanto extension build lock older than this (seconds) is taken as left by a killed build. The C++
+#: unpack extension compiles in about a minute on two cores; torch's ``FileBaton`` would wait for a
+#: stale lock forever, so the simulator would never start (seen: 795 s blocked until deleted by hand).
+QUANTO_STALE_LOCK_S = 600.0
+
+
+def quanto_stale_lock(max_age_s: float = QUANTO_STALE_LOCK_S) -> str | None:
+    """Path of a stale optimum-quanto C++ extension build lock, or None.
+
+    torch.utils.cpp_extension builds quanto's ``quanto_cpp`` extension under
+    ``optimum/quanto/library/extensions/cpp/build`` and serializes builds with a ``lock`` file that
+    a killed build leaves behind; every later build then waits on it without end. Returns the lock's
+    path when it exists and is older than ``max_age_s`` seconds (the caller then uses the torch
+    fallback and records why); None when there is no lock, it is fresh, or quanto is not installed.
+    """
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("optimum.quanto")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    lock = Path(spec.origin).parent / "library" / "extensions" / "cpp" / "build" / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
+        return None
+    return str(lock) if age > max_age_s else None
+
+
 def _fallback(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
     if scheme == "int8":
         return rtn_int8_per_channel(w.float())
@@ -178,6 +210,11 @@ def quantize_model_weights(
     t0 = time.perf_counter()
     errs: list[float] = []
     n_fallback = 0
+    stale = quanto_stale_lock() if use_quanto else None
+    if stale is not None:
+        use_quanto = False
+        rep.errors.append(f"optimum-quanto skipped: its extension build lock {stale} is older than "
+                          f"{QUANTO_STALE_LOCK_S:.0f} s (a killed build); delete it if no build is running")
     with torch.no_grad():
         for name, lin in iter_decoder_linears(model):
             w = lin.weight.data

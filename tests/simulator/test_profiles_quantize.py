@@ -101,3 +101,31 @@ def test_quantize_model_touches_only_decoder_linears(tiny_lm):
         assert torch.equal(a.weight, b.weight), n
     with pytest.raises(ValueError, match="scheme"):
         quantize_model_weights(fb, "int3")
+
+
+def test_a_stale_quanto_build_lock_falls_back_instead_of_blocking(tiny_lm, tmp_path, monkeypatch):
+    """A killed quanto extension build leaves ``build/lock``; torch would wait on it forever. A lock
+    older than QUANTO_STALE_LOCK_S makes the profile use the (bit-identical) torch fallback and say why;
+    a fresh lock (a build in progress) is left to torch's own wait."""
+    import importlib.util
+    import os
+    import time
+    import types
+
+    from simulator import quantize as q
+
+    pkg = tmp_path / "optimum" / "quanto"
+    lock = pkg / "library" / "extensions" / "cpp" / "build" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: types.SimpleNamespace(origin=str(pkg / "__init__.py")))
+    assert q.quanto_stale_lock() is None  # fresh: a build may be running
+    old = time.time() - q.QUANTO_STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    assert q.quanto_stale_lock() == str(lock)
+    m = copy.deepcopy(tiny_lm.model)
+    rep = quantize_model_weights(m, "int4", group_size=64)
+    assert rep.backend == "torch-rtn" and "build lock" in rep.errors[0] and str(lock) in rep.errors[0]
+    lock.unlink()
+    assert q.quanto_stale_lock() is None
