@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from auditor.detectors import PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorResult, not_run
 from probes.config import ProviderConfig
 from probes.normalize import NormalizedResponse, normalize_response
@@ -156,11 +157,12 @@ class PreflightReport:
         return {k: c.evidence.get(k) for k in ("provider_prompt_tokens", "reference_prompt_tokens", "api")}
 
     def detector_results(self, alpha_note: str = "") -> list[DetectorResult]:
-        """The decoding checks as DetectorResults (``preflight-greedy-top1``, ``preflight-top-p``)."""
+        """The decoding checks that join the verdict's Holm family, as DetectorResults: one per entry of
+        the registry's :data:`auditor.detectors.PREFLIGHT_CHECKS` (``preflight-greedy-top1``,
+        ``preflight-top-p``), each named ``preflight-<check name>``."""
         out = []
-        for name in ("greedy-top1", "top-p"):
-            c = self.check(name)
-            dname = f"preflight-{name}"
+        for dname in PREFLIGHT_CHECKS:
+            c = self.check(dname.removeprefix("preflight-"))
             if c is None or c.p_value is None:
                 out.append(not_run(dname, c.summary if c is not None else "pre-flight not run"))
                 continue
