@@ -29,6 +29,7 @@ from auditor.errors import AuditError
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.evidence import Observation
     from auditor.store import Store
+    from probes.config import ReferenceConfig
     from reference.models import LoadedModel
     from reference.scoring import ScoredContinuation
 
@@ -412,7 +413,7 @@ def _has_local_weights(m: str) -> bool:
     return False
 
 
-def _vllm_floor_weights(rc: object, device: str | None) -> tuple[dict[str, LoadedModel], str]:
+def _vllm_floor_weights(rc: ReferenceConfig, device: str | None) -> tuple[dict[str, LoadedModel], str]:
     """Local float32 weights of a vLLM reference's served model, for the noise floor only.
 
     The floor (``auditor.noise``) needs the model's weights: it decodes through honest simulated
@@ -425,7 +426,7 @@ def _vllm_floor_weights(rc: object, device: str | None) -> tuple[dict[str, Loade
         ({"float32": LoadedModel}, source name), or ({}, "") when no local weights exist or they do
         not load (the audit then runs without a floor, as documented in the reference notes).
     """
-    for cand in (getattr(rc, "tokenizer", None), getattr(rc, "model", None)):
+    for cand in (rc.tokenizer, rc.model):
         if cand and _has_local_weights(str(cand)):
             try:
                 return get_reference_models(str(cand), ["float32"], device=device), str(cand)
