@@ -40,6 +40,8 @@ from typing import Any, Literal
 from auditor.detectors import DETECTORS
 from auditor.detectors.speculation import speculation_line
 from auditor.report_junit import render_junit
+from auditor.util import fmt_p as _fmt_p
+from auditor.util import md_cell as _md
 from auditor.verdict import EXIT_CODES
 
 __all__ = [
@@ -221,17 +223,6 @@ def _json_safe(x: Any) -> Any:
     return str(x)
 
 
-def _fmt_p(p: Any) -> str:
-    if p is None:
-        return "—"
-    p = float(p)
-    if not math.isfinite(p):
-        return "—"
-    if p < 1e-4:
-        return f"{p:.1e}"
-    return f"{p:.4f}" if p < 0.1 else f"{p:.3f}"
-
-
 def _fmt_num(x: Any, digits: int = 4) -> str:
     if x is None:
         return "—"
@@ -273,13 +264,6 @@ def _tok(s: Any, limit: int = 40) -> str:
         return "?"
     t = json.dumps(str(s), ensure_ascii=False)[1:-1]
     return t if len(t) <= limit else t[: limit - 1] + "…"
-
-
-def _md(s: str) -> str:
-    """Make text safe inside a Markdown table cell (and code spans): escape pipes, no backticks or
-    newlines. Backslashes stay as they are (``_tok`` shows ``\\n`` for a newline, which Markdown
-    renders literally)."""
-    return str(s).replace("|", "\\|").replace("`", "'").replace("\n", " ")
 
 
 def _evidence_str(c: dict) -> str:

@@ -17,7 +17,8 @@ __all__ = ["render_junit"]
 
 def render_junit(report: AuditReport) -> str:
     """JUnit XML: a ``testsuite`` per audit, a ``testcase`` per detector and one for the verdict."""
-    from auditor.report import IMPLICATIONS, _evidence_rows, _failure_line, _fmt_effect, _fmt_p
+    from auditor.report import IMPLICATIONS, _evidence_rows, _failure_line, _fmt_effect
+    from auditor.util import fmt_p as _fmt_p
 
     r = report
     ran = [d for d in r.detectors if d.get("ran")]

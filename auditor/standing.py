@@ -33,7 +33,7 @@ Never tested: detectors that no recent audit ran (with the newest stored reason,
 probes in a ``precision`` audit) and causes that every recent audit names in ``not_tested`` (a
 ``reference = "none"`` audit).
 
-This module is pure (standard library only); :mod:`auditor.store.standing_queries` reads the store
+This module is pure (standard library and the leaf :mod:`auditor.util` only); :mod:`auditor.store.standing_queries` reads the store
 and calls :func:`combine_standing`; :func:`load_standing` opens a database for the CLI. Renderers:
 :func:`render_standing` (text, markdown, json, junit). Times are ISO 8601 UTC strings in outputs.
 """
@@ -46,7 +46,11 @@ import math
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from auditor.util import fmt_p as _fmt_p
+from auditor.util import json_safe
+from auditor.util import md_cell as _md
 
 __all__ = [
     "ACCUSATIONS",
@@ -156,7 +160,7 @@ class Standing:
     def to_dict(self) -> dict[str, Any]:
         """Strict-JSON data (``schema``, every attribute, ``suites``, ``exit_code``)."""
         d = {"schema": "spec-auditor.standing/1", **asdict(self), "suites": self.suites, "exit_code": self.exit_code}
-        return _json_safe(d)
+        return cast(dict[str, Any], json_safe(d))
 
 
 def _iso(t: dt.datetime | None) -> str | None:
@@ -329,28 +333,6 @@ def load_standing(
 
 
 # ------------------------------------------------------------------------------------------ renderers
-def _json_safe(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dt.datetime):
-        return _iso(x)
-    return x
-
-
-def _fmt_p(p: Any) -> str:
-    if not isinstance(p, int | float) or not math.isfinite(p):
-        return "—"
-    return f"{p:.1e}" if p < 1e-4 else (f"{p:.4f}" if p < 0.1 else f"{p:.3f}")
-
-
-def _md(s: Any) -> str:
-    return str(s).replace("|", "\\|").replace("`", "'").replace("\n", " ")
-
-
 def _text(st: Standing) -> str:
     lines = [f"{st.provider} ({st.model}) — combined standing over recent audits (window {st.window_days:g} days "
              f"to {st.as_of}): {st.standing or 'no audit'}", f"  {st.reason}"]

@@ -1,4 +1,5 @@
-"""Two small value helpers every part of the auditor shares: :func:`finite` and :func:`json_safe`.
+"""Small value helpers every part of the auditor shares: :func:`finite`, :func:`json_safe`, and the
+report formatting of a p-value (:func:`fmt_p`) and of a Markdown table cell (:func:`md_cell`).
 
 A leaf module: standard library only (numpy values are recognised by duck typing, ``tolist``), so
 ``auditor/detectors``, ``auditor/store`` and ``dashboard/`` can all import it without pulling
@@ -13,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Literal
 
-__all__ = ["JSONValue", "finite", "json_safe"]
+__all__ = ["JSONValue", "finite", "fmt_p", "json_safe", "md_cell"]
 
 #: What :func:`json_safe` returns: strict JSON data (RFC 8259; no NaN/Infinity).
 JSONValue = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
@@ -65,3 +66,25 @@ def json_safe(obj: object, *, bytes_encoding: Literal["latin-1", "utf-8"] = "lat
     if callable(tolist):  # numpy arrays and scalars, torch tensors
         return json_safe(tolist(), bytes_encoding=bytes_encoding)
     return str(obj)
+
+
+def fmt_p(p: object) -> str:
+    """A p-value for reports: ``"3.0e-09"`` below 1e-4, 4 decimals below 0.1, else 3; ``"—"`` for
+    None, a value ``float()`` cannot read, or a non-finite value (numpy scalars are read too)."""
+    if p is None or isinstance(p, bool):
+        return "—"
+    try:
+        v = float(p)  # type: ignore[arg-type]  # numpy scalars, numeric strings from stored JSON
+    except (TypeError, ValueError):
+        return "—"
+    if not math.isfinite(v):
+        return "—"
+    if v < 1e-4:
+        return f"{v:.1e}"
+    return f"{v:.4f}" if v < 0.1 else f"{v:.3f}"
+
+
+def md_cell(s: object) -> str:
+    """Text made safe inside a Markdown table cell (and code spans): pipes escaped, backticks → ``'``,
+    newlines → spaces. Backslashes stay as they are (a token shown as ``\\n`` renders literally)."""
+    return str(s).replace("|", "\\|").replace("`", "'").replace("\n", " ")

@@ -92,3 +92,14 @@ def test_json_safe_utf8_bytes_for_reports() -> None:
 def test_json_safe_returns_plain_python_floats() -> None:
     out = json_safe([np.float64(1.5)])
     assert out == [1.5] and type(out[0]) is float  # type: ignore[index]
+
+
+def test_fmt_p_and_md_cell() -> None:
+    import numpy as np
+
+    from auditor.util import fmt_p, md_cell
+
+    assert fmt_p(3e-9) == "3.0e-09" and fmt_p(0.05) == "0.0500" and fmt_p(0.5) == "0.500"
+    assert fmt_p(np.float32(0.25)) == "0.250"
+    assert [fmt_p(x) for x in (None, True, float("nan"), float("inf"), "x")] == ["—"] * 5
+    assert md_cell("a|b`c\nd") == "a\\|b'c d"
