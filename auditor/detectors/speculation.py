@@ -82,6 +82,15 @@ _BATCH_MIN_BIG_FRACTION = 0.05
 #: several steps, spread around their mean instead.
 _STEP_MIN_SINGLE = 0.15
 _STEP_MIN_AT_CAP = 0.15
+#: A step stops at its first rejected draft, so below the largest size the step sizes fall off:
+#: P(size = j) = E[a^(j-1) (1 - a)] is non-increasing in j for any mixture of per-step acceptance
+#: rates a, and a size m below the largest is at most as common as each smaller size. Tree
+#: drafters whose acceptance varies with depth (EAGLE-2/3) bend this (at most 1.8x the mean of the
+#: smaller sizes for depth-wise rates 0.97, 0.95, ..., 0.75); a size more than ``_STEP_MAX_PEAK_RATIO`` times as
+#: common as the mean of the smaller sizes (one-sided binomial test at ``_BATCH_PEAK_ALPHA``, last
+#: chunk of each response left out: max_tokens truncates it) is a steady stream flushed by time.
+_STEP_MAX_PEAK_RATIO = 4.0
+_BATCH_PEAK_ALPHA = 0.01
 #: No verification step accepts more tokens than this (draft lengths and tree depths in
 #: vLLM/SGLang/EAGLE configurations stay below it); bigger chunks are buffered output.
 MAX_STEP_TOKENS = 16
@@ -398,6 +407,14 @@ def estimate_speculation(
         frac_cap = float(np.mean(all_tpc == all_tpc.max()))
         ev["chunks_at_max_fraction"] = _r(frac_cap)
         step_like = frac1 >= _STEP_MIN_SINGLE or frac_cap >= _STEP_MIN_AT_CAP
+        peak = _interior_peak(clean) if exact else None
+        if peak is not None:
+            ev["interior_peak"] = {"size": peak[0], "chunks": peak[1], "smaller_chunks": peak[2],
+                                   "p_value": _r(peak[3], 6)}
+            if peak[3] < _BATCH_PEAK_ALPHA:
+                why.append(f"below the largest chunk size, {peak[0]}-token chunks are too common ({peak[1]} chunks "
+                           f"against {peak[2]} smaller ones; p={peak[3]:.1e}): a verification step stops at its "
+                           "first rejected draft, so step sizes fall off from 1")
         if low_tpc >= _BATCH_MIN_TOKENS and exact and not step_like:
             why.append(f"chunk sizes spread around {low_tpc:.1f} tokens ({frac1:.0%} single-token, {frac_cap:.0%} at "
                        f"the largest size {int(all_tpc.max())}): verification steps pile up at 1 (rejected draft) "
@@ -463,6 +480,35 @@ def estimate_speculation(
         ev["reason"] = f"{basis} prompts: 95% interval [{dlo:.2f}, {dhi:.2f}] tokens/step straddles {threshold}"
     ci = (lo, hi) if math.isfinite(lo) else None
     return SpeculationEstimate(detected, m, ci, ev)
+
+
+def _interior_peak(clean: list[_Clean]) -> tuple[int, int, int, float] | None:
+    """The chunk size below the largest that is most over-represented against the smaller sizes.
+
+    Chunks: every response's chunks but its last (max_tokens or a stop truncates it). For each
+    size m with 1 < m < largest, the one-sided binomial p-value of ``count(m)`` among
+    ``count(m) + count(< m)`` under P(m) <= ``_STEP_MAX_PEAK_RATIO`` x the mean of P(j) over j < m
+    (success probability R / (R + m - 1)); the smallest, Bonferroni-adjusted over the sizes tested.
+
+    Returns:
+        ``(m, count(m), count(< m), p_adjusted)`` for that size, or None when there is no size
+        strictly between 1 and the largest.
+    """
+    body = np.concatenate([c.tpc[:-1] for c in clean])
+    if body.size == 0:
+        return None
+    cap = int(body.max())
+    sizes, counts = np.unique(body[(body > 1) & (body < cap)], return_counts=True)
+    best: tuple[int, int, int, float] | None = None
+    for m, n_m in zip(sizes.tolist(), counts.tolist(), strict=True):
+        n_below = int(np.sum(body < m))
+        p0 = _STEP_MAX_PEAK_RATIO / (_STEP_MAX_PEAK_RATIO + m - 1)
+        p = float(stats.binomtest(int(n_m), int(n_m) + n_below, p0, alternative="greater").pvalue)
+        if best is None or p < best[3]:
+            best = (int(m), int(n_m), n_below, p)
+    if best is None:
+        return None
+    return best[0], best[1], best[2], min(1.0, best[3] * len(sizes))
 
 
 def _contrast(clean: list[_Clean], predictable: Sequence[str], rng: np.random.Generator, n_boot: int,

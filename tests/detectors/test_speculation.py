@@ -234,3 +234,41 @@ def test_speculation_line():
     assert line.startswith("speculation: detected") and f"{d['mean_accepted_tokens_per_step']:.2f}" in line
     assert speculation_line({"detected": None, "evidence": {"mode": "time-batched"}}) == "speculation: cannot tell (time-batched)"
     assert speculation_line(None) is None and speculation_line({"x": 1}) is None
+
+
+def test_fast_steady_stream_flushed_by_time_is_not_steps():
+    """A fast plain decoder flushed every 50 ms sends 9-13 tokens per chunk at regular gaps (CI's
+    quiet machine: 10-11 tokens per chunk, 30% at the largest size); step sizes would fall off
+    from 1, these peak below the largest size, so the fingerprint must say "cannot tell"."""
+    for alpha, fwd_s in ((0.0, 0.005), (0.0, 0.004), (0.0, 0.01), (0.5, 0.004)):
+        for seed in range(10):
+            rng = np.random.default_rng(seed)
+            streams, _ = audit(rng, n=6, alpha=alpha, mode="time", fwd_s=fwd_s, jitter=0.05, n_tokens=96,
+                               workload="repetition")
+            est = estimate_speculation(streams, n_boot=200)
+            if est.evidence["mode"] == "insufficient":
+                continue
+            assert est.evidence["mode"] == "time-batched", (alpha, fwd_s, seed, est.evidence)
+            assert est.detected is None
+
+
+def test_depth_dependent_acceptance_is_still_steps():
+    """Tree drafters accept the first drafts more often than the deep ones (EAGLE-2/3): step sizes
+    then do not fall off from 1, and the interior-peak rule must tolerate it."""
+    accs = [0.97, 0.95, 0.93, 0.9, 0.88, 0.85, 0.8, 0.75]
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        streams = []
+        for i in range(10):
+            sizes, total = [], 0
+            while total < 120:
+                g = 0
+                while g < len(accs) and rng.random() < accs[g]:
+                    g += 1
+                sizes.append(min(g + 1, 120 - total))
+                total += sizes[-1]
+            streams.append(StreamTiming(list(0.02 * rng.lognormal(0, 0.1, len(sizes) - 1)), sizes, "chat", total,
+                                        key=f"p{i}"))
+        est = estimate_speculation(streams, n_boot=200)
+        assert est.evidence["mode"] == "step-chunks", est.evidence
+        assert est.detected is True
