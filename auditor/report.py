@@ -17,6 +17,12 @@ Renderers (all pure functions of the report):
   CI system shows an audit like a test run: a rejecting detector is a ``failure``, a detector
   that could not run is ``skipped``, an INCONCLUSIVE verdict is an ``error``.
 
+Every renderer opens with the buyer's two questions (issue 14, :mod:`auditor.questions`): "Is the model
+served at its original precision?" and "Is speculative verification strict (lossless)?", each
+answered yes / no / not tested with its evidence (JSON: the top-level ``questions`` list of
+``{key, question, answer, evidence}``; JUnit: ``question.*`` properties and the suite's
+``system-out``).
+
 Every renderer shows every cause, not only the primary one (issue 13): the verdict's
 ``secondary_causes`` with their deciding evidence, the provider failures (share and kinds) when
 probes failed, and the parameter-compliance pre-flight checks (``auditor.preflight``; failed ones
@@ -39,6 +45,7 @@ from typing import Any, Literal
 
 from auditor.detectors import DETECTORS
 from auditor.detectors.speculation import speculation_line
+from auditor.questions import QuestionAnswer, answer_questions
 from auditor.report_junit import render_junit
 from auditor.util import fmt_p as _fmt_p
 from auditor.util import md_cell as _md
@@ -174,9 +181,14 @@ class AuditReport:
         """The parameter-compliance pre-flight checks (``auditor.preflight``), [] when none ran."""
         return list(((self.summary or {}).get("preflight") or {}).get("checks") or [])
 
+    @property
+    def questions(self) -> list[QuestionAnswer]:
+        """The buyer's two questions answered from the verdict (:func:`auditor.questions.answer_questions`)."""
+        return answer_questions(self.verdict, self.verdict_details)
+
     def to_dict(self) -> dict:
-        """The JSON report (strict JSON: NaN/inf become null)."""
-        d = asdict(self)
+        """The JSON report (strict JSON: NaN/inf become null); ``questions`` comes first."""
+        d = {"questions": [q.to_dict() for q in self.questions], **asdict(self)}
         d["schema"] = REPORT_SCHEMA
         d["exit_code"] = self.exit_code
         d["secondary_causes"] = self.secondary_causes
@@ -193,7 +205,7 @@ class AuditReport:
 
 
 #: Top-level keys every JSON report carries.
-JSON_FIELDS = tuple(AuditReport.__dataclass_fields__) + (
+JSON_FIELDS = ("questions",) + tuple(AuditReport.__dataclass_fields__) + (
     "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "speculation")
 
 
@@ -308,6 +320,7 @@ def _check_mark(c: dict) -> str:
 def render_text(report: AuditReport, console: Any | None = None) -> None:
     """Print the report with rich: verdict, detector table, cost. ``console`` defaults to stdout."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -318,6 +331,9 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         f"@{report.reference.get('revision')}",
         highlight=False,
     )
+    for q in report.questions:
+        qc = {"yes": "green", "no": "red"}.get(q.answer, "yellow")
+        console.print(f"{q.question} [bold {qc}]{q.answer}[/bold {qc}] — {escape(q.evidence)}", highlight=False)
     t = Table(title=f"detectors (Holm, family-wise α = {report.alpha:g})", title_justify="left")
     cols: tuple[tuple[str, Literal["left", "right"]], ...] = (
         ("detector", "left"), ("statistic", "right"), ("p", "right"), ("p (Holm)", "right"),
@@ -426,6 +442,11 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
     vd = r.verdict_details or {}
     out: list[str] = []
     out.append(f"# Inference audit: {r.provider} — **{r.verdict}**")
+    out.append("")
+    out.append("| Question | Answer | Evidence |")
+    out.append("|---|---|---|")
+    for q in r.questions:
+        out.append(f"| {q.question} | **{q.answer}** | {_md(q.evidence)} |")
     out.append("")
     out.append(f"> {r.verdict_reason}")
     out.append("")

@@ -1,6 +1,8 @@
 """JUnit XML rendering of an :class:`~auditor.report.AuditReport` (moved out of ``auditor.report``).
 
-Re-exported as ``auditor.report.render_junit``; import it from there.
+Re-exported as ``auditor.report.render_junit``; import it from there. The buyer's two questions
+(:mod:`auditor.questions`) are ``question.<key>`` (the answer) and ``question.<key>.evidence``
+properties, and the suite's ``system-out`` (after the test cases, as the JUnit schema orders it).
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ def render_junit(report: AuditReport) -> str:
         ("cost_usd", r.cost_usd),
     ):
         ET.SubElement(props, "property", name=k, value="" if v is None else str(v))
+    questions = r.questions
+    for q in questions:
+        ET.SubElement(props, "property", name=f"question.{q.key}", value=q.answer)
+        ET.SubElement(props, "property", name=f"question.{q.key}.evidence", value=q.evidence)
     cls = f"spec-auditor.{r.provider}"
     for d in r.detectors:
         tc = ET.SubElement(ts, "testcase", classname=cls, name=d["name"], time="0")
@@ -99,5 +105,6 @@ def render_junit(report: AuditReport) -> str:
     fl = _failure_line(r.provider_failures)
     if fl:
         ET.SubElement(props, "property", name="provider_failures", value=fl)
+    ET.SubElement(ts, "system-out").text = "\n".join(q.line() for q in questions)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

@@ -29,11 +29,18 @@ recent audits, each with its suite, run id, start time, rule, reason and decidin
 (rule ``0-provider-failures``) is listed with ``audit_verdict = "INCONCLUSIVE"`` but does not raise
 the standing, as that audit itself did not accuse.
 
+The buyer's two questions (issue 14, :mod:`auditor.questions`): "Is the model served at its original
+precision?" and "Is speculative verification strict (lossless)?", answered per recent audit and
+merged by :func:`auditor.questions.combine_answers` (newest first): a "no" from any recent audit
+wins (as any accusation wins the standing), else the newest "yes", else "not tested". Each answer
+names the audit it came from (``run_id``, ``suite``); every renderer opens with them.
+
 Never tested: detectors that no recent audit ran (with the newest stored reason, e.g. no sampling
 probes in a ``precision`` audit) and causes that every recent audit names in ``not_tested`` (a
 ``reference = "none"`` audit).
 
-This module is pure (standard library and the leaf :mod:`auditor.util` only); :mod:`auditor.store.standing_queries` reads the store
+This module is pure (standard library, the leaf :mod:`auditor.util` and the stdlib-only
+:mod:`auditor.questions`); :mod:`auditor.store.standing_queries` reads the store
 and calls :func:`combine_standing`; :func:`load_standing` opens a database for the CLI. Renderers:
 :func:`render_standing` (text, markdown, json, junit). Times are ISO 8601 UTC strings in outputs.
 """
@@ -48,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
+from auditor.questions import answer_questions, combine_answers
 from auditor.util import fmt_p as _fmt_p
 from auditor.util import json_safe
 from auditor.util import md_cell as _md
@@ -134,6 +142,8 @@ class Standing:
             "reason", "rule", "alpha"}``. causes: every cause, worst first (:class:`Cause`).
         not_tested: ``[{"what", "why"}]`` (detectors no recent audit ran, causes never tested).
         ignored: older audits left out: ``{"suite", "run_id", "started_at", "verdict", "why"}``.
+        questions: the buyer's two questions: ``{"key", "question", "answer", "evidence", "run_id",
+            "suite"}`` (``run_id``/``suite`` of the audit the answer came from, None when none).
     """
 
     provider: str
@@ -146,6 +156,7 @@ class Standing:
     causes: list[Cause] = field(default_factory=list)
     not_tested: list[dict[str, str]] = field(default_factory=list)
     ignored: list[dict[str, Any]] = field(default_factory=list)
+    questions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def suites(self) -> list[str]:
@@ -288,7 +299,15 @@ def combine_standing(
     audits = [{"suite": r.suite, "run_id": r.run_id, "started_at": _iso(r.started_at), "verdict": r.verdict,
                "reason": r.reason, "rule": (r.details or {}).get("rule") or "—", "alpha": r.alpha} for r in recent]
     return Standing(provider, model, standing, _reason(standing, recent, causes, window_days), _iso(anchor),
-                    float(window_days), audits, causes, _not_tested(recent), ignored)
+                    float(window_days), audits, causes, _not_tested(recent), ignored, _questions(recent))
+
+
+def _questions(recent: Sequence[AuditRecord]) -> list[dict[str, Any]]:
+    """The two answers merged over the recent audits (newest first), each with its source audit."""
+    merged = combine_answers([(f"suite {r.suite}, run {r.run_id}", answer_questions(r.verdict, r.details))
+                              for r in recent])
+    return [{**a.to_dict(), "run_id": recent[i].run_id if i is not None else None,
+             "suite": recent[i].suite if i is not None else None} for a, i in merged]
 
 
 def _reason(standing: str | None, recent: Sequence[AuditRecord], causes: Sequence[Cause], window: float) -> str:
@@ -335,7 +354,9 @@ def load_standing(
 # ------------------------------------------------------------------------------------------ renderers
 def _text(st: Standing) -> str:
     lines = [f"{st.provider} ({st.model}) — combined standing over recent audits (window {st.window_days:g} days "
-             f"to {st.as_of}): {st.standing or 'no audit'}", f"  {st.reason}"]
+             f"to {st.as_of}): {st.standing or 'no audit'}"]
+    lines += [f"  {q['question']} {q['answer']} — {q['evidence']}" for q in st.questions]
+    lines.append(f"  {st.reason}")
     for a in st.audits:
         lines.append(f"  suite {a['suite']}: {a['verdict']} — run {a['run_id']} at {a['started_at']} (rule {a['rule']})")
     for c in st.causes:
@@ -350,7 +371,10 @@ def _text(st: Standing) -> str:
 
 
 def _markdown(st: Standing) -> str:
-    out = [f"# Provider standing: {_md(st.provider)} — **{st.standing or 'no audit'}**", "", f"> {_md(st.reason)}", "",
+    out = [f"# Provider standing: {_md(st.provider)} — **{st.standing or 'no audit'}**", "",
+           "| Question | Answer | Evidence |", "|---|---|---|"]
+    out += [f"| {q['question']} | **{q['answer']}** | {_md(q['evidence'])} |" for q in st.questions]
+    out += ["", f"> {_md(st.reason)}", "",
            f"Model `{_md(st.model)}`; the newest audit per suite within {st.window_days:g} days up to {st.as_of}.", "",
            "## Recent audits", "", "| suite | verdict | run | started | rule |", "|---|---|---|---|---|"]
     out += [f"| {_md(a['suite'])} | **{a['verdict']}** | `{a['run_id']}` | {a['started_at']} | `{_md(a['rule'])}` |"
@@ -385,6 +409,9 @@ def _junit(st: Standing) -> str:
     props = ET.SubElement(ts, "properties")
     for k, v in (("provider", st.provider), ("model", st.model), ("standing", st.standing), ("window_days", st.window_days)):
         ET.SubElement(props, "property", name=k, value="" if v is None else str(v))
+    for q in st.questions:
+        ET.SubElement(props, "property", name=f"question.{q['key']}", value=str(q["answer"]))
+        ET.SubElement(props, "property", name=f"question.{q['key']}.evidence", value=str(q["evidence"]))
     for a in st.audits:
         tc = ET.SubElement(ts, "testcase", classname=f"spec-auditor.standing.{st.provider}", name=f"suite {a['suite']}", time="0")
         msg = "; ".join(f"{c.verdict} ({c.rule}: {c.evidence_line() or c.reason})" for c in by_run.get(a["run_id"], []))

@@ -323,9 +323,15 @@ def decide_verdict(
         details["template_mismatch"] = dict(template_mismatch)
     ctx = _Ctx(by, rejects, details)
     cause = _primary_cause(ctx)
+    n_power = max(1, sum(1 for r in ran if r.name not in PREFLIGHT_CHECKS))
     if cause is None:
-        n_power = sum(1 for r in ran if r.name not in PREFLIGHT_CHECKS)
-        cause = _no_rejection(adj, alpha, power, floor, details, max(1, n_power))
+        cause = _no_rejection(adj, alpha, power, floor, details, n_power)
+    elif any(r.ran and r.p_adjusted is not None for r in adj):
+        # a deviation was found: still record each family's power, so that the buyer's other
+        # question (auditor.questions) can be answered; no budget is suggested for a rejection
+        scratch: dict = {}
+        _budget(adj, alpha, power, floor, scratch, n_tests=n_power)
+        details["power"], details["power_families"] = scratch["power"], scratch["power_families"]
     secondary = [c for c in _other_causes(ctx, cause) if c.rule != cause.rule]
     fail = _failure_summary(provider_failures)
     if fail is not None:

@@ -139,7 +139,8 @@ _KL_RATIO = PowerTarget(
     "kl_ratio", 3.0, "geometric-mean KL / honest floor", "KL three times the honest noise floor"
 )
 _ARGMAX_EXCESS = PowerTarget(
-    "argmax_excess", 0.08, "extra argmax emissions per sampled position", "relaxed acceptance"
+    "argmax_excess", 0.08, "extra argmax emissions per sampled position",
+    "0.08 extra argmax emissions per sampled position (relaxed acceptance)"
 )
 _TAIL_RATIO = PowerTarget(
     "tail_ratio", 0.0, "observed / expected tail emissions", "the tail entirely missing (truncation)"

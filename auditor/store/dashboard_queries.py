@@ -39,6 +39,7 @@ from typing import Any
 from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
+from auditor.questions import answer_questions
 from auditor.store.models import (
     Alert,
     AuditRun,
@@ -480,8 +481,10 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     ``reference_revision``, ``reference_dtype``, ``code_version``, ``summary`` (raw JSON),
     ``detectors`` (every stored detector result with ``statistic``, ``p_value``, ``p_adjusted``,
     ``effect`` and CI, ``n``, ``ran``, ``reason`` and ``evidence``), ``verdict_details`` (the
-    ``verdicts.details`` JSON), ``strongest`` (name of the detector with the smallest adjusted
-    p-value among those that ran and have evidence, else None), ``probes`` (``id``,
+    ``verdicts.details`` JSON), ``questions`` (the buyer's two questions answered from the verdict,
+    ``auditor.questions``: ``{"key", "question", "answer", "evidence"}``; [] without a verdict),
+    ``strongest`` (name of the detector with the smallest adjusted p-value among those that ran and
+    have evidence, else None), ``probes`` (``id``,
     ``probe_key``, ``mode``, ``workload``, ``status``, ``n_attempts``, ``anomalies``) and
     ``tokens_per_chunk`` (see :func:`tokens_per_chunk_histogram`).
     """
@@ -503,6 +506,7 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     row["detectors"] = detectors
     vrow = session.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))
     row["verdict_details"] = (vrow.details or {}) if vrow else {}
+    row["questions"] = [q.to_dict() for q in answer_questions(vrow.verdict, row["verdict_details"])] if vrow else []
     if vrow and not row["verdict_reason"]:
         row["verdict_reason"] = vrow.reason
 

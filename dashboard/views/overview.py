@@ -110,7 +110,8 @@ def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
 
 
 def why_markdown(r: dict[str, Any]) -> str:
-    """The "Why" entry of a row: the standing with every cause (suite, run, rule, deciding evidence),
+    """The "Why" entry of a row: the standing, the buyer's two questions (``standing_detail["questions"]``,
+    :mod:`auditor.standing`), every cause (suite, run, rule, deciding evidence),
     what no recent audit tested, and the latest run's verdict and reason (markdown, escaped)."""
     who = f"**{escape_md(r['provider_name'])}** ({escape_md(r['model'] or '—')})"
     reason = r["verdict_reason"] or ("no verdict yet" if not r["verdict"] else "")
@@ -118,6 +119,9 @@ def why_markdown(r: dict[str, Any]) -> str:
     if not r.get("standing"):
         return f"- {who}, {latest}"
     lines = [f"- {who}: standing {verdict_badge(r['standing'])} — {escape_md(r['standing_reason'], max_len=400)}"]
+    for q in (r.get("standing_detail") or {}).get("questions") or []:
+        lines.append(f"  - {escape_md(q.get('question'))} **{escape_md(q.get('answer'))}** — "
+                     f"{escape_md(q.get('evidence'), max_len=400)}")
     for c in r.get("causes") or []:
         ev = ", ".join(f"{e.get('detector')} p_adj={fmt_p(e.get('p_adjusted'))}" for e in c.get("evidence") or [])
         tag = "primary" if c["primary"] else f"also, in a {c['audit_verdict']} audit"

@@ -199,6 +199,20 @@ def chunk_histogram(hist: dict[int, int]) -> alt.Chart:
     )
 
 
+#: Badge colour of each answer to the buyer's questions.
+ANSWER_COLORS = {"yes": "green", "no": "red", "not tested": "orange"}
+
+
+def questions_table(questions: list[dict[str, Any]]) -> str:
+    """Markdown table of the buyer's two questions (``run_detail``'s ``questions``: question, answer
+    badge, evidence; every text escaped); "" when there are none (no verdict yet)."""
+    if not questions:
+        return ""
+    rows = [[escape_md(q.get("question")), f":{ANSWER_COLORS.get(str(q.get('answer')), 'gray')}-badge[{escape_md(q.get('answer'))}]",
+             escape_md(q.get("evidence"), max_len=600)] for q in questions]
+    return md_table(["Question", "Answer", "Evidence"], rows)
+
+
 def render(db_url: str, filters: Filters) -> None:
     """Draw the Run detail page."""
     st.header("Run detail")
@@ -219,6 +233,9 @@ def render(db_url: str, filters: Filters) -> None:
         return
 
     st.markdown(f"### {verdict_badge(d['verdict'])} {escape_md(d['provider_name'])} · {escape_md(d['model'] or '—')}")
+    questions = questions_table(d.get("questions") or [])
+    if questions:
+        st.markdown(questions)
     if d["verdict_reason"]:
         st.markdown(escape_md(d["verdict_reason"], max_len=2000))
     elif d["status"] != "completed":
