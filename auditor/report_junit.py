@@ -2,7 +2,9 @@
 
 Re-exported as ``auditor.report.render_junit``; import it from there. The buyer's two questions
 (:mod:`auditor.questions`) are ``question.<key>`` (the answer) and ``question.<key>.evidence``
-properties, and the suite's ``system-out`` (after the test cases, as the JUnit schema orders it).
+properties, and the suite's ``system-out`` (after the test cases, as the JUnit schema orders it);
+estimated token figures and a concurrency the client narrowed are ``usage_estimated`` /
+``concurrency`` properties and system-out lines too.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ __all__ = ["render_junit"]
 
 def render_junit(report: AuditReport) -> str:
     """JUnit XML: a ``testsuite`` per audit, a ``testcase`` per detector and one for the verdict."""
-    from auditor.report import IMPLICATIONS, _evidence_rows, _failure_line, _fmt_effect
+    from auditor.report import IMPLICATIONS, _evidence_rows, _failure_line, _fmt_effect, concurrency_line, usage_note
     from auditor.util import fmt_p as _fmt_p
 
     r = report
@@ -105,6 +107,12 @@ def render_junit(report: AuditReport) -> str:
     fl = _failure_line(r.provider_failures)
     if fl:
         ET.SubElement(props, "property", name="provider_failures", value=fl)
-    ET.SubElement(ts, "system-out").text = "\n".join(q.line() for q in questions)
+    # issue 13: estimated token figures and a narrowed concurrency are never silent, in any format
+    notes = [n for n in (usage_note(r.summary), concurrency_line(r.summary)) if n]
+    if (un := usage_note(r.summary)) is not None:
+        ET.SubElement(props, "property", name="usage_estimated", value=un)
+    if (cl := concurrency_line(r.summary)) is not None:
+        ET.SubElement(props, "property", name="concurrency", value=cl)
+    ET.SubElement(ts, "system-out").text = "\n".join([q.line() for q in questions] + notes)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

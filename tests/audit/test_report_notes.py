@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from auditor.report import concurrency_line, render_markdown, render_text, usage_note
+from auditor.report import concurrency_line, render_junit, render_markdown, render_text, usage_note
 from auditor.runner import RunSummary, render_summary
 from tests.audit.test_report import make_report
 
@@ -37,6 +37,14 @@ def test_estimated_usage_and_concurrency_are_reported():
     assert "| Cost | $0.001200 (estimated: 52 responses" in md
     assert "1600 (estimated)" in md
     assert "| Concurrency | concurrency reduced 8→1 after 4 truncated_stream failures |" in md
+    import xml.etree.ElementTree as ET
+
+    suite = ET.fromstring(render_junit(rep).split("\n", 1)[1]).find("testsuite")
+    assert suite is not None
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["usage_estimated"].startswith("estimated: 52 responses")
+    assert props["concurrency"] == "concurrency reduced 8→1 after 4 truncated_stream failures"
+    assert "reduced 8→1" in (suite.findall("system-out")[-1].text or "")
 
 
 def test_no_note_when_usage_was_billed_and_concurrency_constant():
@@ -45,6 +53,8 @@ def test_no_note_when_usage_was_billed_and_concurrency_constant():
     text, md = _text(rep), render_markdown(rep)
     assert "estimated" not in text and "estimated" not in md
     assert "concurrency" not in text.lower() and "| Concurrency |" not in md
+    junit = render_junit(rep)
+    assert 'name="usage_estimated"' not in junit and 'name="concurrency"' not in junit
     assert usage_note({"usage_estimated": False}) is None and concurrency_line({}) is None
 
 
