@@ -27,11 +27,14 @@ Precision
        positions, the positions it needed and its target effect (3% clear greedy mismatches /
        a KL three times the honest noise floor).
     5. **not tested** otherwise: too few positions (with the missing positions), or no power
-       record (the verdict computes power only when no detector rejects; old audits lack it).
+       record (audits stored before the verdict recorded power on rejections lack it).
 
 Verification
     1. **no** when RELAXED_VERIFICATION is the verdict or one of ``secondary_causes``.
     2. **not tested** on provider failures (as for precision).
+    2b. when precision is **no**, the reference's distribution is not the served one: **yes** only
+       when self-argmax (the provider's own reported distribution) ran with enough positions and
+       did not reject, else **not tested**.
     3. **yes** when the ``acceptance`` family (sampling-argmax, self-argmax) ran and is adequate
        (target: 0.08 extra argmax emissions per sampled position).
     4. **not tested** when the provider does not follow the requested decoding
@@ -353,6 +356,17 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
         return _answer("verification", "not tested", fail)
     fam = _family(d, "acceptance", ACCEPTANCE_DETECTORS)
     ran = any(_ran(d, m) for m in ACCEPTANCE_DETECTORS)
+    if precision.answer == "no":
+        # the reference's distribution is not the served one: only a test against the provider's own
+        # reported distribution still isolates the acceptance rule
+        own = [m for m in ACCEPTANCE_DETECTORS if not m.startswith("sampling-")]
+        pw = _map(d.get("power"))
+        if any(_ran(d, m) and _map(pw.get(m)).get("adequate") and not _det(d, m).get("rejects") for m in own):
+            return _answer("verification", "yes", "no relaxed acceptance against the provider's own distribution: "
+                           + _adequate_text(d, tuple(own)))
+        return _answer("verification", "not tested", (
+            "the served model differs from the reference (see precision), so its sampled tokens could not be "
+            "compared with the reference's distribution to isolate the acceptance rule"))
     if ran and fam is not None and fam.get("adequate"):
         return _answer("verification", "yes", "no relaxed acceptance found: " + _adequate_text(d, ACCEPTANCE_DETECTORS))
     for kind, primary, cause in _causes(verdict, d):
@@ -374,10 +388,6 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
                 "a lossy greedy verifier would break; sampled verification was not tested (no sampling probes)"))
         return _answer("verification", "not tested",
                        "no sampled tokens were tested (" + _why_not_run(d, ACCEPTANCE_DETECTORS) + ")")
-    if precision.answer == "no":
-        return _answer("verification", "not tested", (
-            "the served model differs from the reference (see precision), so its sampled tokens could not be "
-            "compared with the reference's distribution to isolate the acceptance rule"))
     if fam is None:
         return _answer("verification", "not tested", "the acceptance tests " + _no_power(d, ACCEPTANCE_DETECTORS))
     return _answer("verification", "not tested",

@@ -379,3 +379,20 @@ def test_dashboard_run_detail_and_provider_row_show_the_questions(tmp_path) -> N
     assert questions_table([]) == ""
     why = why_markdown(row)
     assert "original precision" in why and "temperature 0 only" in why
+
+
+def test_quantized_audit_answers_verification_only_from_the_provider_s_own_distribution() -> None:
+    """With the power now recorded on a rejection, a QUANTIZATION audit has an adequate acceptance
+    family; sampling-argmax compares with the reference, which is not the served distribution, so
+    only self-argmax may answer "yes"."""
+    d = details(rule="2-logprob-quantization")
+    d["detectors"]["logprob-divergence"] = det(1e-9, rejects=True)
+    p, v = answers("QUANTIZATION", d)
+    assert p.answer == "no"
+    assert v.answer == "not tested" and "differs from the reference" in v.evidence
+    d["detectors"]["self-argmax"] = det(0.7)
+    d["power"]["self-argmax"] = pw(393)
+    p, v = answers("QUANTIZATION", d)
+    assert v.answer == "yes" and "self-argmax on 2,000 positions" in v.evidence
+    d["detectors"]["self-argmax"] = det(1e-6, rejects=True)
+    assert answers("QUANTIZATION", d)[1].answer == "not tested"
