@@ -68,7 +68,7 @@ from typing import Literal
 
 from auditor.detectors import DETECTORS, POWER_FAMILIES, Mode, PowerFamily, detectors_where
 from auditor.util import finite, fmt_p
-from auditor.verdict import VerdictKind
+from auditor.verdict import DEFAULT_POWER, VerdictKind
 
 __all__ = [
     "ACCEPTANCE_DETECTORS",
@@ -102,7 +102,7 @@ def _target_meaning(name: str) -> str:
     return s.power_target.meaning if s is not None and s.power_target is not None else "its target effect"
 
 
-_POWER = "the audit's target power (80% by default)"
+_POWER = f"the audit's target power ({DEFAULT_POWER:.0%} by default)"
 _PRECISION_KINDS = (str(VerdictKind.QUANTIZATION), str(VerdictKind.SUBSTITUTION))
 _VERIFICATION_KINDS = (str(VerdictKind.RELAXED_VERIFICATION),)
 _ACCUSATIONS = tuple(str(k) for k in VerdictKind if k not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE))
@@ -359,7 +359,7 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
     if precision.answer == "no":
         # the reference's distribution is not the served one: only a test against the provider's own
         # reported distribution still isolates the acceptance rule
-        own = [m for m in ACCEPTANCE_DETECTORS if not m.startswith("sampling-")]
+        own = [m for m in ACCEPTANCE_DETECTORS if not DETECTORS[m].needs_reference]
         pw = _map(d.get("power"))
         if any(_ran(d, m) and _map(pw.get(m)).get("adequate") and not _det(d, m).get("rejects") for m in own):
             return _answer("verification", "yes", "no relaxed acceptance against the provider's own distribution: "
