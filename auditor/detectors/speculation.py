@@ -12,7 +12,10 @@ sends those tokens together, so the *stream structure* carries the step structur
   two-component Gaussian mixture on log gaps separates the two and steps are counted as long gaps;
 - **time-batched chunks** (a server that flushes whatever it has every N ms) — the gaps are the
   batching interval and the tokens per chunk measure throughput, not steps: the fingerprint says
-  "cannot tell" (``detected = None``) rather than guess.
+  "cannot tell" (``detected = None``) rather than guess. Told apart from step chunks by what a
+  step stream must look like: its first chunk is the prefill's single token, no chunk exceeds
+  ``MAX_STEP_TOKENS``, and step sizes fall off below the largest size (a step stops at its first
+  rejected draft), where sums of several steps spread around their mean.
 
 Whether a drafter is at work shows most where a good drafter must win: on repetition prompts
 (copy/rewrite a given passage) an n-gram or model drafter is accepted for long runs, on open chat
@@ -91,6 +94,14 @@ _STEP_MIN_AT_CAP = 0.15
 #: chunk of each response left out: max_tokens truncates it) is a steady stream flushed by time.
 _STEP_MAX_PEAK_RATIO = 4.0
 _BATCH_PEAK_ALPHA = 0.01
+#: The prefill forward pass emits exactly one token (drafts are proposed after it and verified from
+#: the second step on: Leviathan et al. 2023 Alg. 1; vLLM, SGLang and llama.cpp stream it alone), so
+#: a step-flushed stream's first token-bearing chunk holds one token. When more than this fraction
+#: of responses (at least ``_FIRST_CHUNK_MIN_RESPONSES``) open with a bigger chunk, the server
+#: gathered output before flushing: chunks are not steps. Detokenizer hold-back of an incomplete
+#: UTF-8 first token merges two tokens now and then, hence a majority rule, not "any".
+_FIRST_CHUNK_MAX_MULTI_FRACTION = 0.5
+_FIRST_CHUNK_MIN_RESPONSES = 3
 #: No verification step accepts more tokens than this (draft lengths and tree depths in
 #: vLLM/SGLang/EAGLE configurations stay below it); bigger chunks are buffered output.
 MAX_STEP_TOKENS = 16
@@ -407,6 +418,13 @@ def estimate_speculation(
         frac_cap = float(np.mean(all_tpc == all_tpc.max()))
         ev["chunks_at_max_fraction"] = _r(frac_cap)
         step_like = frac1 >= _STEP_MIN_SINGLE or frac_cap >= _STEP_MIN_AT_CAP
+        multi_first = sum(int(c.tpc[0]) > 1 for c in clean)
+        ev["first_chunk_multi_token_responses"] = multi_first
+        if (exact and len(clean) >= _FIRST_CHUNK_MIN_RESPONSES
+                and multi_first > _FIRST_CHUNK_MAX_MULTI_FRACTION * len(clean)):
+            why.append(f"the first chunk of {multi_first} of {len(clean)} responses carries more than one token "
+                       f"(median {float(np.median([c.tpc[0] for c in clean])):.0f}): a prefill emits exactly one "
+                       "token, so the server gathered output before flushing")
         peak = _interior_peak(clean) if exact else None
         if peak is not None:
             ev["interior_peak"] = {"size": peak[0], "chunks": peak[1], "smaller_chunks": peak[2],

@@ -31,9 +31,10 @@ def true_mean(alpha: float, k: int) -> float:
 def make_stream(rng, *, alpha: float, k: int = 4, n_tokens: int = 120, mode: str = "round", fwd_s: float = 0.02,
                 jitter: float = 0.25, intra_s: float = 5e-5, interval_s: float = 0.05, workload: str = "chat",
                 key: str = "") -> tuple[StreamTiming, int]:
-    """One synthetic streamed response and its true number of steps."""
-    sizes = []
-    total = 0
+    """One synthetic streamed response and its true number of steps (the first step is the
+    prefill's single token, as every engine streams it)."""
+    sizes = [1]
+    total = 1
     while total < n_tokens:
         g = 0
         while g < k and rng.random() < alpha:
@@ -260,7 +261,7 @@ def test_depth_dependent_acceptance_is_still_steps():
         rng = np.random.default_rng(seed)
         streams = []
         for i in range(10):
-            sizes, total = [], 0
+            sizes, total = [1], 1  # the prefill's token, then verification steps
             while total < 120:
                 g = 0
                 while g < len(accs) and rng.random() < accs[g]:
@@ -272,3 +273,20 @@ def test_depth_dependent_acceptance_is_still_steps():
         est = estimate_speculation(streams, n_boot=200)
         assert est.evidence["mode"] == "step-chunks", est.evidence
         assert est.detected is True
+
+
+def test_steady_equal_chunks_after_a_gathered_first_chunk_are_time_batched():
+    """A server flushing by time at a steady rate sends equal chunks (every chunk 'at the largest
+    size', nothing for the interior-peak rule to see) -- but its first chunk already holds several
+    tokens, which a step-flushed stream never does (the prefill emits one token)."""
+    rng = np.random.default_rng(3)
+    streams = [StreamTiming(list(0.05 * rng.lognormal(0, 0.02, 8)), [7] + [11] * 7 + [5], "repetition", 89,
+                            key=f"p{i}") for i in range(6)]
+    est = estimate_speculation(streams, n_boot=200)
+    assert est.evidence["mode"] == "time-batched" and est.detected is None, est.evidence
+    assert est.evidence["first_chunk_multi_token_responses"] == 6
+    # the same chunk sizes behind the prefill's single token are steps of an always-accepted drafter
+    steps = [StreamTiming(list(0.05 * rng.lognormal(0, 0.02, 9)), [1, 11, 11, 11, 11, 11, 11, 11, 11, 5], "repetition",
+                          94, key=f"q{i}") for i in range(6)]
+    est = estimate_speculation(steps, n_boot=200)
+    assert est.evidence["mode"] == "step-chunks" and est.detected is True, est.evidence

@@ -6,9 +6,7 @@
   a real model is far too slow for these tests on a shared CPU (see ``serve_bigram.py``).
 - ``sim_urls`` (session): simulators over ``bigram_lm`` in ONE separate process (see
   ``serve_bigram.py``: a client inside the server's process distorts stream timing), keyed
-  ``ngram-round``, ``ngram-token``, ``ngram-time`` (200 ms), ``none-round``, ``none-token``.
-  Known limit (issue 15): at 50 ms a quiet fast machine sends a steady ~11 tokens per chunk, which
-  the fingerprint cannot yet tell from always-accepted drafts (it reports detected speculation).
+  ``ngram-round``, ``ngram-token``, ``ngram-time`` (50 ms), ``none-round``, ``none-token``.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-SPECS = ["ngram-round=ngram:round", "ngram-token=ngram:token", "ngram-time=ngram:time:200",
+SPECS = ["ngram-round=ngram:round", "ngram-token=ngram:token", "ngram-time=ngram:time:50",
          "none-round=none:round", "none-token=none:token"]
 
 
