@@ -1,32 +1,41 @@
 """The ``check`` pipeline: probe a provider, score it against the reference, test, decide, store.
 
 ``run_check(provider_name, options)`` — what ``auditor check`` and the scheduler call — is one
-sequence of named stages, each in its own module:
+sequence of named stages, each in its own module, each entered once on the way down (a stage never
+calls back into one already left; tests/audit/test_pipeline.py traces this at run time):
 
-1. **Plan** (:mod:`auditor.planning`): the provider from ``providers.toml`` (``probes.config``),
+1. **Plan** (:mod:`auditor.planning`): the provider from ``providers.toml`` (``provider_config``),
    the suite (``probes.suites``) cut to ``budget_tokens`` planned completion tokens
    (Σ max_tokens × samples) keeping its mix of modes and workloads.
-2. **Probe** (:mod:`auditor.runner`, run kind ``audit``): every attempt stored as it arrives, each
+2. **Reference** (:mod:`auditor.reference_setup`): device and chat-template checks, then the
+   reference (local weights, a trusted vLLM server, or none) — all before any probe is sent.
+3. **Probe** (:mod:`auditor.runner`, run kind ``audit``): every attempt stored as it arrives, each
    final response **normalized once** (``probes.normalize``) into ``normalized_tokens`` (bytes,
    logprobs, alternatives with their bytes, anomalies); ``resume=RUN_ID`` continues an
    interrupted audit (pending probes only; a finished one is only re-analysed).
-3. **Observations** (:mod:`auditor.evidence`): the stored tokens of each finished probe, aligned to
-   the reference tokenizer through bytes (``probes.align``). Only positions that map 1:1 are
-   compared; alignment failures end a continuation and are counted. No normalizer runs here.
-4. **Noise floor** (:mod:`auditor.noise`): measured once per model and machine, deterministic, cached.
-5. **Reference scoring** (:mod:`auditor.scoring`): the reference teacher-forced at the provider's
+4. **Pre-flight** (:mod:`auditor.preflight`): the parameter-compliance requests, sent once per run
+   with the probes (stored in its summary, re-read on resume), and the run's probe failures: one
+   frozen record with the ``preflight-*`` detector results and the verdict's keyword arguments.
+   No normalizer runs after this stage.
+5. **Noise floor** (:mod:`auditor.noise`): measured once per model and machine, deterministic, cached.
+6. **Observations** (:mod:`auditor.observations`): the stored tokens of each finished probe, aligned
+   to the reference tokenizer through bytes (``probes.align``); only positions that map 1:1 are
+   compared, alignment failures end a continuation and are counted; the aligned ids to store.
+7. **Reference scoring** (:mod:`auditor.scoring`): the reference teacher-forced at the provider's
    own prefixes (float32 by default; more honest precisions with ``reference_dtypes``), batched,
    top-20 alternatives and the emitted token's logprob per position, through ``reference_cache``.
-6. **Evidence → detectors** (:mod:`auditor.evidence`, :mod:`auditor.detection`): one
-   ``EvidenceBatch`` per reference precision; every detector against each with that precision's
-   floor; intersection–union over the references; ``self-greedy`` on the provider's own logprobs.
-7. **Verdict → store** (``auditor.verdict.decide_verdict``, :mod:`auditor.summary`): the
-   parameter-compliance pre-flight (:mod:`auditor.preflight`, sent once per run and stored in its
-   summary) and the run's probe failures join the detectors, and, when the reference's tokenizer is
-   the claimed one, the tokenizer evidence (``auditor.evidence.tokenizer_mismatch``, rule 2t);
-   Holm → verdict; detector results, verdict, the run summary and the aligned reference ids
-   (``normalized_tokens.ref_token_id``) written in one final transaction →
-   :class:`auditor.report.AuditReport`.
+8. **Evidence** (:mod:`auditor.evidence`): one ``EvidenceBatch`` per reference precision (the self
+   batch without a reference) and, when the reference's tokenizer is the claimed one, the tokenizer
+   evidence (``tokenizer_mismatch``, rule 2t).
+9. **Detection** (:mod:`auditor.detection`): every detector against each batch with that
+   precision's floor; intersection–union over the references; ``self-greedy`` on the provider's own
+   logprobs; evidence rows given token texts.
+10. **Verdict** (``auditor.verdict.decide_verdict``): detectors, pre-flight and probe failures,
+    tokenizer evidence → Holm → verdict.
+11. **Summary** (:mod:`auditor.summary`): speed and headline figures of the run.
+12. **Store → report**: detector results, verdict, the run summary and the aligned reference ids
+    (``normalized_tokens.ref_token_id``) written in one final transaction (``auditor.store.queries``)
+    → :class:`auditor.report.AuditReport`. Closing the reference is the teardown.
 
 Errors a user can fix (bad config, unknown suite, unreachable database or provider, too small a
 budget) raise :class:`auditor.errors.AuditError` (``exit_code`` 3) naming the parameter and the
@@ -43,35 +52,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from auditor.detection import LOGPROB_TEST_MAX_TEMPERATURE, run_reference_detectors
+from auditor.detection import LOGPROB_TEST_MAX_TEMPERATURE, detect, run_reference_detectors
 from auditor.errors import AuditError, AuditInterrupted, NothingToAuditError
-from auditor.evidence import (
-    Observation,
-    build_evidence,
-    enrich_evidence,
-    load_observations,
-    store_aligned_ids,
-    tokenizer_mismatch,
-)
-from auditor.planning import load_suite_spec, plan_budget
-from auditor.report import AuditReport, report_from_store
-from auditor.scoring import (
+from auditor.evidence import build_evidence, evidence_stage
+from auditor.observations import Observation, aligned_ids, load_observations
+from auditor.planning import load_suite_spec, plan_budget, provider_config
+from auditor.reference_setup import (
     _MODELS,  # noqa: F401  # re-exported: tests and the scheduler share loaded models through it
-    REFERENCE_TOP_K,
-    SCORE_BATCH_SIZE,
     check_device,
     check_reference_api,
     get_reference_models,
     resolve_reference,
-    score_observations,
 )
-from auditor.summary import headline_summary, speed_summary
+from auditor.report import AuditReport, report_from_store
+from auditor.scoring import REFERENCE_TOP_K, SCORE_BATCH_SIZE, score_observations
+from auditor.summary import speed_summary, summary_stage
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
     from auditor.noise import FloorSet
-    from auditor.scoring import ReferenceSetup
+    from auditor.preflight import PreflightContext
+    from auditor.reference_setup import ReferenceSetup
     from auditor.store import Store
     from probes.config import ProviderConfig
     from reference.models import LoadedModel
@@ -190,6 +192,69 @@ class _Stage:
         return lambda done, total: self.update(stage, done, total)
 
 
+# ------------------------------------------------------------------------------------------ entry point
+def run_check(provider_name: str, options: CheckOptions | None = None, /, **overrides: Any) -> AuditReport:
+    """Audit one provider end to end (see the module docstring) and return its report.
+
+    Args:
+        provider_name: the ``[providers.NAME]`` entry to audit.
+        options: :class:`CheckOptions` (default: ``auditor check``'s defaults).
+        overrides: single :class:`CheckOptions` fields by name (``run_check(name, budget_tokens=600)``),
+            applied on top of ``options``.
+
+    Returns:
+        AuditReport (``exit_code``: 0 PASS, 1 deviation, 2 INCONCLUSIVE).
+
+    Raises:
+        AuditError: config/suite/database/connection/budget problems (exit code 3; ``parameter``
+            names the option at fault when there is one).
+        AuditInterrupted: Ctrl-C (a KeyboardInterrupt; the run is marked ``interrupted``; continue with
+            ``resume=exc.run_id``).
+        TypeError: an unknown option name in ``overrides``.
+    """
+    from auditor.preflight import preflight_stage
+    from auditor.store import StoreError, open_store
+
+    opts = dataclasses.replace(options or CheckOptions(), **overrides)
+    t0 = time.perf_counter()
+    opts.validate()
+    cfg = provider_config(provider_name, opts.config_path, opts.provider_config)  # 1. plan
+    plan = plan_budget(load_suite_spec(opts.suite), opts.budget_tokens)
+    ref = _reference(cfg, opts)  # 2. reference: bad device, chat vs base model, dead vLLM: before any probe
+    try:
+        try:
+            store = open_store(opts.db_url)
+        except StoreError as exc:
+            raise AuditError(str(exc), parameter="db_url") from None
+        try:
+            rid = _probe(store, cfg, plan, opts)  # 3. probe
+            try:
+                pre = preflight_stage(store, rid, cfg, ref.tokenizer)  # 4. pre-flight, sent with the probes
+                return analyze_run(store, rid, cfg, opts, wall_start=t0, reference=ref, preflight=pre)  # 5.-12.
+            except KeyboardInterrupt:
+                _set_status(store, rid, "interrupted")
+                raise AuditInterrupted(rid) from None
+            except BaseException:
+                _set_status(store, rid, "failed")
+                raise
+        finally:
+            store.close()
+    finally:
+        ref.close()  # teardown
+
+
+def _reference(config: ProviderConfig, opts: CheckOptions) -> ReferenceSetup:
+    """Stage 2: the audit's reference (local models, a vLLM backend, or none) from ``config.reference``,
+    after refusing a device that is not there (CUDA without a GPU) and a chat audit against a base
+    model (no chat template)."""
+    check_device(opts.device, opts.dtype)
+    if not opts.reference_models:
+        check_reference_api(config.reference, config.api, opts.config_path)
+    return resolve_reference(config.reference, claimed_model=config.model, config_path=opts.config_path,
+                             dtypes=[opts.dtype] if opts.dtype else opts.reference_dtypes, device=opts.device,
+                             models=opts.reference_models)
+
+
 # ------------------------------------------------------------------------------------------ analysis
 def analyze_run(
     store: Store,
@@ -200,48 +265,59 @@ def analyze_run(
     *,
     wall_start: float | None = None,
     reference: ReferenceSetup | None = None,
+    preflight: PreflightContext | None = None,
     **overrides: Any,
 ) -> AuditReport:
-    """Stages 3–7 of the pipeline on a run whose probes are stored; stores and returns the report.
+    """Stages 5–12 of the pipeline on a run whose probes are stored; stores and returns the report.
 
     Args:
         store: open store; run_id: the run; config: its ProviderConfig.
         options: alpha, seed, power, reference_dtypes/models, floors_cache_dir, progress, console
             are used (:class:`CheckOptions`); ``overrides`` replace single fields.
         wall_start: ``time.perf_counter()`` at the start of the check (for ``wall_s``).
-        reference: the reference already set up (:func:`auditor.scoring.resolve_reference`; it is
-            closed here); None resolves ``config.reference``.
+        reference: the reference already set up (:func:`auditor.reference_setup.resolve_reference`;
+            the caller closes it); None resolves ``config.reference`` (stage 2, closed here).
+        preflight: the run's pre-flight (stage 4, :func:`auditor.preflight.preflight_stage`); None
+            runs that stage first.
 
     Raises:
         NothingToAuditError: no probe produced tokens (connection/config problem).
         TypeError: an unknown option name in ``overrides``.
     """
+    from auditor.preflight import preflight_stage
 
     opts = dataclasses.replace(options or CheckOptions(), **overrides)
     t0 = wall_start if wall_start is not None else time.perf_counter()
     ref = reference if reference is not None else _reference(config, opts)
     try:
-        return _analyze(store, run_id, config, opts, ref, t0)
+        pre = preflight if preflight is not None else preflight_stage(store, run_id, config, ref.tokenizer)
+        return _analyze(store, run_id, config, opts, ref, pre, t0)
     finally:
-        ref.close()
+        if reference is None:
+            ref.close()  # teardown of the reference set up here
 
 
 def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptions, ref: ReferenceSetup,
-             t0: float) -> AuditReport:
-    """Body of :func:`analyze_run` once the reference is set up (``ref``)."""
+             pre: PreflightContext, t0: float) -> AuditReport:
+    """Stages 5–12: body of :func:`analyze_run` once the reference (``ref``) and the pre-flight
+    (``pre``) are there. Each stage module is called in turn and not again."""
     from auditor.noise import get_floors
-    from auditor.preflight import preflight_stage
     from auditor.verdict import DEFAULT_POWER, decide_verdict
     from reference.backends import ReferenceError
 
     tokenizer = ref.tokenizer
     with _Stage(opts.progress, opts.console) as stage:
+        # 5. noise floor, and its summary for the report
         floors = get_floors(ref.lms, cache_dir=opts.floors_cache_dir, progress=stage.update) if ref.lms else None
+        floor_summary = floors.summary() if floors is not None else None
+        # 6. observations, and the aligned ids the final transaction stores
         observations = load_observations(store, run_id, config, tokenizer)
         if not observations:
             raise NothingToAuditError(f"run {run_id}: no probe returned any token, nothing to audit. Fix: check the "
                                       f"provider's base_url/model/key, then resume the run.",
                                       run_id=run_id, provider=config.name)
+        aligned = aligned_ids(observations)
+        # 7. reference scoring
         try:
             scored = {
                 dt: score_observations(store, scorer, observations, progress=stage.reporter(f"reference scoring ({dt})"))
@@ -250,22 +326,18 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
         except ReferenceError as exc:
             raise AuditError(f"reference {config.reference!r} could not score: {exc}", parameter="reference",
                              provider=config.name) from None
-    batches = {dt: build_evidence(observations, scored[dt], tokenizer)[0] for dt in scored}
-    self_batch = None if batches else build_evidence(observations, None, tokenizer)[0]
-    results = enrich_evidence(run_reference_detectors(batches, floors, seed=opts.seed, self_batch=self_batch),
-                              observations, tokenizer)
-    pre = preflight_stage(store, run_id, config, tokenizer)  # issue 13: parameter pre-flight + provider failures
+    # 8. evidence; 9. detection
+    ev = evidence_stage(observations, scored, tokenizer, api=config.api, tokenizer_is_claimed=ref.tokenizer_is_claimed)
+    results = detect(ev.batches, floors, observations, tokenizer, seed=opts.seed, self_batch=ev.self_batch)
+    # 10. verdict
     ref0 = next(iter(ref.scorers), ref.dtype_label)
-    # cross-family substitution (rule 2t) is only provable against the claimed model's own tokenizer
-    tm = tokenizer_mismatch(observations, tokenizer, config.api) if ref.tokenizer_is_claimed else None
-    verdict = decide_verdict(results + pre.detector_results(), opts.alpha,
+    verdict = decide_verdict([*results, *pre.detector_results], opts.alpha,
                              floor=_deciding_floor(results, floors, ref0) if floors is not None else None,
-                             power=DEFAULT_POWER if opts.power is None else opts.power, tokenizer_mismatch=tm,
-                             **pre.verdict_kwargs())
+                             power=DEFAULT_POWER if opts.power is None else opts.power,
+                             tokenizer_mismatch=ev.tokenizer_mismatch, **pre.verdict_kwargs)
     verdict = _mark_not_tested(verdict, ref)
-    n_pos = len(next(iter(batches.values()))) if batches else len(self_batch) if self_batch is not None else 0
-    summary, tokens_extra = headline_summary(verdict.results, floors, ref0, observations,  # type: ignore[arg-type]
-                                             n_pos)
+    # 11. summary
+    summary, tokens_extra = summary_stage(store, run_id, verdict.results, floors, ref0, observations, ev.n_positions)
     details = dict(verdict.details)
     details["report"] = {
         "detectors": {r.name: {"details": r.details} for r in verdict.results},
@@ -273,23 +345,16 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
         "reference_kind": ref.kind,
         "not_tested": list(ref.not_tested),
         "reference_notes": list(ref.notes or []),
-        "noise_floor": floors.summary() if floors is not None else None,
+        "noise_floor": floor_summary,
         "tokens_extra": tokens_extra,
         "wall_s": round(time.perf_counter() - t0, 3),
     }
-    _store_analysis(store, run_id, config, opts, ref, observations, verdict, details,
-                    {**speed_summary(store, run_id), **summary, "seed": opts.seed})
+    # 12. store → report
+    _store_analysis(store, run_id, config, opts, ref, aligned, verdict, details, {**summary, "seed": opts.seed})
     with store.session() as s:
         rep = report_from_store(s, run_id)
     rep.wall_s = details["report"]["wall_s"]
     return rep
-
-
-def _reference(config: ProviderConfig, opts: CheckOptions) -> ReferenceSetup:
-    """Stage 1b: the audit's reference (local models, a vLLM backend, or none) from ``config.reference``."""
-    return resolve_reference(config.reference, claimed_model=config.model, config_path=opts.config_path,
-                             dtypes=[opts.dtype] if opts.dtype else opts.reference_dtypes, device=opts.device,
-                             models=opts.reference_models)
 
 
 def _mark_not_tested(verdict: Any, ref: ReferenceSetup) -> Any:
@@ -314,13 +379,15 @@ def _deciding_floor(results: Sequence[Any], floors: FloorSet, ref0: str) -> Any:
 
 def _store_analysis(
     store: Store, run_id: str, config: ProviderConfig, opts: CheckOptions, ref: ReferenceSetup,
-    observations: Sequence[Observation], verdict: Any, details: dict[str, Any], summary: dict[str, Any],
+    aligned: Sequence[tuple[int, Sequence[int | None]]], verdict: Any, details: dict[str, Any],
+    summary: dict[str, Any],
 ) -> None:
-    """The analysis' final transaction: aligned ids, detector results, verdict, run summary, status."""
+    """The analysis' final transaction: aligned ids (``(probe_id, ids)`` rows), detector results,
+    verdict, run summary, status."""
     from auditor.store import queries as q
 
     with store.session() as s:
-        store_aligned_ids(s, observations)
+        q.set_aligned_ref_token_ids(s, aligned)
         q.store_detector_results(s, run_id, verdict.results)
         q.store_verdict(s, run_id, verdict.verdict, verdict.reason, details)
         run = q.get_run(s, run_id)
@@ -332,74 +399,8 @@ def _store_analysis(
         q.set_run_status(s, run_id, "completed")
 
 
-# ------------------------------------------------------------------------------------------ entry point
-def run_check(provider_name: str, options: CheckOptions | None = None, /, **overrides: Any) -> AuditReport:
-    """Audit one provider end to end (see the module docstring) and return its report.
-
-    Args:
-        provider_name: the ``[providers.NAME]`` entry to audit.
-        options: :class:`CheckOptions` (default: ``auditor check``'s defaults).
-        overrides: single :class:`CheckOptions` fields by name (``run_check(name, budget_tokens=600)``),
-            applied on top of ``options``.
-
-    Returns:
-        AuditReport (``exit_code``: 0 PASS, 1 deviation, 2 INCONCLUSIVE).
-
-    Raises:
-        AuditError: config/suite/database/connection/budget problems (exit code 3; ``parameter``
-            names the option at fault when there is one).
-        AuditInterrupted: Ctrl-C (a KeyboardInterrupt; the run is marked ``interrupted``; continue with
-            ``resume=exc.run_id``).
-        TypeError: an unknown option name in ``overrides``.
-    """
-    from auditor.store import StoreError, open_store
-
-    opts = dataclasses.replace(options or CheckOptions(), **overrides)
-    t0 = time.perf_counter()
-    opts.validate()
-    cfg = _provider_config(provider_name, opts)
-    check_device(opts.device, opts.dtype)  # CUDA asked without a GPU: refused before any probe
-    if not opts.reference_models:
-        check_reference_api(cfg.reference, cfg.api, opts.config_path)  # a chat suite vs a base model: refused
-    plan = plan_budget(load_suite_spec(opts.suite), opts.budget_tokens)
-    ref = _reference(cfg, opts)  # unknown reference, dead vLLM endpoint, CUDA without a GPU: before any probe
-    try:
-        store = open_store(opts.db_url)
-    except StoreError as exc:
-        ref.close()
-        raise AuditError(str(exc), parameter="db_url") from None
-    try:
-        try:
-            rid = _probe(store, cfg, plan, opts)
-        except BaseException:
-            ref.close()
-            raise
-        try:
-            return analyze_run(store, rid, cfg, opts, wall_start=t0, reference=ref)
-        except KeyboardInterrupt:
-            _set_status(store, rid, "interrupted")
-            raise AuditInterrupted(rid) from None
-        except BaseException:
-            _set_status(store, rid, "failed")
-            raise
-    finally:
-        store.close()
-
-
-def _provider_config(provider_name: str, opts: CheckOptions) -> ProviderConfig:
-    """Stage 1: the provider's config (given, or read from ``opts.config_path``), key resolved."""
-    from probes.config import ConfigError, get_provider
-
-    try:
-        cfg = opts.provider_config if opts.provider_config is not None else get_provider(provider_name, opts.config_path)
-        cfg.resolve_api_key()
-    except ConfigError as exc:
-        raise AuditError(str(exc), parameter="config_path", provider=provider_name) from None
-    return cfg
-
-
 def _probe(store: Store, cfg: ProviderConfig, plan: Any, opts: CheckOptions) -> str:
-    """Stage 2: send (or resume) the planned probes; return the run id once at least one succeeded.
+    """Stage 3: send (or resume) the planned probes; return the run id once at least one succeeded.
 
     Raises:
         NothingToAuditError: no probe succeeded (names the errors seen).

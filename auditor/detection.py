@@ -5,22 +5,26 @@ sampling-gof/-argmax/-tail) against each precision's ``EvidenceBatch`` with that
 floor, keeps per detector the result with the largest p-value over the references
 (intersection–union test: accuse only if inconsistent with every honest precision), and runs
 ``self-greedy`` once on the provider's own logprobs with the most lenient floor. logprob-divergence
-uses the temperature-0 positions, where its floor is measured.
+uses the temperature-0 positions, where its floor is measured. :func:`detect` is the stage as the
+pipeline runs it: those detectors, then their evidence rows given token texts and context
+(``auditor.evidence.enrich_evidence``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from auditor.evidence import enrich_evidence
 from auditor.util import finite
 
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.detectors import DetectorResult, EvidenceBatch
     from auditor.noise import FloorSet
+    from auditor.observations import Observation
 
-__all__ = ["LOGPROB_TEST_MAX_TEMPERATURE", "run_reference_detectors"]
+__all__ = ["LOGPROB_TEST_MAX_TEMPERATURE", "detect", "run_reference_detectors"]
 
 #: logprob-divergence uses positions requested at temperature <= this (greedy), where its noise
 #: floor was measured (the floor's honest variants generate greedily).
@@ -94,3 +98,19 @@ def run_reference_detectors(
         for res in run_detectors(sb, lenient, names=self_names, seed=seed):
             out[res.name] = res
     return [out[k] for k in DETECTORS if k in out]
+
+
+def detect(
+    batches: Mapping[str, EvidenceBatch],
+    floors: FloorSet | None,
+    observations: Sequence[Observation],
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    self_batch: EvidenceBatch | None = None,
+) -> list[DetectorResult]:
+    """The detection stage: :func:`run_reference_detectors` (same arguments), then every evidence row
+    given its token texts and preceding provider text (``auditor.evidence.enrich_evidence``, from
+    ``observations`` and the reference ``tokenizer``), so that reports need no tokenizer."""
+    results = run_reference_detectors(batches, floors, seed=seed, self_batch=self_batch)
+    return enrich_evidence(results, observations, tokenizer)

@@ -1,201 +1,49 @@
-"""Evidence stage of ``auditor check``: stored tokens → observations → ``EvidenceBatch``.
+"""Evidence stage of ``auditor check``: observations (+ reference scores) → ``EvidenceBatch``.
 
-- :func:`load_observations` reads each finished probe's tokens as the runner stored them
-  (``normalized_tokens``: bytes, logprob, alternatives with their bytes, anomalies — each response
-  is normalized exactly once, at probe time, by ``auditor.runner``) and aligns them to the
-  reference tokenizer through bytes (``probes.align``). It writes nothing: the aligned ids go to
-  ``normalized_tokens.ref_token_id`` in the analysis' final transaction
-  (:func:`store_aligned_ids`, called by ``auditor.audit.analyze_run``).
+- :func:`evidence_stage` is the stage as the pipeline runs it: one batch per reference precision
+  (or the self batch without a reference), the position count, and the tokenizer evidence.
 - :func:`build_evidence` turns observations (+ the reference scores of one precision) into one
   ``auditor.detectors.EvidenceBatch`` over the comparable positions.
-- :func:`enrich_evidence` adds token texts and context to the detectors' evidence rows.
+- :func:`tokenizer_mismatch`: evidence that the provider uses another tokenizer (rule 2t).
+- :func:`enrich_evidence` adds token texts and context to the detectors' evidence rows (called by
+  the detection stage, ``auditor.detection.detect``).
 
-Only positions that map 1:1 onto a reference token are compared (a 1:n token has no single
-reference distribution); alignment failures end a continuation and are counted.
+The observations themselves (``Observation``, ``load_observations``, ``stored_tokens``) live in
+:mod:`auditor.observations` and are re-exported here. Only positions that map 1:1 onto a reference
+token are compared (a 1:n token has no single reference distribution).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from probes.align import AlignmentFailure, ByteVocab, align_to_reference
+from auditor.observations import Observation, _token_text, load_observations, stored_tokens
+from probes.align import ByteVocab
 from probes.align import _byte_vocab as _bv
-from probes.records import TokenRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.detectors import DetectorResult, EvidenceBatch
-    from auditor.store import Store
-    from auditor.store.models import NormalizedToken
-    from probes.config import ProviderConfig
     from reference.scoring import ScoredContinuation
 
 __all__ = [
     "EVIDENCE_CONTEXT_CHARS",
     "EvidenceIndex",
+    "EvidenceStage",
     "Observation",
     "build_evidence",
     "enrich_evidence",
+    "evidence_stage",
     "load_observations",
-    "store_aligned_ids",
+    "stored_tokens",
     "tokenizer_mismatch",
 ]
 
 #: Characters of provider text kept before an evidence position (``context``).
 EVIDENCE_CONTEXT_CHARS = 60
-
-
-@dataclass
-class Observation:
-    """One finished probe, read from the store and aligned to the reference tokenizer.
-
-    Attributes:
-        probe_id, probe_key, mode, workload: from the ``probes`` row.
-        temperature: requested temperature; top_p: requested top_p (1.0 when not sent).
-        request: the JSON body sent.
-        prompt_ids: reference prompt token ids (chat template applied for ``api = chat``).
-        tokens: ``probes.records.TokenRecord`` list, as stored (bytes of alternatives included).
-        ref_ids: reference continuation ids (teacher-forced), covering ``aligned_prefix`` tokens.
-        spans: per provider token, ``(start, end)`` into ``ref_ids`` or None.
-        one_to_one: per provider token, the single reference id or None.
-        failures: alignment failures (``probes.align.AlignmentFailure``).
-        anomalies: response-level anomaly kinds.
-        provider_prompt_tokens: the provider's ``usage.prompt_tokens`` (None when not reported).
-    """
-
-    probe_id: int
-    probe_key: str
-    mode: str | None
-    workload: str | None
-    temperature: float
-    top_p: float
-    request: dict[str, Any]
-    prompt_ids: list[int]
-    tokens: list[TokenRecord]
-    ref_ids: list[int]
-    spans: list[tuple[int, int] | None]
-    one_to_one: list[int | None]
-    failures: list[AlignmentFailure] = field(default_factory=list)
-    anomalies: list[str] = field(default_factory=list)
-    provider_prompt_tokens: int | None = None
-
-
-# ------------------------------------------------------------------------------------------ read
-def _alt_bytes(hexes: Sequence[Any] | None, i: int, tok: str) -> bytes | None:
-    """Alternative ``i``'s stored bytes (hex), or — for rows stored before revision 0002 — its UTF-8."""
-    if hexes is None:
-        return tok.encode("utf-8", errors="surrogatepass")
-    h = hexes[i] if i < len(hexes) else None
-    if h is None:
-        return None
-    try:
-        return bytes.fromhex(str(h))
-    except ValueError:
-        return None
-
-
-def stored_tokens(rows: Sequence[NormalizedToken]) -> list[TokenRecord]:
-    """The ``TokenRecord`` list the runner stored, read back from ``normalized_tokens`` rows (by position).
-
-    The rows were written from validated records (``auditor.store.queries.token_row_values``), so
-    they are rebuilt without validating again (``model_construct``: no cost, and a row the store
-    holds never raises here).
-    """
-    out = []
-    for r in rows:
-        tops = []
-        hexes = r.top_logprobs_bytes
-        for i, alt in enumerate(r.top_logprobs or []):
-            tok = str(alt[0]) if alt and alt[0] is not None else ""
-            lp = alt[1] if len(alt) > 1 else None
-            tops.append((tok, _alt_bytes(hexes, i, tok), None if lp is None else float(lp)))
-        out.append(TokenRecord.model_construct(index=r.position, token=r.token, bytes=r.token_bytes,
-                                               logprob=r.logprob, top_logprobs=tops, anomalies=list(r.anomalies or [])))
-    return out
-
-
-def _retokenize(text: str, bv: ByteVocab, tokenizer: Any) -> list[TokenRecord]:
-    """Token records of ``text`` tokenized by the reference tokenizer (no logprobs, no alternatives).
-
-    Fallback for responses without per-token data (the provider returned no logprobs): it assumes
-    the provider emitted the canonical tokenization of its text, which holds for almost every
-    position of a model with the same tokenizer (a sampler can emit a non-canonical split; such a
-    position is then scored as its canonical merge). Each record carries ``retokenized``.
-    """
-    return [
-        TokenRecord(index=i, token=_token_text(bv, int(tid)), bytes=bv.id_bytes.get(int(tid)), logprob=None,
-                    anomalies=["retokenized"])
-        for i, tid in enumerate(tokenizer.encode(text, add_special_tokens=False))
-    ]
-
-
-def _prompt_ids(req: dict[str, Any], tokenizer: Any) -> list[int]:
-    from reference.scoring import encode_prompt
-
-    if "messages" in req:
-        return list(encode_prompt(tokenizer, req["messages"], chat=True))
-    prompt = req.get("prompt")
-    return list(encode_prompt(tokenizer, prompt[0] if isinstance(prompt, list) else str(prompt or ""), chat=False))
-
-
-def load_observations(store: Store, run_id: str, config: ProviderConfig, tokenizer: Any) -> list[Observation]:
-    """Read and align every ``done`` probe of a run (read only; see :func:`store_aligned_ids`).
-
-    Args:
-        store: open ``auditor.store.Store``; run_id: the audit run.
-        config: the provider's ``ProviderConfig`` (kept for the backends' signature; tokens were
-            normalized with its api and ``max_top_logprobs`` at probe time).
-        tokenizer: the reference tokenizer.
-
-    Returns:
-        Observations in plan order (probes without tokens are skipped). A probe stored without
-        per-token data but with text is re-tokenized (anomaly ``retokenized_text``).
-    """
-    from auditor.store import queries as q
-
-    bv = _bv(tokenizer)
-    obs: list[Observation] = []
-    with store.session() as s:
-        for p in q.list_probes(s, run_id, status="done"):
-            req = dict(p.request_json or {})
-            anomalies: list[str] = list(p.anomalies or [])
-            tokens = stored_tokens(q.tokens_for_probe(s, p.id))
-            if not tokens and p.text:
-                tokens = _retokenize(p.text, bv, tokenizer)
-                anomalies.append("retokenized_text")
-            if not tokens:
-                continue
-            al = align_to_reference(tokens, bv)
-            temp, top_p = req.get("temperature"), req.get("top_p")
-            obs.append(
-                Observation(
-                    probe_id=p.id, probe_key=p.probe_key, mode=p.mode, workload=p.workload,
-                    temperature=float(1.0 if temp is None else temp), top_p=float(1.0 if top_p is None else top_p),
-                    request=req, prompt_ids=_prompt_ids(req, tokenizer), tokens=tokens,
-                    ref_ids=list(al.ref_ids), spans=list(al.spans), one_to_one=list(al.ref_token_ids),
-                    failures=list(al.failures), anomalies=anomalies,
-                    provider_prompt_tokens=_usage_prompt_tokens(p.usage),
-                )
-            )
-    return obs
-
-
-def _usage_prompt_tokens(usage: Any) -> int | None:
-    v = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
-
-
-def store_aligned_ids(session: Any, observations: Sequence[Observation]) -> None:
-    """Write each observation's aligned reference ids to ``normalized_tokens.ref_token_id``, in the
-    caller's transaction (the analysis' final one). Re-tokenized observations have no stored rows."""
-    from auditor.store import queries as q
-
-    for o in observations:
-        if "retokenized_text" not in o.anomalies:
-            q.set_ref_token_ids(session, o.probe_id, o.one_to_one)
 
 
 # ------------------------------------------------------------------------------------------ batch
@@ -302,16 +150,6 @@ def build_evidence(
 
 
 # ------------------------------------------------------------------------------------------ texts
-def _token_text(bv: ByteVocab, tid: int) -> str:
-    b = bv.id_bytes.get(int(tid))
-    if b is None:
-        for s, i in bv.special.items():
-            if i == tid:
-                return s
-        return f"#{tid}"
-    return b.decode("utf-8", errors="replace")
-
-
 def enrich_evidence(
     results: list[DetectorResult], observations: Sequence[Observation], tokenizer: Any
 ) -> list[DetectorResult]:
@@ -420,3 +258,48 @@ def tokenizer_mismatch(observations: Sequence[Observation], tokenizer: Any, api:
         "n_prompt_checked": len(pairs) if api == "completions" else 0,
         "offsets": offsets[:8],
     }
+
+
+# ------------------------------------------------------------------------------------------ stage
+@dataclass(frozen=True)
+class EvidenceStage:
+    """What the evidence stage hands to the detection, verdict and summary stages.
+
+    Attributes:
+        batches: reference dtype → EvidenceBatch (same positions, each precision's reference rows;
+            empty without a reference).
+        self_batch: the batch without reference rows when ``batches`` is empty (reference-free
+            tests only), else None.
+        n_positions: positions in the evidence (the first batch's, else the self batch's; 0 if none).
+        tokenizer_mismatch: :func:`tokenizer_mismatch` (None when not established or not collected).
+    """
+
+    batches: dict[str, EvidenceBatch]
+    self_batch: EvidenceBatch | None
+    n_positions: int
+    tokenizer_mismatch: dict[str, Any] | None
+
+
+def evidence_stage(
+    observations: Sequence[Observation],
+    scored: Mapping[str, Sequence[ScoredContinuation]],
+    tokenizer: Any,
+    *,
+    api: str,
+    tokenizer_is_claimed: bool = True,
+) -> EvidenceStage:
+    """The evidence stage: one batch per scored reference precision, and the tokenizer evidence.
+
+    Args:
+        observations: from :func:`load_observations`.
+        scored: reference dtype → per observation its ScoredContinuation (empty: no reference).
+        tokenizer: the reference tokenizer. api: the provider's API (``chat`` | ``completions``).
+        tokenizer_is_claimed: False when ``tokenizer`` is a stand-in for the claimed model's: the
+            tokenizer evidence (cross-family substitution) is then not collected.
+    """
+    batches = {dt: build_evidence(observations, sc, tokenizer)[0] for dt, sc in scored.items()}
+    self_batch = None if batches else build_evidence(observations, None, tokenizer)[0]
+    first = next(iter(batches.values()), self_batch)
+    # cross-family substitution (rule 2t) is only provable against the claimed model's own tokenizer
+    tm = tokenizer_mismatch(observations, tokenizer, api) if tokenizer_is_claimed else None
+    return EvidenceStage(batches, self_batch, len(first) if first is not None else 0, tm)

@@ -1,10 +1,12 @@
-"""Suite planning stage of ``auditor check``: which suite, and which of its requests fit the budget.
+"""Planning stage of ``auditor check``: which provider, which suite, and which of its requests fit the budget.
 
+- :func:`provider_config`: the provider's ``ProviderConfig`` (given, or read from the providers
+  file), API key resolved;
 - :func:`load_suite_spec`: a packaged suite by name or a suite JSON file;
 - :func:`plan_budget`: the suite cut to ``budget_tokens`` planned completion tokens
   (Σ max_tokens × samples) keeping its mix of modes and workloads.
 
-Both raise :class:`auditor.errors.AuditError` naming the parameter at fault.
+All three raise :class:`auditor.errors.AuditError` naming the parameter at fault.
 """
 
 from __future__ import annotations
@@ -12,11 +14,33 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from auditor.errors import AuditError
 from probes.suites import Probe, Suite, SuiteError, load_suite
 
-__all__ = ["load_suite_spec", "plan_budget"]
+if TYPE_CHECKING:  # pragma: no cover
+    from probes.config import ProviderConfig
+
+__all__ = ["load_suite_spec", "plan_budget", "provider_config"]
+
+
+def provider_config(provider_name: str, config_path: str | None = None,
+                    given: ProviderConfig | None = None) -> ProviderConfig:
+    """The provider's config (``given``, or ``[providers.NAME]`` read from ``config_path``), key resolved.
+
+    Raises:
+        AuditError: unknown provider, invalid providers file or unset API key variable
+            (``parameter`` = ``config_path``; the message names the fix).
+    """
+    from probes.config import ConfigError, get_provider
+
+    try:
+        cfg = given if given is not None else get_provider(provider_name, config_path)
+        cfg.resolve_api_key()
+    except ConfigError as exc:
+        raise AuditError(str(exc), parameter="config_path", provider=provider_name) from None
+    return cfg
 
 
 def load_suite_spec(spec: str | None) -> Suite:

@@ -495,21 +495,31 @@ def provider_failures(store: Any, run_id: str) -> dict:
     return {"failed": failed, "total": len(probes), "kinds": dict(kinds)}
 
 
-@dataclass
+@dataclass(frozen=True)
 class PreflightContext:
-    """What the verdict needs from the pre-flight and the run's failures."""
+    """What the verdict needs from the pre-flight and the run's failures, computed once by
+    :func:`preflight_stage` (plain fields: the pipeline calls nothing on it afterwards).
+
+    Attributes:
+        report: the pre-flight, or None when it was not run.
+        failures: :func:`provider_failures` of the run.
+        detector_results: ``preflight-*`` DetectorResults for the Holm family
+            (:meth:`PreflightReport.detector_results`; empty without a pre-flight).
+        verdict_kwargs: keyword arguments for ``auditor.verdict.decide_verdict``
+            (``provider_failures``, ``template_mismatch``).
+    """
 
     report: PreflightReport | None
     failures: dict
+    detector_results: tuple[DetectorResult, ...]
+    verdict_kwargs: Mapping[str, Any]
 
-    def detector_results(self) -> list[DetectorResult]:
-        """``preflight-*`` DetectorResults for the Holm family (empty without a pre-flight)."""
-        return self.report.detector_results() if self.report is not None else []
-
-    def verdict_kwargs(self) -> dict:
-        """Keyword arguments for ``auditor.verdict.decide_verdict``."""
-        return {"provider_failures": self.failures,
-                "template_mismatch": self.report.template_mismatch() if self.report is not None else None}
+    @classmethod
+    def of(cls, report: PreflightReport | None, failures: dict) -> PreflightContext:
+        """The context of ``report`` and ``failures``, its derived fields filled in."""
+        return cls(report, failures, tuple(report.detector_results()) if report is not None else (),
+                   {"provider_failures": failures,
+                    "template_mismatch": report.template_mismatch() if report is not None else None})
 
 
 def preflight_stage(store: Any, run_id: str, config: ProviderConfig, tokenizer: Any = None, *,
@@ -551,4 +561,4 @@ def preflight_stage(store: Any, run_id: str, config: ProviderConfig, tokenizer: 
             cur = run_summary(s)
             cur["preflight"] = rep.to_dict()
             q.update_run(s, run_id, summary=cur)
-    return PreflightContext(rep, provider_failures(store, run_id))
+    return PreflightContext.of(rep, provider_failures(store, run_id))

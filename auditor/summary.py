@@ -1,5 +1,6 @@
 """Summary stage of ``auditor check``: speed figures and headline numbers stored with the run.
 
+- :func:`summary_stage`: both below, as the pipeline stores them (one call);
 - :func:`speed_summary`: TTFT/TPOT medians, tokens/s, tokens per stream chunk (from the attempts);
 - :func:`headline_summary`: mean KL and the honest floor's, the clear-mismatch rate, the nearest
   honest reference, and the position counts of the analysis.
@@ -19,12 +20,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from sqlalchemy.orm import Session
 
     from auditor.detectors import DetectorResult
-    from auditor.evidence import Observation
     from auditor.noise import FloorSet
+    from auditor.observations import Observation
     from auditor.store import Store
     from auditor.store.models import ProbeAttempt
 
-__all__ = ["headline_summary", "speed_summary"]
+__all__ = ["headline_summary", "speed_summary", "summary_stage"]
 
 
 def _final_attempts(session: Session, run_id: str) -> dict[int, ProbeAttempt]:
@@ -124,7 +125,7 @@ def _floor_mean_kl(floors: FloorSet | None, ref: str, lp: DetectorResult | None)
 
 def headline_summary(
     results: Sequence[DetectorResult],
-    floors: FloorSet,
+    floors: FloorSet | None,
     ref0: str,
     observations: Sequence[Observation],
     n_positions: int,
@@ -133,7 +134,7 @@ def headline_summary(
 
     Args:
         results: the detectors' results (Holm-adjusted, as the verdict returns them).
-        floors: the noise floors used; observations: the analysed probes; n_positions: positions
+        floors: the noise floors used (None: none); observations: the analysed probes; n_positions: positions
             in the evidence batch.
 
     Returns:
@@ -162,3 +163,19 @@ def headline_summary(
         "provider_tokens": n_tok,
     }
     return summary, tokens_extra
+
+
+def summary_stage(
+    store: Store,
+    run_id: str,
+    results: Sequence[DetectorResult],
+    floors: FloorSet | None,
+    ref0: str,
+    observations: Sequence[Observation],
+    n_positions: int,
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """The summary stage: (``{**speed_summary, **headline summary}``, tokens_extra) — the run summary's
+    figures (:func:`speed_summary` of ``run_id``'s attempts, then :func:`headline_summary` of the
+    other arguments, whose keys win) and the position counts."""
+    headline, tokens_extra = headline_summary(results, floors, ref0, observations, n_positions)
+    return {**speed_summary(store, run_id), **headline}, tokens_extra

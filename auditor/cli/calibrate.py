@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
         if bad:
             fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join(PROFILES)}")
         from auditor.errors import AuditError
-        from auditor.scoring import check_device
+        from auditor.reference_setup import check_device
 
         try:
             check_device(device, dtype)  # CUDA asked without a GPU → exit 3 before any work

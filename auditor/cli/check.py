@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
             if budget < 1:
                 raise _fail(f"--budget-tokens {budget_tokens!r}: a positive number of tokens or 'auto'")
         try:
-            from auditor.scoring import check_device
+            from auditor.reference_setup import check_device
 
             check_device(device, dtype)  # CUDA asked without a GPU → exit 3 before anything starts
             if auto:  # sequential stopping (group-sequential design, alpha spending): auditor/sequential.py

@@ -528,6 +528,12 @@ def set_ref_token_ids(s: Session, probe_id: int, ref_ids: Sequence[int | None]) 
     s.flush()
 
 
+def set_aligned_ref_token_ids(s: Session, aligned: Iterable[tuple[int, Sequence[int | None]]]) -> None:
+    """:func:`set_ref_token_ids` for every ``(probe_id, ref_ids)`` row (the analysis' final transaction)."""
+    for probe_id, ref_ids in aligned:
+        set_ref_token_ids(s, probe_id, ref_ids)
+
+
 def attempts_for_probe(s: Session, probe_id: int) -> list[ProbeAttempt]:
     """Every stored try of a probe, by ``attempt_no``."""
     return list(

@@ -189,7 +189,7 @@ def test_each_response_is_normalized_once_and_ids_are_written_at_the_end(tiny_en
         for t in toks:  # forget the aligned ids
             t.ref_token_id = None
     # the analysis stages import no normalizer...
-    for mod in ("audit", "evidence", "scoring", "detection", "summary"):
+    for mod in ("audit", "observations", "evidence", "scoring", "detection", "summary"):
         tree = ast.parse((Path(evidence.__file__).parent / f"{mod}.py").read_text())
         names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -217,3 +217,57 @@ def audit_lm(env):
     from auditor import audit
 
     return audit._MODELS[("tiny-ref", "float32")]
+
+
+def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> None:
+    """Issue 11: following ``--provider`` through ``run_check`` visits each stage module once on the
+    way down. Traced at run time (``sys.setprofile``): the project modules that ``auditor.audit``'s
+    own functions call into, in call order, with consecutive repeats collapsed, contain no module
+    twice (no climb back to a stage already left). Teardown is not a stage: ``close`` and
+    ``__exit__`` (closing the reference's HTTP client at the very end) are left out of the trace.
+    The normalizer runs only while probing: inside the runner (each probe response) and the
+    pre-flight (its own requests, sent right after the probes), and never once the pipeline has
+    gone on to a later stage."""
+    import sys
+    import threading
+
+    stages: list[str] = []
+    normalize_callers: set[str] = set()
+    normalize_during: set[str] = set()  # the pipeline stage entered last when the normalizer ran
+    infra = ("auditor.store", "auditor.util", "auditor.errors")
+    teardown = ("close", "__exit__")
+
+    def prof(frame, event, arg):
+        if event != "call" or frame.f_code.co_name in teardown:
+            return
+        mod = frame.f_globals.get("__name__", "")
+        back = frame.f_back
+        caller = back.f_globals.get("__name__", "") if back is not None else ""
+        if mod == "probes.normalize" and caller != "probes.normalize":
+            # who is on the stack between auditor.audit and the normalizer
+            f, chain = back, []
+            while f is not None:
+                chain.append(f.f_globals.get("__name__", ""))
+                f = f.f_back
+            normalize_callers.add(next((m for m in chain if m.startswith("auditor.")), caller))
+            normalize_during.add(stages[-1] if stages else "")
+        if (caller == "auditor.audit" and mod != "auditor.audit" and mod.split(".")[0] in ("auditor", "probes", "reference")
+                and not mod.startswith(infra) and (not stages or stages[-1] != mod)):
+            stages.append(mod)
+
+    threading.setprofile(prof)  # the runner normalizes on its writer thread
+    sys.setprofile(prof)
+    try:
+        run_check("sim", suite="smoke", budget_tokens=64, db_url=tiny_env["db"], config_path=tiny_env["config"])
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]  # None unsets it, as for sys.setprofile
+    assert stages[:1] == ["auditor.planning"] or "auditor.planning" in stages, stages
+    assert len(stages) == len(set(stages)), f"a stage module is entered twice from the pipeline: {stages}"
+    for a, b in [("auditor.planning", "auditor.runner"), ("auditor.runner", "auditor.evidence"),
+                 ("auditor.evidence", "auditor.detection"), ("auditor.detection", "auditor.verdict")]:
+        assert stages.index(a) < stages.index(b), stages
+    probing = {"auditor.runner", "auditor.preflight"}
+    assert stages.index("auditor.preflight") == stages.index("auditor.runner") + 1, stages
+    assert "auditor.runner" in normalize_callers and normalize_callers <= probing, normalize_callers
+    assert normalize_during <= probing, normalize_during
