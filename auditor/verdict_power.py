@@ -17,13 +17,35 @@ from auditor.detectors import DETECTORS, MODES, POWER_FAMILIES, POWER_TARGETS, T
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 
-__all__ = ["DEFAULT_POWER", "POWER_FAMILIES", "POWER_TARGETS", "required_positions"]
+__all__ = ["DEFAULT_POWER", "POWER_FAMILIES", "POWER_TARGETS", "power_effect", "required_positions"]
 
 DEFAULT_POWER = 0.8
 
 # POWER_TARGETS (the effects an audit should be able to see) and POWER_FAMILIES (PASS needs, for every
 # family that ran, one adequately powered detector) are the registry's (``auditor.detectors``: each
 # detector's ``power_target`` and ``power_family``), re-exported here.
+
+
+def power_effect(result: DetectorResult) -> float | None:
+    """The effect ``result`` measured, in the unit of its registry power target (``PowerTarget.unit``).
+
+    Clear-mismatch tests (greedy-match, self-greedy): ``effect`` (fraction of greedy positions with
+    a clear mismatch); logprob-divergence: ``details["geometric_ratio"]`` (geometric-mean KL / honest
+    floor, the scale its z-test works on); ``*-argmax``: ``effect`` (extra argmax emissions per
+    sampled position); ``*-tail``: ``effect`` (observed / expected tail emissions). None when the
+    detector did not run, has no power target (PIT tests, pre-flight checks) or the value is not finite.
+    Calibration records the median of this per profile (``auditor.calibration``), which is what an
+    audit's power is computed against.
+    """
+    powered = _powered(result.name)
+    if powered is None or not result.ran:
+        return None
+    v = (result.details or {}).get("geometric_ratio") if powered[0] == TestKind.KL else result.effect
+    try:
+        f = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
 
 
 def _greedy_required(

@@ -35,14 +35,15 @@ if TYPE_CHECKING:
 
 __all__ = ["CalibrationRun", "get_noise_floor", "load_reference_models", "mix_budgets", "run_calibration"]
 
-#: Profiles a plain ``auditor calibrate`` runs: the ones docs/calibration.md covers. The newer
-#: profiles of :data:`simulator.profiles.PROFILES` (honest-fp16, kv-fp8, w8a8, greedy-relaxed,
-#: relaxed-threshold:S, typical-acceptance:EPS, mix-P:F) are served correctly by the pool
-#: (``collect.backend_for``) and run when named with ``--profiles``; they join this list once their
-#: calibration is committed (issue 14).
+#: Profiles a plain ``auditor calibrate`` runs: the ones docs/calibration.md covers (issue 14 added
+#: honest-fp16, kv-fp8, w8a8, relaxed-threshold:0.7/0.9, typical-acceptance:0.03, greedy-relaxed and
+#: the mixtures mix-int4:0.1 / mix-int4:0.05). Any other profile of
+#: :data:`simulator.profiles.PROFILES` runs when named with ``--profiles``.
 DEFAULT_PROFILES: tuple[str, ...] = (
-    "honest-fp32", "honest-bf16", "honest-noisy", "int8", "int4", "fp8", "relaxed-threshold",
-    "typical-acceptance", "greedy-verify", "substituted", "decode-noncompliant", "truncated-sampling",
+    "honest-fp32", "honest-bf16", "honest-noisy", "honest-fp16", "int8", "int4", "fp8", "kv-fp8", "w8a8",
+    "relaxed-threshold", "relaxed-threshold:0.7", "relaxed-threshold:0.9", "typical-acceptance",
+    "typical-acceptance:0.03", "greedy-verify", "greedy-relaxed", "substituted", "decode-noncompliant",
+    "truncated-sampling", "mix-int4:0.1", "mix-int4:0.05",
 )
 
 
@@ -143,6 +144,7 @@ def run_calibration(
     refresh: bool = False,
     sequential: SequentialDesign | Literal["auto"] | None = "auto",
     sequential_audits: int | None = None,
+    honest_audits: int | None = None,
     floor_kwargs: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CalibrationRun:
@@ -169,6 +171,9 @@ def run_calibration(
             smallest budget to the largest with the spending and early-acceptance power of
             ``auditor check --budget-tokens auto``).
         sequential_audits: audits per profile for the sequential simulation (default ``audits``).
+        honest_audits: audits per budget on honest profiles (default ``audits``): the
+            false-accusation bound needs more audits than power does (issue 14: 400 per honest cell,
+            so that a Clopper–Pearson upper bound of 8% is reachable at a 5% rate).
         floor_kwargs: extra arguments of ``auditor.noise.get_floors`` (CI miniatures only).
         progress: callback for one-line status messages.
 
@@ -186,8 +191,8 @@ def run_calibration(
     budgets = sorted({int(b) for b in budgets})
     if not budgets or budgets[0] < 1:
         raise ValueError(f"budgets must be positive token counts, got {budgets}")
-    if audits < 1:
-        raise ValueError(f"audits={audits} must be >= 1")
+    if audits < 1 or (honest_audits is not None and honest_audits < 1):
+        raise ValueError(f"audits={audits} and honest_audits={honest_audits} must be >= 1")
     t_all = time.perf_counter()
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -228,9 +233,10 @@ def run_calibration(
         say(f"{p}: pool ready ({'cache' if cached else 'collected'}, {dt:.0f}s) {pool.summary()}")
         t = time.perf_counter()
         recs = []
+        n_audits = honest_audits if honest_audits is not None and get_profile(p).honest else audits
         for mi, m in enumerate(mixes):
             bl = mix_budgets(m, budgets, primary=mi == 0)
-            outs = run_audits(pool, floors, budgets=bl, audits=audits, mix=m, alpha=alpha, seed=seed, progress=say)
+            outs = run_audits(pool, floors, budgets=bl, audits=n_audits, mix=m, alpha=alpha, seed=seed, progress=say)
             for r in summarize_audits(outs, pool, mix=m, alpha=alpha):
                 r.extra["suite_max_tokens"] = m.max_total
                 recs.append(r)
@@ -260,6 +266,7 @@ def run_calibration(
         "profiles": profiles,
         "budgets": budgets,
         "audits": audits,
+        "honest_audits": honest_audits if honest_audits is not None else audits,
         "sequential_audits": (sequential_audits or audits) if sequential is not None else 0,
         "alpha": alpha,
         "seed": seed,

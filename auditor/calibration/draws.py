@@ -20,6 +20,7 @@ import numpy as np
 from auditor.audit import run_reference_detectors
 from auditor.detectors import EvidenceBatch
 from auditor.verdict import DEFAULT_POWER, Verdict, decide_verdict
+from auditor.verdict_power import power_effect
 from probes.suites import load_suite
 
 if TYPE_CHECKING:
@@ -359,6 +360,8 @@ class AuditOutcome:
     reused: bool
     prompt_tokens: int = 0
     planned: dict[str, int] = field(default_factory=dict)
+    #: detector → its effect in the unit of its power target (``auditor.verdict_power.power_effect``)
+    effects: dict[str, float] = field(default_factory=dict)
 
 
 def _outcome(budget: int, draw: AuditDraw, v: Verdict) -> AuditOutcome:
@@ -374,6 +377,7 @@ def _outcome(budget: int, draw: AuditDraw, v: Verdict) -> AuditOutcome:
         reused=draw.reused,
         prompt_tokens=draw.prompt_tokens,
         planned=dict(draw.planned),
+        effects={r.name: e for r in v.results if (e := power_effect(r)) is not None},
     )
 
 

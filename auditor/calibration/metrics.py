@@ -106,7 +106,9 @@ class CalibrationRecord:
             PASS and INCONCLUSIVE verdicts.
         verdicts: verdict → count (the confusion row of this profile).
         detectors: detector → {"ran": share of audits it ran, "rejected": share where it rejected
-            after Holm}; rules: deciding rule → count.
+            after Holm, "effect_median": median effect over the audits it ran in, in the unit of
+            its power target (``auditor.verdict_power.power_effect``; None without one)};
+            rules: deciding rule → count.
         budget_tokens is the planned budget (Σ max_tokens of the requests, ``--budget-tokens``);
         tokens: mean completion tokens actually returned per mode; completion_tokens: their
         mean total; sampled_tokens: mean T=1 tokens returned; planned_tokens: mean planned total;
@@ -129,7 +131,7 @@ class CalibrationRecord:
     pass_rate: float
     inconclusive_rate: float
     verdicts: dict[str, int]
-    detectors: dict[str, dict[str, float]]
+    detectors: dict[str, dict[str, float | None]]
     rules: dict[str, int]
     tokens: dict[str, float]
     sampled_tokens: float
@@ -160,12 +162,15 @@ def summarize_audits(
         os_ = [o for o in outcomes if o.budget == B]
         n = len(os_)
         verdicts = Counter(o.verdict for o in os_)
-        dets: dict[str, dict[str, float]] = {}
+        dets: dict[str, dict[str, float | None]] = {}
         names = sorted({k for o in os_ for k in o.ran} | {k for o in os_ for k in o.rejected})
         for k in names:
+            eff = [o.effects[k] for o in os_ if k in o.effects]
             dets[k] = {
                 "ran": sum(k in o.ran for o in os_) / n,
                 "rejected": sum(k in o.rejected for o in os_) / n,
+                # median effect in the power target's unit (auditor.verdict_power.power_effect)
+                "effect_median": float(np.median(eff)) if eff else None,
             }
         tokens = {m: float(np.mean([o.tokens.get(m, 0) for o in os_])) for m in MODES}
         recs.append(
@@ -195,14 +200,20 @@ def summarize_audits(
     return recs
 
 
-#: Issue 7 targets on the bundled model. Power targets: profile → (tokens, unit) where unit is
-#: ``tokens`` (audit budget) or ``sampled`` (temperature-1 tokens within the audit).
+#: Power targets on the bundled model (issue 7, tightened and extended by issue 14): profile →
+#: (tokens, unit) where unit is ``tokens`` (audit budget) or ``sampled`` (temperature-1 tokens
+#: within the audit). Met when the best suite reaches TARGET_POWER within the limit.
 POWER_TARGETS: dict[str, tuple[int, str]] = {
     "int4": (100, "tokens"),
-    "int8": (1000, "tokens"),
+    "int8": (500, "tokens"),
     "fp8": (2000, "tokens"),
+    "w8a8": (500, "tokens"),
+    "kv-fp8": (3000, "tokens"),
     "relaxed-threshold": (500, "sampled"),
+    "relaxed-threshold:0.7": (2000, "sampled"),
     "typical-acceptance": (500, "sampled"),
+    "greedy-relaxed": (300, "tokens"),
+    "mix-int4:0.1": (1000, "tokens"),
     "substituted": (100, "tokens"),
 }
 TARGET_POWER = 0.95

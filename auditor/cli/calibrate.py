@@ -68,6 +68,9 @@ def register(app: typer.Typer) -> None:
         sampling_max_tokens: int = typer.Option(24, "--sampling-max-tokens", min=1, help="Max tokens of a sampling request."),
         sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="Also simulate --budget-tokens auto."),
         sequential_audits: int | None = typer.Option(None, "--sequential-audits", min=1, help="Audits per profile (default --audits)."),
+        honest_audits: int | None = typer.Option(
+            None, "--honest-audits", min=1,
+            help="Resampled audits per budget on honest profiles (default --audits; 400 lets the false-accusation upper bound reach 8%)."),
         spending: str = typer.Option("pocock", "--spending", help="α spending: pocock (auto's) | obrien-fleming | linear."),
         accept_power: float = typer.Option(
             0.99, "--accept-power", min=0.5, max=0.9999, help="Power an early PASS needs in the sequential simulation (auto's: 0.99)."
@@ -150,7 +153,7 @@ def register(app: typer.Typer) -> None:
         try:
             run = cal.run_calibration(
                 names, bl, audits, ref_lms=ref_lms, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir, mix=mixes,
-                refresh=refresh, sequential=design, sequential_audits=sequential_audits, progress=say,
+                refresh=refresh, sequential=design, sequential_audits=sequential_audits, honest_audits=honest_audits, progress=say,
             )
         except (KeyError, ValueError) as exc:
             fail(str(exc))
