@@ -94,9 +94,11 @@ from auditor.calibration.metrics import (
 )
 from auditor.calibration.outputs import (
     ANALYSIS_MARKER,
+    merge_outputs,
     render_markdown,
     render_plot,
     write_outputs,
+    write_record_files,
 )
 from auditor.calibration.plan import PLAN_TARGETS, make_plan
 from auditor.calibration.pool import (
@@ -156,6 +158,7 @@ __all__ = [
     "load_or_collect_pool",
     "load_reference_models",
     "make_plan",
+    "merge_outputs",
     "mix_budgets",
     "pool_path",
     "record_grid",
@@ -171,4 +174,5 @@ __all__ = [
     "summarize_audits",
     "tokens_for_power",
     "write_outputs",
+    "write_record_files",
 ]

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from auditor.calibration.benchmark import CalibrationRun
 
-__all__ = ["ANALYSIS_MARKER", "render_markdown", "render_plot", "write_outputs"]
+__all__ = ["ANALYSIS_MARKER", "merge_outputs", "render_markdown", "render_plot", "write_outputs", "write_record_files"]
 
 #: Hand-written analysis below this marker in docs/calibration.md survives re-generation.
 ANALYSIS_MARKER = "<!-- analysis: text below this line is kept when `auditor calibrate` rewrites the file -->"
@@ -243,9 +243,20 @@ def write_outputs(run: CalibrationRun, out_dir: Path | str) -> dict[str, Path]:
     Returns:
         name → path of each file written.
     """
+    return write_record_files(run.to_json_list(), run.meta, out_dir)
+
+
+def write_record_files(records: Sequence[dict], meta: dict, out_dir: Path | str) -> dict[str, Path]:
+    """:func:`write_outputs` for records already in their JSON form (``CalibrationRun.to_json_list``).
+
+    The analysis below ``ANALYSIS_MARKER`` in an existing ``calibration.md`` is kept.
+
+    Returns:
+        name → path of each file written.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    records = run.to_json_list()
+    records = list(records)
     paths = {
         "json": out / "calibration.json",
         "meta": out / "calibration.meta.json",
@@ -253,12 +264,66 @@ def write_outputs(run: CalibrationRun, out_dir: Path | str) -> dict[str, Path]:
         "png": out / "calibration.png",
     }
     paths["json"].write_text(json.dumps(records, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    paths["meta"].write_text(json.dumps(json_safe(run.meta), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    paths["meta"].write_text(json.dumps(json_safe(meta), indent=1, sort_keys=True) + "\n", encoding="utf-8")
     kept = ""
     if paths["markdown"].is_file():
         old = paths["markdown"].read_text(encoding="utf-8")
         if ANALYSIS_MARKER in old:
             kept = old[old.index(ANALYSIS_MARKER) + len(ANALYSIS_MARKER):]
-    paths["markdown"].write_text(render_markdown(records, run.meta) + "\n" + ANALYSIS_MARKER + kept, encoding="utf-8")
-    render_plot(records, paths["png"], alpha=float(run.meta.get("alpha", 0.05)))
+    paths["markdown"].write_text(render_markdown(records, meta) + "\n" + ANALYSIS_MARKER + kept, encoding="utf-8")
+    render_plot(records, paths["png"], alpha=float(meta.get("alpha", 0.05)))
     return paths
+
+
+def _record_key(r: dict) -> tuple[str, str, int, str]:
+    return (str(r.get("profile")), record_suite(r), int(r.get("budget_tokens") or 0), str(r.get("design", "fixed")))
+
+
+def merge_outputs(dirs: Sequence[Path | str]) -> tuple[list[dict], dict]:
+    """Merge the files of several ``auditor calibrate --out DIR`` runs into one record list and meta.
+
+    A long calibration can run as parts (profile subsets in parallel processes, sharing the pool
+    cache); this joins them. Records are keyed by (profile, suite, budget, design): a later
+    directory's record replaces an earlier one's. The runs must share model, revision, alpha and
+    seed (the meta of the first run is the base; profiles, pools and timings are joined).
+
+    Raises:
+        ValueError: a directory without calibration.json / calibration.meta.json, or runs that
+            disagree on model, revision, alpha or seed (name the field and both values).
+    """
+    if not dirs:
+        raise ValueError("merge: give at least one directory written by `auditor calibrate --out DIR`")
+    merged: dict[tuple[str, str, int, str], dict] = {}
+    base: dict | None = None
+    parts = []
+    for d in dirs:
+        jp, mp = Path(d) / "calibration.json", Path(d) / "calibration.meta.json"
+        if not jp.is_file() or not mp.is_file():
+            raise ValueError(f"merge: {d} lacks calibration.json or calibration.meta.json (write it with --out {d})")
+        meta = json.loads(mp.read_text(encoding="utf-8"))
+        if base is None:
+            base = dict(meta)
+            base["profiles"] = list(meta.get("profiles") or [])
+            base["pools"] = dict(meta.get("pools") or {})
+            base["timings"] = dict(meta.get("timings") or {})
+        else:
+            for k in ("model", "revision", "alpha", "seed"):
+                if meta.get(k) != base.get(k):
+                    raise ValueError(f"merge: {d} has {k}={meta.get(k)!r}, the first run {base.get(k)!r}")
+            base["profiles"] += [p for p in meta.get("profiles") or [] if p not in base["profiles"]]
+            base["pools"].update(meta.get("pools") or {})
+            for k, v in (meta.get("timings") or {}).items():
+                base["timings"][k] = round(float(base["timings"].get(k, 0.0)) + float(v), 1)
+        parts.append({"dir": str(d), "profiles": meta.get("profiles"), "audits": meta.get("audits"),
+                      "honest_audits": meta.get("honest_audits"), "created_at": meta.get("created_at"),
+                      "timings": meta.get("timings")})
+        for r in json.loads(jp.read_text(encoding="utf-8")):
+            merged[_record_key(r)] = r
+    assert base is not None
+    base["parts"] = parts
+    fixed = [r for r in merged.values() if r.get("design", "fixed") == "fixed"]
+    seq = [r for r in merged.values() if r.get("design", "fixed") != "fixed"]
+    order = {p: i for i, p in enumerate(base["profiles"])}
+    fixed.sort(key=lambda r: (order.get(str(r.get("profile")), 1 << 30), record_suite(r), int(r.get("budget_tokens") or 0)))
+    seq.sort(key=lambda r: order.get(str(r.get("profile")), 1 << 30))
+    return fixed + seq, base

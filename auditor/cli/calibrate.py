@@ -76,6 +76,10 @@ def register(app: typer.Typer) -> None:
             0.99, "--accept-power", min=0.5, max=0.9999, help="Power an early PASS needs in the sequential simulation (auto's: 0.99)."
         ),
         refresh: bool = typer.Option(False, "--refresh", help="Recollect pools even when cached."),
+        merge: str | None = typer.Option(
+            None, "--merge",
+            help="Comma-separated directories of earlier `calibrate --out DIR` runs (e.g. profile subsets run in "
+                 "parallel): join their records (later ones win) and write them to --out; runs nothing."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache root for pools (default: the user cache dir)."),
         threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice)."),
         as_json: bool = typer.Option(False, "--json", help="Print the records as JSON instead of a table."),
@@ -84,6 +88,21 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Detection benchmark: false-accusation rate and power per simulator profile and token budget."""
         from auditor import calibration as cal
+
+        if merge is not None:
+            if out is None or not str(out):
+                fail("--merge needs --out DIR (where the joined files are written)")
+            try:
+                recs, meta = cal.merge_outputs([x.strip() for x in merge.split(",") if x.strip()])
+            except ValueError as exc:
+                fail(f"--merge: {exc}")
+            paths = cal.write_record_files(recs, meta, out)
+            typer.echo("wrote " + ", ".join(str(p) for p in paths.values()), err=True)
+            if as_json:
+                typer.echo(json.dumps(recs, indent=1))
+            else:
+                _print_table(recs, meta)
+            return
         from auditor.calibration.benchmark import DEFAULT_PROFILES
         from simulator.profiles import PROFILES, get_profile
 
