@@ -76,6 +76,10 @@ def register(app: typer.Typer) -> None:
             0.99, "--accept-power", min=0.5, max=0.9999, help="Power an early PASS needs in the sequential simulation (auto's: 0.99)."
         ),
         refresh: bool = typer.Option(False, "--refresh", help="Recollect pools even when cached."),
+        effects: bool = typer.Option(
+            False, "--effects/--no-effects",
+            help="Also refresh the package's effect-size table (auditor/calibration/effect_sizes.json), which a "
+                 "PASS's 'rules out' list is computed against, from these records (use for the committed calibration)."),
         merge: str | None = typer.Option(
             None, "--merge",
             help="Comma-separated directories of earlier `calibrate --out DIR` runs (e.g. profile subsets run in "
@@ -98,6 +102,7 @@ def register(app: typer.Typer) -> None:
                 fail(f"--merge: {exc}")
             paths = cal.write_record_files(recs, meta, out)
             typer.echo("wrote " + ", ".join(str(p) for p in paths.values()), err=True)
+            _refresh_effects(recs, effects)
             if as_json:
                 typer.echo(json.dumps(recs, indent=1))
             else:
@@ -179,6 +184,7 @@ def register(app: typer.Typer) -> None:
         if out is not None and str(out):
             paths = cal.write_outputs(run, out)
             say("wrote " + ", ".join(str(p) for p in paths.values()))
+            _refresh_effects(run.to_json_list(), effects)
         if store:
             try:
                 n = cal.store_results(run, db)
@@ -237,6 +243,16 @@ def register(app: typer.Typer) -> None:
         else:
             _print_plan(plan)
         raise typer.Exit(0 if plan["covered"] and plan["reached"] else 2)
+
+
+def _refresh_effects(records: list[dict], enabled: bool) -> None:
+    """With ``--effects``: rewrite auditor/calibration/effect_sizes.json from ``records``."""
+    if not enabled:
+        return
+    from auditor.calibration.effects import write_effect_sizes
+
+    p = write_effect_sizes(records)
+    typer.echo(f"refreshed {p}" if p is not None else "no effect-size table to refresh", err=True)
 
 
 def _print_table(records: list[dict], meta: dict) -> None:

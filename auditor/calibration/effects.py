@@ -1,0 +1,111 @@
+"""The effect-size table a PASS's "rules out" list is computed against, refreshed from calibration.
+
+``auditor/calibration/effect_sizes.json`` (read by ``auditor.rules_out``) holds, per deviation
+class (int4, int8, fp8, kv-fp8, w8a8, relaxed acceptance at s, truncation, substitution …), the
+effect its simulator profile produces in each detector's power-target unit
+(``auditor.verdict_power.power_effect``): clear-mismatch rate, geometric-mean KL / floor, argmax
+excess per sampled position, tail ratio. :func:`effect_sizes_from_records` takes them from a
+calibration run: per class and detector, the median effect over the audits of the profile's
+largest-budget cell in which that detector ran in at least half of the audits (the most
+positions, the least noisy median). The reference-free ``self-*`` sampling tests never run in a
+calibration (it always has the reference); for a class whose weights are the reference's (relaxed
+acceptance, truncation) the served distribution *is* the reference's, so their effect equals the
+``sampling-*`` one, and that is what is written (marked in ``derived``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from auditor.calibration.metrics import record_suite
+
+__all__ = ["EFFECT_SIZES_PATH", "MIN_RAN_SHARE", "effect_sizes_from_records", "write_effect_sizes"]
+
+#: The package's table (``auditor.rules_out.load_effect_sizes`` reads it).
+EFFECT_SIZES_PATH = Path(__file__).with_name("effect_sizes.json")
+#: A cell's median counts for a detector only when the detector ran in at least this share of its audits.
+MIN_RAN_SHARE = 0.5
+_SELF_FROM_REFERENCE = {"self-argmax": "sampling-argmax", "self-tail": "sampling-tail", "self-gof": "sampling-gof"}
+
+
+def _effect(records: Sequence[Mapping], profile: str, detector: str) -> tuple[float, str, int] | None:
+    """(median effect, suite, budget) of ``detector`` in ``profile``'s largest-budget cell where it ran."""
+    best: tuple[int, float, str] | None = None
+    for r in records:
+        if r.get("profile") != profile or r.get("design", "fixed") != "fixed":
+            continue
+        d = (r.get("detectors") or {}).get(detector) or {}
+        e = d.get("effect_median")
+        if e is None or float(d.get("ran") or 0.0) < MIN_RAN_SHARE:
+            continue
+        b = int(r.get("budget_tokens") or 0)
+        if best is None or b > best[0]:
+            best = (b, float(e), record_suite(dict(r)))
+    return None if best is None else (best[1], best[2], best[0])
+
+
+def effect_sizes_from_records(records: Sequence[Mapping], template: Mapping) -> dict:
+    """A new effect-size table: ``template``'s classes with their effects measured in ``records``.
+
+    Args:
+        records: calibration records (``calibration.json`` rows; fixed-budget rows with
+            ``detectors[name]["effect_median"]``).
+        template: the current table (``{"classes": {name: {"profile", "label", "question",
+            "effects"}}}``); its classes, labels and questions are kept.
+
+    Returns:
+        The table (JSON-able). Classes whose profile has no record keep their old effects and are
+        listed under ``"not_measured"``; detector effects taken from another detector are listed
+        under each class's ``"derived"``. ``"provisional"`` is dropped when every class was measured.
+    """
+    classes: dict[str, dict] = {}
+    missing: list[str] = []
+    for name, c in (template.get("classes") or {}).items():
+        c = dict(c)
+        profile = str(c.get("profile") or name)
+        names = set(c.get("effects") or {}) | {
+            k for r in records if r.get("profile") == profile for k in (r.get("detectors") or {})
+        }
+        effects: dict[str, float] = {}
+        source: dict[str, str] = {}
+        for det in sorted(names):
+            got = _effect(records, profile, det)
+            if got is not None:
+                effects[det] = round(got[0], 6)
+                source[det] = f"{got[1]} @ {got[2]} tokens"
+        derived = {}
+        for own, ref in _SELF_FROM_REFERENCE.items():
+            if own not in effects and ref in effects and own in (c.get("effects") or {}):
+                effects[own] = effects[ref]
+                derived[own] = ref
+        if effects:
+            c["effects"] = effects
+            c["measured_in"] = source
+            if derived:
+                c["derived"] = derived
+            else:
+                c.pop("derived", None)
+        else:
+            missing.append(name)
+        classes[name] = c
+    out = {k: v for k, v in template.items() if k not in ("classes", "provisional", "not_measured")}
+    out["generated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out["classes"] = classes
+    if missing:
+        out["provisional"] = True
+        out["not_measured"] = missing
+    return out
+
+
+def write_effect_sizes(records: Sequence[Mapping], path: Path | str = EFFECT_SIZES_PATH) -> Path | None:
+    """Refresh the table at ``path`` from ``records`` (:func:`effect_sizes_from_records`); None when
+    ``path`` does not exist (nothing to refresh: the classes are defined there)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    table = effect_sizes_from_records(records, json.loads(p.read_text(encoding="utf-8")))
+    p.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+    return p
