@@ -25,7 +25,8 @@ Precision
     4. **yes** when the ``model`` family ran and is adequate (``details["power_families"]``, or
        for older audits derived from ``details["power"]``): evidence names each adequate test's
        positions, the positions it needed and its target effect (3% clear greedy mismatches /
-       a KL three times the honest noise floor).
+       a KL three times the honest noise floor), then which precision classes the audit rules out at
+       95% power against their calibrated effects (``details["rules_out"]``, auditor.rules_out).
     5. **not tested** otherwise: too few positions (with the missing positions), or no power
        record (audits stored before the verdict recorded power on rejections lack it).
 
@@ -36,7 +37,8 @@ Verification
        when self-argmax (the provider's own reported distribution) ran with enough positions and
        did not reject, else **not tested**.
     3. **yes** when the ``acceptance`` family (sampling-argmax, self-argmax) ran and is adequate
-       (target: 0.08 extra argmax emissions per sampled position).
+       (target: 0.08 extra argmax emissions per sampled position), then which verification classes
+       the audit rules out (as for precision).
     4. **not tested** when the provider does not follow the requested decoding
        (DECODING_NONCOMPLIANT as the verdict or a secondary cause): the evidence names the
        non-compliance (served greedily, truncated sampling, ...) and its deciding p-value.
@@ -67,6 +69,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from auditor.detectors import DETECTORS, POWER_FAMILIES, Mode, PowerFamily, detectors_where
+from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
 from auditor.util import finite, fmt_p
 from auditor.verdict import DEFAULT_POWER, VerdictKind
 
@@ -316,6 +319,19 @@ def _no_power(d: Mapping[str, object], members: Sequence[str]) -> str:
             "be claimed")
 
 
+def _rules_out_note(d: Mapping[str, object], question: str) -> str:
+    """"; at 95% power against the calibrated effects: rules out ...; does not rule out ... (power ...)"
+    for the tested deviation classes of ``question`` (``details["rules_out"]``, auditor.rules_out); ""
+    when none is recorded."""
+    recs = [_map(r) for r in _list(d.get("rules_out"))]
+    mine = [r for r in recs if r.get("question") == question and r.get("status") in ("ruled out", "not ruled out")]
+    try:
+        text = rules_out_sentence(mine)
+    except (TypeError, ValueError):  # a malformed stored record
+        return ""
+    return f"; at {RULE_OUT_POWER:.0%} power against the calibrated effect sizes it {text}" if text else ""
+
+
 # ------------------------------------------------------------------------------------------ the two answers
 def _answer(key: str, answer: Answer, evidence: str) -> QuestionAnswer:
     return QuestionAnswer(key, QUESTIONS[key], answer, evidence)
@@ -344,7 +360,8 @@ def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
     if fam is None:
         return _answer("precision", "not tested", "the model tests " + _no_power(d, MODEL_DETECTORS))
     if fam.get("adequate"):
-        return _answer("precision", "yes", "no model difference found: " + _adequate_text(d, MODEL_DETECTORS))
+        return _answer("precision", "yes", "no model difference found: " + _adequate_text(d, MODEL_DETECTORS)
+                       + _rules_out_note(d, "precision"))
     return _answer("precision", "not tested", "the model tests had " + _shortfall_text(d, MODEL_DETECTORS, fam))
 
 
@@ -368,7 +385,8 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
             "the served model differs from the reference (see precision), so its sampled tokens could not be "
             "compared with the reference's distribution to isolate the acceptance rule"))
     if ran and fam is not None and fam.get("adequate"):
-        return _answer("verification", "yes", "no relaxed acceptance found: " + _adequate_text(d, ACCEPTANCE_DETECTORS))
+        return _answer("verification", "yes", "no relaxed acceptance found: " + _adequate_text(d, ACCEPTANCE_DETECTORS)
+                       + _rules_out_note(d, "verification"))
     for kind, primary, cause in _causes(verdict, d):
         if kind == "DECODING_NONCOMPLIANT":
             ev, rule = _deciding(d, primary, cause)

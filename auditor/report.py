@@ -30,6 +30,11 @@ named). In JSON they are the top-level ``secondary_causes``, ``provider_failures
 ``preflight_checks``; in JUnit one failing ``testcase`` per secondary cause and one ``testcase`` per
 pre-flight check (exit codes are unchanged: they follow the primary verdict only).
 
+On PASS and INCONCLUSIVE every renderer shows what the audit rules out (:mod:`auditor.rules_out`:
+per deviation class, 95% power against its calibrated effect or not): text, a line after the
+verdict; JSON, the top-level ``rules_out`` list; Markdown, a "What this audit rules out" table;
+JUnit, a ``rules_out`` property and a system-out line.
+
 Units: log-probabilities and KL in nats, tokens in tokens, money in USD, times in seconds;
 timestamps are ISO 8601 UTC strings.
 """
@@ -47,6 +52,7 @@ from auditor.detectors import DETECTORS
 from auditor.detectors.speculation import speculation_line
 from auditor.questions import QuestionAnswer, answer_questions
 from auditor.report_junit import render_junit
+from auditor.rules_out import RULE_OUT_POWER, rules_out_rows, rules_out_sentence
 from auditor.util import fmt_p as _fmt_p
 from auditor.util import md_cell as _md
 from auditor.verdict import EXIT_CODES
@@ -182,6 +188,12 @@ class AuditReport:
         return list(((self.summary or {}).get("preflight") or {}).get("checks") or [])
 
     @property
+    def rules_out(self) -> list[dict]:
+        """Per deviation class, whether the audit had 95% power against it (``auditor.rules_out``);
+        [] when not recorded (a rejection, or an audit stored before it was)."""
+        return list((self.verdict_details or {}).get("rules_out") or [])
+
+    @property
     def questions(self) -> list[QuestionAnswer]:
         """The buyer's two questions answered from the verdict (:func:`auditor.questions.answer_questions`)."""
         return answer_questions(self.verdict, self.verdict_details)
@@ -194,6 +206,7 @@ class AuditReport:
         d["secondary_causes"] = self.secondary_causes
         d["provider_failures"] = self.provider_failures
         d["preflight_checks"] = self.preflight_checks
+        d["rules_out"] = self.rules_out
         d["speculation"] = (self.summary or {}).get("speculation")  # auditor.detectors.speculation; evidence only
         return _json_safe(d)
 
@@ -206,7 +219,7 @@ class AuditReport:
 
 #: Top-level keys every JSON report carries.
 JSON_FIELDS = ("questions",) + tuple(AuditReport.__dataclass_fields__) + (
-    "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "speculation")
+    "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "rules_out", "speculation")
 
 
 # ------------------------------------------------------------------------------------------ utils
@@ -361,6 +374,9 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
     for c in report.secondary_causes:
         console.print(f"  also [bold red]{c.get('verdict')}[/bold red] ({c.get('rule')}): {c.get('reason')} "
                       f"[{_evidence_str(c)}]", highlight=False)
+    if report.rules_out:
+        console.print(f"at {RULE_OUT_POWER:.0%} power against the calibrated effect sizes: "
+                      f"{escape(rules_out_sentence(report.rules_out))}", highlight=False)
     fl = _failure_line(report.provider_failures)
     if fl:
         console.print(f"  [yellow]provider failures: {fl}[/yellow]", highlight=False)
@@ -486,6 +502,12 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
     if not r.secondary_causes:
         out.append(f"- No other cause is established at family-wise α = {r.alpha:g}.")
     out.append("")
+    if r.rules_out:
+        out += ["## What this audit rules out", "", f"At {RULE_OUT_POWER:.0%} power against the effect sizes measured "
+                "in calibration: " + _md(rules_out_sentence(r.rules_out)) + ".", "",
+                "| deviation | question | outcome | power | deciding test | positions missing |",
+                "|---|---|---|---:|---|---:|"]
+        out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rules_out_rows(r.rules_out)] + [""]
     checks = r.preflight_checks
     if checks:
         out.append("## Parameter-compliance pre-flight")

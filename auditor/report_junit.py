@@ -4,7 +4,8 @@ Re-exported as ``auditor.report.render_junit``; import it from there. The buyer'
 (:mod:`auditor.questions`) are ``question.<key>`` (the answer) and ``question.<key>.evidence``
 properties, and the suite's ``system-out`` (after the test cases, as the JUnit schema orders it);
 estimated token figures and a concurrency the client narrowed are ``usage_estimated`` /
-``concurrency`` properties and system-out lines too.
+``concurrency`` properties and system-out lines too, and so is what a PASS / INCONCLUSIVE rules out
+(``rules_out``, :mod:`auditor.rules_out`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = ["render_junit"]
 def render_junit(report: AuditReport) -> str:
     """JUnit XML: a ``testsuite`` per audit, a ``testcase`` per detector and one for the verdict."""
     from auditor.report import IMPLICATIONS, _evidence_rows, _failure_line, _fmt_effect, concurrency_line, usage_note
+    from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
     from auditor.util import fmt_p as _fmt_p
 
     r = report
@@ -113,6 +115,10 @@ def render_junit(report: AuditReport) -> str:
         ET.SubElement(props, "property", name="usage_estimated", value=un)
     if (cl := concurrency_line(r.summary)) is not None:
         ET.SubElement(props, "property", name="concurrency", value=cl)
+    if r.rules_out:
+        ro = f"at {RULE_OUT_POWER:.0%} power against the calibrated effect sizes: {rules_out_sentence(r.rules_out)}"
+        ET.SubElement(props, "property", name="rules_out", value=ro)
+        notes.insert(0, ro)
     ET.SubElement(ts, "system-out").text = "\n".join([q.line() for q in questions] + notes)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

@@ -15,15 +15,23 @@ At look k the whole audit decision — every detector, Holm across them, the dec
 - a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, DECODING_NONCOMPLIANT)
   stops the audit: **reject**;
 - PASS (nothing rejects *and* every detector family that ran has the design's ``accept_power``
-  against its target effect at level α_k — the verdict's own adequacy check) stops it: **accept**;
-- otherwise (INCONCLUSIVE) the audit continues; at the last look its verdict is final.
+  against its target effect at level α_k — the verdict's own adequacy check — *and*, with
+  ``require_rules_out`` (the default), every deviation class the audit's detectors can test is
+  ruled out: ``details["rules_out"]``, :mod:`auditor.rules_out`, power >= 95% against the
+  calibrated effect) stops it: **accept**;
+- otherwise (INCONCLUSIVE, or a PASS that does not yet rule out every tested class) the audit
+  continues; at the last look its verdict is final, except that a PASS which still leaves a tested
+  class not ruled out becomes INCONCLUSIVE (rule ``seq-not-ruled-out``) with the tokens still
+  needed (``details["suggested_budget_tokens"]``, :func:`auditor.rules_out.tokens_to_rule_out`).
 
 Validity (why this is anytime-valid at the design's looks). The looks' tests are dependent (each
 uses all earlier tokens), and the detectors are a heterogeneous family (exact binomial,
 Cramér–von Mises, z-tests), so the joint-normal boundaries of classical group-sequential designs
 do not apply. We use the union bound instead: under H0 (an honest provider)
 ``P(reject at some look) ≤ Σ_k P(reject at look k) ≤ Σ_k α_k = α(1) = α``, for *any* dependence
-between looks; stopping early to accept can only remove chances to reject. This is conservative
+between looks; stopping early to accept can only remove chances to reject, and so can refusing to
+accept (continuing past a PASS that does not rule out every class takes looks whose α_k the bound
+already counts; turning a last-look PASS into INCONCLUSIVE rejects nothing). This is conservative
 (it ignores the positive correlation between looks), which is the price for reusing every
 detector unchanged. Look times must not depend on the data (they are fixed by the design; the
 token count actually reached at a look is used for t_k, clipped to 1, and the last look spends
@@ -42,6 +50,8 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Protocol
 
 from scipy import stats
+
+from auditor.rules_out import RULE_OUT_POWER, RuleOut, not_ruled_out, tokens_to_rule_out
 
 if TYPE_CHECKING:
     from auditor.report import AuditReport
@@ -106,6 +116,9 @@ class SequentialDesign:
             the audit *before* the last look (None: the verdict's own default, 0.8). Early
             acceptance only ever removes chances to reject, so it does not touch the level; a
             higher value trades tokens saved on honest providers for power on subtle deviations.
+        require_rules_out: a PASS (early or at the last look) also needs every deviation class that
+            the look's detectors can test ruled out (the verdict's ``details["rules_out"]``); a verdict
+            object without that record (a callback that computes none) is taken as it is.
 
     Raises:
         ValueError: empty or non-increasing looks, non-positive tokens, bad alpha/spending.
@@ -115,6 +128,7 @@ class SequentialDesign:
     alpha: float = 0.05
     spending: str = "obrien-fleming"
     accept_power: float | None = None
+    require_rules_out: bool = True
 
     def __post_init__(self) -> None:
         if not self.looks:
@@ -136,7 +150,7 @@ class SequentialDesign:
     @classmethod
     def geometric(
         cls, max_tokens: int = 3000, first: int = 100, factor: float = 2.0, *, alpha: float = 0.05,
-        spending: str = "obrien-fleming", accept_power: float | None = None,
+        spending: str = "obrien-fleming", accept_power: float | None = None, require_rules_out: bool = True,
     ) -> SequentialDesign:
         """Looks at ``first, first·factor, first·factor², …`` tokens, capped by (and ending at) ``max_tokens``.
 
@@ -154,7 +168,7 @@ class SequentialDesign:
             looks[-1] = max_tokens  # avoid a tiny last round
         else:
             looks.append(int(max_tokens))
-        return cls(tuple(sorted(set(looks))), alpha, spending, accept_power)
+        return cls(tuple(sorted(set(looks))), alpha, spending, accept_power, require_rules_out)
 
     def look_alphas(self) -> list[float]:
         """α_k for the planned looks (they sum to ``alpha``)."""
@@ -167,7 +181,8 @@ class SequentialDesign:
 
     def to_dict(self) -> dict:
         return {"looks": list(self.looks), "alpha": self.alpha, "spending": self.spending,
-                "accept_power": self.accept_power, "look_alphas": self.look_alphas()}
+                "accept_power": self.accept_power, "require_rules_out": self.require_rules_out,
+                "look_alphas": self.look_alphas()}
 
 
 @dataclass
@@ -275,14 +290,21 @@ class SequentialAudit:
         else:
             v = verdict_at(min(a_k, 0.999999))
         verdict = str(getattr(v, "verdict", v))
+        info: dict = {}
+        short = not_ruled_out(_rules_out_of(v)) if verdict == "PASS" and self.design.require_rules_out else []
+        if short:
+            info["not_ruled_out"] = [r.key for r in short]
+            if last:
+                v = _not_ruled_out_verdict(v, short, self.design.max_tokens)
+                verdict = str(getattr(v, "verdict", v))
         if verdict in _DEVIATIONS:
             action, stop = "reject", True
-        elif verdict == "PASS":
+        elif verdict == "PASS" and not short:
             action, stop = "accept", True
         else:
             action, stop = ("final", True) if last else ("continue", False)
         self._spent = cum
-        d = LookDecision(k + 1, int(tokens), a_k, cum, verdict, stop, action)
+        d = LookDecision(k + 1, int(tokens), a_k, cum, verdict, stop, action, info)
         self.decisions.append(d)
         if stop:
             self._done = True
@@ -299,6 +321,36 @@ class SequentialAudit:
             "tokens_used": self.decisions[-1].tokens if self.decisions else 0,
             "alpha_spent": self._spent,
         }
+
+
+def _rules_out_of(v: object) -> list | None:
+    """The rules-out record of a look's verdict (``Verdict.details`` or ``AuditReport.verdict_details``)."""
+    d = getattr(v, "verdict_details", None)
+    if not isinstance(d, dict):
+        d = getattr(v, "details", None)
+    ro = d.get("rules_out") if isinstance(d, dict) else None
+    return ro if isinstance(ro, list) else None
+
+
+def _not_ruled_out_verdict(v: Any, short: Sequence[RuleOut], max_tokens: int) -> Any:
+    """A last-look PASS that leaves ``short`` not ruled out, as INCONCLUSIVE with the tokens still needed
+    (``Verdict`` or ``AuditReport``: the same fields under their names; anything else is returned as is)."""
+    import dataclasses
+
+    report = hasattr(v, "verdict_details")
+    fields = ("verdict_reason", "verdict_details") if report else ("reason", "details")
+    if not dataclasses.is_dataclass(v) or isinstance(v, type) or not all(hasattr(v, f) for f in fields):
+        return v
+    reason, details = getattr(v, fields[0]), dict(getattr(v, fields[1]))
+    budget = tokens_to_rule_out(short)
+    what = ", ".join(f"{r.label} (power {r.power:.0%})" if r.power is not None else r.label for r in short)
+    text = (f"no detector rejects, but the sequential audit reached its cap of {max_tokens} tokens before it ruled "
+            f"out {what} at {RULE_OUT_POWER:.0%} power"
+            + (f"; about {budget} more tokens would suffice" if budget else
+               "; no budget the power model reaches would rule it out"))
+    details.update(rule="seq-not-ruled-out", suggested_budget_tokens=budget,
+                   previous_verdict={"verdict": "PASS", "reason": reason})
+    return dataclasses.replace(v, verdict="INCONCLUSIVE", **{fields[0]: text, fields[1]: details})
 
 
 def run_sequential(
@@ -455,6 +507,8 @@ def _record(report: AuditReport, seq: SequentialAudit, db_url: str | None) -> No
                 return
             summary = dict(run.summary or {})
             summary["sequential"] = seq.summary()
+            if run.verdict != report.verdict:  # a last-look PASS that did not rule out every class
+                q.store_verdict(s, report.run_id, report.verdict, report.verdict_reason, report.verdict_details)
             q.update_run(s, report.run_id, summary=summary, alpha=seq.design.alpha,
                          budget_tokens=seq.decisions[-1].tokens if seq.decisions else None)
     finally:

@@ -36,6 +36,11 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    (POWER_TARGETS) at the audit's sample size (Bonferroni level alpha/m, m = tests that ran);
    else INCONCLUSIVE with the extra tokens that would suffice. Families that did not run are
    named as "not tested" in the reason (a provider is audited with what it offers).
+   PASS and INCONCLUSIVE also record ``details["rules_out"]`` (``auditor.rules_out``): per deviation
+   class of the calibration (int4, int8, fp8, kv-fp8, w8a8, relaxed acceptance at s, truncation,
+   substitution) whether some detector that ran had RULE_OUT_POWER (95%) against its measured
+   effect; a PASS reason ends with "rules out ...; does not rule out ... (power ...)". This does not
+   change the verdict (``--budget-tokens auto`` requires it, ``auditor.sequential``).
 6. A pre-flight parameter check (``auditor.preflight``; ``preflight-*`` results in the same Holm
    family) rejects: ``preflight-greedy-top1`` (temperature-0 tokens are not the provider's own
    top-1) or ``preflight-top-p`` (at temperature 1 with ``top_p = 1`` the sampled tokens miss the
@@ -95,11 +100,14 @@ from auditor.detectors import (
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
+from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
 from auditor.verdict_power import (
     DEFAULT_POWER,
     POWER_FAMILIES,
     POWER_TARGETS,
     _budget,
+    power_at,
+    power_effect,
     required_positions,
 )
 
@@ -124,6 +132,8 @@ __all__ = [
     "apply_holm",
     "decide_verdict",
     "holm",
+    "power_at",
+    "power_effect",
     "required_positions",
 ]
 
@@ -251,6 +261,7 @@ def decide_verdict(
     provider_failures: Mapping[str, Any] | None = None,
     template_mismatch: Mapping[str, object] | None = None,
     tokenizer_mismatch: Mapping[str, Any] | None = None,
+    effect_sizes: EffectSizes | None = None,
 ) -> Verdict:
     """Apply Holm at family-wise level ``alpha`` across the detectors that ran, then the rules above.
 
@@ -269,10 +280,17 @@ def decide_verdict(
             ``n_foreign_distinct``, ``n_checked``, ``prompt_counts``, ``n_prompt_disagree``,
             ``n_prompt_checked``); pass it only when the reference's tokenizer is the claimed model's.
             None or empty = no such evidence.
+        effect_sizes: the calibration's effect sizes per deviation class for ``details["rules_out"]``
+            (default: the packaged table, ``auditor.rules_out.load_effect_sizes``).
 
     Returns:
         Verdict (``results`` carries the Holm-adjusted copies; ``details["secondary_causes"]``
-        every other established cause).
+        every other established cause; ``details["rules_out"]`` on PASS and INCONCLUSIVE, except
+        on provider failures: per deviation class whether the audit had RULE_OUT_POWER against its
+        measured effect, ``auditor.rules_out``; a PASS reason ends with the rules-out sentence).
+
+    Raises:
+        auditor.rules_out.EffectSizesError: the packaged effect-size table is malformed.
 
     Raises:
         ValueError: if alpha or power is outside (0, 1), or two results share a name.
@@ -349,6 +367,13 @@ def decide_verdict(
             "0-provider-failures",
         )
         details["suggested_budget_tokens"] = None
+    if cause.kind in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE) and cause.rule != "0-provider-failures":
+        ro = rules_out(adj, alpha=alpha, n_tests=n_power, floor=floor, effect_sizes=effect_sizes)
+        details["rules_out"] = [r.to_dict() for r in ro]
+        sentence = rules_out_sentence(ro)
+        if cause.kind == VerdictKind.PASS and sentence:
+            cause = replace(cause, reason=f"{cause.reason}; {sentence} (at {RULE_OUT_POWER:.0%} power against the "
+                            "calibrated effect sizes)")
     if template_mismatch:
         cause = replace(cause, reason=cause.reason + "; " + _template_note(template_mismatch))
     details["secondary_causes"] = [c.to_dict() for c in secondary]
@@ -378,6 +403,7 @@ def _tokenizer_substitution(verdict: Verdict, tm: Mapping[str, Any]) -> Verdict:
                      f"{tm['n_prompt_checked']} completions prompts (provider vs claimed tokenizer: {ex})")
     reason = "the provider uses another tokenizer than the claimed model's, so it serves another model: " + "; ".join(parts)
     details = dict(verdict.details)
+    details.pop("rules_out", None)  # a SUBSTITUTION rules nothing out
     secondary = list(details.get("secondary_causes") or [])
     if verdict.verdict not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE, VerdictKind.SUBSTITUTION):
         secondary.insert(0, {"verdict": verdict.verdict, "rule": details.get("rule"), "reason": verdict.reason,

@@ -4,20 +4,27 @@ The power families (POWER_FAMILIES), their target effects (POWER_TARGETS), the p
 detector needs for DEFAULT_POWER at the audit's level (``required_positions``, in positions =
 tokens), and the suggested token budget ``_budget`` writes into a verdict's details. Every public
 name is re-exported by ``auditor.verdict``; callers import them from there.
+
+``required_positions`` and ``power_at`` (a detector's power at n positions against a given effect)
+read one power model per test kind (``_PowerModel``), so the positions needed and the power at
+the positions used are the same calculation read both ways; ``power_effect`` reads the effect a
+detector measured in the unit of its power target (what ``auditor calibrate`` writes into
+``auditor/calibration/effect_sizes.json`` and ``auditor.rules_out`` reads back).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from auditor.detectors import DETECTORS, MODES, POWER_FAMILIES, POWER_TARGETS, TestKind
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 
-__all__ = ["DEFAULT_POWER", "POWER_FAMILIES", "POWER_TARGETS", "power_effect", "required_positions"]
+__all__ = ["DEFAULT_POWER", "POWER_FAMILIES", "POWER_TARGETS", "power_at", "power_effect", "required_positions"]
 
 DEFAULT_POWER = 0.8
 
@@ -26,26 +33,11 @@ DEFAULT_POWER = 0.8
 # detector's ``power_target`` and ``power_family``), re-exported here.
 
 
-def power_effect(result: DetectorResult) -> float | None:
-    """The effect ``result`` measured, in the unit of its registry power target (``PowerTarget.unit``).
-
-    Clear-mismatch tests (greedy-match, self-greedy): ``effect`` (fraction of greedy positions with
-    a clear mismatch); logprob-divergence: ``details["geometric_ratio"]`` (geometric-mean KL / honest
-    floor, the scale its z-test works on); ``*-argmax``: ``effect`` (extra argmax emissions per
-    sampled position); ``*-tail``: ``effect`` (observed / expected tail emissions). None when the
-    detector did not run, has no power target (PIT tests, pre-flight checks) or the value is not finite.
-    Calibration records the median of this per profile (``auditor.calibration``), which is what an
-    audit's power is computed against.
-    """
-    powered = _powered(result.name)
-    if powered is None or not result.ran:
-        return None
-    v = (result.details or {}).get("geometric_ratio") if powered[0] == TestKind.KL else result.effect
-    try:
-        f = float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+def _binom_power(n: np.ndarray | int, r0: float, r1: float, alpha: float) -> np.ndarray:
+    """Power of the exact one-sided binomial test (level alpha, null rate r0) at rate r1 with n trials."""
+    n = np.asarray(n)
+    c = stats.binom.isf(alpha, n, r0) + 1  # smallest k with P(X >= k | r0) <= alpha
+    return np.asarray(stats.binom.sf(c - 1, n, r1))
 
 
 def _greedy_required(
@@ -54,20 +46,152 @@ def _greedy_required(
     """Smallest n at which the exact one-sided binomial test (level alpha, null r0) has >= power at r1."""
     if r1 <= r0:
         return None
+    return _invert(lambda n: _binom_power(n, r0, r1, alpha), power, n_max)
 
-    def pw(n: np.ndarray) -> np.ndarray:
-        c = stats.binom.isf(alpha, n, r0) + 1  # smallest k with P(X >= k | r0) <= alpha
-        return stats.binom.sf(c - 1, n, r1)
 
-    grid = np.unique(np.geomspace(1, n_max, 200).astype(np.int64))
-    ok = np.flatnonzero(pw(grid) >= power)
-    if not ok.size:
+def _tail_power(n: np.ndarray | int, tau: float, ratio: float, alpha: float) -> np.ndarray:
+    """Power of the one-sided tail-deficit test at n positions: the tail count is taken as
+    Poisson(n·τ) under H0 (τ = mean tail mass per position, the Poisson limit of the
+    Poisson-binomial the detector uses) and Poisson(n·τ·ratio) under H1; the test rejects at
+    counts c with P(X <= c | H0) <= alpha."""
+    n = np.asarray(n, dtype=np.float64)
+    lam0 = n * tau
+    z = float(special.ndtri(alpha))
+    # the largest k with P(X <= k | H0) <= alpha: a Cornish-Fisher start, then exact steps
+    c = np.floor(lam0 + z * np.sqrt(lam0) + (z * z - 1) / 6)
+    for _ in range(10_000):
+        up = special.pdtr(c + 1, lam0) <= alpha
+        down = (c >= 0) & (special.pdtr(np.maximum(c, 0), lam0) > alpha)
+        if not (up.any() or down.any()):
+            break
+        c = c + up - down
+    c = np.maximum(c, -1)
+    return np.where(c >= 0, special.pdtr(np.maximum(c, 0), lam0 * max(ratio, 0.0)), 0.0)
+
+
+def _invert(pw, power: float, n_max: int = 1_000_000, guess: float | None = None) -> int | None:
+    """Smallest n in [1, n_max] with ``pw(n) >= power`` (``pw`` vectorised over integer n; assumed
+    to grow with n up to the discreteness of exact tests): the first crossing on a geometric grid
+    over [1, n_max] (refined around ``guess``, a normal approximation, when given), then every n of
+    the bracket found when it holds at most ``_SCAN`` values (exact), else bisection (within the
+    saw-tooth of an exact test's power); None when even n_max falls short."""
+    grid = np.geomspace(1, n_max, 200)
+    if guess is not None and math.isfinite(guess) and 1 <= guess <= n_max:
+        grid = np.concatenate([grid, guess * np.geomspace(0.7, 1.4, 24)])
+    grid = np.unique(np.clip(grid, 1, n_max).astype(np.int64))
+    okg = np.flatnonzero(pw(grid) >= power)
+    if not okg.size:
         return None
-    hi = int(grid[ok[0]])
-    lo = int(grid[ok[0] - 1]) if ok[0] > 0 else 1
+    hi = int(grid[okg[0]])
+    lo = int(grid[okg[0] - 1]) if okg[0] > 0 else 1
+    if hi - lo > _SCAN:
+        while hi - lo > _SCAN:
+            mid = (lo + hi) // 2
+            if pw(np.array([mid]))[0] >= power:
+                hi = mid
+            else:
+                lo = mid
     n = np.arange(lo, hi + 1)
     ok2 = np.flatnonzero(pw(n) >= power)
     return int(n[ok2[0]]) if ok2.size else hi
+
+
+#: Brackets of at most this many n are scanned exhaustively by :func:`_invert`.
+_SCAN = 2048
+
+
+@dataclass(frozen=True)
+class _PowerModel:
+    """How one detector's power grows with the number of positions n (one home for
+    :func:`required_positions` and :func:`power_at`).
+
+    Attributes:
+        test: the detector's test kind.
+        var: per-position variance of the statistic (KL: of log-KL, with the floor's within- and
+            between-prompt components at the audit's positions per prompt; ARGMAX: mean p(1−p)).
+        r0: honest clear-mismatch rate (CLEAR_MISMATCH).
+        tau: mean tail mass per position (TAIL).
+    """
+
+    test: TestKind
+    var: float = 0.0
+    r0: float = 0.0
+    tau: float = 0.0
+
+    def power(self, n: np.ndarray | int, effect: float, alpha_test: float) -> np.ndarray:
+        """Power at n positions against ``effect`` (the unit of the detector's ``PowerTarget``)."""
+        n = np.asarray(n, dtype=np.float64)
+        za = -special.ndtri(alpha_test)
+        if self.test == TestKind.CLEAR_MISMATCH:
+            return _binom_power(n.astype(np.int64), self.r0, min(max(effect, 0.0), 1.0), alpha_test)
+        if self.test == TestKind.KL:
+            shift = math.log(effect) if effect > 0 else -math.inf
+            return np.asarray(special.ndtr(np.sqrt(n) * shift / math.sqrt(self.var) - za))
+        if self.test == TestKind.ARGMAX:
+            return np.asarray(special.ndtr(np.sqrt(n) * effect / math.sqrt(self.var) - za))
+        return _tail_power(n, self.tau, effect, alpha_test)
+
+    def _guess(self, effect: float, za: float, zb: float) -> float | None:
+        """Normal approximation of the required n of the exact tests (a starting bracket)."""
+        if self.test == TestKind.CLEAR_MISMATCH:
+            r0, r1 = self.r0, min(effect, 1.0)
+            sd = za * math.sqrt(r0 * (1 - r0)) + zb * math.sqrt(r1 * (1 - r1))
+            return (sd / (r1 - r0)) ** 2 if r1 > r0 else None
+        if self.test == TestKind.TAIL and 0 < effect < 1:
+            sd = za * math.sqrt(self.tau) + zb * math.sqrt(self.tau * effect)
+            return (sd / (self.tau * (1 - effect))) ** 2
+        return None
+
+    def required(self, effect: float, alpha_test: float, power: float, *, guess: bool = True) -> int | None:
+        """Smallest n with ``power(n) >= power`` (closed forms for the z-tests, a search for the exact
+        tests: ``guess`` starts it at a normal approximation), None when none."""
+        za, zb = float(-special.ndtri(alpha_test)), float(special.ndtri(power))
+        if self.test == TestKind.KL:
+            if effect <= 1:
+                return None
+            return math.ceil((za + zb) ** 2 * self.var / math.log(effect) ** 2)
+        if self.test == TestKind.ARGMAX:
+            if effect <= 0:
+                return None
+            return math.ceil((za + zb) ** 2 * self.var / effect**2)
+        if self.test == TestKind.TAIL and effect <= 0:
+            return math.ceil(-math.log(alpha_test) / self.tau)  # a missing tail: P(no tail | H0) <= alpha
+        if self.test == TestKind.CLEAR_MISMATCH and effect <= self.r0:
+            return None
+        if self.test == TestKind.TAIL and effect >= 1:
+            return None
+        return _invert(lambda n: self.power(n, effect, alpha_test), power,
+                       guess=self._guess(effect, za, zb) if guess else None)
+
+
+def _power_model(result: DetectorResult, floor: NoiseFloor | None) -> _PowerModel | None:
+    """The power model of ``result``'s detector from its details (and the floor for a KL test);
+    None when no calculation applies (PIT tests, unknown names) or inputs are missing."""
+    powered = _powered(result.name)
+    if powered is None:
+        return None
+    test = powered[0]
+    d = result.details or {}
+    if test == TestKind.CLEAR_MISMATCH:
+        return _PowerModel(test, r0=float(d.get("r0", 1e-3)))
+    if test == TestKind.KL:
+        if floor is None or "m" not in d:
+            return None
+        vc = floor.kl_floor(int(d["m"])).components
+        per_prompt = max(1.0, result.n / max(1, int(d.get("n_prompts", 1))))
+        return _PowerModel(test, var=vc.sigma_w2 + vc.sigma_b2 * per_prompt)
+    if test == TestKind.ARGMAX:
+        if not result.ran or result.n <= 0:
+            return None
+        var_pos = d.get("var_per_position")
+        if var_pos is None:
+            er = float(d.get("expected_rate", 0.5))
+            var_pos = er * (1 - er)  # upper bound on mean p(1-p)
+        return _PowerModel(test, var=max(float(var_pos), 0.05))
+    if test == TestKind.TAIL:
+        tau = float(d.get("mean_tail_mass", 0.0) or 0.0)
+        return _PowerModel(test, tau=tau) if tau > 0 else None
+    return None
 
 
 def required_positions(
@@ -76,49 +200,71 @@ def required_positions(
     alpha_test: float,
     power: float = DEFAULT_POWER,
     floor: NoiseFloor | None = None,
+    effect: float | None = None,
 ) -> int | None:
     """Positions this detector needs for ``power`` against its registry target effect (``power_target``,
-    one of POWER_TARGETS) at level alpha_test; the calculation follows its test kind.
+    one of POWER_TARGETS) — or against ``effect`` when given, in the same unit — at level alpha_test;
+    the calculation follows its test kind.
 
     Simple normal/binomial calculations (one-sided): greedy tests — exact binomial against the
-    honest rate r0 vs target rate; logprob — z-test on mean log-KL with the floor's variance
-    components at the audit's prompt size; argmax — z-test with the audit's mean p(1−p);
-    tail — n with P(no tail emission | H0) <= alpha_test, i.e. n >= −ln(alpha_test)/mean τ.
-    Returns None when no calculation applies (e.g. the omnibus PIT tests) or inputs are missing.
+    honest rate r0 vs target rate (the registry target, at least 2·r0); logprob — z-test on mean
+    log-KL with the floor's variance components at the audit's prompt size; argmax — z-test with
+    the audit's mean p(1−p); tail — against a missing tail, n with P(no tail emission | H0) <=
+    alpha_test, i.e. n >= −ln(alpha_test)/mean τ (a partial deficit: the Poisson test of
+    :func:`power_at`). :func:`power_at` is the same model read the other way round.
+    Returns None when no calculation applies (e.g. the omnibus PIT tests), inputs are missing or the
+    effect is on the null side.
     """
-    d = result.details or {}
-    powered = _powered(result.name)
-    if powered is None:
+    model = _power_model(result, floor)
+    if model is None:
         return None
-    test, target = powered
-    za = stats.norm.isf(alpha_test)
-    zb = stats.norm.ppf(power)
-    if test == TestKind.CLEAR_MISMATCH:
-        r0 = float(d.get("r0", 1e-3))
-        return _greedy_required(r0, max(target, 2 * r0), alpha_test, power)
-    if test == TestKind.KL:
-        if floor is None or "m" not in d:
-            return None
-        vc = floor.kl_floor(int(d["m"])).components
-        per_prompt = max(1.0, result.n / max(1, int(d.get("n_prompts", 1))))
-        var = vc.sigma_w2 + vc.sigma_b2 * per_prompt
-        shift = math.log(target)
-        return math.ceil((za + zb) ** 2 * var / shift**2)
-    if test == TestKind.ARGMAX:
-        if not result.ran or result.n <= 0:
-            return None
-        var_pos = d.get("var_per_position")
-        if var_pos is None:
-            er = float(d.get("expected_rate", 0.5))
-            var_pos = er * (1 - er)  # upper bound on mean p(1-p)
-        var_pos = max(float(var_pos), 0.05)
-        return math.ceil((za + zb) ** 2 * var_pos / target**2)
-    if test == TestKind.TAIL:
-        tau = float(d.get("mean_tail_mass", 0.0) or 0.0)
-        if tau <= 0:
-            return None
-        return math.ceil(-math.log(alpha_test) / tau)
-    return None
+    if effect is None:  # the registry target: the full search, as the verdict's budgets always had
+        return model.required(_target_effect(result, model), alpha_test, power, guess=False)
+    return model.required(effect, alpha_test, power)
+
+
+def power_at(
+    result: DetectorResult,
+    *,
+    effect: float,
+    alpha_test: float,
+    n: int | None = None,
+    floor: NoiseFloor | None = None,
+) -> float | None:
+    """Power of this detector at ``n`` positions (default: the positions it used, ``result.n``)
+    against ``effect`` (the unit of its registry ``PowerTarget``, as :func:`power_effect` reads it) at
+    level alpha_test; the model of :func:`required_positions`. None when no calculation applies."""
+    model = _power_model(result, floor)
+    n = result.n if n is None else n
+    if model is None or n <= 0:
+        return None if model is None else 0.0
+    return float(model.power(int(n), effect, alpha_test))
+
+
+def power_effect(result: DetectorResult) -> float | None:
+    """The effect ``result`` measured, in the unit of its detector's registry power target
+    (``PowerTarget.unit``): clear-mismatch tests (greedy-match, self-greedy) — ``effect``, the rate of
+    clear mismatches; logprob-divergence — ``details["geometric_ratio"]`` (geometric-mean KL / honest
+    floor); argmax tests — ``effect`` (extra argmax emissions per sampled position); tail tests —
+    ``effect`` (observed / expected tail emissions, < 1 a deficit). None when the detector did not
+    run, has no power target (PIT tests, pre-flight checks) or the value is missing / not finite.
+    ``auditor calibrate`` uses it to write ``auditor/calibration/effect_sizes.json``."""
+    powered = _powered(result.name)
+    if powered is None or not result.ran:
+        return None
+    x = (result.details or {}).get("geometric_ratio") if powered[0] == TestKind.KL else result.effect
+    try:
+        v = float(x) if x is not None else math.nan
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _target_effect(result: DetectorResult, model: _PowerModel) -> float:
+    """The registry target effect of ``result``'s detector (clear mismatches: at least 2·r0)."""
+    powered = _powered(result.name)
+    target = powered[1] if powered is not None else math.nan
+    return max(target, 2 * model.r0) if model.test == TestKind.CLEAR_MISMATCH else target
 
 
 def _powered(name: str) -> tuple[TestKind, float] | None:

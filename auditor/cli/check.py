@@ -125,7 +125,9 @@ def register(app: typer.Typer) -> None:
                     provider, suite=suite, alpha=alpha, db_url=db, config_path=str(config) if config else None,
                     progress=True if progress else None, console=err, seed=seed, device=device, dtype=dtype,
                     on_look=lambda d: err.print(f"look {d.look}: {d.tokens} tokens, alpha_k={d.alpha_look:.2g}: "
-                                                f"{d.verdict} ({d.action})", highlight=False),
+                                                f"{d.verdict} ({d.action})" + (
+                                                    f"; not yet ruled out: {', '.join(d.details['not_ruled_out'])}"
+                                                    if d.details.get("not_ruled_out") else ""), highlight=False),
                 )
             else:
                 rep = run_check(provider, CheckOptions(

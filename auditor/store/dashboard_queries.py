@@ -483,6 +483,8 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     ``effect`` and CI, ``n``, ``ran``, ``reason`` and ``evidence``), ``verdict_details`` (the
     ``verdicts.details`` JSON), ``questions`` (the buyer's two questions answered from the verdict,
     ``auditor.questions``: ``{"key", "question", "answer", "evidence"}``; [] without a verdict),
+    ``rules_out`` (the verdict's ``details["rules_out"]``, ``auditor.rules_out``: per deviation class
+    ``label``, ``question``, ``status``, ``power``, ``detector``, ``n``; [] for rejections and older runs),
     ``strongest`` (name of the detector with the smallest adjusted p-value among those that ran and
     have evidence, else None), ``probes`` (``id``,
     ``probe_key``, ``mode``, ``workload``, ``status``, ``n_attempts``, ``anomalies``) and
@@ -507,6 +509,8 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     vrow = session.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))
     row["verdict_details"] = (vrow.details or {}) if vrow else {}
     row["questions"] = [q.to_dict() for q in answer_questions(vrow.verdict, row["verdict_details"])] if vrow else []
+    ro = row["verdict_details"].get("rules_out") if isinstance(row["verdict_details"], dict) else None
+    row["rules_out"] = [x for x in ro if isinstance(x, dict)] if isinstance(ro, list) else []
     if vrow and not row["verdict_reason"]:
         row["verdict_reason"] = vrow.reason
 

@@ -213,6 +213,30 @@ def questions_table(questions: list[dict[str, Any]]) -> str:
     return md_table(["Question", "Answer", "Evidence"], rows)
 
 
+#: Badge colour of each rules-out status.
+RULES_OUT_COLORS = {"ruled out": "green", "not ruled out": "orange", "not tested": "gray"}
+
+
+def rules_out_table(records: Any) -> str:
+    """Markdown table of what the audit rules out (``run_detail``'s ``rules_out``: per deviation class
+    ``label``, ``question``, ``status``, ``power``, ``detector``, ``n``; every text escaped); "" when
+    there is no such record (rejections, runs stored before it existed) or it is malformed."""
+    if not isinstance(records, list):
+        return ""
+    rows = []
+    for r in records:
+        if not isinstance(r, dict):
+            continue
+        status = str(r.get("status") or "")
+        det = f"{r.get('detector')} on {r.get('n')} positions" if r.get("detector") else "—"
+        rows.append([escape_md(r.get("label") or r.get("key")), escape_md(r.get("question")),
+                     f":{RULES_OUT_COLORS.get(status, 'gray')}-badge[{escape_md(status or '?')}]",
+                     fmt_pct(r.get("power"), 0) if r.get("power") is not None else "—", escape_md(det)])
+    if not rows:
+        return ""
+    return md_table(["Deviation", "Question", "At 95% power", "Power", "Deciding test"], rows)
+
+
 def render(db_url: str, filters: Filters) -> None:
     """Draw the Run detail page."""
     st.header("Run detail")
@@ -240,6 +264,10 @@ def render(db_url: str, filters: Filters) -> None:
         st.markdown(escape_md(d["verdict_reason"], max_len=2000))
     elif d["status"] != "completed":
         st.markdown(f"Run status: **{escape_md(d['status'])}** — no verdict.")
+    rules = rules_out_table(d.get("rules_out"))
+    if rules:
+        st.markdown("**What this audit rules out** (95% power against the effect sizes measured in calibration)")
+        st.markdown(rules)
     facts = [
         ["Run", md_code(d["run_id"], in_table=True)],
         ["Status", escape_md(d["status"])],

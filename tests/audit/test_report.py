@@ -130,3 +130,53 @@ def test_render_dispatch_and_text(capsys) -> None:
     out = con.export_text()
     assert "verdict: QUANTIZATION" in out and "logprob-divergence" in out and "REJECTS" in out
     assert "1600 tokens" in out and "$0.001200" in out
+
+
+def _rules_out_report() -> AuditReport:
+    """A PASS whose verdict details carry the rules-out record of a real decide_verdict."""
+    from auditor.detectors import DetectorResult
+    from auditor.verdict import decide_verdict
+
+    res = [DetectorResult(k, 0.0, 1.0, 0.0, (0.0, 0.0), 1000, [], details={"r0": 1e-3, "band": 0.2})
+           for k in ("greedy-match", "self-greedy")]
+    v = decide_verdict(res)
+    assert v.verdict == "PASS"
+    rep = make_report("PASS")
+    rep.verdict_reason = v.reason
+    rep.verdict_details = v.details
+    return rep
+
+
+def test_every_format_shows_what_the_audit_rules_out() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from auditor.questions import answer_questions
+    from dashboard.views.run_detail import rules_out_table
+
+    rep = _rules_out_report()
+    recs = {r["key"]: r for r in rep.rules_out}
+    assert recs["int4"]["status"] == "ruled out" and recs["kv-fp8"]["status"] == "not ruled out"
+    d = json.loads(render_json(rep))
+    assert [r["key"] for r in d["rules_out"]] == list(recs) and AuditReport.from_dict(d).to_dict() == d
+    md = render_markdown(rep)
+    assert "## What this audit rules out" in md and "| int4 weights | precision | ruled out |" in md
+    assert "| fp8 KV cache | precision | not ruled out |" in md and "| truncated sampling | decoding | not tested |" in md
+    buf = StringIO()
+    render(rep, "text", console=Console(file=buf, width=300))
+    text = buf.getvalue()
+    assert "rules out int4 weights" in text and "does not rule out fp8 KV cache (power" in text
+    root = ET.fromstring(render_junit(rep))
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert "rules out int4 weights" in props["rules_out"] and "not tested: " in props["rules_out"]
+    assert "rules out int4 weights" in root.find("testsuite").findall("system-out")[-1].text
+    # the precision answer cites it; the dashboard table shows it; an old run without it shows nothing
+    prec = answer_questions(rep.verdict, rep.verdict_details)[0]
+    assert prec.answer == "yes" and "it rules out int4 weights" in prec.evidence
+    table = rules_out_table(rep.rules_out)
+    assert "int4 weights" in table and "green-badge[ruled out]" in table
+    assert rules_out_table(None) == "" and rules_out_table([{"bogus": 1}]).count("\n") >= 2
+    old = make_report("PASS")
+    assert old.rules_out == [] and "rules out" not in render_markdown(old)
+    assert "rules_out" not in {p.get("name") for p in ET.fromstring(render_junit(old)).iter("property")}

@@ -138,3 +138,58 @@ def test_accept_power_delays_early_acceptance():
     assert calls == [0.99, 0.99, None]  # the last look is decided at the verdict's own power
     with pytest.raises(ValueError, match="accept_power"):
         SequentialDesign((100,), accept_power=1.5)
+
+
+# --------------------------------------------------------------------------- issue 14: PASS rules out every class
+def _greedy_audit(n):
+    """A clean greedy-only audit on n positions (greedy-match and self-greedy, honest rate 1e-3)."""
+    from auditor.detectors import DetectorResult
+
+    return [DetectorResult(k, 0.0, 1.0, 0.0, (0.0, 0.0), n, [], details={"r0": 1e-3, "band": 0.2})
+            for k in ("greedy-match", "self-greedy")]
+
+
+def _decide(table=None):
+    from auditor.verdict import decide_verdict
+
+    def at(tokens, alpha, power=None):
+        kw = {} if power is None else {"power": power}
+        return decide_verdict(_greedy_audit(tokens), alpha, effect_sizes=table, **kw)
+
+    return at
+
+
+def test_auto_does_not_accept_while_a_class_is_not_ruled_out():
+    """A PASS that leaves a tested class (the provisional kv-fp8: 0.5% clear mismatches) not ruled out
+    does not stop the audit; at the cap it is INCONCLUSIVE with the tokens still needed."""
+    from auditor.rules_out import not_ruled_out
+
+    design = SequentialDesign((200, 400, 800), spending="pocock")
+    plain = run_sequential(SequentialDesign((200, 400, 800), spending="pocock", require_rules_out=False), _decide())
+    assert plain.final_verdict.verdict == "PASS" and plain.decisions[-1].look < 3  # today's early PASS
+    seq = run_sequential(design, _decide())
+    assert [d.action for d in seq.decisions] == ["continue", "continue", "final"]
+    assert [d.verdict for d in seq.decisions][:2] == ["PASS", "PASS"]  # PASSes that were not accepted
+    assert "kv-fp8" in seq.decisions[0].details["not_ruled_out"]
+    v = seq.final_verdict
+    assert v.verdict == "INCONCLUSIVE" and v.details["rule"] == "seq-not-ruled-out"
+    assert v.details["previous_verdict"]["verdict"] == "PASS"
+    need = v.details["suggested_budget_tokens"]
+    assert need and need > 0 and f"about {need} more tokens" in v.reason and "fp8 KV cache" in v.reason
+    assert seq.alpha_spent == pytest.approx(0.05)
+    # with that many more tokens every tested class is ruled out, and the same design accepts at the cap
+    top = 800 + need
+    ok = run_sequential(SequentialDesign((200, 400, top), spending="pocock"), _decide())
+    assert ok.final_verdict.verdict == "PASS" and not not_ruled_out(ok.final_verdict.details["rules_out"])
+
+
+def test_auto_accepts_early_once_every_tested_class_is_ruled_out():
+    from auditor.rules_out import parse_effect_sizes
+
+    table = parse_effect_sizes({"source": "t", "model": "m", "generated": "now", "classes": {
+        "int4": {"label": "int4", "question": "precision", "profile": "int4", "effects": {"greedy-match": 0.08}},
+        "relaxed": {"label": "relaxed", "question": "verification", "profile": "r",
+                    "effects": {"sampling-argmax": 0.12}}}})  # not tested by a greedy audit: does not hold it up
+    seq = run_sequential(SequentialDesign((200, 400, 800), spending="pocock"), _decide(table))
+    assert seq.final_verdict.verdict == "PASS" and seq.decisions[-1].action == "accept" and seq.decisions[-1].look < 3
+    assert SequentialDesign((100,)).to_dict()["require_rules_out"] is True

@@ -46,6 +46,10 @@ def test_sequential_check_probes_in_rounds_on_one_run(sim_env):
         run = q.get_run(s, rep.run_id)
         assert run.summary["sequential"]["design"]["looks"] == [40, 80]
         assert run.alpha == pytest.approx(0.05)
+        assert run.verdict == rep.verdict  # a last-look PASS turned INCONCLUSIVE (rules out) is stored so
+        if rep.verdict == "PASS":
+            assert "rules_out" in rep.verdict_details and all(
+                r["status"] != "not ruled out" for r in rep.verdict_details["rules_out"])
         n_probes = sum(q.probe_counts(s, rep.run_id).values())
     if len(looks) == 2:  # the second round added requests to the same run
         assert looks[1].tokens > looks[0].tokens

@@ -1,0 +1,197 @@
+"""What a PASS rules out (issue 14, item 2): power at n, the effect-size table, the verdict's record."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from auditor.detectors import DetectorResult, not_run
+from auditor.rules_out import (
+    EFFECT_SIZES_PATH,
+    RULE_OUT_POWER,
+    EffectSizesError,
+    load_effect_sizes,
+    parse_effect_sizes,
+    rules_out,
+    rules_out_sentence,
+    tokens_to_rule_out,
+)
+from auditor.verdict import VerdictKind, decide_verdict, power_at, power_effect, required_positions
+
+
+def mk(name, p=0.5, *, effect=0.0, n=1000, **details):
+    return DetectorResult(name, 0.0, p, effect, (effect, effect), n, [], details=details)
+
+
+def _floor(sigma_w2=1.0, sigma_b2=0.02):
+    """A stand-in NoiseFloor: only the KL power model's variance components are read."""
+    comps = SimpleNamespace(sigma_w2=sigma_w2, sigma_b2=sigma_b2)
+    return SimpleNamespace(kl_floor=lambda m: SimpleNamespace(components=comps))
+
+
+def _table(**classes):
+    raw = {"source": "test", "model": "m", "generated": "2025-01-01T00:00:00Z",
+           "classes": {k: {"label": k, "question": q, "profile": k, "effects": e} for k, (q, e) in classes.items()}}
+    return parse_effect_sizes(raw, "test.json")
+
+
+CASES = [
+    # detector result, effect in its power-target unit
+    (mk("greedy-match", r0=1e-3), 0.03),
+    (mk("greedy-match", r0=5e-3), 0.02),
+    (mk("self-greedy", r0=1e-3), 0.05),
+    (mk("logprob-divergence", m=5, n=400, n_prompts=20), 2.3),
+    (mk("logprob-divergence", m=5, n=400, n_prompts=20), 12.0),
+    (mk("sampling-argmax", var_per_position=0.2), 0.06),
+    (mk("self-argmax", expected_rate=0.6), 0.12),
+    (mk("sampling-tail", mean_tail_mass=0.05), 0.0),
+    (mk("sampling-tail", mean_tail_mass=0.05), 0.5),
+    (mk("self-tail", mean_tail_mass=0.08), 0.22),
+]
+
+
+@pytest.mark.parametrize(("result", "effect"), CASES, ids=[f"{r.name}-{e}" for r, e in CASES])
+@pytest.mark.parametrize("power", [0.8, 0.95])
+@pytest.mark.parametrize("alpha_test", [0.05, 0.005])
+def test_power_at_n_inverts_required_positions(result, effect, power, alpha_test):
+    """required_positions is the smallest n at which power_at reaches the power (one model, two ways)."""
+    fl = _floor()
+    n = required_positions(result, alpha_test=alpha_test, power=power, floor=fl, effect=effect)
+    assert n is not None and n >= 1
+    assert power_at(result, effect=effect, alpha_test=alpha_test, n=n, floor=fl) >= power
+    if n > 1:
+        assert power_at(result, effect=effect, alpha_test=alpha_test, n=n - 1, floor=fl) < power
+    # power grows with n (far beyond the requirement it is ~1)
+    assert power_at(result, effect=effect, alpha_test=alpha_test, n=50 * n, floor=fl) > 0.999
+
+
+def test_required_positions_default_is_the_registry_target():
+    """Without ``effect`` the registry target is used, as before the refactor (greedy: >= 2 r0)."""
+    g = mk("greedy-match", r0=1e-3)
+    assert required_positions(g, alpha_test=0.01) == required_positions(g, alpha_test=0.01, effect=0.03)
+    g5 = mk("greedy-match", r0=0.02)  # target 2·r0; an explicit effect starts the search at a normal
+    # approximation, which may find an earlier crossing of the exact test's saw-toothed power
+    a, b = required_positions(g5, alpha_test=0.01), required_positions(g5, alpha_test=0.01, effect=0.04)
+    assert b <= a and b >= 0.9 * a and power_at(g5, effect=0.04, alpha_test=0.01, n=b) >= 0.8
+    lp = mk("logprob-divergence", m=5, n=400, n_prompts=20)
+    assert required_positions(lp, alpha_test=0.01, floor=_floor()) == required_positions(
+        lp, alpha_test=0.01, floor=_floor(), effect=3.0)
+    # effects on the null side are never reachable; no power model for the PIT tests
+    assert required_positions(g, alpha_test=0.01, effect=5e-4) is None
+    assert required_positions(lp, alpha_test=0.01, floor=_floor(), effect=0.9) is None
+    assert power_at(mk("sampling-gof"), effect=1.0, alpha_test=0.01) is None
+    assert power_at(lp, effect=3.0, alpha_test=0.01) is None  # a KL test's power needs the floor
+
+
+def test_power_effect_reads_each_unit():
+    assert power_effect(mk("greedy-match", effect=0.08)) == 0.08
+    assert power_effect(mk("logprob-divergence", effect=0.1, geometric_ratio=11.5)) == 11.5
+    assert power_effect(mk("logprob-divergence", effect=0.1)) is None
+    assert power_effect(mk("sampling-argmax", effect=0.12)) == 0.12
+    assert power_effect(mk("self-tail", effect=0.2)) == 0.2
+    assert power_effect(mk("sampling-gof", effect=0.3)) is None
+    assert power_effect(not_run("greedy-match", "too few")) is None
+
+
+def test_packaged_table_loads_with_every_class():
+    t = load_effect_sizes()
+    keys = [c.key for c in t.classes]
+    for k in ("int4", "int8", "fp8", "kv-fp8", "w8a8", "relaxed-threshold", "relaxed-threshold:0.7",
+              "relaxed-threshold:0.9", "typical-acceptance", "greedy-relaxed", "truncated-sampling", "substituted"):
+        assert k in keys
+    assert {c.question for c in t.classes} == {"precision", "verification", "decoding"}
+    raw = json.loads(EFFECT_SIZES_PATH.read_text())
+    assert set(raw) >= {"source", "model", "generated", "classes"}
+
+
+@pytest.mark.parametrize(("mutate", "field"), [
+    (lambda r: r["classes"]["int4"]["effects"].update({"greedy-match": "big"}), "classes.int4.effects.greedy-match"),
+    (lambda r: r["classes"]["int4"]["effects"].update({"sampling-gof": 0.1}), "classes.int4.effects.sampling-gof"),
+    (lambda r: r["classes"]["int4"].update(question="speed"), "classes.int4.question"),
+    (lambda r: r["classes"]["int4"].pop("label"), "classes.int4.label"),
+    (lambda r: r.pop("classes"), "classes"),
+    (lambda r: r.update(provisional="yes"), "provisional"),
+])
+def test_loader_rejects_a_malformed_file_naming_the_field(tmp_path, mutate, field):
+    raw = json.loads(EFFECT_SIZES_PATH.read_text())
+    mutate(raw)
+    p = tmp_path / "effect_sizes.json"
+    p.write_text(json.dumps(raw))
+    with pytest.raises(EffectSizesError) as e:
+        load_effect_sizes(p)
+    assert str(p) in str(e.value) and repr(field) in str(e.value)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(EffectSizesError, match="not valid JSON"):
+        load_effect_sizes(bad)
+
+
+def greedy_audit(n):
+    """A clean greedy-only audit (greedy-match and self-greedy, honest rate 1e-3) on n positions."""
+    return [mk("greedy-match", 1.0, n=n, r0=1e-3, band=0.2), mk("self-greedy", 1.0, n=n, r0=1e-3, band=0.2)]
+
+
+def test_many_positions_rule_out_int4_but_not_an_effect_it_cannot_see():
+    t = _table(int4=("precision", {"greedy-match": 0.08}), tiny=("precision", {"greedy-match": 8e-4}),
+               relaxed=("verification", {"sampling-argmax": 0.12}))
+    ro = {r.key: r for r in rules_out(greedy_audit(5000), alpha=0.05, effect_sizes=t)}
+    assert ro["int4"].ruled_out and ro["int4"].power >= RULE_OUT_POWER and ro["int4"].detector == "greedy-match"
+    assert ro["int4"].missing_positions == 0
+    # an effect below the honest rate: no number of positions reaches it
+    assert ro["tiny"].status == "not ruled out" and ro["tiny"].power < 0.05
+    assert ro["tiny"].missing_positions is None and tokens_to_rule_out(list(ro.values())) is None
+    # no sampling test ran: the acceptance class is not tested
+    assert ro["relaxed"].status == "not tested" and ro["relaxed"].power is None
+    s = rules_out_sentence(list(ro.values()))
+    assert s.startswith("rules out int4; does not rule out tiny (power ") and s.endswith("not tested: relaxed")
+
+
+def test_underpowered_audit_rules_out_nothing():
+    t = load_effect_sizes()
+    ro = rules_out(greedy_audit(5), alpha=0.05)  # (at 15 positions the substituted model's 36% is already seen)
+    assert not any(r.ruled_out for r in ro)
+    tested = [r for r in ro if r.status != "not tested"]
+    assert tested and all(r.power < RULE_OUT_POWER for r in tested)
+    assert {r.key for r in ro if r.status == "not tested"} >= {"relaxed-threshold", "truncated-sampling"}
+    need = tokens_to_rule_out(ro)
+    # positions that would rule out every tested greedy class (int4 needs far fewer than kv-fp8)
+    assert need is not None and need > 0
+    more = rules_out(greedy_audit(5 + need), alpha=0.05, effect_sizes=t)
+    assert all(r.ruled_out for r in more if r.status != "not tested")
+
+
+def test_kl_power_rules_out_with_the_floor_and_level_alpha_over_m():
+    t = _table(int8=("precision", {"logprob-divergence": 2.3}))
+    lp = mk("logprob-divergence", 0.5, n=20, m=5, n_prompts=2)
+    fl = _floor()
+    one = rules_out([lp], alpha=0.05, effect_sizes=t, floor=fl)[0]
+    many = rules_out([lp], alpha=0.05, n_tests=8, effect_sizes=t, floor=fl)[0]
+    assert many.power < one.power  # alpha / m
+    assert one.power == pytest.approx(power_at(lp, effect=2.3, alpha_test=0.05, floor=fl))
+    assert rules_out([lp], alpha=0.05, effect_sizes=t)[0].status == "not tested"  # no floor: no KL power
+
+
+def test_verdict_records_rules_out_on_pass_and_inconclusive_only():
+    v = decide_verdict(greedy_audit(20_000))
+    assert v.verdict == VerdictKind.PASS
+    recs = {r["key"]: r for r in v.details["rules_out"]}
+    assert recs["int4"]["status"] == "ruled out" and recs["substituted"]["status"] == "ruled out"
+    assert recs["relaxed-threshold"]["status"] == "not tested"
+    assert "rules out int4 weights" in v.reason and "power against the calibrated effect sizes" in v.reason
+    json.dumps(v.details, allow_nan=False)
+    small = decide_verdict(greedy_audit(12))
+    assert small.verdict == VerdictKind.INCONCLUSIVE and "rules_out" in small.details
+    assert [r["key"] for r in small.details["rules_out"] if r["ruled_out"]] == ["substituted"]  # 36% mismatches
+    bad = decide_verdict([mk("greedy-match", 1e-9, n=2000, effect=0.2, r0=1e-3, band=0.2)])
+    assert bad.verdict == VerdictKind.QUANTIZATION and "rules_out" not in bad.details
+
+
+def test_rules_out_power_grows_with_positions():
+    t = _table(int8=("precision", {"greedy-match": 0.015}))
+    pw = [rules_out(greedy_audit(n), alpha=0.05, effect_sizes=t)[0].power for n in (100, 400, 1600, 6400)]
+    assert all(b >= a for a, b in itertools.pairwise(pw)) and pw[-1] > 0.99 > pw[0]
+    assert np.isfinite(pw).all()
