@@ -23,6 +23,9 @@ At look k the whole audit decision — every detector, Holm across them, the dec
   continues; at the last look its verdict is final, except that a PASS which still leaves a tested
   class not ruled out becomes INCONCLUSIVE (rule ``seq-not-ruled-out``) with the tokens still
   needed (``details["suggested_budget_tokens"]``, :func:`auditor.rules_out.tokens_to_rule_out`).
+  The classes waited for are fixed at the first look: those the design can rule out within its
+  cap (projected from that look's positions per token, :func:`_reachable`); a class beyond the cap
+  is reported as not ruled out (with its power) and does not hold the PASS back.
 
 Validity (why this is anytime-valid at the design's looks). The looks' tests are dependent (each
 uses all earlier tokens), and the detectors are a heterogeneous family (exact binomial,
@@ -238,6 +241,9 @@ class SequentialAudit:
         self.final: Decided | None = None
         self._spent = 0.0
         self._done = False
+        #: deviation classes this audit must rule out before a PASS (fixed at the first look that
+        #: records them: the classes whose projected tokens fit the cap; see :func:`_reachable`)
+        self._required: frozenset[str] | None = None
 
     @property
     def done(self) -> bool:
@@ -291,7 +297,14 @@ class SequentialAudit:
             v = verdict_at(min(a_k, 0.999999))
         verdict = str(getattr(v, "verdict", v))
         info: dict = {}
-        short = not_ruled_out(_rules_out_of(v)) if verdict == "PASS" and self.design.require_rules_out else []
+        ro = _rules_out_of(v)
+        if self._required is None and ro is not None and self.design.require_rules_out:
+            self._required = frozenset(_reachable(ro, int(tokens), self.design.max_tokens))
+        beyond = [r.key for r in not_ruled_out(ro) if self._required is not None and r.key not in self._required]
+        if beyond:
+            info["beyond_cap"] = beyond
+        short = ([r for r in not_ruled_out(ro) if self._required is None or r.key in self._required]
+                 if verdict == "PASS" and self.design.require_rules_out else [])
         if short:
             info["not_ruled_out"] = [r.key for r in short]
             if last:
@@ -321,6 +334,27 @@ class SequentialAudit:
             "tokens_used": self.decisions[-1].tokens if self.decisions else 0,
             "alpha_spent": self._spent,
         }
+
+
+def _reachable(records: Sequence[RuleOut | dict], tokens: int, max_tokens: int) -> list[str]:
+    """Classes an audit of this design can rule out within its cap, judged at the first look.
+
+    A class is required when it is ruled out already, or when the positions its most powerful
+    detector still needs, scaled by that detector's positions per completion token so far, fit in
+    ``max_tokens``. The others (an effect too small for the cap, e.g. an fp8 KV cache on a
+    3,000-token cap) are not waited for: the PASS says it does not rule them out, with their power.
+    Fixing the set at the first look keeps the stopping rule from chasing classes that no look of
+    the design could rule out (the acceptance check only ever removes chances to reject).
+    """
+    out = []
+    for r in (x if isinstance(x, RuleOut) else RuleOut.from_dict(x) for x in records):
+        if r.status == "ruled out":
+            out.append(r.key)
+        elif r.status == "not ruled out" and r.required_positions is not None and r.n and tokens > 0:
+            per_token = r.n / tokens
+            if per_token > 0 and r.required_positions / per_token <= max_tokens:
+                out.append(r.key)
+    return out
 
 
 def _rules_out_of(v: object) -> list | None:

@@ -159,28 +159,59 @@ def _decide(table=None):
     return at
 
 
-def test_auto_does_not_accept_while_a_class_is_not_ruled_out():
-    """A PASS that leaves a tested class (the provisional kv-fp8: 0.5% clear mismatches) not ruled out
-    does not stop the audit; at the cap it is INCONCLUSIVE with the tokens still needed."""
+def _table(**effects):
+    """An effect-size table with one greedy-tested class per keyword (clear-mismatch rate)."""
+    from auditor.rules_out import parse_effect_sizes
+
+    return parse_effect_sizes({"source": "t", "model": "m", "generated": "now", "classes": {
+        k: {"label": k, "question": "precision", "profile": k, "effects": {"greedy-match": e}}
+        for k, e in effects.items()}})
+
+
+def test_auto_does_not_accept_while_a_reachable_class_is_not_ruled_out():
+    """A PASS that leaves a class the cap can rule out (projected at the first look) not ruled out does not
+    stop the audit; when the positions per token then fall short, the cap's verdict is INCONCLUSIVE with the
+    tokens still needed."""
     from auditor.rules_out import not_ruled_out
+    from auditor.verdict import decide_verdict
+
+    table = _table(small=0.012)
+
+    def at(tokens, alpha, power=None):  # the first look: 1 position per token; later looks only 1 in 4
+        n = tokens if tokens <= 200 else tokens // 4
+        kw = {} if power is None else {"power": power}
+        return decide_verdict(_greedy_audit(n), alpha, effect_sizes=table, **kw)
 
     design = SequentialDesign((200, 400, 800), spending="pocock")
-    plain = run_sequential(SequentialDesign((200, 400, 800), spending="pocock", require_rules_out=False), _decide())
-    assert plain.final_verdict.verdict == "PASS" and plain.decisions[-1].look < 3  # today's early PASS
-    seq = run_sequential(design, _decide())
+    plain = run_sequential(SequentialDesign((200, 400, 800), spending="pocock", require_rules_out=False), at)
+    assert plain.final_verdict.verdict == "PASS" and plain.decisions[-1].look < 3  # the early PASS without the gate
+    seq = run_sequential(design, at)
     assert [d.action for d in seq.decisions] == ["continue", "continue", "final"]
     assert [d.verdict for d in seq.decisions][:2] == ["PASS", "PASS"]  # PASSes that were not accepted
-    assert "kv-fp8" in seq.decisions[0].details["not_ruled_out"]
+    assert seq.decisions[0].details["not_ruled_out"] == ["small"]
     v = seq.final_verdict
     assert v.verdict == "INCONCLUSIVE" and v.details["rule"] == "seq-not-ruled-out"
     assert v.details["previous_verdict"]["verdict"] == "PASS"
     need = v.details["suggested_budget_tokens"]
-    assert need and need > 0 and f"about {need} more tokens" in v.reason and "fp8 KV cache" in v.reason
+    assert need and need > 0 and f"about {need} more tokens" in v.reason and "small" in v.reason
     assert seq.alpha_spent == pytest.approx(0.05)
-    # with that many more tokens every tested class is ruled out, and the same design accepts at the cap
-    top = 800 + need
-    ok = run_sequential(SequentialDesign((200, 400, top), spending="pocock"), _decide())
+    # with one position per token throughout, the cap rules it out and the audit accepts
+    ok = run_sequential(design, _decide(table))
     assert ok.final_verdict.verdict == "PASS" and not not_ruled_out(ok.final_verdict.details["rules_out"])
+
+
+def test_auto_does_not_wait_for_a_class_beyond_its_cap():
+    """A class whose effect is too small for the cap (projected at the first look) is reported as not ruled
+    out and does not hold the PASS back: waiting could not change the answer."""
+    from auditor.rules_out import not_ruled_out
+
+    table = _table(big=0.08, tiny=0.002)
+    seq = run_sequential(SequentialDesign((200, 400, 800), spending="pocock"), _decide(table))
+    assert seq.final_verdict.verdict == "PASS" and seq.decisions[-1].action == "accept"
+    assert seq.decisions[-1].look < 3
+    assert seq.decisions[0].details["beyond_cap"] == ["tiny"]
+    assert [r.key for r in not_ruled_out(seq.final_verdict.details["rules_out"])] == ["tiny"]
+    assert "does not rule out tiny" in seq.final_verdict.reason
 
 
 def test_auto_accepts_early_once_every_tested_class_is_ruled_out():
