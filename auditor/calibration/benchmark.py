@@ -145,6 +145,7 @@ def run_calibration(
     sequential: SequentialDesign | Literal["auto"] | None = "auto",
     sequential_audits: int | None = None,
     honest_audits: int | None = None,
+    fixed: bool = True,
     floor_kwargs: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CalibrationRun:
@@ -174,6 +175,9 @@ def run_calibration(
         honest_audits: audits per budget on honest profiles (default ``audits``): the
             false-accusation bound needs more audits than power does (issue 14: 400 per honest cell,
             so that a Clopper–Pearson upper bound of 8% is reachable at a 5% rate).
+        fixed: run the fixed-budget audits (False: only the sequential simulation, e.g. after the
+            effect-size table it depends on was refreshed from a fixed-budget run; join the two with
+            ``auditor calibrate --merge``).
         floor_kwargs: extra arguments of ``auditor.noise.get_floors`` (CI miniatures only).
         progress: callback for one-line status messages.
 
@@ -234,7 +238,7 @@ def run_calibration(
         t = time.perf_counter()
         recs = []
         n_audits = honest_audits if honest_audits is not None and get_profile(p).honest else audits
-        for mi, m in enumerate(mixes):
+        for mi, m in enumerate(mixes if fixed else []):
             bl = mix_budgets(m, budgets, primary=mi == 0)
             outs = run_audits(pool, floors, budgets=bl, audits=n_audits, mix=m, alpha=alpha, seed=seed, progress=say)
             for r in summarize_audits(outs, pool, mix=m, alpha=alpha):

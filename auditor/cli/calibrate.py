@@ -67,6 +67,9 @@ def register(app: typer.Typer) -> None:
         t0_max_tokens: int = typer.Option(64, "--t0-max-tokens", min=1, help="Max tokens of a temperature-0 request."),
         sampling_max_tokens: int = typer.Option(24, "--sampling-max-tokens", min=1, help="Max tokens of a sampling request."),
         sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="Also simulate --budget-tokens auto."),
+        fixed: bool = typer.Option(
+            True, "--fixed/--no-fixed",
+            help="Run the fixed-budget audits (--no-fixed: only the sequential simulation; join runs with --merge)."),
         sequential_audits: int | None = typer.Option(None, "--sequential-audits", min=1, help="Audits per profile (default --audits)."),
         honest_audits: int | None = typer.Option(
             None, "--honest-audits", min=1,
@@ -177,7 +180,7 @@ def register(app: typer.Typer) -> None:
         try:
             run = cal.run_calibration(
                 names, bl, audits, ref_lms=ref_lms, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir, mix=mixes,
-                refresh=refresh, sequential=design, sequential_audits=sequential_audits, honest_audits=honest_audits, progress=say,
+                refresh=refresh, sequential=design, sequential_audits=sequential_audits, honest_audits=honest_audits, fixed=fixed, progress=say,
             )
         except (KeyError, ValueError) as exc:
             fail(str(exc))
