@@ -20,7 +20,11 @@ calls back into one already left; tests/audit/test_pipeline.py traces this at ru
 5. **Noise floor** (:mod:`auditor.noise`): measured once per model and machine, deterministic, cached.
 6. **Observations** (:mod:`auditor.observations`): the stored tokens of each finished probe, aligned
    to the reference tokenizer through bytes (``probes.align``); only positions that map 1:1 are
-   compared, alignment failures end a continuation and are counted; the aligned ids to store.
+   compared, alignment failures end a continuation and are counted; the aligned ids to store. A
+   response whose tokens do not stand for its text (``UNTRUSTED_RESPONSE_ANOMALIES``, e.g.
+   ``bytes_text_mismatch``) is excluded whole, counted and named in the report
+   (summary ``excluded_responses``) and counted among the provider failures of the verdict (an
+   audit whose every response is excluded ends INCONCLUSIVE, "provider failures").
 7. **Reference scoring** (:mod:`auditor.scoring`): the reference teacher-forced at the provider's
    own prefixes (float32 by default; more honest precisions with ``reference_dtypes``), batched,
    top-20 alternatives and the emitted token's logprob per position, through ``reference_cache``.
@@ -55,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 from auditor.detection import LOGPROB_TEST_MAX_TEMPERATURE, detect, run_reference_detectors
 from auditor.errors import AuditError, AuditInterrupted, NothingToAuditError
 from auditor.evidence import build_evidence, evidence_stage
-from auditor.observations import Observation, aligned_ids, load_observations
+from auditor.observations import Observation, aligned_ids, excluded_summary, load_observations, read_observations
 from auditor.planning import load_suite_spec, plan_budget, provider_config
 from auditor.reference_setup import (
     _MODELS,  # noqa: F401  # re-exported: tests and the scheduler share loaded models through it
@@ -311,8 +315,9 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
         floors = get_floors(ref.lms, cache_dir=opts.floors_cache_dir, progress=stage.update) if ref.lms else None
         floor_summary = floors.summary() if floors is not None else None
         # 6. observations, and the aligned ids the final transaction stores
-        observations = load_observations(store, run_id, config, tokenizer)
-        if not observations:
+        loaded = read_observations(store, run_id, config, tokenizer)
+        observations, excluded = loaded.observations, excluded_summary(loaded.excluded)
+        if not observations and excluded is None:
             raise NothingToAuditError(f"run {run_id}: no probe returned any token, nothing to audit. Fix: check the "
                                       f"provider's base_url/model/key, then resume the run.",
                                       run_id=run_id, provider=config.name)
@@ -334,7 +339,8 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
     verdict = decide_verdict([*results, *pre.detector_results], opts.alpha,
                              floor=_deciding_floor(results, floors, ref0) if floors is not None else None,
                              power=DEFAULT_POWER if opts.power is None else opts.power,
-                             tokenizer_mismatch=ev.tokenizer_mismatch, **pre.verdict_kwargs)
+                             tokenizer_mismatch=ev.tokenizer_mismatch,
+                             **_with_excluded(pre.verdict_kwargs, excluded))
     verdict = _mark_not_tested(verdict, ref)
     # 11. summary
     summary, tokens_extra = summary_stage(store, run_id, verdict.results, floors, ref0, observations, ev.n_positions)
@@ -350,11 +356,28 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
         "wall_s": round(time.perf_counter() - t0, 3),
     }
     # 12. store → report
-    _store_analysis(store, run_id, config, opts, ref, aligned, verdict, details, {**summary, "seed": opts.seed})
+    summary = {**summary, "seed": opts.seed, "excluded_responses": excluded}
+    _store_analysis(store, run_id, config, opts, ref, aligned, verdict, details, summary)
     with store.session() as s:
         rep = report_from_store(s, run_id)
     rep.wall_s = details["report"]["wall_s"]
     return rep
+
+
+def _with_excluded(verdict_kwargs: Mapping[str, Any], excluded: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The verdict's keyword arguments with the excluded responses counted among the provider
+    failures (kind ``excluded: <reason>``): a response whose tokens cannot be trusted is a sample the
+    audit lost, like a failed request, so above ``auditor.verdict.MAX_PROVIDER_FAILURE_SHARE`` the
+    verdict is INCONCLUSIVE with reason "provider failures", never "more tokens would suffice"."""
+    out = dict(verdict_kwargs)
+    f = dict(out.get("provider_failures") or {})
+    if not excluded or not f.get("total"):
+        return out
+    kinds = dict(f.get("kinds") or {})
+    for k, n in (excluded.get("reasons") or {}).items():
+        kinds[f"excluded: {k}"] = kinds.get(f"excluded: {k}", 0) + int(n)
+    out["provider_failures"] = {**f, "failed": int(f.get("failed") or 0) + int(excluded["responses"]), "kinds": kinds}
+    return out
 
 
 def _mark_not_tested(verdict: Any, ref: ReferenceSetup) -> Any:

@@ -4,6 +4,12 @@
   (``normalized_tokens``: bytes, logprob, alternatives with their bytes, anomalies — each response
   is normalized exactly once, at probe time, by ``auditor.runner``) and aligns them to the
   reference tokenizer through bytes (``probes.align``). It writes nothing.
+- :func:`read_observations` is the stage as the pipeline runs it: the same observations, and the
+  responses it excluded as a whole (:class:`ExcludedResponse`, with the reason): a response-level
+  anomaly in ``auditor.detectors.UNTRUSTED_RESPONSE_ANOMALIES`` (e.g. ``bytes_text_mismatch``:
+  reasoning tokens mixed into ``logprobs.content``) means its tokens are not what the model
+  generated after its prompt, so none of its positions reaches any detector;
+  :func:`excluded_summary` is what the run summary stores of them (reports show it).
 - :func:`aligned_ids` gives the plain ``(probe_id, ids)`` rows that the analysis' final transaction
   writes to ``normalized_tokens.ref_token_id`` (``auditor.store.queries.set_aligned_ref_token_ids``,
   called by ``auditor.audit``), so that the store stage needs nothing from this module.
@@ -28,7 +34,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from auditor.store.models import NormalizedToken
     from probes.config import ProviderConfig
 
-__all__ = ["Observation", "aligned_ids", "load_observations", "stored_tokens"]
+__all__ = [
+    "ExcludedResponse",
+    "Observation",
+    "ObservationSet",
+    "aligned_ids",
+    "excluded_summary",
+    "load_observations",
+    "read_observations",
+    "stored_tokens",
+    "untrusted_response_reasons",
+]
+
+#: Probe keys an ``excluded_summary`` lists (the count covers them all).
+EXCLUDED_KEYS_SHOWN = 8
 
 
 @dataclass
@@ -124,8 +143,44 @@ def _prompt_ids(req: dict[str, Any], tokenizer: Any) -> list[int]:
     return list(encode_prompt(tokenizer, prompt[0] if isinstance(prompt, list) else str(prompt or ""), chat=False))
 
 
-def load_observations(store: Store, run_id: str, config: ProviderConfig, tokenizer: Any) -> list[Observation]:
-    """Read and align every ``done`` probe of a run (read only; see :func:`aligned_ids`).
+@dataclass(frozen=True)
+class ExcludedResponse:
+    """A finished probe whose whole response was kept away from the detectors.
+
+    Attributes:
+        probe_id, probe_key: from the ``probes`` row.
+        reasons: the response-level anomaly kinds that excluded it (keys of
+            ``auditor.detectors.UNTRUSTED_RESPONSE_ANOMALIES``), in stored order.
+        n_tokens: provider tokens the response carried (positions withheld from the detectors).
+    """
+
+    probe_id: int
+    probe_key: str
+    reasons: tuple[str, ...]
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class ObservationSet:
+    """What :func:`read_observations` returns: the observations the detectors see, and the
+    responses excluded as a whole (:class:`ExcludedResponse`)."""
+
+    observations: list[Observation]
+    excluded: list[ExcludedResponse]
+
+
+def untrusted_response_reasons(anomalies: Sequence[Any] | None) -> tuple[str, ...]:
+    """The kinds among a response's stored ``anomalies`` that exclude it (``normalize_error: ...``
+    strings count by their kind, the text before the first colon); () for a usable response."""
+    from auditor.detectors import UNTRUSTED_RESPONSE_ANOMALIES
+
+    kinds = (str(a).split(":", 1)[0].strip() for a in anomalies or ())
+    return tuple(dict.fromkeys(k for k in kinds if k in UNTRUSTED_RESPONSE_ANOMALIES))
+
+
+def read_observations(store: Store, run_id: str, config: ProviderConfig, tokenizer: Any) -> ObservationSet:
+    """Read and align every ``done`` probe of a run (read only; see :func:`aligned_ids`), keeping
+    apart the responses whose token/text correspondence cannot be trusted.
 
     Args:
         store: open ``auditor.store.Store``; run_id: the audit run.
@@ -134,18 +189,25 @@ def load_observations(store: Store, run_id: str, config: ProviderConfig, tokeniz
         tokenizer: the reference tokenizer.
 
     Returns:
-        Observations in plan order (probes without tokens are skipped). A probe stored without
-        per-token data but with text is re-tokenized (anomaly ``retokenized_text``).
+        ObservationSet: ``observations`` in plan order (probes without tokens are skipped; a probe
+        stored without per-token data but with text is re-tokenized, anomaly ``retokenized_text``),
+        and ``excluded``: each response with an ``UNTRUSTED_RESPONSE_ANOMALIES`` kind, none of whose
+        positions is observed (neither its tokens nor its text: the text may be sound, but the
+        tokens that came with it are not the model's, so nothing of it is scored).
     """
     from auditor.store import queries as q
 
     bv = _bv(tokenizer)
     obs: list[Observation] = []
+    excluded: list[ExcludedResponse] = []
     with store.session() as s:
         for p in q.list_probes(s, run_id, status="done"):
             req = dict(p.request_json or {})
             anomalies: list[str] = list(p.anomalies or [])
             tokens = stored_tokens(q.tokens_for_probe(s, p.id))
+            if why := untrusted_response_reasons(anomalies):
+                excluded.append(ExcludedResponse(p.id, p.probe_key, why, len(tokens)))
+                continue
             if not tokens and p.text:
                 tokens = _retokenize(p.text, bv, tokenizer)
                 anomalies.append("retokenized_text")
@@ -163,7 +225,36 @@ def load_observations(store: Store, run_id: str, config: ProviderConfig, tokeniz
                     provider_prompt_tokens=_usage_prompt_tokens(p.usage),
                 )
             )
-    return obs
+    return ObservationSet(obs, excluded)
+
+
+def load_observations(store: Store, run_id: str, config: ProviderConfig, tokenizer: Any) -> list[Observation]:
+    """The observations of :func:`read_observations` (untrustworthy responses already excluded)."""
+    return read_observations(store, run_id, config, tokenizer).observations
+
+
+def excluded_summary(excluded: Sequence[ExcludedResponse]) -> dict[str, Any] | None:
+    """What the run summary stores of the excluded responses (key ``excluded_responses``), None if none.
+
+    Returns:
+        ``{"responses": n, "tokens": provider tokens withheld, "reasons": {kind: responses},
+        "explanations": {kind: meaning}, "probe_keys": [first EXCLUDED_KEYS_SHOWN keys]}``.
+    """
+    from auditor.detectors import UNTRUSTED_RESPONSE_ANOMALIES
+
+    if not excluded:
+        return None
+    reasons: dict[str, int] = {}
+    for e in excluded:
+        for k in e.reasons:
+            reasons[k] = reasons.get(k, 0) + 1
+    return {
+        "responses": len(excluded),
+        "tokens": sum(e.n_tokens for e in excluded),
+        "reasons": reasons,
+        "explanations": {k: UNTRUSTED_RESPONSE_ANOMALIES[k] for k in reasons},
+        "probe_keys": [e.probe_key for e in excluded[:EXCLUDED_KEYS_SHOWN]],
+    }
 
 
 def _usage_prompt_tokens(usage: Any) -> int | None:

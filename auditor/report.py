@@ -26,8 +26,9 @@ answered yes / no / not tested with its evidence (JSON: the top-level ``question
 Every renderer shows every cause, not only the primary one (issue 13): the verdict's
 ``secondary_causes`` with their deciding evidence, the provider failures (share and kinds) when
 probes failed, and the parameter-compliance pre-flight checks (``auditor.preflight``; failed ones
-named). In JSON they are the top-level ``secondary_causes``, ``provider_failures`` and
-``preflight_checks``; in JUnit one failing ``testcase`` per secondary cause and one ``testcase`` per
+named), and the responses excluded whole from the detectors with the reason
+(``auditor.observations.excluded_summary``). In JSON they are the top-level ``secondary_causes``,
+``provider_failures``, ``preflight_checks`` and ``excluded_responses``; in JUnit one failing ``testcase`` per secondary cause and one ``testcase`` per
 pre-flight check (exit codes are unchanged: they follow the primary verdict only).
 
 On PASS and INCONCLUSIVE every renderer shows what the audit rules out (:mod:`auditor.rules_out`:
@@ -64,6 +65,7 @@ __all__ = [
     "AuditReport",
     "ReportError",
     "concurrency_line",
+    "excluded_line",
     "exit_code_for",
     "load_report",
     "render",
@@ -194,6 +196,11 @@ class AuditReport:
         return list((self.verdict_details or {}).get("rules_out") or [])
 
     @property
+    def excluded_responses(self) -> dict | None:
+        """Responses kept away from every detector (``responses``, ``tokens``, ``reasons``, ...), None if none."""
+        return (self.summary or {}).get("excluded_responses") or None
+
+    @property
     def questions(self) -> list[QuestionAnswer]:
         """The buyer's two questions answered from the verdict (:func:`auditor.questions.answer_questions`)."""
         return answer_questions(self.verdict, self.verdict_details)
@@ -207,6 +214,7 @@ class AuditReport:
         d["provider_failures"] = self.provider_failures
         d["preflight_checks"] = self.preflight_checks
         d["rules_out"] = self.rules_out
+        d["excluded_responses"] = self.excluded_responses
         d["speculation"] = (self.summary or {}).get("speculation")  # auditor.detectors.speculation; evidence only
         return _json_safe(d)
 
@@ -219,7 +227,8 @@ class AuditReport:
 
 #: Top-level keys every JSON report carries.
 JSON_FIELDS = ("questions",) + tuple(AuditReport.__dataclass_fields__) + (
-    "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "rules_out", "speculation")
+    "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "rules_out",
+    "excluded_responses", "speculation")
 
 
 # ------------------------------------------------------------------------------------------ utils
@@ -325,6 +334,19 @@ def concurrency_line(summary: dict | None) -> str | None:
     return str(c.get("summary") or f"concurrency changed {c.get('configured')}→{c.get('current')} during the run")
 
 
+def excluded_line(excluded: dict | None) -> str | None:
+    """``"2 responses (57 tokens) excluded from every detector: bytes_text_mismatch 2 (the tokens'
+    bytes do not reproduce ...)"`` from a summary's ``excluded_responses``; None when none was excluded."""
+    if not isinstance(excluded, dict) or not excluded.get("responses"):
+        return None
+    expl = excluded.get("explanations") or {}
+    why = "; ".join(f"{k} {n}" + (f" ({expl[k]})" if expl.get(k) else "") for k, n in (excluded.get("reasons") or {}).items())
+    keys = ", ".join(str(k) for k in excluded.get("probe_keys") or [])
+    n = excluded["responses"]
+    return (f"{n} response{'s' if n != 1 else ''} ({excluded.get('tokens', 0)} tokens) excluded from every detector: "
+            f"{why or 'untrusted'}" + (f" [{keys}]" if keys else ""))
+
+
 def _check_mark(c: dict) -> str:
     return {True: "pass", False: "FAIL", None: "not run"}[c.get("passed")]
 
@@ -380,6 +402,8 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
     fl = _failure_line(report.provider_failures)
     if fl:
         console.print(f"  [yellow]provider failures: {fl}[/yellow]", highlight=False)
+    if xl := excluded_line(report.excluded_responses):
+        console.print(f"  [yellow]excluded: {escape(xl)}[/yellow]", highlight=False)
     checks = report.preflight_checks
     if checks:
         bad = [c for c in checks if c.get("passed") is False]
@@ -482,6 +506,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
          + f"; {tk.get('scored_positions', 0)} positions scored"),
         ("Cost", _usd(r.cost_usd) + (f" ({usage_note(s)})" if usage_note(s) else "")),  # issue 13: never silent
         ("Provider failures", _failure_line(r.provider_failures) or "none"),
+        ("Excluded responses", _md(excluded_line(r.excluded_responses) or "none")),
         *([("Concurrency", concurrency_line(s))] if concurrency_line(s) else []),
         ("Started / finished", f"{r.started_at} / {r.finished_at}"),
         ("Code version", f"`{r.code_version}`"),

@@ -22,7 +22,15 @@ __all__ = ["render_junit"]
 
 def render_junit(report: AuditReport) -> str:
     """JUnit XML: a ``testsuite`` per audit, a ``testcase`` per detector and one for the verdict."""
-    from auditor.report import IMPLICATIONS, _evidence_rows, _failure_line, _fmt_effect, concurrency_line, usage_note
+    from auditor.report import (
+        IMPLICATIONS,
+        _evidence_rows,
+        _failure_line,
+        _fmt_effect,
+        concurrency_line,
+        excluded_line,
+        usage_note,
+    )
     from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
     from auditor.util import fmt_p as _fmt_p
 
@@ -109,6 +117,8 @@ def render_junit(report: AuditReport) -> str:
     fl = _failure_line(r.provider_failures)
     if fl:
         ET.SubElement(props, "property", name="provider_failures", value=fl)
+    if (xl := excluded_line(r.excluded_responses)) is not None:
+        ET.SubElement(props, "property", name="excluded_responses", value=xl)
     # issue 13: estimated token figures and a narrowed concurrency are never silent, in any format
     notes = [n for n in (usage_note(r.summary), concurrency_line(r.summary)) if n]
     if (un := usage_note(r.summary)) is not None:

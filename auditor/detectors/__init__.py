@@ -41,6 +41,7 @@ import numpy as np
 from .base import (
     MIN_POSITIONS,
     UNTRUSTED_LOGPROB_ANOMALIES,
+    UNTRUSTED_RESPONSE_ANOMALIES,
     DetectorName,
     DetectorResult,
     EvidenceBatch,
@@ -65,6 +66,7 @@ __all__ = [
     "REFERENCE_DETECTORS",
     "SELF_SAMPLING_DETECTORS",
     "UNTRUSTED_LOGPROB_ANOMALIES",
+    "UNTRUSTED_RESPONSE_ANOMALIES",
     "DetectorFn",
     "DetectorName",
     "DetectorResult",

@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -25,6 +26,7 @@ from auditor.util import json_safe
 __all__ = [
     "MIN_POSITIONS",
     "UNTRUSTED_LOGPROB_ANOMALIES",
+    "UNTRUSTED_RESPONSE_ANOMALIES",
     "DetectorName",
     "DetectorResult",
     "EvidenceBatch",
@@ -63,6 +65,21 @@ UNTRUSTED_LOGPROB_ANOMALIES = frozenset(
         "zero_logprob_run",
         "duplicate_stream_top_logprobs",
         "top_logprobs_padded",
+    }
+)
+
+#: Response-level anomaly kinds (``probes.normalize.ANOMALY_KINDS``; ``normalize_error`` is the runner's)
+#: after which the response's tokens no longer stand for what the model generated, so none of its
+#: positions reaches any detector (``auditor.observations.read_observations`` excludes the whole
+#: response, records it and counts it; reports list it as excluded with this reason). A per-token
+#: kind only untrusts that position (``UNTRUSTED_LOGPROB_ANOMALIES``); these untrust the response:
+#: the reference would be teacher-forced at prefixes the model never saw.
+UNTRUSTED_RESPONSE_ANOMALIES: Mapping[str, str] = MappingProxyType(
+    {
+        "bytes_text_mismatch": "the tokens' bytes do not reproduce the response text (e.g. reasoning tokens "
+        "mixed into logprobs.content)",
+        "malformed_json": "an SSE event was not JSON, so the token sequence has a gap",
+        "normalize_error": "the response could not be normalized",
     }
 )
 

@@ -487,8 +487,14 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     ``label``, ``question``, ``status``, ``power``, ``detector``, ``n``; [] for rejections and older runs),
     ``strongest`` (name of the detector with the smallest adjusted p-value among those that ran and
     have evidence, else None), ``probes`` (``id``,
-    ``probe_key``, ``mode``, ``workload``, ``status``, ``n_attempts``, ``anomalies``) and
-    ``tokens_per_chunk`` (see :func:`tokens_per_chunk_histogram`).
+    ``probe_key``, ``mode``, ``workload``, ``status``, ``n_attempts``, ``anomalies``),
+    ``tokens_per_chunk`` (see :func:`tokens_per_chunk_histogram`), and every cause and check the
+    reports show (issue 13; each [] or None for runs stored before them): ``secondary_causes``
+    (the verdict's other established causes: ``verdict``, ``rule``, ``reason``, ``evidence``),
+    ``preflight_checks`` (every parameter-compliance check stored with the run, ``auditor.preflight``:
+    ``name``, ``kind``, ``passed``, ``summary``, ``p_value``, ...; the raw exchanges stay out),
+    ``provider_failures`` (``failed``, ``total``, ``share``, ``kinds``) and ``excluded_responses``
+    (responses kept from every detector, ``auditor.observations.excluded_summary``).
     """
     run = session.get(AuditRun, run_id)
     if run is None:
@@ -513,6 +519,14 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     row["rules_out"] = [x for x in ro if isinstance(x, dict)] if isinstance(ro, list) else []
     if vrow and not row["verdict_reason"]:
         row["verdict_reason"] = vrow.reason
+    summary = run.summary if isinstance(run.summary, dict) else {}
+    pre = summary.get("preflight")
+    checks = pre.get("checks") if isinstance(pre, dict) else None
+    vd = row["verdict_details"] if isinstance(row["verdict_details"], dict) else {}
+    row["preflight_checks"] = [c for c in checks if isinstance(c, dict)] if isinstance(checks, list) else []
+    row["secondary_causes"] = [c for c in vd.get("secondary_causes") or [] if isinstance(c, dict)]
+    row["provider_failures"] = vd.get("provider_failures") if isinstance(vd.get("provider_failures"), dict) else None
+    row["excluded_responses"] = summary.get("excluded_responses") or None
 
     def p_key(d: dict[str, Any]) -> float:
         p = d["p_adjusted"] if d["p_adjusted"] is not None else d["p_value"]

@@ -1,4 +1,7 @@
-"""Run detail: every detector, the strongest evidence at token level, raw responses, chunk sizes."""
+"""Run detail: every cause found (primary and secondary, with the deciding evidence), the
+parameter-compliance pre-flight checks stored with the run (failed ones named), every detector,
+the strongest evidence at token level, raw responses, chunk sizes. Runs stored before causes or
+pre-flights existed render without those sections."""
 
 from __future__ import annotations
 
@@ -237,6 +240,57 @@ def rules_out_table(records: Any) -> str:
     return md_table(["Deviation", "Question", "At 95% power", "Power", "Deciding test"], rows)
 
 
+def causes_md(d: dict[str, Any]) -> str:
+    """Markdown list of every cause of a run: the primary verdict, then each secondary cause
+    (``run_detail``'s ``secondary_causes``: verdict, rule, reason, deciding detectors with their
+    Holm-adjusted p), plus the provider failures and the responses excluded from the detectors when
+    recorded; "" for a run without a verdict. Every text is escaped."""
+    if not d.get("verdict"):
+        return ""
+    rule = (d.get("verdict_details") or {}).get("rule")
+    lines = [f"- {verdict_badge(d['verdict'])} **primary**" + (f" (rule {md_code(rule)})" if rule else "")]
+    for c in d.get("secondary_causes") or []:
+        ev = ", ".join(f"{escape_md(e.get('detector'))} p (Holm) {fmt_p(e.get('p_adjusted'))}"
+                       for e in c.get("evidence") or [] if isinstance(e, dict))
+        lines.append(f"- {verdict_badge(c.get('verdict'))} **also**"
+                     + (f" (rule {md_code(c['rule'])})" if c.get("rule") else "")
+                     + f": {escape_md(c.get('reason') or '', max_len=600)}" + (f" — deciding evidence: {ev}" if ev else ""))
+    if not d.get("secondary_causes"):
+        lines.append("- No other cause is established at the run's family-wise alpha.")
+    f = d.get("provider_failures") or {}
+    if f.get("failed"):
+        kinds = ", ".join(f"{escape_md(k)} {escape_md(v)}" for k, v in (f.get("kinds") or {}).items())
+        lines.append(f"- Provider failures: {escape_md(f.get('failed'))} of {escape_md(f.get('total'))} probes"
+                     f" ({fmt_pct(f.get('share'))})" + (f": {kinds}" if kinds else ""))
+    x = d.get("excluded_responses") or {}
+    if x.get("responses"):
+        why = ", ".join(f"{escape_md(k)} {escape_md(v)}" for k, v in (x.get("reasons") or {}).items())
+        n = x["responses"]
+        lines.append(f"- Excluded from every detector: {escape_md(n)} response{'' if n == 1 else 's'} "
+                     f"({fmt_tokens(x.get('tokens'))} tokens)" + (f": {why}" if why else ""))
+    return "\n".join(lines)
+
+
+#: Badge of each pre-flight outcome (``passed``: True / False / None = could not be run).
+CHECK_BADGES = {True: ":green-badge[pass]", False: ":red-badge[FAIL]", None: ":gray-badge[not run]"}
+
+
+def preflight_md(checks: list[dict[str, Any]]) -> str:
+    """Markdown for the run's parameter-compliance pre-flight (``run_detail``'s ``preflight_checks``,
+    ``auditor.preflight``): one line naming the failed checks, then a table of every check (name,
+    kind, outcome, p, what was seen); "" when the run has none (older runs, reference-free re-analyses)."""
+    if not checks:
+        return ""
+    failed = [c for c in checks if c.get("passed") is False]
+    head = (f"{sum(1 for c in checks if c.get('passed') is True)} of {len(checks)} checks passed"
+            + (f"; **failed: {', '.join(escape_md(c.get('name')) for c in failed)}**" if failed else "; none failed"))
+    rows = [[(f"**{escape_md(c.get('name'))}**" if c.get("passed") is False else escape_md(c.get("name"))),
+             escape_md(c.get("kind") or "—"), CHECK_BADGES.get(c.get("passed"), CHECK_BADGES[None]),
+             fmt_p(c.get("p_value")), escape_md(c.get("summary") or "", max_len=400)] for c in checks]
+    return head + "\n\n" + md_table(["Check", "Kind", "Outcome", "p", "What was seen"], rows,
+                                     align=["l", "l", "c", "r", "l"])
+
+
 def render(db_url: str, filters: Filters) -> None:
     """Draw the Run detail page."""
     st.header("Run detail")
@@ -282,6 +336,14 @@ def render(db_url: str, filters: Filters) -> None:
         ["Mean KL / noise floor", f"{fmt_num(d['mean_kl'])} / {fmt_num(d['noise_floor'])} nats"],
         ["Greedy clear-mismatch rate", fmt_pct(d["clear_mismatch_rate"])],
     ]  # fmt: skip
+    causes = causes_md(d)
+    if causes:
+        st.subheader("Every cause found")
+        st.markdown(causes)
+    pre = preflight_md(d.get("preflight_checks") or [])
+    if pre:
+        st.subheader("Parameter-compliance pre-flight")
+        st.markdown(pre)
     left, right = st.columns([2, 3])
     left.subheader("Run")
     left.markdown(md_table(["", "Value"], facts))

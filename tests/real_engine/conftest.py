@@ -6,6 +6,10 @@ Every test here is marked ``real_engine`` and skipped unless the engine is insta
 ``SPEC_AUDITOR_REAL_ENGINE=1`` (``make test-real`` sets it), so the default ``make test`` never
 spends the minutes these audits take. ``SPEC_AUDITOR_REAL_ENGINE_OUT`` names a directory that
 receives every audit's JSON/Markdown report (default: a pytest temp dir).
+
+The audits use the configuration a new user gets: the bare provider entry
+(:func:`make_provider_toml`) completed by ``auditor providers probe llamacpp --write`` against the
+running server (fixture ``provider_toml``), not a hand-tuned one.
 """
 
 from __future__ import annotations
@@ -69,29 +73,39 @@ def llama_server(gguf_path, tmp_path_factory) -> Iterator[str]:
         stop_process(proc)
 
 
-@pytest.fixture(scope="session")
-def provider_toml():
-    """``provider_toml(base_url) -> str``: see :func:`make_provider_toml`."""
-    return make_provider_toml
+#: The provider name of the bench's providers file.
+PROVIDER = "llamacpp"
 
 
-def make_provider_toml(base_url: str, name: str = "llamacpp") -> str:
-    """providers.toml for the server: what `providers probe --write` finds, with concurrency 1
-    (this server serves one request at a time and cancels a running stream when another waits)."""
+def make_provider_toml(base_url: str, name: str = PROVIDER) -> str:
+    """The entry a new user writes by hand before ``auditor providers probe NAME --write``: where
+    the server is and what it claims to serve; no capabilities, no rate limits (defaults)."""
     return f"""[providers.{name}]
 base_url = "{base_url}"
 model = "smollm2-135m-instruct"
 api = "chat"
 reference = "smollm2-135m-instruct"
-
-[providers.{name}.capabilities]
-max_top_logprobs = 5
-seed = true
-streaming = false
-
-[providers.{name}.rate_limits]
-concurrency = 1
 """
+
+
+@pytest.fixture(scope="session")
+def provider_toml(llama_server, real_out) -> str:
+    """The providers file that ``python -m auditor providers probe llamacpp --write`` produces
+    against the running server (capabilities as discovered, ``rate_limits.concurrency`` as the
+    overlap check decides: probes/discover.py), as text; every audit of the bench uses it.
+
+    Written once per session to ``real_out/providers.toml``, with the probe's JSON answer in
+    ``real_out/providers_probe.json``.
+    """
+    path = real_out / "providers.toml"
+    path.write_text(make_provider_toml(llama_server), encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "auditor", "providers", "probe", PROVIDER, "--config", str(path), "--write", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    (real_out / "providers_probe.json").write_text(proc.stdout, encoding="utf-8")
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    return path.read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.real_engine
 
 def test_speed_fingerprint_says_no_speculation(llama_server, real_out, tmp_path, provider_toml):
     cfg = tmp_path / "providers.toml"
-    cfg.write_text(provider_toml(llama_server))
+    cfg.write_text(provider_toml)  # as `providers probe --write` left it
     proc = subprocess.run(
         [sys.executable, "-m", "auditor", "speed", "--provider", "llamacpp", "--config", str(cfg),
          "--workloads", "chat,repetition", "--concurrency", "1", "--requests-per-cell", "6", "--max-tokens", "64",
