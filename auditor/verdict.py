@@ -18,6 +18,9 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    LOGPROBS_CONSISTENT_MAX_RATIO): the served tokens are not the argmax of the distribution it
    reports. Otherwise SUBSTITUTION when the clear-mismatch rate >=
    SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE, else QUANTIZATION.
+3h. ``greedy-heterogeneity`` rejects (a per-request scan: some requests mismatch, the pool does not)
+   → the rule-3 cause on the outlying requests' clear-mismatch rate: part of the traffic is served
+   differently (a mixture such as load-dependent routing to a cheaper replica).
 4. A sampling test rejects (reference ``sampling-*`` or, without a reference, ``self-*``):
    a. argmax over-emission rejects and the argmax was emitted at >= GREEDY_SERVED_MIN_ARGMAX_RATE
       of sampled positions → DECODING_NONCOMPLIANT (sampling request served greedily).
@@ -492,6 +495,8 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
             "3-greedy-" + ("substitution" if sub else "quantization"), ["greedy-match"],
             f"greedy-match p_adj={g.p_adjusted:.3g}",
         )
+    if rejects(DetectorName.GREEDY_HETEROGENEITY):
+        return _mixture_cause(c)
     s = _sampling_cause(c, reference=True, record_shape=True)
     if s is not None:
         return s
@@ -499,6 +504,31 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
         if rejects(name):
             return _preflight_cause(c, name)
     return None
+
+
+def _mixture_cause(c: _Ctx) -> _Cause:
+    """Rule 3h: the per-request scan rejects while the pooled greedy test does not — a minority of
+    requests is served differently. The cause follows rule 3 on the outlying requests' pooled
+    clear-mismatch rate (DECODING_NONCOMPLIANT when the reported logprobs match the reference)."""
+    h = c.by[DetectorName.GREEDY_HETEROGENEITY]
+    d = h.details or {}
+    k, n_req = int(d.get("outlier_requests") or 0), int(d.get("n_requests") or 0)
+    rate = d.get("outlier_clear_rate")
+    rate = float(rate) if rate is not None else float(h.effect)
+    short = f"greedy-heterogeneity p_adj={h.p_adjusted:.3g}"
+    what = (f"{max(k, 1)} of {n_req} requests have greedy tokens that differ clearly from the reference argmax "
+            f"(their clear-mismatch rate {rate:.1%}; worst request {d.get('worst_clear')} of "
+            f"{d.get('worst_positions')} positions) while the others match: part of the traffic is served "
+            f"differently ({short})")
+    if c.lp_consistent:
+        return c.cause(VerdictKind.DECODING_NONCOMPLIANT,
+                       what + "; the reported logprobs match the reference, so those requests' tokens are not the "
+                       "argmax of the distribution reported", "3h-mixture-decode-path", ["greedy-heterogeneity"], short)
+    sub = rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE
+    return c.cause(VerdictKind.SUBSTITUTION if sub else VerdictKind.QUANTIZATION,
+                   what + ("; a rate this high in those requests means a different model" if sub
+                           else "; a degraded (e.g. quantized) replica for those requests"),
+                   "3h-mixture-" + ("substitution" if sub else "quantization"), ["greedy-heterogeneity"], short)
 
 
 def _self_greedy(c: _Ctx) -> _Cause:

@@ -14,6 +14,7 @@ authoritative:
 | self-argmax          | T = 1, top_lps        | —                             | own top-1 over-emitted             |
 | self-tail            | T = 1, top_lps        | —                             | own tail under-emitted             |
 | self-greedy          | T = 0, top_lps        | (floor)                       | emitted ≠ own top-1, clear margin  |
+| greedy-heterogeneity | T = 0, per request    | reference (+ floor)           | a minority of requests mismatches  |
 
 Each key's metadata lives here, in one place (:class:`DetectorSpec` in :data:`DETECTORS`): the
 probe mode it reads, the positions it uses, its test kind, the causes a rejection points at, the
@@ -50,6 +51,7 @@ from .base import (
 )
 from .consistency import self_argmax, self_gof, self_greedy, self_tail
 from .greedy import greedy_match
+from .heterogeneity import greedy_heterogeneity
 from .logprob import logprob_divergence
 from .noise_floor import NoiseFloor, compute_noise_floor
 from .sampling import sampling_argmax, sampling_gof, sampling_tail
@@ -106,6 +108,7 @@ class TestKind(StrEnum):
     PIT = "pit"  # randomized-PIT Cramér–von Mises omnibus (sampling.py); no power target
     ARGMAX = "argmax"  # Poisson-binomial argmax over-emission (sampling.py)
     TAIL = "tail"  # Poisson-binomial tail deficit (sampling.py)
+    SCAN = "scan"  # per-request exact binomial, Šidák over requests (heterogeneity.py); no power target
 
 
 class PowerFamily(StrEnum):
@@ -324,6 +327,22 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                          "T=0 tokens vs own reported top-1 (decode path consistency)",
                          "greedy tokens contradict own reported top-1 (decode path differs)",
                          "greedy tokens contradict the provider's own reported top-1 (decode path differs)"),
+            DetectorSpec(
+                DetectorName.GREEDY_HETEROGENEITY,
+                greedy_heterogeneity,
+                "T=0 tokens vs reference argmax, request by request: the most divergent request against the honest rate",
+                needs_reference=True,
+                needs_top_logprobs=False,
+                mode=Mode.GREEDY,
+                test=TestKind.SCAN,
+                positions="T = 0, aligned token, reference row; grouped by request (prompt)",
+                causes=(_Q, _S, _D),
+                implication="a minority of requests is served by a different or degraded model (mixed serving)",
+                finding="some requests' greedy tokens differ from the reference far more than honest serving allows, "
+                        "while others match: part of the traffic is served differently",
+                power_family=None,
+                power_target=None,
+            ),
         )
     }
 )

@@ -51,6 +51,7 @@ class DetectorName(StrEnum):
     SELF_ARGMAX = "self-argmax"
     SELF_TAIL = "self-tail"
     SELF_GREEDY = "self-greedy"
+    GREEDY_HETEROGENEITY = "greedy-heterogeneity"
 
 
 #: Normalizer anomaly kinds (see ../shared/cases/README.md) after which a position's reported

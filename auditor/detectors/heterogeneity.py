@@ -27,7 +27,11 @@ Power is bounded by the chance that a degraded request is in the sample at all: 
 and fraction F, at most 1 − (1 − F)^R (R = 29 for 95% at F = 0.1, R = 59 at F = 0.05). Budgets for
 this test are therefore set in requests (short ones), not tokens.
 
-Not wired into the verdict's Holm family: calibration decides (see docs/calibration.md).
+The rank tests above need M >= 608 honest draws of the per-request statistic, more requests than
+a noise floor measures, so they are not in the verdict's Holm family. What is:
+:func:`greedy_heterogeneity` (registry key ``greedy-heterogeneity``), a per-request scan of the
+greedy clear mismatches against the floor's honest rate (an exact binomial per request, Šidák over
+requests), whose false-accusation rate the calibration measures on the honest profiles.
 """
 
 from __future__ import annotations
@@ -38,9 +42,20 @@ import numpy as np
 from scipy import stats
 from scipy.special import gammaln
 
+from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
+from .greedy import GREEDY_TEMPERATURE_MAX, MIN_HONEST_CLEAR_RATE
+from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
 from .sampling import cauchy_combination
+from .stats import RngLike
 
-__all__ = ["exceedance_test", "heterogeneity_test", "max_power_bound", "max_rank_test"]
+__all__ = [
+    "MIN_REQUESTS",
+    "exceedance_test",
+    "greedy_heterogeneity",
+    "heterogeneity_test",
+    "max_power_bound",
+    "max_rank_test",
+]
 
 
 def _as_1d(name: str, x: np.ndarray | list[float], min_n: int) -> np.ndarray:
@@ -137,3 +152,92 @@ def max_power_bound(n_requests: int, fraction: float) -> float:
     if n_requests < 0 or not (0.0 <= fraction <= 1.0):
         raise ValueError(f"n_requests={n_requests} must be >= 0 and fraction={fraction} in [0, 1]")
     return float(1.0 - (1.0 - fraction) ** n_requests)
+
+
+# --------------------------------------------------------------------------- the registry's detector
+#: Requests (prompt groups) a per-request scan needs before it runs.
+MIN_REQUESTS = 2
+
+
+def greedy_heterogeneity(
+    batch: EvidenceBatch,
+    floor: NoiseFloor | None = None,
+    *,
+    rng: RngLike = 0,
+    n_evidence: int = 10,
+    name: str = DetectorName.GREEDY_HETEROGENEITY,
+) -> DetectorResult:
+    """Per-request scan of the greedy clear mismatches: is a minority of requests served differently?
+
+    ``greedy-match`` pools every greedy position, so a provider that answers a fraction F of its
+    requests from a degraded replica (``mix-PROFILE:F``) moves its rate by only F times the
+    replica's rate. Here each greedy request g (one prompt: temperature 0 is deterministic) is
+    tested on its own: with n_g positions and k_g clear mismatches (gap above the floor's
+    near-tie band, exactly as ``greedy-match`` classifies them), p_g = P(Bin(n_g, r0) ≥ k_g) with
+    the honest clear-mismatch rate r0 = max(floor rate, MIN_HONEST_CLEAR_RATE). The statistic is
+    the smallest p_g; its p-value is the Šidák bound 1 − (1 − min p_g)^G over the G requests,
+    valid for independent requests and conservative for the discrete p_g (P(p_g ≤ t) ≤ t).
+
+    Args:
+        batch: evidence; uses positions with temperature <= GREEDY_TEMPERATURE_MAX, an aligned
+            token and a reference row, grouped by ``prompt_ids``.
+        floor: noise floor (band and honest rate); defaults as in ``greedy_match``.
+        rng: unused (the test is not randomized); accepted for the registry's call signature.
+        n_evidence: how many positions of the most extreme request to list.
+
+    Returns:
+        DetectorResult: statistic = −log10(min p_g), p_value = Šidák bound, effect = clear-mismatch
+        rate of the most extreme request, n = greedy positions, details = {n_requests,
+        worst_request (prompt id), worst_clear, worst_positions, outlier_requests (p_g <= 0.05/G),
+        outlier_clear_rate (their pooled clear-mismatch rate), band, r0}.
+    """
+    del rng
+    if not batch.has_reference:
+        return not_run(name, "no reference distribution available")
+    ref = batch.reference()
+    mask = (batch.temperatures <= GREEDY_TEMPERATURE_MAX) & (batch.token_ids >= 0) & (ref.top_ids[:, 0] >= 0)
+    idx = np.flatnonzero(mask)
+    groups, inv = np.unique(batch.prompt_ids[idx], return_inverse=True)
+    if idx.size < MIN_POSITIONS or groups.size < MIN_REQUESTS:
+        return not_run(name, f"too few greedy requests ({groups.size} < {MIN_REQUESTS}) or positions "
+                             f"({idx.size} < {MIN_POSITIONS})", n=int(idx.size))
+    top_lp = ref.top_logprobs[idx]
+    lp_tok = ref.token_logprobs[idx].copy()
+    last = np.where(np.isfinite(top_lp), top_lp, np.inf).min(1)
+    lp_tok = np.where(np.isnan(lp_tok), last, lp_tok)
+    mismatch = batch.token_ids[idx] != ref.top_ids[idx, 0]
+    gap = np.where(mismatch, np.maximum(top_lp[:, 0] - lp_tok, 0.0), 0.0)
+    band = floor.margin_band if floor is not None else DEFAULT_MARGIN_BAND
+    r0 = max(floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE)
+    clear = mismatch & (gap > band)
+    n_g = np.bincount(inv).astype(np.int64)
+    k_g = np.bincount(inv, weights=clear.astype(np.float64)).astype(np.int64)
+    p_g = np.where(k_g > 0, stats.binom.sf(k_g - 1, n_g, r0), 1.0)
+    g = int(np.argmin(p_g))
+    pmin = float(p_g[g])
+    n_req = int(groups.size)
+    p = float(-np.expm1(n_req * np.log1p(-pmin))) if pmin < 1.0 else 1.0
+    out = p_g <= 0.05 / n_req
+    sel = np.flatnonzero((inv == g) & clear)
+    order = sel[np.argsort(-gap[sel], kind="stable")][:n_evidence]
+    evidence = [batch.evidence_row(int(idx[j]), gap=float(gap[j]), margin=float(gap[j]), clear=True) for j in order]
+    return DetectorResult(
+        name=name,
+        statistic=float(-np.log10(max(pmin, 1e-300))),
+        p_value=min(1.0, max(0.0, p)),
+        effect=float(k_g[g] / n_g[g]),
+        effect_ci=(float("nan"), float("nan")),
+        n=int(idx.size),
+        evidence=evidence,
+        reason=None if floor is not None else f"no noise floor: default band {DEFAULT_MARGIN_BAND} nats",
+        details={
+            "n_requests": n_req,
+            "worst_request": str(groups[g]),
+            "worst_clear": int(k_g[g]),
+            "worst_positions": int(n_g[g]),
+            "outlier_requests": int(out.sum()),
+            "outlier_clear_rate": float(k_g[out].sum() / n_g[out].sum()) if out.any() else None,
+            "band": float(band),
+            "r0": float(r0),
+        },
+    )
