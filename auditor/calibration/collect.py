@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     #: The reference: one float32 ``LoadedModel``, or reference dtype → ``LoadedModel``.
     RefModels = LoadedModel | Mapping[str, LoadedModel]
 
-__all__ = ["as_refs", "backend_for", "collect_pool", "load_or_collect_pool", "pool_path"]
+__all__ = ["as_refs", "backend_for", "collect_pool", "load_or_collect_pool", "mix_pools", "pool_path"]
 
 
 #: Where each lossy verifier changes the output law: at "sampling" (T > 0) or "greedy" (T = 0)
@@ -65,13 +65,15 @@ def backend_for(profile: Profile, temperature: float, *, emulate: bool = True) -
     """How a profile's requests at ``temperature`` are served in the pool.
 
     Returns:
+        ``mixed`` for a ``mix-PROFILE:F`` profile (its pool routes whole requests between the
+        honest-fp32 pool and PROFILE's, :func:`mix_pools`), else
         ``batched`` (plain decoding of the served model: strict verification is lossless),
         ``rule`` (batched decoding with the verifier's draft-independent rule, see ``_RULES``;
         only with ``emulate``), or ``engine`` (the simulator's speculative loop: the verifier's
         law depends on the drafts — relaxed-threshold, typical-acceptance).
     """
     if profile.mix_with is not None:
-        return "engine"  # per-request routing (simulator.mixture) happens in the engine only
+        return "mixed"  # per-request routing of two component pools (mix_pools)
     at = _LOSSY_AT.get(profile.verifier)
     if at is None or (at == "sampling") != (temperature > 0):
         return "batched"
@@ -392,6 +394,83 @@ def load_or_collect_pool(
             return Pool.load(path), True
         except (ValueError, KeyError, OSError):
             pass  # stale or corrupt: recollect
-    pool = collect_pool(profile_name, ref_lms, cfg, progress=progress)
+    prof = get_profile(profile_name)
+    if prof.mix_with is not None:
+        base, _ = load_or_collect_pool("honest-fp32", ref_lms, cfg, cache_dir=cache_dir, refresh=refresh, progress=progress)
+        other, _ = load_or_collect_pool(prof.mix_with, ref_lms, cfg, cache_dir=cache_dir, refresh=refresh, progress=progress)
+        pool = mix_pools(profile_name, base, other, prof.mix_fraction, seed=cfg.seed)
+    else:
+        pool = collect_pool(profile_name, ref_lms, cfg, progress=progress)
     pool.save(path)
     return pool, False
+
+
+def _cat_ref(parts: list[tuple[Pool, int]], field: str, ref: str) -> np.ndarray:
+    """Positions of the routed items of a per-reference array (``Pool.ref_*[ref]``), concatenated."""
+    return np.concatenate([getattr(p, field)[ref][p.item_offsets[j]:p.item_offsets[j + 1]] for p, j in parts])
+
+
+def mix_pools(profile_name: str, base: Pool, other: Pool, fraction: float, *, seed: int = 0) -> Pool:
+    """The pool of ``mix-OTHER:F``: each request served by ``other``'s model with probability F, else by the base's.
+
+    A mixing provider routes whole requests (``simulator.mixture``: the choice depends on the request's
+    seed, not its content), so its output law is, request by request, that of one component; a pool
+    built by routing each request key of the two component pools (the honest-fp32 pool and
+    OTHER's, collected with the same prompts, seeds and references) has exactly that law. Only keys
+    present in both pools are kept (the honest pool holds more samples per prompt).
+
+    Args:
+        profile_name: the mixture's profile name (recorded in the pool).
+        base, other: the component pools (honest-fp32's and OTHER's).
+        fraction: F in [0, 1].
+        seed: routing seed (with the request key: the same key is routed the same way in every run).
+
+    Returns:
+        The mixed Pool; ``meta["mix"]`` records the components, F and the requests routed to OTHER.
+
+    Raises:
+        ValueError: the pools disagree on model, revision or reference precisions, or share no key.
+    """
+    if (base.model, base.revision, base.references) != (other.model, other.revision, other.references):
+        raise ValueError(f"mix_pools: {base.profile} and {other.profile} pools differ in model, revision or references")
+    where_other = {str(k): i for i, k in enumerate(other.item_keys)}
+    keys = [(i, str(k)) for i, k in enumerate(base.item_keys) if str(k) in where_other]
+    if not keys:
+        raise ValueError(f"mix_pools: {base.profile} and {other.profile} pools share no request key")
+    parts: list[tuple[Pool, int]] = []
+    routed = []
+    for i, k in keys:
+        u = np.random.default_rng(np.random.SeedSequence([seed, int(short_sha(k, 12), 16)])).random()
+        if u < fraction:
+            parts.append((other, where_other[k]))
+            routed.append(k)
+        else:
+            parts.append((base, i))
+
+    def cat(get: Callable[[Pool], np.ndarray]) -> np.ndarray:
+        return np.concatenate([get(p)[p.item_offsets[j]:p.item_offsets[j + 1]] for p, j in parts])
+
+    lengths = np.array([p.item_offsets[j + 1] - p.item_offsets[j] for p, j in parts], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+    def per_item(name: str) -> np.ndarray:
+        return np.array([getattr(p, name)[j] for p, j in parts])
+
+    prompt_tokens = None
+    if base.item_prompt_tokens is not None and other.item_prompt_tokens is not None:
+        pt = {id(base): base.item_prompt_tokens, id(other): other.item_prompt_tokens}
+        prompt_tokens = np.array([pt[id(p)][j] for p, j in parts], np.int64)
+    meta = {**base.meta, "mix": {"base": base.profile, "other": other.profile, "fraction": fraction, "seed": seed,
+                                 "requests": len(parts), "routed_to_other": len(routed)},
+            "backends": {"mixed": len(parts)}}
+    return Pool(
+        profile=profile_name, model=base.model, revision=base.revision, meta=meta,
+        item_keys=per_item("item_keys"), item_prompt=per_item("item_prompt"), item_workload=per_item("item_workload"),
+        item_temperature=per_item("item_temperature").astype(np.float64), item_offsets=offsets,
+        token_ids=cat(lambda p: p.token_ids), prov_logprob=cat(lambda p: p.prov_logprob),
+        prov_top_ids=cat(lambda p: p.prov_top_ids), prov_top_lp=cat(lambda p: p.prov_top_lp),
+        ref_top_ids={r: _cat_ref(parts, "ref_top_ids", r) for r in base.references},
+        ref_top_lp={r: _cat_ref(parts, "ref_top_lp", r) for r in base.references},
+        ref_token_lp={r: _cat_ref(parts, "ref_token_lp", r) for r in base.references},
+        item_prompt_tokens=prompt_tokens,
+    )
