@@ -10,9 +10,12 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    the noise band) and ``logprob-divergence`` does not → DECODING_NONCOMPLIANT. Never
    RELAXED_VERIFICATION: relaxed acceptance is a sampling-time behaviour, greedy verification
    stays exact.
-2. ``logprob-divergence`` rejects → SUBSTITUTION when the divergence is far outside any
-   quantization (mean bucketed KL >= SUBSTITUTION_MIN_MEAN_KL *and* reported top-1 agreement
-   <= SUBSTITUTION_MAX_TOP1_AGREEMENT), else QUANTIZATION.
+2. ``logprob-divergence`` rejects → SUBSTITUTION when the provider's top-1 leaves the reference
+   argmax at positions where the reference is confident far more often than a quantization-like
+   (isotropic) logit perturbation of the audit's own measured scale explains
+   (``confident_flip_ratio`` > SUBSTITUTION_MIN_FLIP_RATIO, calibrated on the quantized
+   profiles), else QUANTIZATION; ``details["cause_confidence"]`` carries the statistic, the
+   threshold and their log ratio.
 3. ``greedy-match`` rejects → DECODING_NONCOMPLIANT when the provider's logprobs were tested and
    match the reference (logprob-divergence ran, did not reject, ratio to floor <=
    LOGPROBS_CONSISTENT_MAX_RATIO): the served tokens are not the argmax of the distribution it
@@ -125,9 +128,8 @@ __all__ = [
     "POWER_FAMILIES",
     "POWER_TARGETS",
     "REFERENCE_DETECTORS",
-    "SUBSTITUTION_MAX_TOP1_AGREEMENT",
     "SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE",
-    "SUBSTITUTION_MIN_MEAN_KL",
+    "SUBSTITUTION_MIN_FLIP_RATIO",
     "TAIL_MISSING_MAX_RATIO",
     "TRUNCATION_SHAPE_RATIO",
     "Verdict",
@@ -162,14 +164,16 @@ EXIT_CODES = {
 
 DEFAULT_ALPHA = 0.05
 
-#: Mean bucketed KL (nats/position) beyond which a logprob divergence is a different model.
-#: Calibrated on the simulator with SmolLM2-135M (default suite, top_logprobs 5, 400-600 tokens):
-#: int4 0.09-0.12 nats, top-1 agreement 85%, clear-mismatch rate 10-11%; the substituted
-#: (half-depth) model 0.33-0.47 nats, top-1 56-58%, clear-mismatch rate 35-37%. The KL and
-#: agreement thresholds sit between the two (geometric middle for KL, arithmetic for agreement).
-SUBSTITUTION_MIN_MEAN_KL = 0.25
-#: ... together with the provider's reported top-1 agreeing with the reference argmax at most this often.
-SUBSTITUTION_MAX_TOP1_AGREEMENT = 0.7
+#: Rule 2, quantized copy vs different model: ``logprob-divergence``'s margin-conditioned flip
+#: statistic ``confident_flip_ratio`` = (observed + 1) / (expected + 1) flips of the reference argmax
+#: at confident positions (reference top-1/top-2 margin > CONFIDENT_MARGIN_SIGMAS x σ̂), the expected
+#: count being what an isotropic logit perturbation of the audit's own scale σ̂ produces
+#: (``auditor.detectors.logprob.margin_flip_stats``). Above this value the cause is SUBSTITUTION.
+#: Calibrated (docs/detectors.md, rule 2) as the maximum of the statistic over every resampled
+#: audit of the quantized SmolLM2-135M pools measured so far (int4, fp8; 100 default-suite audits at
+#: 300 and 1,000 tokens each: max 3.73, 99th percentile 3.51), rounded up; not tuned on a substituted
+#: profile. Re-derive with benchmarks/cause_margin.py when the int8 / kv-fp8 / w8a8 pools exist.
+SUBSTITUTION_MIN_FLIP_RATIO = 4.0
 #: Greedy-only audits: clear-mismatch rate at or above which the cause is substitution.
 SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE = 0.35
 #: Reported logprobs "match the reference" when logprob-divergence did not reject and its mean
@@ -550,11 +554,33 @@ def _logprob_cause(c: _Ctx) -> _Cause:
     ratio = d.get("ratio_to_floor", float("nan"))
     tail = f"(logprob-divergence p_adj={lp.p_adjusted:.3g})"
     short = f"logprob KL {ratio:.3g}x the floor, p_adj={lp.p_adjusted:.3g}"
-    if kl >= SUBSTITUTION_MIN_MEAN_KL and top1 <= SUBSTITUTION_MAX_TOP1_AGREEMENT:
+    flip = d.get("confident_flip_ratio")
+    obs, exp_, n_conf = d.get("confident_flips"), d.get("confident_flips_expected"), d.get("n_confident", 0)
+    # the statistic can exceed the threshold only if enough confident positions exist; a divergence so
+    # large that (almost) no position is confident leaves the two causes indistinguishable by it
+    informative = flip is not None and (n_conf + 1.0) / ((exp_ or 0.0) + 1.0) > SUBSTITUTION_MIN_FLIP_RATIO
+    if flip is not None:
+        c.details["cause_confidence"] = {
+            "statistic": "confident_flip_ratio", "value": float(flip), "threshold": SUBSTITUTION_MIN_FLIP_RATIO,
+            "log_ratio_to_threshold": float(math.log(flip / SUBSTITUTION_MIN_FLIP_RATIO)),
+            "observed": obs, "expected": exp_, "n_confident": n_conf, "sigma_hat": d.get("sigma_hat"),
+            "poisson_p": d.get("confident_flip_p"), "informative": informative,
+        }
+        flips = (f"at {n_conf} positions where the reference is confident (top-1/top-2 margin > "
+                 f"{d.get('confident_margin_sigmas', 3.0):g}x the measured logit noise {d.get('sigma_hat') or 0:.3g} "
+                 f"nats) the reported top-1 left the reference argmax {obs} times where such noise predicts "
+                 f"{exp_:.2g} (flip ratio {flip:.3g}, threshold {SUBSTITUTION_MIN_FLIP_RATIO:g})")
+        if not informative:
+            flips += (" — too few confident positions for this test to tell a heavily quantized copy from a "
+                      "different model: the cause between the two is undetermined")
+    else:
+        flips = "the margin-conditioned flip statistic could not be computed (no logit-noise scale)"
+    if flip is not None and flip > SUBSTITUTION_MIN_FLIP_RATIO:
         return c.cause(
             VerdictKind.SUBSTITUTION,
-            f"reported logprobs diverge far beyond quantization: mean KL {kl:.3g} nats ({ratio:.3g}x the honest "
-            f"floor), reported top-1 agrees with the reference argmax at only {top1:.0%} of positions {tail}",
+            f"reported logprobs diverge from the reference (mean KL {kl:.3g} nats, {ratio:.3g}x the honest floor, "
+            f"top-1 agreement {top1:.0%}) in a way quantization does not explain: {flips}, "
+            f"{flip / SUBSTITUTION_MIN_FLIP_RATIO:.2g}x the threshold — a different model {tail}",
             "2-logprob-substitution", ["logprob-divergence"], short,
         )
     mild = math.isfinite(ratio) and ratio <= MILD_DIVERGENCE_MAX_RATIO and top1 >= MILD_DIVERGENCE_MIN_TOP1
@@ -568,7 +594,7 @@ def _logprob_cause(c: _Ctx) -> _Cause:
     return c.cause(
         VerdictKind.QUANTIZATION,
         f"reported logprobs diverge from the reference beyond the honest noise floor: mean KL {kl:.3g} nats, "
-        f"{ratio:.3g}x the floor, top-1 agreement {top1:.0%} — {what} {tail}",
+        f"{ratio:.3g}x the floor, top-1 agreement {top1:.0%} — {what}; {flips} {tail}",
         "2-logprob-quantization", ["logprob-divergence"], short,
     )
 

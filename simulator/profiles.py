@@ -28,7 +28,7 @@ VERIFIERS = (
     "strict", "relaxed-threshold", "typical-acceptance", "greedy-verify", "decode-noncompliant", "greedy-relaxed",
 )
 DTYPES = ("float32", "bfloat16", "float16")
-WEIGHT_QUANT = (None, "int8", "int4", "fp8")
+WEIGHT_QUANT = (None, "int8", "int4", "int3", "fp8")
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class Profile:
             RELAXED_VERIFICATION, SUBSTITUTION, DECODING_NONCOMPLIANT); used by calibration.
         dtype: weights/activations dtype of the served model (``float32`` | ``bfloat16``).
         weight_quant: weight-only quantization of the decoder's linear layers (``int8`` per output
-            channel symmetric; ``int4`` group-wise affine; ``fp8`` E4M3 per-tensor) or None.
-        group_size: int4 group size (elements along the input dimension; 32..128).
+            channel symmetric; ``int4`` / ``int3`` group-wise affine; ``fp8`` E4M3 per-tensor) or None.
+        group_size: int4/int3 group size (elements along the input dimension; 32..128).
         logit_noise: std (nats) of the kernel/batch-order noise added to every logit (honest-noisy).
             0 disables. The noise is seeded per request and position (see ``engine.NoisyLogitsModel``).
         verifier: speculative verification rule: ``strict`` (Leviathan et al. 2023, lossless),
@@ -230,6 +230,14 @@ PROFILES: dict[str, Profile] = {
             "quantized",
             "QUANTIZATION",
             weight_quant="int4",
+        ),
+        Profile(
+            "int3",
+            "Weight-only int3 of the decoder linears, group-wise affine (group 64, min/max RTN): heavy "
+            "quantization, for calibrating the quantized-copy vs different-model attribution.",
+            "quantized",
+            "QUANTIZATION",
+            weight_quant="int3",
         ),
         Profile(
             "fp8",

@@ -14,6 +14,9 @@ Formats (the decoder's linear layers ``q,k,v,o,gate,up,down``; embeddings and th
 - ``int4``: group-wise affine round-to-nearest along the input dimension, group 64 by default,
   scale = (max - min) / 15 and a float shift per group (quanto ``qint4`` + ``MaxOptimizer``,
   the library's default int4 recipe).
+- ``int3``: as ``int4`` with 3 bits (scale = (max - min) / 7, group 64): the heavier quantization
+  cause attribution is calibrated on (issue 14). quanto has no 3-bit type, so it is always the
+  torch RTN below.
 - ``fp8``: E4M3 (max 448) with one per-tensor scale amax/448 (vLLM online fp8); quanto
   ``qfloat8_e4m3fn`` with that scale broadcast to every row.
 
@@ -73,22 +76,23 @@ def rtn_int8_per_channel(w: torch.Tensor) -> torch.Tensor:
     return (q * scale).to(w.dtype)
 
 
-def rtn_int4_groupwise(w: torch.Tensor, group_size: int = 64) -> torch.Tensor:
-    """Affine int4 RTN per group of ``group_size`` input elements (min/max); dequantized ``[out, in]``.
+def rtn_int4_groupwise(w: torch.Tensor, group_size: int = 64, bits: int = 4) -> torch.Tensor:
+    """Affine int4 (``bits``-bit) RTN per group of ``group_size`` input elements (min/max); dequantized ``[out, in]``.
 
     Raises:
         ValueError: ``in`` not divisible by ``group_size``.
     """
     out_f, in_f = w.shape
     if in_f % group_size:
-        raise ValueError(f"int4: in_features={in_f} is not divisible by group_size={group_size}")
+        raise ValueError(f"int{bits}: in_features={in_f} is not divisible by group_size={group_size}")
+    top = float(2**bits - 1)
     g = w.float().reshape(-1, group_size)
     rmin = g.amin(dim=1, keepdim=True)
     rmax = g.amax(dim=1, keepdim=True)
-    scale = (rmax - rmin) / 15.0
+    scale = (rmax - rmin) / top
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     shift = -rmin
-    q = torch.clamp(torch.round((g + shift) / scale), 0, 15)
+    q = torch.clamp(torch.round((g + shift) / scale), 0, top)
     return (q * scale - shift).reshape(out_f, in_f).to(w.dtype)
 
 
@@ -175,9 +179,11 @@ def _fallback(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
         return rtn_int8_per_channel(w.float())
     if scheme == "int4":
         return rtn_int4_groupwise(w.float(), group_size)
+    if scheme == "int3":
+        return rtn_int4_groupwise(w.float(), group_size, bits=3)
     if scheme == "fp8":
         return rtn_fp8_per_tensor(w.float())
-    raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4 or fp8")
+    raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4, int3 or fp8")
 
 
 def iter_decoder_linears(model: Any):
@@ -194,8 +200,8 @@ def quantize_model_weights(
 
     Args:
         model: a transformers causal LM (float32 weights expected; other dtypes are cast back).
-        scheme: ``int8`` | ``int4`` | ``fp8`` (see module docstring).
-        group_size: int4 group size along the input dimension (must divide every in_features).
+        scheme: ``int8`` | ``int4`` | ``int3`` | ``fp8`` (see module docstring).
+        group_size: int4/int3 group size along the input dimension (must divide every in_features).
         use_quanto: try optimum-quanto first (default); False forces the torch fallback.
 
     Returns:
@@ -204,9 +210,10 @@ def quantize_model_weights(
     Raises:
         ValueError: unknown scheme, or no linear layer found.
     """
-    if scheme not in ("int8", "int4", "fp8"):
-        raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4 or fp8")
-    rep = QuantReport(scheme=scheme, group_size=group_size if scheme == "int4" else None)
+    if scheme not in ("int8", "int4", "int3", "fp8"):
+        raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4, int3 or fp8")
+    rep = QuantReport(scheme=scheme, group_size=group_size if scheme in ("int4", "int3") else None)
+    use_quanto = use_quanto and scheme != "int3"  # quanto has no 3-bit type
     t0 = time.perf_counter()
     errs: list[float] = []
     n_fallback = 0

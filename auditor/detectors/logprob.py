@@ -17,11 +17,24 @@ normal approximation holds at small budgets, and a multiplicative change of KL i
 Effect: mean KL (nats) with a prompt-level bootstrap 95% CI; details carry the ratio to the
 floor's mean KL, the geometric-mean ratio exp(ȳ − μ), the top-1 agreement (provider top-1 ==
 reference argmax), mean |Δlogprob| and the width M used.
+
+Cause feature (verdict rule 2, quantized copy vs different model): margin-conditioned top-1
+disagreement (:func:`margin_flip_stats`). Quantization is a small, roughly isotropic perturbation ε
+of the logits, so the provider's top-1 leaves the reference argmax mainly where the reference
+top-1/top-2 margin m (nats) is small relative to the perturbation scale σ:
+P(flip | m) ≈ Φ(−m / (σ√2)). σ̂ is estimated from the audit itself: per position the differences
+Δ_j = provider − reference log-prob over the provider's listed tokens are centred (removing the
+normaliser, a constant per position), and σ̂ is the MAD scale of the pooled residuals (corrected
+for centring). At positions where the reference is confident (m > CONFIDENT_MARGIN_SIGMAS · σ̂),
+quantization predicts few flips; a different model flips there far more often.
+``details["confident_flip_ratio"]`` = (observed + 1) / (expected + 1) is ~1 for isotropic noise.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -31,15 +44,27 @@ from .noise_floor import NoiseFloor
 from .stats import RngLike, as_rng, bucketed_kl, mean_variance_under
 
 __all__ = [
+    "CONFIDENT_MARGIN_SIGMAS",
     "LOGPROB_TEMPERATURES",
+    "MARGIN_BIN_EDGES",
     "bootstrap_mean_ci",
     "logprob_divergence",
     "logprob_positions",
+    "margin_flip_stats",
 ]
 
 #: Requested temperatures at which reported logprobs are compared with raw reference logprobs.
 #: (Engines differ on raw vs temperature-processed logprobs; at T in {0, 1} both agree.)
 LOGPROB_TEMPERATURES = (0.0, 1.0)
+#: A position is "confident" when the reference's top-1/top-2 margin exceeds this many σ̂
+#: (there a flip has probability <= Φ(−3/√2) ≈ 1.7% per competitor under isotropic noise).
+#: Measured alternative c = 2 (docs/detectors.md, rule 2): quantized ratios are tighter there, but a
+#: different model's ratio shrinks more (the 2–3σ̂ bin is dominated by expected flips), e.g.
+#: SmolLM2 substituted 2.25 at c = 2 vs 5.6 at c = 3 over 671 positions, int4 0.9 vs 1.0.
+CONFIDENT_MARGIN_SIGMAS = 3.0
+#: Margin bins (in units of σ̂) of the flip counts reported in ``details["margin_bins"]``.
+MARGIN_BIN_EDGES = (0.0, 1.0, 2.0, 3.0, 5.0, 10.0, float("inf"))
+_MAD_TO_SD = 1.482602218505602  # 1 / Φ^{-1}(3/4)
 
 
 def logprob_positions(
@@ -183,6 +208,9 @@ def logprob_divergence(
         for j in order
     ]
     ratio = mean_kl / fl.mean_kl if fl.mean_kl > 0 else float("inf")
+    flips = margin_flip_stats(
+        ref.top_logprobs[idx], ref.top_ids[idx, 0], batch.provider_top_ids[idx, 0], prov_lp, ref_lp
+    )
     return DetectorResult(
         name=name,
         statistic=float(z),
@@ -208,8 +236,82 @@ def logprob_divergence(
             "floor_mean_log_kl": vc.mean,
             "n_prompts": int(ng.size),
             "n_dropped_short_lists": int(n_all - n),
+            **flips,
         },
     )
+
+
+def margin_flip_stats(
+    ref_top_lp: np.ndarray,
+    ref_top1: np.ndarray,
+    prov_top1: np.ndarray,
+    prov_lp: np.ndarray,
+    ref_at_prov: np.ndarray,
+    *,
+    c: float = CONFIDENT_MARGIN_SIGMAS,
+) -> dict[str, Any]:
+    """Margin-conditioned top-1 disagreement: observed vs isotropic-noise-expected flips.
+
+    Args:
+        ref_top_lp: [n, K] reference top-K log-probs (nats, descending, -inf padding), K >= 2.
+        ref_top1: [n] reference argmax ids; prov_top1: [n] provider's reported top-1 ids.
+        prov_lp: [n, M] provider log-probs of its listed tokens (nats, -inf padding).
+        ref_at_prov: [n, M] reference log-probs at the same ids (nats, NaN where unknown).
+        c: confident positions have margin m > c · σ̂.
+
+    Method: Δ_ij = prov_lp − ref_at_prov over the k_i >= 2 known entries of row i, centred per row;
+    residuals scaled by sqrt(k_i / (k_i − 1)) (centring shrinks an iid variance by (k−1)/k);
+    σ̂ = 1.4826 · median |residual| (nats, one logit's perturbation scale). Per position, the
+    probability that the reference argmax loses its place is approximated by the union over the
+    reference's other top-K tokens, min(1, Σ_{j>=2} Φ(−(l_1 − l_j) / (σ̂√2))). Over the confident
+    positions: observed = #(provider top-1 ≠ reference argmax), expected = Σ of those probabilities.
+
+    Returns:
+        JSON-able dict: ``confident_flip_ratio`` ((observed + 1) / (expected + 1); None when σ̂
+        cannot be estimated), ``confident_flips`` (observed), ``confident_flips_expected``,
+        ``n_confident``, ``sigma_hat`` (nats), ``confident_margin_sigmas`` (c),
+        ``confident_flip_p`` (Poisson upper tail P(X >= observed | expected), a guide only: the
+        model is approximate), ``margin_bins`` (per bin of m/σ̂ in MARGIN_BIN_EDGES: lower edge,
+        positions, observed and expected flips).
+    """
+    ref_top_lp = np.asarray(ref_top_lp, np.float64)
+    prov_lp = np.asarray(prov_lp, np.float64)
+    ref_at_prov = np.asarray(ref_at_prov, np.float64)
+    known = np.isfinite(prov_lp) & np.isfinite(ref_at_prov)
+    k = known.sum(1)
+    use = k >= 2
+    d = np.where(known, prov_lp - np.where(known, ref_at_prov, 0.0), 0.0)
+    centre = d.sum(1) / np.maximum(k, 1)
+    resid = (d - centre[:, None]) * np.sqrt(k / np.maximum(k - 1, 1))[:, None]
+    r = np.abs(resid[known & use[:, None]])
+    sigma = float(_MAD_TO_SD * np.median(r)) if r.size else float("nan")
+    out: dict[str, Any] = {"confident_margin_sigmas": float(c), "sigma_hat": sigma if np.isfinite(sigma) else None}
+    if not (np.isfinite(sigma) and sigma > 0) or ref_top_lp.ndim != 2 or ref_top_lp.shape[1] < 2:
+        out.update(confident_flip_ratio=None, confident_flips=None, confident_flips_expected=None,
+                   n_confident=0, confident_flip_p=None, margin_bins=[])
+        return out
+    gaps = ref_top_lp[:, :1] - ref_top_lp[:, 1:]  # [n, K-1] >= 0, +inf for padding
+    gaps = np.where(np.isfinite(gaps), gaps, np.inf)
+    p_flip = np.minimum(stats.norm.sf(gaps / (sigma * np.sqrt(2.0))).sum(1), 1.0)
+    margin = gaps[:, 0]
+    flip = np.asarray(prov_top1) != np.asarray(ref_top1)
+    conf = margin > c * sigma
+    obs, exp_ = int(flip[conf].sum()), float(p_flip[conf].sum())
+    bins = []
+    z = margin / sigma
+    for lo, hi in itertools.pairwise(MARGIN_BIN_EDGES):
+        b = (z >= lo) & (z < hi)
+        bins.append({"lo_sigmas": lo, "n": int(b.sum()), "flips": int(flip[b].sum()),
+                     "expected": float(p_flip[b].sum())})
+    out.update(
+        confident_flip_ratio=float((obs + 1.0) / (exp_ + 1.0)),
+        confident_flips=obs,
+        confident_flips_expected=exp_,
+        n_confident=int(conf.sum()),
+        confident_flip_p=float(stats.poisson.sf(obs - 1, exp_)) if obs > 0 else 1.0,
+        margin_bins=bins,
+    )
+    return out
 
 
 def _margin(batch: EvidenceBatch, i: int) -> float:

@@ -88,6 +88,15 @@ def served_rows(rng, ref, profile, **kw):
         if "tau" in kw:
             return normalise(ref / kw["tau"])
         return normalise(ref + rng.normal(0, kw.get("sigma_q", 0.3), ref.shape))
+    if profile == "substituted-related":
+        # a related model (same family, other weights): close to the reference (noise sigma_q) but
+        # its argmax differs at a share `swap` of positions whatever the reference's margin
+        out = ref + rng.normal(0, kw.get("sigma_q", 0.3), ref.shape)
+        for i in np.flatnonzero(rng.random(ref.shape[0]) < kw.get("swap", 0.2)):
+            order = np.argsort(-out[i])
+            j = order[rng.integers(1, ref.shape[1])]
+            out[i, [order[0], j]] = out[i, [j, order[0]]]
+        return normalise(out)
     if profile == "substituted":
         n = ref.shape[0]
         return dirichlet_logprobs(rng, n, 1, v=ref.shape[1])

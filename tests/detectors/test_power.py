@@ -48,9 +48,20 @@ CASES = [
         "logprob-divergence",
     ),
     (
-        "substituted",
+        # an unrelated model (independent Dirichlet rows): the divergence is so large that no
+        # position is confident relative to it, so rule 2's flip test cannot name the cause
+        # (details["cause_confidence"]["informative"] is False) and the verdict stays QUANTIZATION
+        "substituted-unrelated",
         "substituted",
         {},
+        {},
+        VerdictKind.QUANTIZATION,
+        "logprob-divergence",
+    ),
+    (
+        "substituted",
+        "substituted-related",
+        {"sigma_q": 0.3, "swap": 0.2},
         {},
         VerdictKind.SUBSTITUTION,
         "logprob-divergence",

@@ -9,8 +9,7 @@ import pytest
 from auditor.detectors import DetectorResult, not_run
 from auditor.verdict import (
     EXIT_CODES,
-    SUBSTITUTION_MAX_TOP1_AGREEMENT,
-    SUBSTITUTION_MIN_MEAN_KL,
+    SUBSTITUTION_MIN_FLIP_RATIO,
     VerdictKind,
     apply_holm,
     decide_verdict,
@@ -168,24 +167,21 @@ def test_rule1_yields_to_logprob_divergence():
     )
 
 
+#: details of a different model's logprob-divergence: confident positions flip far beyond the noise scale
+FLIPS = {"confident_flip_ratio": SUBSTITUTION_MIN_FLIP_RATIO * 5, "confident_flips": 60,
+         "confident_flips_expected": 1.2, "n_confident": 500, "sigma_hat": 0.9}
+
+
 @pytest.mark.parametrize(
-    "kl, top1, want",
+    "kl, top1, flips, want",
     [
-        (0.05, 0.9, VerdictKind.QUANTIZATION),
-        (
-            SUBSTITUTION_MIN_MEAN_KL * 2,
-            SUBSTITUTION_MAX_TOP1_AGREEMENT / 2,
-            VerdictKind.SUBSTITUTION,
-        ),
-        (
-            SUBSTITUTION_MIN_MEAN_KL * 2,
-            0.95,
-            VerdictKind.QUANTIZATION,
-        ),  # big KL, same top-1: not another model
-        (SUBSTITUTION_MIN_MEAN_KL / 10, 0.3, VerdictKind.QUANTIZATION),
+        (0.05, 0.9, {}, VerdictKind.QUANTIZATION),
+        (0.5, 0.35, FLIPS, VerdictKind.SUBSTITUTION),
+        (0.5, 0.35, {**FLIPS, "confident_flip_ratio": 1.3}, VerdictKind.QUANTIZATION),  # big KL, noise-like flips
+        (0.37, 0.76, FLIPS, VerdictKind.SUBSTITUTION),  # gemma's substitute: KL and top-1 like int4
     ],
 )
-def test_rule2_logprob_quantization_vs_substitution(kl, top1, want):
+def test_rule2_logprob_quantization_vs_substitution(kl, top1, flips, want):
     res = replace(
         quiet(),
         mk(
@@ -195,6 +191,7 @@ def test_rule2_logprob_quantization_vs_substitution(kl, top1, want):
             ratio_to_floor=kl / 1e-4,
             top1_agreement=top1,
             m=5,
+            **flips,
         ),
     )
     v = decide_verdict(res)
@@ -482,7 +479,7 @@ def test_provider_failures_replace_underpowered_budget_hint():
 def test_template_mismatch_sets_reference_tests_aside():
     # an injected system prompt: the reference comparisons diverge, the self tests do not
     res = replace(quiet(), mk("logprob-divergence", 1e-40, n=2000, effect=0.5, ratio_to_floor=80.0,
-                              top1_agreement=0.6, m=5, n_prompts=40))
+                              top1_agreement=0.6, m=5, n_prompts=40, **FLIPS))
     res = replace(res, mk("greedy-match", 1e-20, n=2000, effect=0.4, r0=1e-3, band=0.2))
     assert decide_verdict(res).verdict == VerdictKind.SUBSTITUTION
     tm = {"provider_prompt_tokens": 61, "reference_prompt_tokens": 31}
@@ -580,7 +577,7 @@ def test_rule2t_keeps_the_statistical_cause_as_first_secondary():
 def test_rule2t_never_lists_substitution_or_inconclusive_as_secondary(previous):
     if previous == "SUBSTITUTION":
         res = replace(quiet(), mk("logprob-divergence", 1e-40, n=2000, effect=0.5, ratio_to_floor=80.0,
-                                  top1_agreement=0.6, m=5, n_prompts=40))
+                                  top1_agreement=0.6, m=5, n_prompts=40, **FLIPS))
         kw: dict = {}
     else:
         res = llama_like()

@@ -77,6 +77,9 @@ def test_quantization_grids():
     assert torch.allclose(q8 / scale, torch.round(q8 / scale), atol=1e-4)
     q4 = rtn_int4_groupwise(w, 64).reshape(-1, 64)
     assert max(len(torch.unique(row)) for row in q4) <= 16
+    q3 = rtn_int4_groupwise(w, 64, bits=3).reshape(-1, 64)
+    assert max(len(torch.unique(row)) for row in q3) <= 8
+    assert (q3 - w.reshape(-1, 64)).abs().mean() > (q4 - w.reshape(-1, 64)).abs().mean()
     f8 = rtn_fp8_per_tensor(w)
     s = w.abs().max() / FP8_E4M3_MAX
     assert torch.equal((f8 / s).to(torch.float8_e4m3fn).float() * s, f8)
@@ -100,7 +103,10 @@ def test_quantize_model_touches_only_decoder_linears(tiny_lm):
     for (n, a), (_, b) in zip(iter_decoder_linears(m), iter_decoder_linears(fb), strict=True):
         assert torch.equal(a.weight, b.weight), n
     with pytest.raises(ValueError, match="scheme"):
-        quantize_model_weights(fb, "int3")
+        quantize_model_weights(fb, "int2")
+    m3 = copy.deepcopy(tiny_lm.model)
+    rep3 = quantize_model_weights(m3, "int3", group_size=64)  # no quanto 3-bit type: torch RTN
+    assert rep3.backend == "torch-rtn" and rep3.group_size == 64 and rep3.mean_rel_error > rep.mean_rel_error
 
 
 def test_a_stale_quanto_build_lock_falls_back_instead_of_blocking(tiny_lm, tmp_path, monkeypatch):
