@@ -14,8 +14,10 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    argmax at positions where the reference is confident far more often than a quantization-like
    (isotropic) logit perturbation of the audit's own measured scale explains
    (``confident_flip_ratio`` > SUBSTITUTION_MIN_FLIP_RATIO, calibrated on the quantized
-   profiles), else QUANTIZATION; ``details["cause_confidence"]`` carries the statistic, the
-   threshold and their log ratio.
+   profiles), or when the divergence is far outside any quantization (mean bucketed KL >=
+   SUBSTITUTION_MIN_MEAN_KL *and* top-1 agreement <= SUBSTITUTION_MAX_TOP1_AGREEMENT, the issue-7
+   cut-offs: the flip test lacks confident positions there), else QUANTIZATION;
+   ``details["cause_confidence"]`` carries the statistic, the threshold and their log ratio.
 3. ``greedy-match`` rejects → DECODING_NONCOMPLIANT when the provider's logprobs were tested and
    match the reference (logprob-divergence ran, did not reject, ratio to floor <=
    LOGPROBS_CONSISTENT_MAX_RATIO): the served tokens are not the argmax of the distribution it
@@ -128,8 +130,10 @@ __all__ = [
     "POWER_FAMILIES",
     "POWER_TARGETS",
     "REFERENCE_DETECTORS",
+    "SUBSTITUTION_MAX_TOP1_AGREEMENT",
     "SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE",
     "SUBSTITUTION_MIN_FLIP_RATIO",
+    "SUBSTITUTION_MIN_MEAN_KL",
     "TAIL_MISSING_MAX_RATIO",
     "TRUNCATION_SHAPE_RATIO",
     "Verdict",
@@ -174,6 +178,14 @@ DEFAULT_ALPHA = 0.05
 #: 300 and 1,000 tokens each: max 3.73, 99th percentile 3.51), rounded up; not tuned on a substituted
 #: profile. Re-derive with benchmarks/cause_margin.py when the int8 / kv-fp8 / w8a8 pools exist.
 SUBSTITUTION_MIN_FLIP_RATIO = 4.0
+#: Far-divergence sufficient condition (issue 7, calibrated on SmolLM2): mean bucketed KL at or above
+#: this (nats) ...
+SUBSTITUTION_MIN_MEAN_KL = 0.25
+#: ... together with the provider's reported top-1 agreeing with the reference argmax at most this
+#: often. Kept beside the flip test because that test needs confident positions: a divergence this
+#: large leaves few (SmolLM2's layer-dropped copy: ~16 in a 300-token audit). It never fires on
+#: gemma-3-270m int4 (docs/performance.md) and is model-specific; the flip test is the general one.
+SUBSTITUTION_MAX_TOP1_AGREEMENT = 0.7
 #: Greedy-only audits: clear-mismatch rate at or above which the cause is substitution.
 SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE = 0.35
 #: Reported logprobs "match the reference" when logprob-divergence did not reject and its mean
@@ -575,6 +587,13 @@ def _logprob_cause(c: _Ctx) -> _Cause:
                       "different model: the cause between the two is undetermined")
     else:
         flips = "the margin-conditioned flip statistic could not be computed (no logit-noise scale)"
+    if kl >= SUBSTITUTION_MIN_MEAN_KL and top1 <= SUBSTITUTION_MAX_TOP1_AGREEMENT:
+        return c.cause(
+            VerdictKind.SUBSTITUTION,
+            f"reported logprobs diverge far beyond quantization: mean KL {kl:.3g} nats ({ratio:.3g}x the honest "
+            f"floor), reported top-1 agrees with the reference argmax at only {top1:.0%} of positions; {flips} {tail}",
+            "2-logprob-substitution", ["logprob-divergence"], short,
+        )
     if flip is not None and flip > SUBSTITUTION_MIN_FLIP_RATIO:
         return c.cause(
             VerdictKind.SUBSTITUTION,

@@ -130,9 +130,12 @@ def test_rule2_names_substitution_by_the_flip_ratio(flip_ratio, want):
         assert "flip ratio" in v.reason
 
 
-def test_rule2_is_not_fooled_by_large_kl_and_low_top1():
-    # the gemma-3-270m int4-like case the old fixed cut-offs got wrong the other way round
+def test_rule2_far_divergence_is_substitution_without_confident_flips():
+    # almost no confident position left (the flip test cannot tell): the far-divergence cut-offs decide
     v = decide_verdict([_lp(1.5, obs=2, expected=0.7, kl=0.9, top1=0.5)])
+    assert v.verdict == VerdictKind.SUBSTITUTION and "far beyond quantization" in v.reason
+    # a large KL with high top-1 agreement and noise-like flips stays QUANTIZATION
+    v = decide_verdict([_lp(1.5, obs=2, expected=0.7, kl=0.9, top1=0.8)])
     assert v.verdict == VerdictKind.QUANTIZATION
 
 

@@ -50,12 +50,13 @@ CASES = [
     (
         # an unrelated model (independent Dirichlet rows): the divergence is so large that no
         # position is confident relative to it, so rule 2's flip test cannot name the cause
-        # (details["cause_confidence"]["informative"] is False) and the verdict stays QUANTIZATION
+        # (details["cause_confidence"]["informative"] is False); the far-divergence condition does
+        # (mean KL >= SUBSTITUTION_MIN_MEAN_KL with top-1 agreement <= SUBSTITUTION_MAX_TOP1_AGREEMENT)
         "substituted-unrelated",
         "substituted",
         {},
         {},
-        VerdictKind.QUANTIZATION,
+        VerdictKind.SUBSTITUTION,
         "logprob-divergence",
     ),
     (

@@ -177,7 +177,9 @@ FLIPS = {"confident_flip_ratio": SUBSTITUTION_MIN_FLIP_RATIO * 5, "confident_fli
     [
         (0.05, 0.9, {}, VerdictKind.QUANTIZATION),
         (0.5, 0.35, FLIPS, VerdictKind.SUBSTITUTION),
-        (0.5, 0.35, {**FLIPS, "confident_flip_ratio": 1.3}, VerdictKind.QUANTIZATION),  # big KL, noise-like flips
+        # far outside any quantization: the issue-7 cut-offs decide even when the flips look like noise
+        (0.5, 0.35, {**FLIPS, "confident_flip_ratio": 1.3}, VerdictKind.SUBSTITUTION),
+        (0.2, 0.75, {**FLIPS, "confident_flip_ratio": 1.3}, VerdictKind.QUANTIZATION),  # int4-like: noise-like flips
         (0.37, 0.76, FLIPS, VerdictKind.SUBSTITUTION),  # gemma's substitute: KL and top-1 like int4
     ],
 )
