@@ -303,7 +303,8 @@ class SequentialAudit:
         beyond = [r.key for r in not_ruled_out(ro) if self._required is not None and r.key not in self._required]
         if beyond:
             info["beyond_cap"] = beyond
-        short = ([r for r in not_ruled_out(ro) if self._required is None or r.key in self._required]
+        short = ([r for r in _short_of(ro, None if last else self.design.accept_power)
+                  if self._required is None or r.key in self._required]
                  if verdict == "PASS" and self.design.require_rules_out else [])
         if short:
             info["not_ruled_out"] = [r.key for r in short]
@@ -334,6 +335,19 @@ class SequentialAudit:
             "tokens_used": self.decisions[-1].tokens if self.decisions else 0,
             "alpha_spent": self._spent,
         }
+
+
+def _short_of(records: list | None, accept_power: float | None) -> list[RuleOut]:
+    """Classes a PASS at this look does not yet rule out: the verdict's "not ruled out" ones and,
+    before the last look with an ``accept_power`` above RULE_OUT_POWER, also those ruled out at less
+    than that power. An early PASS needs the design's early-acceptance power against every class, as
+    it needs it against every family's target (the calibrated effect is a median: at exactly 95% power
+    against it, more than 5% of such providers would still pass); the last look uses RULE_OUT_POWER."""
+    out = not_ruled_out(records)
+    if accept_power is not None and accept_power > RULE_OUT_POWER:
+        out += [r for r in (x if isinstance(x, RuleOut) else RuleOut.from_dict(x) for x in records or [])
+                if r.status == "ruled out" and r.power is not None and r.power < accept_power]
+    return out
 
 
 def _reachable(records: Sequence[RuleOut | dict], tokens: int, max_tokens: int) -> list[str]:

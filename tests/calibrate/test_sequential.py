@@ -224,3 +224,19 @@ def test_auto_accepts_early_once_every_tested_class_is_ruled_out():
     seq = run_sequential(SequentialDesign((200, 400, 800), spending="pocock"), _decide(table))
     assert seq.final_verdict.verdict == "PASS" and seq.decisions[-1].action == "accept" and seq.decisions[-1].look < 3
     assert SequentialDesign((100,)).to_dict()["require_rules_out"] is True
+
+
+def test_early_acceptance_needs_the_design_power_against_every_class():
+    """With accept_power 0.99 an early PASS waits until every reachable class is ruled out at 99%, not 95%;
+    the last look decides at RULE_OUT_POWER."""
+    from auditor.sequential import _short_of
+
+    recs = [{"key": "a", "label": "a", "question": "precision", "status": "ruled out", "ruled_out": True, "power": 0.96},
+            {"key": "b", "label": "b", "question": "precision", "status": "ruled out", "ruled_out": True, "power": 0.999}]
+    assert [r.key for r in _short_of(recs, 0.99)] == ["a"]
+    assert _short_of(recs, None) == [] and _short_of(recs, 0.9) == []
+    table = _table(small=0.012)
+    strict = run_sequential(SequentialDesign((200, 400, 800, 1600), spending="pocock", accept_power=0.99), _decide(table))
+    loose = run_sequential(SequentialDesign((200, 400, 800, 1600), spending="pocock"), _decide(table))
+    assert strict.final_verdict.verdict == loose.final_verdict.verdict == "PASS"
+    assert strict.decisions[-1].look >= loose.decisions[-1].look
