@@ -29,6 +29,7 @@ body at its cap (32 MiB by default), so about 12 × 32 MiB cross loopback per mo
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = ROOT / "tests" / "probes" / "_hostile.py"
@@ -46,16 +48,16 @@ BOUND_KINDS = frozenset({"response_too_large", "stream_token_overrun", "deadline
 
 def start_server(mode: str, size: int) -> tuple[subprocess.Popen[str], int]:
     """The hostile endpoint (``_hostile.py serve``) in its own process; returns (process, port)."""
-    proc = subprocess.Popen([sys.executable, str(HOSTILE), "serve", "--mode", mode, "--size", str(size)],
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    deadline = time.monotonic() + 30
-    line = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline() if proc.stdout else ""
-        if line.startswith("PORT "):
-            return proc, int(line.split()[1])
-    proc.kill()
-    raise RuntimeError(f"hostile server ({mode}) did not start: {line!r}")
+    return _hostile_module().start_server(mode, size, timeout_s=30.0)
+
+
+def _hostile_module() -> ModuleType:
+    """tests/probes/_hostile.py as a module (it is not on the import path of every caller)."""
+    spec = importlib.util.spec_from_file_location("_hostile", HOSTILE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def providers_toml(port: int, *, stream: bool, concurrency: int) -> str:

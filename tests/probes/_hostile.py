@@ -21,8 +21,10 @@ import argparse
 import asyncio
 import json
 import resource
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 PIECE = 64 * 1024
 
@@ -109,6 +111,25 @@ async def _probe(port: int, requests: int, concurrency: int, cap: int | None, st
         "bytes_read_mb": round(read / 2**20, 1),
         "wall_s": round(time.perf_counter() - t0, 2),
     }
+
+
+def start_server(mode: str, size: int, *, timeout_s: float = 30.0) -> tuple[subprocess.Popen[str], int]:
+    """Start ``serve --mode MODE --size BYTES`` of this file in its own process; returns (process, port).
+
+    Raises:
+        RuntimeError: it did not print its port within ``timeout_s`` seconds (the process is killed).
+    """
+    here = Path(__file__).resolve()
+    proc = subprocess.Popen([sys.executable, str(here), "serve", "--mode", mode, "--size", str(size)],
+                            stdout=subprocess.PIPE, text=True, cwd=here.parents[2])
+    deadline = time.monotonic() + timeout_s
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if line.startswith("PORT "):
+            return proc, int(line.split()[1])
+    proc.kill()
+    raise RuntimeError(f"hostile server ({mode}) did not start: {line!r}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,11 +8,12 @@ client's byte cap, so every request must end as ``response_too_large`` (or
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -21,16 +22,18 @@ ROOT = Path(__file__).parents[2]
 MB = 1024 * 1024
 
 
-def _server(mode: str, size: int) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, str(HOSTILE), "serve", "--mode", mode, "--size", str(size)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    deadline = time.monotonic() + 20
-    line = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline() if proc.stdout else ""
-        if line.startswith("PORT "):
-            return proc, int(line.split()[1])
-    proc.kill()
-    raise RuntimeError(f"hostile server did not start: {line!r}")
+def _server(mode: str, size: int) -> tuple[subprocess.Popen[str], int]:
+    """The hostile endpoint (``_hostile.py serve``) in its own process; returns (process, port)."""
+    return _hostile_module().start_server(mode, size, timeout_s=20.0)
+
+
+def _hostile_module() -> ModuleType:
+    """tests/probes/_hostile.py as a module (it is not on the import path of every caller)."""
+    spec = importlib.util.spec_from_file_location("_hostile", HOSTILE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _probe(port: int, *args: str) -> dict:
