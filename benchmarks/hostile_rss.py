@@ -29,7 +29,6 @@ body at its cap (32 MiB by default), so about 12 × 32 MiB cross loopback per mo
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -37,7 +36,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = ROOT / "tests" / "probes" / "_hostile.py"
@@ -47,17 +45,11 @@ BOUND_KINDS = frozenset({"response_too_large", "stream_token_overrun", "deadline
 
 
 def start_server(mode: str, size: int) -> tuple[subprocess.Popen[str], int]:
-    """The hostile endpoint (``_hostile.py serve``) in its own process; returns (process, port)."""
-    return _hostile_module().start_server(mode, size, timeout_s=30.0)
+    """The hostile endpoint (``tests/probes/_hostile.py serve``) in its own process; returns (process, port)."""
+    sys.path.insert(0, str(HOSTILE.parent))
+    from _hostile import start_server as start  # tests/probes is not a package
 
-
-def _hostile_module() -> ModuleType:
-    """tests/probes/_hostile.py as a module (it is not on the import path of every caller)."""
-    spec = importlib.util.spec_from_file_location("_hostile", HOSTILE)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return start(mode, size, timeout_s=30.0)
 
 
 def providers_toml(port: int, *, stream: bool, concurrency: int) -> str:

@@ -8,12 +8,10 @@ client's byte cap, so every request must end as ``response_too_large`` (or
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -23,17 +21,11 @@ MB = 1024 * 1024
 
 
 def _server(mode: str, size: int) -> tuple[subprocess.Popen[str], int]:
-    """The hostile endpoint (``_hostile.py serve``) in its own process; returns (process, port)."""
-    return _hostile_module().start_server(mode, size, timeout_s=20.0)
+    if str(HOSTILE.parent) not in sys.path:  # tests/probes is not a package
+        sys.path.append(str(HOSTILE.parent))
+    from _hostile import start_server
 
-
-def _hostile_module() -> ModuleType:
-    """tests/probes/_hostile.py as a module (it is not on the import path of every caller)."""
-    spec = importlib.util.spec_from_file_location("_hostile", HOSTILE)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return start_server(mode, size, timeout_s=20.0)
 
 
 def _probe(port: int, *args: str) -> dict:
