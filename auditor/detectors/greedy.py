@@ -28,7 +28,9 @@ __all__ = [
     "GREEDY_TEMPERATURE_MAX",
     "MIN_HONEST_CLEAR_RATE",
     "clear_mismatch_test",
+    "greedy_gaps",
     "greedy_match",
+    "honest_band_and_rate",
 ]
 
 #: Floor on the honest clear-mismatch rate used as the binomial null (calibrations often say ~0).
@@ -76,6 +78,35 @@ def clear_mismatch_test(
     }
 
 
+def greedy_gaps(batch: EvidenceBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batch's greedy positions against the reference argmax (the batch must have a reference).
+
+    Returns:
+        (idx [n] int64 positions with temperature <= GREEDY_TEMPERATURE_MAX, an aligned token and a
+        reference row; mismatch [n] bool, token != reference argmax; gap [n] float64 nats,
+        log p(argmax) − log p(token), 0 where matching — an unknown token logprob (outside the top-K,
+        no full row) is bounded by the K-th listed value).
+    """
+    ref = batch.reference()
+    mask = (batch.temperatures <= GREEDY_TEMPERATURE_MAX) & (batch.token_ids >= 0) & (ref.top_ids[:, 0] >= 0)
+    idx = np.flatnonzero(mask)
+    top_lp = ref.top_logprobs[idx]
+    lp_tok = ref.token_logprobs[idx].copy()
+    last = np.where(np.isfinite(top_lp), top_lp, np.inf).min(1)
+    lp_tok = np.where(np.isnan(lp_tok), last, lp_tok)
+    mismatch = batch.token_ids[idx] != ref.top_ids[idx, 0]
+    gap = np.where(mismatch, np.maximum(top_lp[:, 0] - lp_tok, 0.0), 0.0)
+    return idx, mismatch, gap
+
+
+def honest_band_and_rate(floor: NoiseFloor | None) -> tuple[float, float]:
+    """(near-tie band in nats, honest clear-mismatch rate r0) from the floor, or the defaults
+    (DEFAULT_MARGIN_BAND, MIN_HONEST_CLEAR_RATE) without one; r0 is never below MIN_HONEST_CLEAR_RATE."""
+    band = floor.margin_band if floor is not None else DEFAULT_MARGIN_BAND
+    r0 = max(floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE)
+    return float(band), float(r0)
+
+
 def greedy_match(
     batch: EvidenceBatch,
     floor: NoiseFloor | None = None,
@@ -101,34 +132,15 @@ def greedy_match(
     """
     if not batch.has_reference:
         return not_run(name, "no reference distribution available")
-    ref = batch.reference()
-    mask = (
-        (batch.temperatures <= GREEDY_TEMPERATURE_MAX)
-        & (batch.token_ids >= 0)
-        & (ref.top_ids[:, 0] >= 0)
-    )
-    n = int(mask.sum())
+    idx, mismatch, gap = greedy_gaps(batch)
+    n = int(idx.size)
     if n < MIN_POSITIONS:
         return not_run(
             name,
             f"too few greedy positions with a reference ({n} < {MIN_POSITIONS})",
             n=n,
         )
-    idx = np.flatnonzero(mask)
-    tok = batch.token_ids[idx]
-    top_ids = ref.top_ids[idx]
-    top_lp = ref.top_logprobs[idx]
-    lp1 = top_lp[:, 0]
-    lp_tok = ref.token_logprobs[idx].copy()
-    # unknown token logprob (outside the top-K, no full row): bound it by the K-th listed value
-    last = np.where(np.isfinite(top_lp), top_lp, np.inf).min(1)
-    lp_tok = np.where(np.isnan(lp_tok), last, lp_tok)
-    mismatch = tok != top_ids[:, 0]
-    gap = np.where(mismatch, np.maximum(lp1 - lp_tok, 0.0), 0.0)
-    band = floor.margin_band if floor is not None else DEFAULT_MARGIN_BAND
-    r0 = max(
-        floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE
-    )
+    band, r0 = honest_band_and_rate(floor)
     t = clear_mismatch_test(mismatch, gap, band, r0, rng)
     clear = t.pop("clear")
     order = np.lexsort((-gap, ~clear))  # clear first, then by gap descending

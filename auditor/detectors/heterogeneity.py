@@ -43,7 +43,7 @@ from scipy import stats
 from scipy.special import gammaln
 
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
-from .greedy import GREEDY_TEMPERATURE_MAX, MIN_HONEST_CLEAR_RATE
+from .greedy import greedy_gaps, honest_band_and_rate
 from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
 from .sampling import cauchy_combination
 from .stats import RngLike
@@ -194,21 +194,12 @@ def greedy_heterogeneity(
     del rng
     if not batch.has_reference:
         return not_run(name, "no reference distribution available")
-    ref = batch.reference()
-    mask = (batch.temperatures <= GREEDY_TEMPERATURE_MAX) & (batch.token_ids >= 0) & (ref.top_ids[:, 0] >= 0)
-    idx = np.flatnonzero(mask)
+    idx, mismatch, gap = greedy_gaps(batch)
     groups, inv = np.unique(batch.prompt_ids[idx], return_inverse=True)
     if idx.size < MIN_POSITIONS or groups.size < MIN_REQUESTS:
         return not_run(name, f"too few greedy requests ({groups.size} < {MIN_REQUESTS}) or positions "
                              f"({idx.size} < {MIN_POSITIONS})", n=int(idx.size))
-    top_lp = ref.top_logprobs[idx]
-    lp_tok = ref.token_logprobs[idx].copy()
-    last = np.where(np.isfinite(top_lp), top_lp, np.inf).min(1)
-    lp_tok = np.where(np.isnan(lp_tok), last, lp_tok)
-    mismatch = batch.token_ids[idx] != ref.top_ids[idx, 0]
-    gap = np.where(mismatch, np.maximum(top_lp[:, 0] - lp_tok, 0.0), 0.0)
-    band = floor.margin_band if floor is not None else DEFAULT_MARGIN_BAND
-    r0 = max(floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE)
+    band, r0 = honest_band_and_rate(floor)
     clear = mismatch & (gap > band)
     n_g = np.bincount(inv).astype(np.int64)
     k_g = np.bincount(inv, weights=clear.astype(np.float64)).astype(np.int64)
