@@ -136,10 +136,11 @@ def _rules_out_report() -> AuditReport:
     """A PASS whose verdict details carry the rules-out record of a real decide_verdict."""
     from auditor.detectors import DetectorResult
     from auditor.verdict import decide_verdict
+    from tests.effect_table import effect_table
 
     res = [DetectorResult(k, 0.0, 1.0, 0.0, (0.0, 0.0), 1000, [], details={"r0": 1e-3, "band": 0.2})
            for k in ("greedy-match", "self-greedy")]
-    v = decide_verdict(res)
+    v = decide_verdict(res, effect_sizes=effect_table())
     assert v.verdict == "PASS"
     rep = make_report("PASS")
     rep.verdict_reason = v.reason

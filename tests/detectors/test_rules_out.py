@@ -21,6 +21,7 @@ from auditor.rules_out import (
     tokens_to_rule_out,
 )
 from auditor.verdict import VerdictKind, decide_verdict, power_at, power_effect, required_positions
+from tests.effect_table import effect_table
 
 
 def mk(name, p=0.5, *, effect=0.0, n=1000, **details):
@@ -151,8 +152,8 @@ def test_many_positions_rule_out_int4_but_not_an_effect_it_cannot_see():
 
 
 def test_underpowered_audit_rules_out_nothing():
-    t = load_effect_sizes()
-    ro = rules_out(greedy_audit(5), alpha=0.05)  # (at 15 positions the substituted model's 36% is already seen)
+    t = effect_table()
+    ro = rules_out(greedy_audit(5), alpha=0.05, effect_sizes=t)  # (at 15 positions the substituted model's 36% is already seen)
     assert not any(r.ruled_out for r in ro)
     tested = [r for r in ro if r.status != "not tested"]
     assert tested and all(r.power < RULE_OUT_POWER for r in tested)
@@ -176,17 +177,18 @@ def test_kl_power_rules_out_with_the_floor_and_level_alpha_over_m():
 
 
 def test_verdict_records_rules_out_on_pass_and_inconclusive_only():
-    v = decide_verdict(greedy_audit(20_000))
+    t = effect_table()
+    v = decide_verdict(greedy_audit(20_000), effect_sizes=t)
     assert v.verdict == VerdictKind.PASS
     recs = {r["key"]: r for r in v.details["rules_out"]}
     assert recs["int4"]["status"] == "ruled out" and recs["substituted"]["status"] == "ruled out"
     assert recs["relaxed-threshold"]["status"] == "not tested"
     assert "rules out int4 weights" in v.reason and "power against the calibrated effect sizes" in v.reason
     json.dumps(v.details, allow_nan=False)
-    small = decide_verdict(greedy_audit(12))
+    small = decide_verdict(greedy_audit(12), effect_sizes=t)
     assert small.verdict == VerdictKind.INCONCLUSIVE and "rules_out" in small.details
     assert [r["key"] for r in small.details["rules_out"] if r["ruled_out"]] == ["substituted"]  # 36% mismatches
-    bad = decide_verdict([mk("greedy-match", 1e-9, n=2000, effect=0.2, r0=1e-3, band=0.2)])
+    bad = decide_verdict([mk("greedy-match", 1e-9, n=2000, effect=0.2, r0=1e-3, band=0.2)], effect_sizes=t)
     assert bad.verdict == VerdictKind.QUANTIZATION and "rules_out" not in bad.details
 
 
