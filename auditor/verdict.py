@@ -120,30 +120,12 @@ from auditor.verdict_power import (
 )
 
 __all__ = [
-    "DEFAULT_ALPHA",
-    "DEFAULT_POWER",
-    "EXIT_CODES",
-    "GREEDY_SERVED_MIN_ARGMAX_RATE",
-    "LOGPROBS_CONSISTENT_MAX_RATIO",
-    "MAX_PROVIDER_FAILURE_SHARE",
-    "MILD_DIVERGENCE_MAX_RATIO",
-    "POWER_FAMILIES",
-    "POWER_TARGETS",
-    "REFERENCE_DETECTORS",
-    "SUBSTITUTION_MAX_TOP1_AGREEMENT",
-    "SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE",
-    "SUBSTITUTION_MIN_FLIP_RATIO",
-    "SUBSTITUTION_MIN_MEAN_KL",
-    "TAIL_MISSING_MAX_RATIO",
-    "TRUNCATION_SHAPE_RATIO",
-    "Verdict",
-    "VerdictKind",
-    "apply_holm",
-    "decide_verdict",
-    "holm",
-    "power_at",
-    "power_effect",
-    "required_positions",
+    "DEFAULT_ALPHA", "DEFAULT_POWER", "EXIT_CODES", "GREEDY_SERVED_MIN_ARGMAX_RATE",
+    "LOGPROBS_CONSISTENT_MAX_RATIO", "MAX_PROVIDER_FAILURE_SHARE", "MILD_DIVERGENCE_MAX_RATIO",
+    "POWER_FAMILIES", "POWER_TARGETS", "REFERENCE_DETECTORS", "SUBSTITUTION_MAX_TOP1_AGREEMENT",
+    "SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE", "SUBSTITUTION_MIN_FLIP_RATIO", "SUBSTITUTION_MIN_MEAN_KL",
+    "TAIL_MISSING_MAX_RATIO", "TRUNCATION_SHAPE_RATIO", "Verdict", "VerdictKind", "apply_holm",
+    "decide_verdict", "holm", "power_at", "power_effect", "required_positions",
 ]
 
 
