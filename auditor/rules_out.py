@@ -51,6 +51,7 @@ __all__ = [
     "EffectSizes",
     "EffectSizesError",
     "RuleOut",
+    "as_rule_outs",
     "load_effect_sizes",
     "not_ruled_out",
     "rules_out",
@@ -277,14 +278,15 @@ def rules_out(
     return out
 
 
-def _records(records: Sequence[RuleOut | Mapping[str, Any]]) -> list[RuleOut]:
+def as_rule_outs(records: Sequence[RuleOut | Mapping[str, Any]]) -> list[RuleOut]:
+    """:class:`RuleOut` records from a mix of records and stored ``details["rules_out"]`` dicts."""
     return [r if isinstance(r, RuleOut) else RuleOut.from_dict(r) for r in records]
 
 
 def rules_out_sentence(records: Sequence[RuleOut | Mapping[str, Any]]) -> str:
     """"rules out int4 weights, fp8 weights; does not rule out int8 weights (power 39%); not tested:
     truncated sampling" (parts without classes are left out; "" for no records)."""
-    recs = _records(records)
+    recs = as_rule_outs(records)
     yes = [r.label for r in recs if r.status == "ruled out"]
     no = [f"{r.label} (power {r.power:.0%})" if r.power is not None else r.label
           for r in recs if r.status == "not ruled out"]
@@ -301,7 +303,7 @@ def rules_out_sentence(records: Sequence[RuleOut | Mapping[str, Any]]) -> str:
 
 def not_ruled_out(records: Sequence[RuleOut | Mapping[str, Any]] | None) -> list[RuleOut]:
     """The tested classes that are not ruled out ([] when every tested class is, or no record)."""
-    return [r for r in _records(records or []) if r.status == "not ruled out"]
+    return [r for r in as_rule_outs(records or []) if r.status == "not ruled out"]
 
 
 def tokens_to_rule_out(records: Sequence[RuleOut | Mapping[str, Any]] | None) -> int | None:
@@ -322,7 +324,7 @@ def rules_out_rows(records: Sequence[RuleOut | Mapping[str, Any]] | None) -> lis
     """Table rows for reports: [class label, question, status, power, deciding detector and positions,
     positions still missing] per record (stored dicts or :class:`RuleOut`)."""
     rows = []
-    for r in _records(records or []):
+    for r in as_rule_outs(records or []):
         pw = f"{r.power:.0%}" if r.power is not None else "—"
         det = f"{r.detector} on {r.n} positions" if r.detector else "no detector of this audit tests it"
         miss = str(r.missing_positions) if r.status == "not ruled out" and r.missing_positions is not None else (

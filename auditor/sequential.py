@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scipy import stats
 
-from auditor.rules_out import RULE_OUT_POWER, RuleOut, not_ruled_out, tokens_to_rule_out
+from auditor.rules_out import RULE_OUT_POWER, RuleOut, as_rule_outs, not_ruled_out, tokens_to_rule_out
 
 if TYPE_CHECKING:
     from auditor.report import AuditReport
@@ -345,7 +345,7 @@ def _short_of(records: list | None, accept_power: float | None) -> list[RuleOut]
     against it, more than 5% of such providers would still pass); the last look uses RULE_OUT_POWER."""
     out = not_ruled_out(records)
     if accept_power is not None and accept_power > RULE_OUT_POWER:
-        out += [r for r in (x if isinstance(x, RuleOut) else RuleOut.from_dict(x) for x in records or [])
+        out += [r for r in as_rule_outs(records or [])
                 if r.status == "ruled out" and r.power is not None and r.power < accept_power]
     return out
 
@@ -361,7 +361,7 @@ def _reachable(records: Sequence[RuleOut | dict], tokens: int, max_tokens: int) 
     the design could rule out (the acceptance check only ever removes chances to reject).
     """
     out = []
-    for r in (x if isinstance(x, RuleOut) else RuleOut.from_dict(x) for x in records):
+    for r in as_rule_outs(records):
         if r.status == "ruled out":
             out.append(r.key)
         elif r.status == "not ruled out" and r.required_positions is not None and r.n and tokens > 0:

@@ -405,9 +405,14 @@ def load_or_collect_pool(
     return pool, False
 
 
-def _cat_ref(parts: list[tuple[Pool, int]], field: str, ref: str) -> np.ndarray:
-    """Positions of the routed items of a per-reference array (``Pool.ref_*[ref]``), concatenated."""
-    return np.concatenate([getattr(p, field)[ref][p.item_offsets[j]:p.item_offsets[j + 1]] for p, j in parts])
+def _cat(parts: list[tuple[Pool, int]], field: str, ref: str | None = None) -> np.ndarray:
+    """The routed items' positions of a per-position array (``Pool.<field>``, or ``Pool.<field>[ref]``
+    for the per-reference ones), concatenated in item order."""
+    def rows(p: Pool) -> np.ndarray:
+        a = getattr(p, field)
+        return a[ref] if ref is not None else a
+
+    return np.concatenate([rows(p)[p.item_offsets[j]:p.item_offsets[j + 1]] for p, j in parts])
 
 
 def mix_pools(profile_name: str, base: Pool, other: Pool, fraction: float, *, seed: int = 0) -> Pool:
@@ -447,9 +452,6 @@ def mix_pools(profile_name: str, base: Pool, other: Pool, fraction: float, *, se
         else:
             parts.append((base, i))
 
-    def cat(get: Callable[[Pool], np.ndarray]) -> np.ndarray:
-        return np.concatenate([get(p)[p.item_offsets[j]:p.item_offsets[j + 1]] for p, j in parts])
-
     lengths = np.array([p.item_offsets[j + 1] - p.item_offsets[j] for p, j in parts], np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
@@ -467,10 +469,10 @@ def mix_pools(profile_name: str, base: Pool, other: Pool, fraction: float, *, se
         profile=profile_name, model=base.model, revision=base.revision, meta=meta,
         item_keys=per_item("item_keys"), item_prompt=per_item("item_prompt"), item_workload=per_item("item_workload"),
         item_temperature=per_item("item_temperature").astype(np.float64), item_offsets=offsets,
-        token_ids=cat(lambda p: p.token_ids), prov_logprob=cat(lambda p: p.prov_logprob),
-        prov_top_ids=cat(lambda p: p.prov_top_ids), prov_top_lp=cat(lambda p: p.prov_top_lp),
-        ref_top_ids={r: _cat_ref(parts, "ref_top_ids", r) for r in base.references},
-        ref_top_lp={r: _cat_ref(parts, "ref_top_lp", r) for r in base.references},
-        ref_token_lp={r: _cat_ref(parts, "ref_token_lp", r) for r in base.references},
+        token_ids=_cat(parts, "token_ids"), prov_logprob=_cat(parts, "prov_logprob"),
+        prov_top_ids=_cat(parts, "prov_top_ids"), prov_top_lp=_cat(parts, "prov_top_lp"),
+        ref_top_ids={r: _cat(parts, "ref_top_ids", r) for r in base.references},
+        ref_top_lp={r: _cat(parts, "ref_top_lp", r) for r in base.references},
+        ref_token_lp={r: _cat(parts, "ref_token_lp", r) for r in base.references},
         item_prompt_tokens=prompt_tokens,
     )

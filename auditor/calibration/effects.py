@@ -28,7 +28,7 @@ __all__ = ["EFFECT_SIZES_PATH", "MIN_RAN_SHARE", "effect_sizes_from_records", "w
 EFFECT_SIZES_PATH = Path(__file__).with_name("effect_sizes.json")
 #: A cell's median counts for a detector only when the detector ran in at least this share of its audits.
 MIN_RAN_SHARE = 0.5
-_SELF_FROM_REFERENCE = {"self-argmax": "sampling-argmax", "self-tail": "sampling-tail", "self-gof": "sampling-gof"}
+_SELF_FROM_REFERENCE = {"self-argmax": "sampling-argmax", "self-tail": "sampling-tail"}
 
 
 def _effect(records: Sequence[Mapping], profile: str, detector: str) -> tuple[float, str, int] | None:
