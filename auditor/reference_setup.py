@@ -87,7 +87,7 @@ def get_reference_models(
             lm = _MODELS.get(key)
             if lm is None:
                 try:
-                    from reference.models import ModelNotAvailableError, load_model
+                    from reference.models import ModelNotAvailableError, load_model, one_line
                 except ImportError as exc:  # pragma: no cover - install problem
                     raise AuditError(f"the reference engine is not installed ({exc}). Fix: pip install -e .") from None
                 try:
@@ -95,7 +95,9 @@ def get_reference_models(
                                     device_map=rc.device_map if rc is not None else None,
                                     max_memory=(dict(rc.max_memory) or None) if rc is not None else None)
                 except (ModelNotAvailableError, ValueError, OSError) as exc:
-                    raise AuditError(f"reference model {name!r} ({dt}) cannot be loaded: {exc}") from None
+                    table = f"table [references.{name}], model {str(model)!r}, " if rc is not None else ""
+                    raise AuditError(f"reference model {name!r} ({table}{dt}) cannot be loaded: {one_line(exc)}",
+                                     parameter="reference") from None
                 _MODELS[key] = lm
         out[dt] = lm
     return out

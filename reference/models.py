@@ -459,6 +459,65 @@ def resolve_model_path(name_or_path: str) -> Path | None:
     return None
 
 
+#: Files a tokenizer is read from (any one of them, per tokenizer kind); ``tokenizer_config.json``
+#: alone names the class but holds no vocabulary.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "merges.txt", "vocab.txt",
+                   "tokenizer_config.json")
+_WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.gguf")
+
+
+def one_line(text: object) -> str:
+    """``text`` with every run of whitespace (newlines included) collapsed to one space."""
+    return " ".join(str(text).split())
+
+
+def _no_model_files(p: Path) -> bool:
+    """True for a directory without config.json, weight files and tokenizer files."""
+    return not (p / "config.json").is_file() and not any(
+        next(p.glob(g), None) is not None for g in _WEIGHT_GLOBS) and not any((p / f).is_file() for f in TOKENIZER_FILES)
+
+
+def tokenizer_problem(src: str | Path, exc: BaseException) -> str:
+    """What is wrong with the tokenizer at ``src`` (one line), looked up in the directory itself:
+    no model files at all, no tokenizer files, a tokenizer JSON file that is not valid JSON (corrupt
+    or truncated), else the loader's own message.
+
+    Args:
+        src: the directory (or hub id) the tokenizer was loaded from.
+        exc: the exception ``AutoTokenizer.from_pretrained`` raised.
+    """
+    p = Path(src).expanduser()
+    detail = one_line(exc)
+    if not p.is_dir():
+        return detail
+    present = [f for f in TOKENIZER_FILES if (p / f).is_file()]
+    if not present:
+        if _no_model_files(p):
+            return f"the directory {p} holds no model files (no config.json, no weights, no tokenizer files)"
+        return (f"the directory {p} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); it holds "
+                "weights/config only")
+    for f in present:
+        if f.endswith(".json"):
+            try:
+                json.loads((p / f).read_text(encoding="utf-8"))
+            except (ValueError, OSError) as jexc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                return f"{f} in {p} is corrupt (not valid JSON: {one_line(jexc)})"
+    return f"its tokenizer files in {p} ({', '.join(present)}) cannot be read: {detail}"
+
+
+def tokenizer_error(name_or_path: str, src: str | Path, exc: BaseException, fix: str | None = None) -> str:
+    """The one-line error for a tokenizer that cannot be loaded: the model, what is wrong
+    (:func:`tokenizer_problem`) and the fix (default: put the model's tokenizer files in the directory)."""
+    p = Path(src).expanduser()
+    if fix is None and p.is_dir() and _no_model_files(p):
+        fix = (f"point at a model directory written by save_pretrained (config.json, weights, tokenizer.json and "
+               f"tokenizer_config.json), a bundled model ({', '.join(BUNDLED)}) or a .gguf file")
+    fix = fix or (f"copy the model's tokenizer files (tokenizer.json and tokenizer_config.json, as written by "
+                  f"save_pretrained) into {p if p.is_dir() else 'its directory'}, or point at a model directory "
+                  "that has them")
+    return f"the tokenizer of model {name_or_path!r} cannot be loaded: {tokenizer_problem(src, exc)}. Fix: {fix}."
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     dtype: str = "float32",
@@ -505,13 +564,13 @@ def load_model(
     try:
         tok = AutoTokenizer.from_pretrained(src)
     except Exception as e:  # transformers raises OSError/ValueError/KeyError variants
-        raise ModelNotAvailableError(f"the tokenizer of model {name_or_path!r} cannot be loaded from {src}: {e}") from e
+        raise ModelNotAvailableError(tokenizer_error(name_or_path, src, e)) from e
     try:
         model: Any = AutoModelForCausalLM.from_pretrained(src, **kwargs)  # Any: untyped `to`/`eval` wrappers
     except Exception as e:
         raise ModelNotAvailableError(
             f"model {name_or_path!r} is neither a bundled model ({', '.join(BUNDLED)}), a local directory, "
-            f"a .gguf file, nor loadable from the hub: {e}"
+            f"a .gguf file, nor loadable from the hub: {one_line(e)}"
         ) from e
     if path is not None:
         revision = _read_manifest(path).get("revision") or weights_revision(path)

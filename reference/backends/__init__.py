@@ -37,18 +37,24 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a model name (bundled name, directory, .gguf, cache dir, hub id).
 
     Raises:
-        ReferenceError: the tokenizer cannot be loaded (message names the model).
+        ReferenceError: the tokenizer cannot be loaded (one line: the model, what is wrong with its
+            directory, e.g. no or corrupt tokenizer files, and the fix).
     """
     from transformers import AutoTokenizer
 
-    from reference.models import ModelNotAvailableError, resolve_model_path
+    from reference.models import ModelNotAvailableError, one_line, resolve_model_path, tokenizer_error
 
     try:
         path = resolve_model_path(name_or_path)
-        return AutoTokenizer.from_pretrained(str(path) if path is not None else name_or_path)
-    except (ModelNotAvailableError, OSError, ValueError, KeyError) as exc:
-        raise ReferenceError(f"the tokenizer of {name_or_path!r} cannot be loaded: {exc}. Fix: set tokenizer = "
-                             "a local directory with the served model's tokenizer files.") from None
+    except ModelNotAvailableError as exc:
+        raise ReferenceError(f"the tokenizer of {name_or_path!r} cannot be loaded: {one_line(exc)}") from None
+    src = str(path) if path is not None else name_or_path
+    try:
+        return AutoTokenizer.from_pretrained(src)
+    except Exception as exc:  # transformers raises OSError/ValueError/KeyError/TypeError variants
+        raise ReferenceError(tokenizer_error(
+            name_or_path, src, exc, fix="set tokenizer = a local directory with the served model's tokenizer files "
+            "(tokenizer.json and tokenizer_config.json, as written by save_pretrained)")) from None
 
 
 def make_backend(

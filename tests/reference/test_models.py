@@ -94,3 +94,48 @@ def test_models_pull_cli_errors(monkeypatch, tmp_path):
     assert r.exit_code == 3 and "not a bundled model" in r.output
     r = CliRunner().invoke(app, ["models", "pull", str(tmp_path / "missing.gguf")])
     assert r.exit_code == 3 and "does not exist" in r.output
+
+
+def test_load_model_refuses_cuda_before_reading_anything(monkeypatch, tmp_path):
+    """``device="cuda"`` without a visible GPU (visibility patched, so this holds on a GPU machine too) is
+    refused before the path is resolved (no bundled-model pull) and before any tokenizer/weights are read."""
+    import transformers
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+    def touched(*args, **kwargs):
+        raise AssertionError("read before the device check")
+
+    monkeypatch.setattr(M, "resolve_model_path", touched)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", touched)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", touched)
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match=r"no CUDA GPU is visible.*--device cpu"):
+            M.load_model(M.DEFAULT_MODEL, device=device)
+
+
+@pytest.mark.parametrize("case", ["no-tokenizer", "corrupt-tokenizer", "nothing"])
+def test_unloadable_tokenizer_is_one_line_naming_dir_problem_and_fix(tmp_path, smollm2_tokenizer, case):
+    """load_model and backends.load_tokenizer say, on one line, which directory, what is wrong with it
+    and the fix (the vllm tokenizer's fix names ``tokenizer =``)."""
+    from reference.backends import ReferenceError, load_tokenizer
+
+    d = tmp_path / case
+    d.mkdir()
+    if case != "nothing":
+        make_tiny_model(seed=0, hidden_size=16, n_layers=1).save_pretrained(d)
+    if case == "corrupt-tokenizer":
+        smollm2_tokenizer.save_pretrained(d)
+        (d / "tokenizer.json").write_text('{"version": "1.0", "model": {')
+    problem = {"no-tokenizer": f"the directory {d} has no tokenizer files",
+               "corrupt-tokenizer": f"tokenizer.json in {d} is corrupt (not valid JSON",
+               "nothing": f"the directory {d} holds no model files"}[case]
+    with pytest.raises(M.ModelNotAvailableError) as ei:
+        M.load_model(str(d))
+    msg = str(ei.value)
+    assert "\n" not in msg and problem in msg and f"model {str(d)!r}" in msg and "Fix: " in msg, msg
+    with pytest.raises(ReferenceError) as ri:
+        load_tokenizer(str(d))
+    msg = str(ri.value)
+    assert "\n" not in msg and problem in msg and "Fix: set tokenizer = " in msg, msg
