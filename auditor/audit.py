@@ -16,6 +16,12 @@ calls back into one already left; tests/audit/test_pipeline.py traces this at ru
 4. **Pre-flight** (:mod:`auditor.preflight`): the parameter-compliance requests, sent once per run
    with the probes (stored in its summary, re-read on resume), and the run's probe failures: one
    frozen record with the ``preflight-*`` detector results and the verdict's keyword arguments.
+4r. **Reference path** (:mod:`auditor.reference_path`): for a legacy-completions provider with
+   ``capabilities.echo`` and a reference that can generate, the reference's greedy continuations of
+   up to 16 temperature-0 prompts sent back with ``echo = true`` (the provider teacher-forced on the
+   reference's own text; stored in the run summary, re-read on resume) and the margin-conditioned
+   flip ratio along them — the cause feature verdict rule 2 prefers (``reference_path_*`` keys of
+   logprob-divergence's details, not a Holm test). Otherwise "not available", with the reason.
    No normalizer runs after this stage.
 5. **Noise floor** (:mod:`auditor.noise`): measured once per model and machine, deterministic, cached.
 6. **Observations** (:mod:`auditor.observations`): the stored tokens of each finished probe, aligned
@@ -77,6 +83,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from auditor.noise import FloorSet
     from auditor.preflight import PreflightContext
+    from auditor.reference_path import ReferencePath
     from auditor.reference_setup import ReferenceSetup
     from auditor.store import Store
     from probes.config import ProviderConfig
@@ -217,6 +224,7 @@ def run_check(provider_name: str, options: CheckOptions | None = None, /, **over
         TypeError: an unknown option name in ``overrides``.
     """
     from auditor.preflight import preflight_stage
+    from auditor.reference_path import reference_path_stage
     from auditor.store import StoreError, open_store
 
     opts = dataclasses.replace(options or CheckOptions(), **overrides)
@@ -234,7 +242,9 @@ def run_check(provider_name: str, options: CheckOptions | None = None, /, **over
             rid = _probe(store, cfg, plan, opts)  # 3. probe
             try:
                 pre = preflight_stage(store, rid, cfg, ref.tokenizer)  # 4. pre-flight, sent with the probes
-                return analyze_run(store, rid, cfg, opts, wall_start=t0, reference=ref, preflight=pre)  # 5.-12.
+                rp = reference_path_stage(store, rid, cfg, ref)  # 4r. echo on the reference's own continuations
+                return analyze_run(store, rid, cfg, opts, wall_start=t0, reference=ref, preflight=pre,
+                                   reference_path=rp)  # 5.-12.
             except KeyboardInterrupt:
                 _set_status(store, rid, "interrupted")
                 raise AuditInterrupted(rid) from None
@@ -270,6 +280,7 @@ def analyze_run(
     wall_start: float | None = None,
     reference: ReferenceSetup | None = None,
     preflight: PreflightContext | None = None,
+    reference_path: ReferencePath | None = None,
     **overrides: Any,
 ) -> AuditReport:
     """Stages 5–12 of the pipeline on a run whose probes are stored; stores and returns the report.
@@ -283,26 +294,30 @@ def analyze_run(
             the caller closes it); None resolves ``config.reference`` (stage 2, closed here).
         preflight: the run's pre-flight (stage 4, :func:`auditor.preflight.preflight_stage`); None
             runs that stage first.
+        reference_path: the run's reference-path feature (stage 4r,
+            :func:`auditor.reference_path.reference_path_stage`); None runs that stage first.
 
     Raises:
         NothingToAuditError: no probe produced tokens (connection/config problem).
         TypeError: an unknown option name in ``overrides``.
     """
     from auditor.preflight import preflight_stage
+    from auditor.reference_path import reference_path_stage
 
     opts = dataclasses.replace(options or CheckOptions(), **overrides)
     t0 = wall_start if wall_start is not None else time.perf_counter()
     ref = reference if reference is not None else _reference(config, opts)
     try:
         pre = preflight if preflight is not None else preflight_stage(store, run_id, config, ref.tokenizer)
-        return _analyze(store, run_id, config, opts, ref, pre, t0)
+        rp = reference_path if reference_path is not None else reference_path_stage(store, run_id, config, ref)
+        return _analyze(store, run_id, config, opts, ref, pre, rp, t0)
     finally:
         if reference is None:
             ref.close()  # teardown of the reference set up here
 
 
 def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptions, ref: ReferenceSetup,
-             pre: PreflightContext, t0: float) -> AuditReport:
+             pre: PreflightContext, rp: ReferencePath, t0: float) -> AuditReport:
     """Stages 5–12: body of :func:`analyze_run` once the reference (``ref``) and the pre-flight
     (``pre``) are there. Each stage module is called in turn and not again."""
     from auditor.noise import get_floors
@@ -333,7 +348,8 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
                              provider=config.name) from None
     # 8. evidence; 9. detection
     ev = evidence_stage(observations, scored, tokenizer, api=config.api, tokenizer_is_claimed=ref.tokenizer_is_claimed)
-    results = detect(ev.batches, floors, observations, tokenizer, seed=opts.seed, self_batch=ev.self_batch)
+    results = _with_reference_path(detect(ev.batches, floors, observations, tokenizer, seed=opts.seed,
+                                          self_batch=ev.self_batch), rp)
     # 10. verdict
     ref0 = next(iter(ref.scorers), ref.dtype_label)
     verdict = decide_verdict([*results, *pre.detector_results], opts.alpha,
@@ -362,6 +378,14 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
         rep = report_from_store(s, run_id)
     rep.wall_s = details["report"]["wall_s"]
     return rep
+
+
+def _with_reference_path(results: Sequence[Any], rp: ReferencePath) -> list[Any]:
+    """The detector results with the reference-path cause feature (stage 4r) in ``logprob-divergence``'s
+    details (``reference_path_*`` keys, :attr:`auditor.reference_path.ReferencePath.details`) when it
+    ran; the feature is no test of its own and never enters the Holm family."""
+    return [dataclasses.replace(r, details={**(r.details or {}), **rp.details})
+            if r.name == "logprob-divergence" and r.ran else r for r in results]
 
 
 def _with_excluded(verdict_kwargs: Mapping[str, Any], excluded: Mapping[str, Any] | None) -> dict[str, Any]:

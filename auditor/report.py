@@ -348,6 +348,33 @@ def excluded_line(excluded: dict | None) -> str | None:
             f"{why or 'untrusted'}" + (f" [{keys}]" if keys else ""))
 
 
+def cause_flip_line(report: AuditReport) -> str | None:
+    """Rule 2's cause feature in one line: the margin-conditioned flip ratio along the provider's own
+    continuations and along the reference's (echo, ``auditor.reference_path``), and which decided;
+    None when logprob-divergence did not run."""
+    lp = report.detector("logprob-divergence")
+    d = (lp or {}).get("details") or {}
+    if not lp or not lp.get("ran") or "confident_flip_ratio" not in d:
+        return None
+
+    def part(ratio: Any, obs: Any, exp_: Any, n: Any) -> str:
+        return (f"{ratio:.3g} ({obs} flips vs {float(exp_ or 0):.2g} expected at {n} confident positions)"
+                if ratio is not None else "not computed")
+
+    out = ("flip ratio (rule 2, threshold 4): provider's continuations "
+           + part(d.get("confident_flip_ratio"), d.get("confident_flips"), d.get("confident_flips_expected"),
+                  d.get("n_confident")))
+    if d.get("reference_path_available"):
+        out += ("; reference's continuations via echo "
+                + part(d.get("reference_path_flip_ratio"), d.get("reference_path_flips"),
+                       d.get("reference_path_flips_expected"), d.get("reference_path_n_confident"))
+                + f" of {d.get('reference_path_n_positions')} positions")
+    elif "reference_path_available" in d:
+        out += f"; reference's continuations via echo: not available ({d.get('reference_path_reason')})"
+    path = ((report.verdict_details or {}).get("cause_confidence") or {}).get("path")
+    return out + (f"; decided by the {path} path" if path else "")
+
+
 def _check_mark(c: dict) -> str:
     return {True: "pass", False: "FAIL", None: "not run"}[c.get("passed")]
 
@@ -397,6 +424,8 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
     for c in report.secondary_causes:
         console.print(f"  also [bold red]{c.get('verdict')}[/bold red] ({c.get('rule')}): {c.get('reason')} "
                       f"[{_evidence_str(c)}]", highlight=False)
+    if fl_cause := cause_flip_line(report):
+        console.print(f"  {escape(fl_cause)}", highlight=False)
     if report.rules_out:
         console.print(f"at {RULE_OUT_POWER:.0%} power against the calibrated effect sizes: "
                       f"{escape(rules_out_sentence(report.rules_out))}", highlight=False)

@@ -63,6 +63,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         _outcome,
         _tok,
         _usd,
+        cause_flip_line,
         concurrency_line,
         excluded_line,
         usage_note,
@@ -119,6 +120,8 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
                    f"— deciding evidence: {_md(_evidence_str(c))}")
     if not r.secondary_causes:
         out.append(f"- No other cause is established at family-wise α = {r.alpha:g}.")
+    if fl_cause := cause_flip_line(r):
+        out.append(f"- Quantized copy or different model: {_md(fl_cause)}.")
     out.append("")
     if r.rules_out:
         out += ["## What this audit rules out", "", f"At {RULE_OUT_POWER:.0%} power against the effect sizes measured "

@@ -16,8 +16,11 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    (``confident_flip_ratio`` > SUBSTITUTION_MIN_FLIP_RATIO, calibrated on the quantized
    profiles), or when the divergence is far outside any quantization (mean bucketed KL >=
    SUBSTITUTION_MIN_MEAN_KL *and* top-1 agreement <= SUBSTITUTION_MAX_TOP1_AGREEMENT, the issue-7
-   cut-offs: the flip test lacks confident positions there), else QUANTIZATION;
-   ``details["cause_confidence"]`` carries the statistic, the threshold and their log ratio.
+   cut-offs: the flip test lacks confident positions there), else QUANTIZATION. The flip ratio
+   measured along the reference's own continuations through echo (``reference_path_flip_ratio``,
+   :mod:`auditor.reference_path`) decides instead of the provider-path one whenever it is
+   informative (:mod:`auditor.verdict_cause`); ``details["cause_confidence"]`` carries the
+   statistic, its path, the threshold and their log ratio.
 3. ``greedy-match`` rejects → DECODING_NONCOMPLIANT when the provider's logprobs were tested and
    match the reference (logprob-divergence ran, did not reject, ratio to floor <=
    LOGPROBS_CONSISTENT_MAX_RATIO): the served tokens are not the argmax of the distribution it
@@ -109,6 +112,7 @@ from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
+from auditor.verdict_cause import flip_cause
 from auditor.verdict_power import (
     DEFAULT_POWER,
     POWER_FAMILIES,
@@ -548,27 +552,10 @@ def _logprob_cause(c: _Ctx) -> _Cause:
     ratio = d.get("ratio_to_floor", float("nan"))
     tail = f"(logprob-divergence p_adj={lp.p_adjusted:.3g})"
     short = f"logprob KL {ratio:.3g}x the floor, p_adj={lp.p_adjusted:.3g}"
-    flip = d.get("confident_flip_ratio")
-    obs, exp_, n_conf = d.get("confident_flips"), d.get("confident_flips_expected"), d.get("n_confident", 0)
-    # the statistic can exceed the threshold only if enough confident positions exist; a divergence so
-    # large that (almost) no position is confident leaves the two causes indistinguishable by it
-    informative = flip is not None and (n_conf + 1.0) / ((exp_ or 0.0) + 1.0) > SUBSTITUTION_MIN_FLIP_RATIO
-    if flip is not None:
-        c.details["cause_confidence"] = {
-            "statistic": "confident_flip_ratio", "value": float(flip), "threshold": SUBSTITUTION_MIN_FLIP_RATIO,
-            "log_ratio_to_threshold": float(math.log(flip / SUBSTITUTION_MIN_FLIP_RATIO)),
-            "observed": obs, "expected": exp_, "n_confident": n_conf, "sigma_hat": d.get("sigma_hat"),
-            "poisson_p": d.get("confident_flip_p"), "informative": informative,
-        }
-        flips = (f"at {n_conf} positions where the reference is confident (top-1/top-2 margin > "
-                 f"{d.get('confident_margin_sigmas', 3.0):g}x the measured logit noise {d.get('sigma_hat') or 0:.3g} "
-                 f"nats) the reported top-1 left the reference argmax {obs} times where such noise predicts "
-                 f"{exp_:.2g} (flip ratio {flip:.3g}, threshold {SUBSTITUTION_MIN_FLIP_RATIO:g})")
-        if not informative:
-            flips += (" — too few confident positions for this test to tell a heavily quantized copy from a "
-                      "different model: the cause between the two is undetermined")
-    else:
-        flips = "the margin-conditioned flip statistic could not be computed (no logit-noise scale)"
+    fc = flip_cause(d, SUBSTITUTION_MIN_FLIP_RATIO)  # the reference path (echo) decides when informative
+    if fc.confidence is not None:
+        c.details["cause_confidence"] = fc.confidence
+    flips = fc.text
     if kl >= SUBSTITUTION_MIN_MEAN_KL and top1 <= SUBSTITUTION_MAX_TOP1_AGREEMENT:
         return c.cause(
             VerdictKind.SUBSTITUTION,
@@ -576,12 +563,12 @@ def _logprob_cause(c: _Ctx) -> _Cause:
             f"floor), reported top-1 agrees with the reference argmax at only {top1:.0%} of positions; {flips} {tail}",
             "2-logprob-substitution", ["logprob-divergence"], short,
         )
-    if flip is not None and flip > SUBSTITUTION_MIN_FLIP_RATIO:
+    if fc.substitution and fc.value is not None:
         return c.cause(
             VerdictKind.SUBSTITUTION,
             f"reported logprobs diverge from the reference (mean KL {kl:.3g} nats, {ratio:.3g}x the honest floor, "
             f"top-1 agreement {top1:.0%}) in a way quantization does not explain: {flips}, "
-            f"{flip / SUBSTITUTION_MIN_FLIP_RATIO:.2g}x the threshold — a different model {tail}",
+            f"{fc.value / SUBSTITUTION_MIN_FLIP_RATIO:.2g}x the threshold — a different model {tail}",
             "2-logprob-substitution", ["logprob-divergence"], short,
         )
     mild = math.isfinite(ratio) and ratio <= MILD_DIVERGENCE_MAX_RATIO and top1 >= MILD_DIVERGENCE_MIN_TOP1

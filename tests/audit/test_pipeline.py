@@ -225,9 +225,10 @@ def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> No
     own functions call into, in call order, with consecutive repeats collapsed, contain no module
     twice (no climb back to a stage already left). Teardown is not a stage: ``close`` and
     ``__exit__`` (closing the reference's HTTP client at the very end) are left out of the trace.
-    The normalizer runs only while probing: inside the runner (each probe response) and the
-    pre-flight (its own requests, sent right after the probes), and never once the pipeline has
-    gone on to a later stage."""
+    The normalizer runs only while probing: inside the runner (each probe response), the
+    pre-flight (its own requests, sent right after the probes) and the reference-path stage (its
+    echo requests, right after the pre-flight), and never once the pipeline has gone on to a
+    later stage."""
     import sys
     import threading
 
@@ -267,7 +268,10 @@ def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> No
     for a, b in [("auditor.planning", "auditor.runner"), ("auditor.runner", "auditor.evidence"),
                  ("auditor.evidence", "auditor.detection"), ("auditor.detection", "auditor.verdict")]:
         assert stages.index(a) < stages.index(b), stages
-    probing = {"auditor.runner", "auditor.preflight"}
+    probing = {"auditor.runner", "auditor.preflight", "auditor.reference_path"}
     assert stages.index("auditor.preflight") == stages.index("auditor.runner") + 1, stages
+    # the reference-path stage (echo on the reference's continuations) follows the pre-flight, before the floor
+    assert stages.index("auditor.reference_path") == stages.index("auditor.preflight") + 1, stages
+    assert stages.index("auditor.reference_path") < stages.index("auditor.noise"), stages
     assert "auditor.runner" in normalize_callers and normalize_callers <= probing, normalize_callers
     assert normalize_during <= probing, normalize_during

@@ -152,3 +152,50 @@ def test_rule2_says_undetermined_without_confident_positions():
     v = decide_verdict([lp])
     assert v.verdict == VerdictKind.QUANTIZATION
     assert v.details["cause_confidence"]["informative"] is False and "undetermined" in v.reason
+
+
+# ----------------------------------------------------------------------------- rule 2, reference path
+def _with_ref_path(lp, ratio, *, obs=30, expected=2.0, n_conf=200, available=True, reason=None):
+    lp.details.update(reference_path_available=available, reference_path_reason=reason,
+                      reference_path_flip_ratio=ratio, reference_path_flips=obs,
+                      reference_path_flips_expected=expected, reference_path_n_confident=n_conf,
+                      reference_path_sigma_hat=1.1, reference_path_flip_p=1e-6, reference_path_n_positions=600)
+    return lp
+
+
+def test_rule2_reference_path_ratio_decides_substitution_when_the_provider_path_is_low():
+    # provider path 0.6 (a different model walks where the reference is rarely confident), reference path 7
+    v = decide_verdict([_with_ref_path(_lp(0.6), 7.0)])
+    assert v.verdict == VerdictKind.SUBSTITUTION and v.details["rule"] == "2-logprob-substitution"
+    cc = v.details["cause_confidence"]
+    assert cc["path"] == "reference" and cc["statistic"] == "reference_path_flip_ratio" and cc["value"] == 7.0
+    assert cc["provider_path"]["value"] == 0.6
+    assert "teacher-forcing the provider on the reference's own greedy continuations (echo)" in v.reason
+
+
+def test_rule2_reference_path_ratio_below_threshold_is_quantization_even_when_the_provider_path_is_high():
+    v = decide_verdict([_with_ref_path(_lp(SUBSTITUTION_MIN_FLIP_RATIO * 2), 2.0)])
+    assert v.verdict == VerdictKind.QUANTIZATION and v.details["cause_confidence"]["path"] == "reference"
+    # ... and the issue-7 cut-offs still name SUBSTITUTION first
+    v = decide_verdict([_with_ref_path(_lp(1.5, kl=0.9, top1=0.5), 2.0)])
+    assert v.verdict == VerdictKind.SUBSTITUTION and "far beyond quantization" in v.reason
+
+
+def test_rule2_uninformative_reference_path_leaves_the_provider_path_in_charge():
+    # 2 confident positions on the reference path: the ratio could not reach the threshold
+    v = decide_verdict([_with_ref_path(_lp(SUBSTITUTION_MIN_FLIP_RATIO * 2), 3.0, obs=2, expected=0.1, n_conf=2)])
+    assert v.verdict == VerdictKind.SUBSTITUTION and v.details["cause_confidence"]["path"] == "provider"
+
+
+def test_rule2_without_reference_path_keeps_the_old_behaviour_and_says_why_undetermined():
+    for want, ratio in ((VerdictKind.SUBSTITUTION, SUBSTITUTION_MIN_FLIP_RATIO * 2), (VerdictKind.QUANTIZATION, 1.2)):
+        v = decide_verdict([_lp(ratio)])
+        assert v.verdict == want and v.details["cause_confidence"]["path"] == "provider"
+        assert "reference_path" not in v.details["cause_confidence"]
+    lp = _with_ref_path(_lp(3.5, obs=3, expected=0.14), None, available=False,
+                        reason="the provider does not return echo logprobs (capabilities.echo = false)")
+    lp.details["n_confident"] = 3
+    v = decide_verdict([lp])
+    assert v.verdict == VerdictKind.QUANTIZATION
+    assert ("the cause between quantization and a different model is undetermined: the provider does not return "
+            "echo logprobs") in v.reason

@@ -1,0 +1,98 @@
+"""Verdict rule 2's cause feature: which margin-conditioned flip statistic decides, and its words.
+
+``logprob-divergence``'s details carry two measurements of the same statistic
+(``auditor.detectors.logprob.margin_flip_stats``): along the provider's own continuations
+(``confident_flip_ratio``, ...) and, when the provider returns echo logprobs, along the reference's
+own greedy continuations (``reference_path_flip_ratio``, ..., :mod:`auditor.reference_path`). The
+reference path separates a quantized copy from a different model where the provider path does not
+(docs/detectors.md, rule 2), so it decides whenever it is *informative* — enough confident
+positions that the ratio could exceed the threshold; else the provider path decides as before.
+:func:`flip_cause` returns the decision, the sentence for the verdict's reason and the
+``details["cause_confidence"]`` record (``path`` names the statistic that decided).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FlipCause", "flip_cause"]
+
+
+@dataclass(frozen=True)
+class FlipCause:
+    """Rule 2's flip evidence.
+
+    Attributes:
+        substitution: the deciding ratio exceeds the threshold (a different model).
+        value: the deciding ratio (None when neither could be computed).
+        text: the evidence as a clause of the verdict's reason.
+        confidence: ``details["cause_confidence"]`` (None when no ratio exists).
+    """
+
+    substitution: bool
+    value: float | None
+    text: str
+    confidence: dict[str, Any] | None
+
+
+def _informative(ratio: Any, n_conf: Any, expected: Any, threshold: float) -> bool:
+    # the ratio can exceed the threshold only if enough confident positions exist
+    return ratio is not None and (float(n_conf or 0) + 1.0) / (float(expected or 0.0) + 1.0) > threshold
+
+
+def _record(path: str, stat: str, value: float, threshold: float, obs: Any, exp_: Any, n_conf: Any, sigma: Any,
+            p: Any, informative: bool) -> dict[str, Any]:
+    return {"path": path, "statistic": stat, "value": float(value), "threshold": threshold,
+            "log_ratio_to_threshold": float(math.log(value / threshold)) if value > 0 else None,
+            "observed": obs, "expected": exp_, "n_confident": n_conf, "sigma_hat": sigma, "poisson_p": p,
+            "informative": informative}
+
+
+def flip_cause(d: Mapping[str, Any], threshold: float) -> FlipCause:
+    """Rule 2's flip evidence from ``logprob-divergence``'s details ``d`` (see the module docstring)."""
+    flip = d.get("confident_flip_ratio")
+    obs, exp_, n_conf = d.get("confident_flips"), d.get("confident_flips_expected"), d.get("n_confident", 0)
+    c = d.get("confident_margin_sigmas", 3.0)
+    prov_inf = _informative(flip, n_conf, exp_, threshold)
+    rp = d.get("reference_path_flip_ratio")
+    r_obs, r_exp, r_n = d.get("reference_path_flips"), d.get("reference_path_flips_expected"), \
+        d.get("reference_path_n_confident", 0)
+    ref_inf = _informative(rp, r_n, r_exp, threshold)
+    prov_text = (f"along the provider's own continuations, at {n_conf} positions where the reference is confident "
+                 f"(top-1/top-2 margin > {c:g}x the measured logit noise {d.get('sigma_hat') or 0:.3g} nats) the "
+                 f"reported top-1 left the reference argmax {obs} times where such noise predicts {exp_:.2g} "
+                 f"(flip ratio {flip:.3g}, threshold {threshold:g})") if flip is not None else None
+    if ref_inf and rp is not None:
+        rp = float(rp)
+        conf = _record("reference", "reference_path_flip_ratio", rp, threshold, r_obs, r_exp, r_n,
+                       d.get("reference_path_sigma_hat"), d.get("reference_path_flip_p"), True)
+        if flip is not None:
+            conf["provider_path"] = _record("provider", "confident_flip_ratio", float(flip), threshold, obs, exp_,
+                                            n_conf, d.get("sigma_hat"), d.get("confident_flip_p"), prov_inf)
+        text = (f"measured by teacher-forcing the provider on the reference's own greedy continuations (echo), at "
+                f"{r_n} positions where the reference is confident (margin > {c:g}x the measured logit noise "
+                f"{d.get('reference_path_sigma_hat') or 0:.3g} nats) the provider's top-1 left the reference argmax "
+                f"{r_obs} times where such noise predicts {float(r_exp or 0):.2g} (reference-path flip ratio {rp:.3g}, "
+                f"threshold {threshold:g})")
+        if prov_text is not None:
+            text += f"; {prov_text}, not used for the cause"
+        return FlipCause(rp > threshold, rp, text, conf)
+    if flip is None:
+        return FlipCause(False, None, "the margin-conditioned flip statistic could not be computed (no logit-noise "
+                         "scale)", None)
+    conf = _record("provider", "confident_flip_ratio", float(flip), threshold, obs, exp_, n_conf, d.get("sigma_hat"),
+                   d.get("confident_flip_p"), prov_inf)
+    why_not = d.get("reference_path_reason")
+    if rp is not None and not d.get("reference_path_reason"):
+        why_not = f"the reference-path (echo) test had too few confident positions ({r_n})"
+    if why_not:
+        conf["reference_path"] = why_not
+    text = prov_text or ""
+    if not prov_inf:
+        text += (" — too few confident positions for this test to tell a heavily quantized copy from a different "
+                 "model: the cause between quantization and a different model is undetermined"
+                 + (f": {why_not}" if why_not else ""))
+    return FlipCause(float(flip) > threshold, float(flip), text, conf)
