@@ -338,7 +338,8 @@ def decide_verdict(
         "not_run": {r.name: r.reason for r in adj if not r.ran},
     }
     details["findings"] = [
-        {"detector": r.name, "p_adjusted": r.p_adjusted, "implication": _implication(r.name)}
+        {"detector": r.name, "p_adjusted": r.p_adjusted,
+         "implication": _implication(r.name) + _explained_by_decode_path(r.name, rejects)}
         for r in ran
         if rejects(r.name)
     ]
@@ -758,6 +759,16 @@ def _pstr(by, names) -> str:
         if r is not None and r.ran and r.p_adjusted is not None:
             parts.append(f"{k} p_adj={r.p_adjusted:.3g}")
     return ", ".join(parts)
+
+
+def _explained_by_decode_path(name: str, rejects: Callable[[str], bool]) -> str:
+    """The note beside a greedy-vs-reference finding when ``self-greedy`` also rejects: the provider's
+    T=0 tokens are not its own reported top-1 either (e.g. llama.cpp's default repetition penalty
+    before the greedy pick, docs/real-engines.md), so those mismatches need no other model."""
+    if name in (DetectorName.GREEDY_MATCH, DetectorName.GREEDY_HETEROGENEITY) and rejects(DetectorName.SELF_GREEDY):
+        return ("; here explained by the provider's decode path (self-greedy rejects: its greedy tokens are not its "
+                "own reported top-1 either)")
+    return ""
 
 
 def _f(x) -> float | None:

@@ -121,7 +121,8 @@ def providers_toml(entries: dict[str, tuple[str, str, str]], trusted_url: str | 
         out.append(
             f'[providers.{name}]\nbase_url = "{url}"\nmodel = "{MODEL}"\napi = "{api}"\nreference = "{ref}"\n'
             f"timeout_s = 600\n\n[providers.{name}.capabilities]\nmax_top_logprobs = 20\nlogprobs = true\n"
-            f"n = true\nseed = true\nstreaming = true\n\n[providers.{name}.rate_limits]\nconcurrency = 2\n\n"
+            f"n = true\nseed = true\nstreaming = true\necho = {'true' if api == 'completions' else 'false'}\n\n"
+            f"[providers.{name}.rate_limits]\nconcurrency = 2\n\n"
         )
     return "".join(out)
 

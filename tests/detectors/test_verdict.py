@@ -597,3 +597,19 @@ def test_rule2t_needs_evidence(tm):
     a, b = decide_verdict(llama_like()), decide_verdict(llama_like(), tokenizer_mismatch=tm)
     assert (a.verdict, a.reason, a.details) == (b.verdict, b.reason, b.details)
     assert "tokenizer_mismatch" not in b.details and "previous_verdict" not in b.details
+
+
+@pytest.mark.parametrize("self_greedy_rejects", [True, False])
+def test_greedy_findings_say_when_the_decode_path_explains_them(self_greedy_rejects):
+    """llama.cpp (docs/real-engines.md): its repetition penalty bends some requests' greedy paths, so
+    greedy-match and greedy-heterogeneity reject; self-greedy shows the same positions against the
+    provider's own top-1, and the findings must say so instead of reading as "mixed serving"."""
+    res = replace(llama_like(), mk("greedy-match", 1e-50, n=2000, statistic=40, effect=0.06, r0=1e-3, band=0.2))
+    res += [mk("greedy-heterogeneity", 1e-12, n=2000, effect=0.15)]
+    if not self_greedy_rejects:
+        res = replace(res, mk("self-greedy", 1.0, n=2000, r0=1e-3, band=0.2))
+    f = {x["detector"]: x["implication"] for x in decide_verdict(res).details["findings"]}
+    assert "greedy-match" in f and "greedy-heterogeneity" in f
+    for name in ("greedy-match", "greedy-heterogeneity"):
+        assert ("explained by the provider's decode path" in f[name]) is self_greedy_rejects, f[name]
+    assert "explained by" not in f["logprob-divergence"]
