@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from auditor.detectors.logprob import margin_flip_stats
 from auditor.detectors.stats import bucketed_kl
+from auditor.verdict import SUBSTITUTION_MIN_FLIP_RATIO
 
 
 def prompts_of(tokenizer, n: int) -> list[list[int]]:
@@ -100,6 +101,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--boot", type=int, default=200)
+    ap.add_argument("--resample-prompts", type=int, default=0,
+                    help="prompts per resampled audit (default: as many as scored; 16 = the echo stage's default)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     import torch
@@ -123,16 +126,25 @@ def main() -> int:
         rows = [rows_for(ref_lm.model, served.model, p, c, a.top) for p, c in zip(prompts, conts, strict=True)]
         d = stat(rows)
         rng = np.random.default_rng(0)
-        boot = [stat([rows[i] for i in rng.integers(0, len(rows), len(rows))])["confident_flip_ratio"]
-                for _ in range(a.boot)]
-        boot = [b for b in boot if b is not None]
+        k = a.resample_prompts or len(rows)
+        boots = [stat([rows[i] for i in rng.integers(0, len(rows), k)]) for _ in range(a.boot)]
+        boot = [b["confident_flip_ratio"] for b in boots if b["confident_flip_ratio"] is not None]
         d["ratio_boot_q05_q50_q95"] = [float(np.quantile(boot, q)) for q in (0.05, 0.5, 0.95)] if boot else None
+        # rule 2's view of each resampled audit of k prompts: informative, and named SUBSTITUTION
+        inf = [b["confident_flip_ratio"] for b in boots if b["confident_flip_ratio"] is not None
+               and (b["n_confident"] + 1.0) / (b["confident_flips_expected"] + 1.0) > SUBSTITUTION_MIN_FLIP_RATIO]
+        d["resampled"] = {
+            "prompts": k, "resamples": a.boot, "informative_share": len(inf) / max(a.boot, 1),
+            "ratio_q50_q95_q99_max": [float(np.quantile(inf, q)) for q in (0.5, 0.95, 0.99)] + [float(max(inf))]
+            if inf else None,
+            "substitution_share": float(np.mean([r > SUBSTITUTION_MIN_FLIP_RATIO for r in inf])) if inf else None,
+        }
         d["seconds"] = time.perf_counter() - t
         res[name] = d
         print(f"{a.model} {name:14s} n={d['n']} ratio={d['confident_flip_ratio']} boot={d['ratio_boot_q05_q50_q95']} "
               f"obs={d['confident_flips']} exp={d['confident_flips_expected']:.2f} nconf={d['n_confident']} "
               f"sigma={d['sigma_hat']:.3f} kl={d['mean_kl']:.3f} top1={d['top1_agreement']:.2f} "
-              f"({d['seconds']:.0f}s)", flush=True)
+              f"resampled={d['resampled']} ({d['seconds']:.0f}s)", flush=True)
         del served
     print(f"total {time.perf_counter() - t0:.0f}s")
     if a.json:
