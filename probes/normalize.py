@@ -424,6 +424,8 @@ def normalize_response(
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str) and prompt:
+            if raw and text is not None:
+                raw = _drop_zero_width_lead(raw, text)
             split = _echo_split(raw, text, prompt) if text is not None and text.startswith(prompt) and raw else None
             if split:
                 prompt_raw, raw = raw[:split], raw[split:]  # type: ignore[index]
@@ -484,6 +486,24 @@ def _offsets_usable(raw: list[_RawTok]) -> bool:
         if step not in lengths:
             return False
     return True
+
+
+def _drop_zero_width_lead(raw: list[_RawTok], text: str) -> list[_RawTok]:
+    """``raw`` without leading special tokens that spell no text of an echoed answer.
+
+    Engines that prepend a BOS token to a completions prompt (gemma's ``<bos>``, Llama's ``<s>``)
+    echo it as the first prompt token with logprob null and ``text_offset`` 0, while the answer's
+    ``text`` starts with the prompt itself (vLLM, the simulator). Such a token occupies no
+    characters: its string is not where ``text`` starts, and the next token's offset is still 0
+    (or, without offsets, the next token's string is where ``text`` starts).
+    Counted as text it would shift every echoed token by its length (a false split or an echo
+    reported as ignored); it carries no evidence (no logprob), so it is dropped here."""
+    i = 0
+    while (i + 1 < len(raw) and raw[i].lp is None and raw[i].token and not text.startswith(raw[i].token)
+           and ((raw[i].offset == 0 and raw[i + 1].offset == 0)
+                or (raw[i].offset is None and raw[i + 1].token != "" and text.startswith(raw[i + 1].token)))):
+        i += 1
+    return raw[i:] if i else raw
 
 
 def _echo_split(raw: list[_RawTok], text: str, prompt: str) -> int | None:

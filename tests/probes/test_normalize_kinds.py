@@ -208,6 +208,30 @@ def test_echo_split_uses_good_offsets_when_bytes_cannot_decide() -> None:
     assert bad.prompt_tokens == [] and "echo_ignored" in bad.anomalies
 
 
+@pytest.mark.parametrize("bos", ["<bos>", "<s>", "<|begin_of_text|>"])
+@pytest.mark.parametrize("with_offsets", [True, False])
+def test_echo_leading_bos_that_spells_no_text_is_dropped(bos, with_offsets) -> None:
+    """vLLM / the simulator echo a prepended BOS (gemma's ``<bos>``) as the first prompt token with
+    logprob null and text_offset 0, while ``text`` starts with the prompt itself: it must not shift
+    the split (gemma reference-path audits reported 11 of 16 echoes as ignored before this)."""
+    lp = {"tokens": [bos, "The", " cat", " sat", " down"], "token_logprobs": [None, -2.0, -3.2, -0.4, -0.5],
+          "top_logprobs": [None, {"The": -2.0}, {" cat": -3.2}, {" sat": -0.4}, {" down": -0.5}]}
+    if with_offsets:
+        lp["text_offset"] = [0, 0, 3, 7, 11]
+    out = normalize_response("completions", ECHO_REQ, {"choices": [{"index": 0, "text": "The cat sat down", "logprobs": lp}]})
+    assert [t.token for t in out.prompt_tokens] == ["The", " cat"], out.anomalies
+    assert out.text == " sat down" and out.logprobs == [-0.4, -0.5]
+    assert "echo_ignored" not in out.anomalies and "bytes_text_mismatch" not in out.anomalies
+
+
+def test_echo_first_token_with_a_logprob_is_never_dropped() -> None:
+    # a real first token that the text does not start with is a mismatch to report, not a BOS
+    lp = {"tokens": ["<x>", "The", " cat", " sat"], "token_logprobs": [-1.0, -2.0, -3.2, -0.4],
+          "top_logprobs": [None, None, None, None], "text_offset": [0, 0, 3, 7]}
+    out = normalize_response("completions", ECHO_REQ, {"choices": [{"index": 0, "text": "The cat sat", "logprobs": lp}]})
+    assert [t.token for t in out.prompt_tokens] != ["The", " cat"]
+
+
 # -- kind 5: a stream without content events is malformed, not an empty answer ------------------
 
 @pytest.mark.parametrize("api", ["chat", "completions"])
