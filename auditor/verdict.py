@@ -8,8 +8,8 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
 0. No detector ran → INCONCLUSIVE (with the budget that would suffice).
 1. ``self-greedy`` rejects (T=0 tokens contradict the provider's own reported top-1 by more than
    the noise band) and ``logprob-divergence`` does not → DECODING_NONCOMPLIANT. Never
-   RELAXED_VERIFICATION: relaxed acceptance is a sampling-time behaviour, greedy verification
-   stays exact.
+   RELAXED_VERIFICATION: a relaxed greedy verification changes only near-ties (rule 3n), not
+   clear margins.
 2. ``logprob-divergence`` rejects → SUBSTITUTION when the provider's top-1 leaves the reference
    argmax at positions where the reference is confident far more often than a quantization-like
    (isotropic) logit perturbation of the audit's own measured scale explains
@@ -29,6 +29,11 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
 3h. ``greedy-heterogeneity`` rejects (a per-request scan: some requests mismatch, the pool does not)
    → the rule-3 cause on the outlying requests' clear-mismatch rate: part of the traffic is served
    differently (a mixture such as load-dependent routing to a cheaper replica).
+3n. ``greedy-near-tie`` rejects (greedy-match does not): at T=0 the reference's runner-up is emitted at
+   near-ties (margin within the band) more often than honest numeric noise can flip them →
+   RELAXED_VERIFICATION (greedy speculative verification accepts non-argmax drafts). Rules 1-3h
+   come first (a decode-path difference, a quantized or mixed model also moves near-ties), so 3n is
+   never a secondary cause of them; it becomes one only under provider failures or rule 2t.
 4. A sampling test rejects (reference ``sampling-*`` or, without a reference, ``self-*``):
    a. argmax over-emission rejects and the argmax was emitted at >= GREEDY_SERVED_MIN_ARGMAX_RATE
       of sampled positions → DECODING_NONCOMPLIANT (sampling request served greedily).
@@ -112,7 +117,7 @@ from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
-from auditor.verdict_cause import flip_cause
+from auditor.verdict_cause import explained_by_decode_path, flip_cause, near_tie_reason
 from auditor.verdict_power import (
     DEFAULT_POWER,
     POWER_FAMILIES,
@@ -339,7 +344,7 @@ def decide_verdict(
     }
     details["findings"] = [
         {"detector": r.name, "p_adjusted": r.p_adjusted,
-         "implication": _implication(r.name) + _explained_by_decode_path(r.name, rejects)}
+         "implication": _implication(r.name) + explained_by_decode_path(r.name, rejects)}
         for r in ran
         if rejects(r.name)
     ]
@@ -500,6 +505,10 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
         )
     if rejects(DetectorName.GREEDY_HETEROGENEITY):
         return _mixture_cause(c)
+    if rejects(DetectorName.GREEDY_NEAR_TIE):
+        r = c.by[DetectorName.GREEDY_NEAR_TIE]
+        return c.cause(VerdictKind.RELAXED_VERIFICATION, near_tie_reason(r), "3n-greedy-near-tie",
+                       ["greedy-near-tie"], f"near-ties flipped, greedy-near-tie p_adj={r.p_adjusted:.3g}")
     s = _sampling_cause(c, reference=True, record_shape=True)
     if s is not None:
         return s
@@ -759,16 +768,6 @@ def _pstr(by, names) -> str:
         if r is not None and r.ran and r.p_adjusted is not None:
             parts.append(f"{k} p_adj={r.p_adjusted:.3g}")
     return ", ".join(parts)
-
-
-def _explained_by_decode_path(name: str, rejects: Callable[[str], bool]) -> str:
-    """The note beside a greedy-vs-reference finding when ``self-greedy`` also rejects: the provider's
-    T=0 tokens are not its own reported top-1 either (e.g. llama.cpp's default repetition penalty
-    before the greedy pick, docs/real-engines.md), so those mismatches need no other model."""
-    if name in (DetectorName.GREEDY_MATCH, DetectorName.GREEDY_HETEROGENEITY) and rejects(DetectorName.SELF_GREEDY):
-        return ("; here explained by the provider's decode path (self-greedy rejects: its greedy tokens are not its "
-                "own reported top-1 either)")
-    return ""
 
 
 def _f(x) -> float | None:

@@ -1,4 +1,11 @@
-"""Verdict rule 2's cause feature: which margin-conditioned flip statistic decides, and its words.
+"""Cause features of the verdict rules (:mod:`auditor.verdict`) that need no verdict types.
+
+Rule 2: which margin-conditioned flip statistic decides, and its words (:func:`flip_cause`). Rule 3n:
+the reason sentence of a ``greedy-near-tie`` rejection (:func:`near_tie_reason`). Findings: the note
+beside a greedy-vs-reference finding that the provider's own decode path explains
+(:func:`explained_by_decode_path`).
+
+Rule 2 in detail.
 
 ``logprob-divergence``'s details carry two measurements of the same statistic
 (``auditor.detectors.logprob.margin_flip_stats``): along the provider's own continuations
@@ -14,11 +21,16 @@ positions that the ratio could exceed the threshold; else the provider path deci
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FlipCause", "flip_cause"]
+from auditor.detectors.base import DetectorName, DetectorResult
+
+__all__ = ["FlipCause", "explained_by_decode_path", "flip_cause", "near_tie_reason"]
+
+#: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
+_DECODE_PATH_EXPLAINS = (DetectorName.GREEDY_MATCH, DetectorName.GREEDY_HETEROGENEITY, DetectorName.GREEDY_NEAR_TIE)
 
 
 @dataclass(frozen=True)
@@ -96,3 +108,22 @@ def flip_cause(d: Mapping[str, Any], threshold: float) -> FlipCause:
                  "model: the cause between quantization and a different model is undetermined"
                  + (f": {why_not}" if why_not else ""))
     return FlipCause(float(flip) > threshold, float(flip), text, conf)
+
+
+def near_tie_reason(r: DetectorResult) -> str:
+    """Rule 3n's reason from a rejecting ``greedy-near-tie`` result ``r`` (p_adjusted set)."""
+    d = r.details or {}
+    return (f"at temperature 0 the provider emits the reference's runner-up at near-ties {int(r.statistic)} times "
+            f"in {r.n} positions where honest numeric noise allows at most {float(d.get('expected', math.nan)):.2g} "
+            f"(margins within the {float(d.get('band', math.nan)):.3g}-nat band): greedy verification accepts "
+            f"non-argmax drafts (greedy-near-tie p_adj={r.p_adjusted:.3g})")
+
+
+def explained_by_decode_path(name: str, rejects: Callable[[str], bool]) -> str:
+    """The note beside a greedy-vs-reference finding when ``self-greedy`` also rejects: the provider's
+    T=0 tokens are not its own reported top-1 either (e.g. llama.cpp's default repetition penalty
+    before the greedy pick, docs/real-engines.md), so those mismatches need no other model."""
+    if name in _DECODE_PATH_EXPLAINS and rejects(DetectorName.SELF_GREEDY):
+        return ("; here explained by the provider's decode path (self-greedy rejects: its greedy tokens are not its "
+                "own reported top-1 either)")
+    return ""

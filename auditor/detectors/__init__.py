@@ -15,6 +15,7 @@ authoritative:
 | self-tail            | T = 1, top_lps        | —                             | own tail under-emitted             |
 | self-greedy          | T = 0, top_lps        | (floor)                       | emitted ≠ own top-1, clear margin  |
 | greedy-heterogeneity | T = 0, per request    | reference (+ floor)           | a minority of requests mismatches  |
+| greedy-near-tie      | T = 0, near-ties      | reference + floor             | near-ties flipped beyond noise     |
 
 Each key's metadata lives here, in one place (:class:`DetectorSpec` in :data:`DETECTORS`): the
 probe mode it reads, the positions it uses, its test kind, the causes a rejection points at, the
@@ -53,6 +54,7 @@ from .consistency import self_argmax, self_gof, self_greedy, self_tail
 from .greedy import greedy_match
 from .heterogeneity import greedy_heterogeneity
 from .logprob import logprob_divergence
+from .near_tie import greedy_near_tie
 from .noise_floor import NoiseFloor, compute_noise_floor
 from .sampling import sampling_argmax, sampling_gof, sampling_tail
 from .stats import holm
@@ -109,6 +111,7 @@ class TestKind(StrEnum):
     ARGMAX = "argmax"  # Poisson-binomial argmax over-emission (sampling.py)
     TAIL = "tail"  # Poisson-binomial tail deficit (sampling.py)
     SCAN = "scan"  # per-request exact binomial, Šidák over requests (heterogeneity.py); no power target
+    NEAR_TIE = "near-tie"  # Poisson tail of near-tie flips vs the honest |Δ margin| bound (near_tie.py); no power target
 
 
 class PowerFamily(StrEnum):
@@ -340,6 +343,24 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                 implication="a minority of requests is served by a different or degraded model (mixed serving)",
                 finding="some requests' greedy tokens differ from the reference far more than honest serving allows, "
                         "while others match: part of the traffic is served differently",
+                power_family=None,
+                power_target=None,
+            ),
+            DetectorSpec(
+                DetectorName.GREEDY_NEAR_TIE,
+                greedy_near_tie,
+                "T=0 tokens vs reference argmax at near-ties: runner-up picks vs the honest |Δ margin| bound",
+                needs_reference=True,
+                needs_top_logprobs=False,
+                mode=Mode.GREEDY,
+                test=TestKind.NEAR_TIE,
+                positions="T = 0, aligned token, reference row; reference margin in [q_0.9 of |Δ margin|, band]",
+                causes=(_R, _Q),
+                implication="greedy tokens take the reference's runner-up at near-ties more often than numeric noise "
+                            "allows (greedy verification accepts non-argmax drafts)",
+                finding="at temperature 0 the provider emits the reference's runner-up at near-ties more often than "
+                        "honest numeric noise can flip them: its greedy (speculative) verification accepts "
+                        "non-argmax drafts",
                 power_family=None,
                 power_target=None,
             ),

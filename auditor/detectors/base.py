@@ -52,6 +52,7 @@ class DetectorName(StrEnum):
     SELF_TAIL = "self-tail"
     SELF_GREEDY = "self-greedy"
     GREEDY_HETEROGENEITY = "greedy-heterogeneity"
+    GREEDY_NEAR_TIE = "greedy-near-tie"
 
 
 #: Normalizer anomaly kinds (see ../shared/cases/README.md) after which a position's reported

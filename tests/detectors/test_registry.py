@@ -51,8 +51,9 @@ def test_causes_are_verdicts_and_never_pass_or_inconclusive() -> None:
 def test_power_family_and_target_go_together() -> None:
     for s in DETECTORS.values():
         assert (s.power_family is None) == (s.power_target is None), s.name
-        # the omnibus PIT tests and the per-request scan have no power calculation; every other kind has one
-        assert (s.test in (TestKind.PIT, TestKind.SCAN)) == (s.power_family is None), s.name
+        # the omnibus PIT tests, the per-request scan and the near-tie test have no power calculation; every
+        # other kind has one
+        assert (s.test in (TestKind.PIT, TestKind.SCAN, TestKind.NEAR_TIE)) == (s.power_family is None), s.name
         if s.power_target is not None:
             assert POWER_TARGETS[s.power_target.key] == s.power_target.value
     # every family has a member and every member is in its family
@@ -68,7 +69,8 @@ def test_self_tests_need_top_logprobs_and_no_reference() -> None:
             assert s.needs_top_logprobs, s.name
     assert set(SELF_SAMPLING_DETECTORS) == {"self-gof", "self-argmax", "self-tail"}
     assert set(REFERENCE_DETECTORS) == {k for k, s in DETECTORS.items() if s.needs_reference}
-    assert detectors_where(mode=Mode.GREEDY) == ("greedy-match", "self-greedy", "greedy-heterogeneity")
+    assert detectors_where(mode=Mode.GREEDY) == ("greedy-match", "self-greedy", "greedy-heterogeneity",
+                                                 "greedy-near-tie")
     assert detectors_where(test=TestKind.ARGMAX) == ("sampling-argmax", "self-argmax")
     assert detectors_where(mode=Mode.LOGPROB, needs_reference=False) == ()
 

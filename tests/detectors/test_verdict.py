@@ -613,3 +613,40 @@ def test_greedy_findings_say_when_the_decode_path_explains_them(self_greedy_reje
     for name in ("greedy-match", "greedy-heterogeneity"):
         assert ("explained by the provider's decode path" in f[name]) is self_greedy_rejects, f[name]
     assert "explained by" not in f["logprob-divergence"]
+
+
+def near_tie(p=1e-9, k=9, expected=0.8, n=30):
+    return mk("greedy-near-tie", p, n=n, statistic=k, effect=k / n, k=k, expected=expected, n_positions=n, band=0.44)
+
+
+def test_rule3n_near_tie_flips_alone_are_relaxed_verification():
+    v = decide_verdict([*quiet(), near_tie()])
+    assert v.verdict == VerdictKind.RELAXED_VERIFICATION and v.details["rule"] == "3n-greedy-near-tie"
+    assert "runner-up at near-ties 9 times" in v.reason and "at most 0.8" in v.reason
+    assert "0.44-nat band" in v.reason and "greedy-near-tie p_adj=" in v.reason
+    assert v.details["secondary_causes"] == []
+    # not significant after Holm → no 3n
+    assert decide_verdict([*quiet(), near_tie(p=0.02)]).details["rule"] != "3n-greedy-near-tie"
+
+
+def test_rule3n_yields_to_logprob_divergence_and_self_greedy():
+    lp = mk("logprob-divergence", 1e-20, n=2000, effect=0.01, ratio_to_floor=6.0, top1_agreement=0.95, m=5,
+            n_prompts=40, confident_flip_ratio=1.0, confident_flips=1, confident_flips_expected=1.0, n_confident=500)
+    v = decide_verdict([*replace(quiet(), lp), near_tie()])
+    assert v.verdict == VerdictKind.QUANTIZATION and v.details["rule"].startswith("2-")
+    assert "3n-greedy-near-tie" not in [c["rule"] for c in v.details["secondary_causes"]]
+    sg = mk("self-greedy", 1e-30, n=2000, statistic=50, r0=1e-3, band=0.2)
+    v = decide_verdict([*replace(quiet(), sg), near_tie()])
+    assert v.details["rule"] == "1-self-greedy"
+    f = {x["detector"]: x["implication"] for x in v.details["findings"]}
+    assert "explained by the provider's decode path" in f["greedy-near-tie"]
+    # greedy-match rejecting decides by rule 3
+    gm = mk("greedy-match", 1e-20, n=2000, statistic=80, effect=0.04, r0=1e-3, band=0.2)
+    assert decide_verdict([*replace(quiet(), gm), near_tie()]).details["rule"].startswith("3-greedy")
+
+
+def test_rule3n_becomes_a_secondary_cause_under_provider_failures():
+    v = decide_verdict([*quiet(), near_tie()], provider_failures={"failed": 10, "total": 20, "kinds": {"timeout": 10}})
+    assert v.verdict == VerdictKind.INCONCLUSIVE
+    assert [c["rule"] for c in v.details["secondary_causes"]] == ["3n-greedy-near-tie"]
+    assert v.details["secondary_causes"][0]["evidence"][0]["detector"] == "greedy-near-tie"

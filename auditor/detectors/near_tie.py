@@ -1,0 +1,149 @@
+"""Greedy near-tie detector (temperature 0): runner-up picks at near-ties beyond honest numeric noise.
+
+``greedy-match`` ignores every mismatch inside the noise floor's ``margin_band`` (nats) as numeric
+noise. A speculative-decoding implementation whose greedy verification accepts a non-argmax draft
+when the target's top-1/top-2 log-probability margin is small (the simulator's ``greedy-relaxed``
+profile: the runner-up accepted when log p1 − log p2 <= 0.5 nats; public reports of speculation
+changing greedy output show the same behaviour) changes *only* such near-ties, so it is invisible
+to that test. This test asks whether the provider flips near-ties more often than honest numeric
+noise can at each position's margin.
+
+Method. Positions: those of ``greedy-match`` (:func:`auditor.detectors.greedy.greedy_gaps`: T = 0,
+aligned token, reference row). At each, the reference's margin m = log p1 − log p2 (nats; rows
+without a finite second value are skipped) and whether the provider made a *near-tie flip*: a
+mismatch with the reference argmax whose gap (as ``greedy_gaps`` computes it) is <= the band. An
+honest variant flips the argmax at margin m only if its top-1/top-2 gap moves by |Δ| > m, so
+P_honest(flip at m) <= S(m) = P(|Δ| > m). The floor stores quantiles of |Δ| (levels 0.5, 0.9, 0.99,
+0.999, the maximum over honest variants: ``NoiseFloor.margin_delta_quantiles``); the conservative
+step bound is S(m) = 1 below q_0.5, 0.5 on [q_0.5, q_0.9), 0.1 on [q_0.9, q_0.99), 0.01 on
+[q_0.99, q_0.999) and MIN_HONEST_FLIP_BOUND at or above q_0.999. Tested positions: q_TEST_MIN_LEVEL
+<= m <= band (below q_0.9 the bound S >= 0.5 carries almost no information; above the band
+``greedy-match`` is the test). Statistic: k = near-tie flips among the n tested positions against
+μ = Σ S(m_i); p-value = P(X >= k), X ~ Poisson(μ) (``scipy.stats.poisson.sf(k − 1, μ)``).
+
+Why conservative: each S(m_i) bounds the honest flip probability from above (the step function lies
+above the |Δ| survival function at the quantile levels, |Δ| > m is necessary for a flip in either
+direction, the floor keeps the most lenient variant), and a Poisson with mean μ is more dispersed
+than the Poisson-binomial of independent trials with those means, so its upper tail is heavier.
+Effect: the near-tie flip rate k / n (Wilson 95% CI).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from .base import DetectorName, DetectorResult, EvidenceBatch, not_run
+from .greedy import greedy_gaps
+from .noise_floor import NoiseFloor
+from .stats import RngLike, wilson_ci
+
+__all__ = [
+    "MIN_HONEST_FLIP_BOUND",
+    "MIN_NEAR_TIE_POSITIONS",
+    "QUANTILE_LEVELS",
+    "TEST_MIN_LEVEL",
+    "greedy_near_tie",
+    "honest_flip_bound",
+]
+
+#: The |Δ margin| quantile levels the floor stores (``noise_floor._QUANTILES``), as its dict keys.
+QUANTILE_LEVELS = ("0.5", "0.9", "0.99", "0.999")
+#: S(m) at or above the 0.999 quantile: a floor, not 1e-3 — that quantile of the ~1,500 floor
+#: positions is itself noisy (about 1.5 positions beyond it), so the tail beyond it is not known to
+#: be thinner; twice the nominal level leaves room for that.
+MIN_HONEST_FLIP_BOUND = 2e-3
+#: Only margins at or above this |Δ| quantile level are tested (below it S(m) >= 0.5: no information).
+TEST_MIN_LEVEL = "0.9"
+#: Fewer tested positions than this → not run.
+MIN_NEAR_TIE_POSITIONS = 5
+
+# S(m) on [q_level, next quantile): the exceedance probability of the quantile's level
+_STEP = {"0.5": 0.5, "0.9": 0.1, "0.99": 0.01, "0.999": MIN_HONEST_FLIP_BOUND}
+
+
+def honest_flip_bound(margin: np.ndarray, quantiles: dict[str, float]) -> np.ndarray:
+    """The conservative step bound S(m) >= P_honest(|Δ| > m) for margins m [n] (nats).
+
+    Args:
+        margin: reference top-1/top-2 margins (nats).
+        quantiles: |Δ margin| quantiles by level (every key of QUANTILE_LEVELS).
+
+    Returns:
+        [n] float64: 1 below q_0.5, then 0.5, 0.1, 0.01 and MIN_HONEST_FLIP_BOUND from q_0.999 on.
+    """
+    s = np.ones(margin.shape, dtype=np.float64)
+    for level in QUANTILE_LEVELS:
+        s = np.where(margin >= float(quantiles[level]), _STEP[level], s)
+    return s
+
+
+def greedy_near_tie(
+    batch: EvidenceBatch,
+    floor: NoiseFloor | None = None,
+    *,
+    n_evidence: int = 10,
+    rng: RngLike = 0,
+    name: str = DetectorName.GREEDY_NEAR_TIE,
+) -> DetectorResult:
+    """Near-tie flips at T = 0 against the honest bound (see the module docstring; needs a reference
+    and a floor with ``margin_delta_quantiles``).
+
+    Args:
+        batch: evidence; uses the greedy positions of ``greedy-match``.
+        floor: noise floor (band and |Δ margin| quantiles, nats).
+        n_evidence: how many flipped positions to list (smallest bound first).
+        rng: unused (the test is deterministic); accepted for the registry's call signature.
+
+    Returns:
+        DetectorResult: statistic = k near-tie flips, p_value = Poisson upper tail P(X >= k | μ),
+        effect = k / n (near-tie flip rate at the tested positions, Wilson CI), n = tested positions,
+        details = {k, expected (μ), n_positions, bins [{lo, hi, bound, positions, flips, expected}],
+        band, quantiles, n_greedy}.
+    """
+    del rng
+    if not batch.has_reference:
+        return not_run(name, "no reference distribution available")
+    if floor is None:
+        return not_run(name, "no noise floor: the honest near-tie flip rate is unknown")
+    q = {k: float(v) for k, v in (floor.margin_delta_quantiles or {}).items()}
+    missing = [lv for lv in QUANTILE_LEVELS if lv not in q or not np.isfinite(q[lv])]
+    if missing:
+        return not_run(name, f"the noise floor has no margin_delta_quantiles at levels {missing}")
+    band = float(floor.margin_band)
+    idx, mismatch, gap = greedy_gaps(batch)
+    top = batch.reference().top_logprobs[idx]
+    margin = top[:, 0] - top[:, 1] if top.shape[1] >= 2 else np.full(idx.size, np.nan)
+    lo = q[TEST_MIN_LEVEL]
+    tested = np.isfinite(margin) & (margin >= lo) & (margin <= band)
+    n = int(tested.sum())
+    if n < MIN_NEAR_TIE_POSITIONS:
+        return not_run(name, f"too few near-tie positions ({n} < {MIN_NEAR_TIE_POSITIONS} greedy positions with "
+                       f"a reference margin in [{lo:.3g}, {band:.3g}] nats)", n=n, band=band, quantiles=q)
+    m = margin[tested]
+    flip = (mismatch & (gap <= band))[tested]
+    s = honest_flip_bound(m, q)
+    k, mu = int(flip.sum()), float(s.sum())
+    p = float(stats.poisson.sf(k - 1, mu)) if k > 0 else 1.0
+    levels = QUANTILE_LEVELS[QUANTILE_LEVELS.index(TEST_MIN_LEVEL):]
+    edges = [q[lv] for lv in levels] + [np.inf]
+    bins = []
+    for j, lv in enumerate(levels):
+        sel = (m >= edges[j]) & (m < edges[j + 1])
+        bins.append({"lo": edges[j], "hi": min(edges[j + 1], band), "bound": _STEP[lv], "positions": int(sel.sum()),
+                     "flips": int(flip[sel].sum()), "expected": float(s[sel].sum())})
+    rows = idx[tested]
+    evidence = [batch.evidence_row(int(rows[j]), margin=float(m[j]), gap=float(gap[tested][j]),
+                                   honest_bound=float(s[j]))
+                for j in np.flatnonzero(flip)[np.argsort(s[flip], kind="stable")][:n_evidence]]
+    return DetectorResult(
+        name=name,
+        statistic=float(k),
+        p_value=min(1.0, p),
+        effect=k / n,
+        effect_ci=wilson_ci(k, n),
+        n=n,
+        evidence=evidence,
+        details={"k": k, "expected": mu, "n_positions": n, "bins": bins, "band": band, "quantiles": q,
+                 "n_greedy": int(idx.size), "n_prompts": int(np.unique(batch.prompt_ids[rows]).size)},
+    )

@@ -1,0 +1,133 @@
+"""greedy-near-tie: calibrated under an honest numeric-noise null, powerful against greedy-relaxed verification
+(the runner-up accepted at near-ties), not run without the floor's |Δ margin| quantiles."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from scipy import stats
+
+from auditor.detectors import DETECTORS, DetectorName, EvidenceBatch, NoiseFloor, run_detectors
+from auditor.detectors.greedy import greedy_match
+from auditor.detectors.near_tie import MIN_HONEST_FLIP_BOUND, greedy_near_tie, honest_flip_bound
+from auditor.verdict import decide_verdict
+
+from .conftest import make_floor
+
+K = 5
+#: honest |Δ margin| ~ half-normal(SIGMA) (nats): its quantiles go into the floor, band = 1.5 x q_0.999
+SIGMA = 0.09
+LEVELS = (0.5, 0.9, 0.99, 0.999)
+QUANTILES = {str(a): float(SIGMA * stats.norm.ppf((1 + a) / 2)) for a in LEVELS}
+BAND = 1.5 * QUANTILES["0.999"]  # ~0.44 nats, SmolLM2-like
+
+
+def _floor(quantiles: dict[str, float] | None = None, band: float = BAND) -> NoiseFloor:
+    return NoiseFloor(model="synthetic", variants=["half-normal"], n_positions=1500, n_prompts=60, margin_band=band,
+                      margin_delta_quantiles=dict(QUANTILES if quantiles is None else quantiles),
+                      honest_flip_rate=0.0, clear_mismatch_rate=0.0, kl={})
+
+
+def _margins(rng, n: int, near_share: float = 0.15) -> np.ndarray:
+    """SmolLM2-like margins (nats): a share uniform below 0.5, the rest 0.5 + Exp(mean 3)."""
+    near = rng.random(n) < near_share
+    return np.where(near, rng.uniform(0, 0.5, n), 0.5 + rng.exponential(3.0, n))
+
+
+def _batch(rng, margin: np.ndarray, runner_up: np.ndarray, length: int = 30) -> EvidenceBatch:
+    """Greedy batch: reference rows with top-1/top-2 margin ``margin``; the provider emits the runner-up where
+    ``runner_up``, else the argmax."""
+    n = margin.size
+    lp = np.column_stack([np.zeros(n), -margin] + [-margin - 1.0 - j for j in range(K - 2)])
+    lp = lp - np.log(np.exp(lp).sum(1, keepdims=True))
+    tok = runner_up.astype(np.int64)
+    return EvidenceBatch.from_arrays(
+        prompt_ids=[f"p{i // length}" for i in range(n)], token_ids=tok, temperatures=0.0,
+        ref_top_ids=np.tile(np.arange(K), (n, 1)), ref_top_logprobs=lp, ref_token_logprobs=lp[np.arange(n), tok])
+
+
+def _honest(rng, n: int = 300) -> EvidenceBatch:
+    """H0, worst case for the test: the argmax flips whenever |Δ| > m (either sign), Δ from the floor's law."""
+    m = _margins(rng, n)
+    return _batch(rng, m, np.abs(rng.normal(0, SIGMA, n)) > m)
+
+
+def _relaxed(rng, n: int = 300, accept: float = 0.3, threshold: float = 0.5) -> EvidenceBatch:
+    """greedy-relaxed: at margins <= ``threshold`` the runner-up is emitted with probability ``accept`` (plus
+    honest flips)."""
+    m = _margins(rng, n)
+    return _batch(rng, m, (np.abs(rng.normal(0, SIGMA, n)) > m) | ((m <= threshold) & (rng.random(n) < accept)))
+
+
+def test_step_bound_lies_above_the_survival_function():
+    m = np.array([0.0, QUANTILES["0.5"], QUANTILES["0.9"] - 1e-9, QUANTILES["0.9"], QUANTILES["0.99"],
+                  QUANTILES["0.999"], 10.0])
+    s = honest_flip_bound(m, QUANTILES)
+    assert s.tolist() == [1.0, 0.5, 0.5, 0.1, 0.01, MIN_HONEST_FLIP_BOUND, MIN_HONEST_FLIP_BOUND]
+    grid = np.linspace(0, 1, 2001)
+    assert np.all(honest_flip_bound(grid, QUANTILES) >= 2 * stats.norm.sf(grid / SIGMA) - 1e-12)
+
+
+def test_p_values_are_super_uniform_under_honest_noise():
+    rng = np.random.default_rng(11)
+    f = _floor()
+    res = [greedy_near_tie(_honest(rng), f) for _ in range(500)]
+    assert all(r.ran for r in res)
+    ps = np.array([r.p_value for r in res])
+    for a in (0.05, 0.01):
+        assert (ps <= a).mean() <= a + 2.5 * np.sqrt(a * (1 - a) / ps.size), a
+    # and the honest flips are counted: the statistic is not trivially zero
+    assert np.mean([r.statistic for r in res]) > 0.2
+
+
+def test_greedy_relaxed_is_seen_at_300_positions_where_greedy_match_is_blind():
+    rng = np.random.default_rng(12)
+    f = _floor()
+    hits = blind = 0
+    for _ in range(200):
+        r = greedy_near_tie(_relaxed(rng), f)
+        hits += r.ran and r.p_value <= 0.01
+        # relaxed only inside the band: the clear-mismatch test sees nothing, this one still does
+        b = _relaxed(rng, threshold=BAND)
+        blind += greedy_match(b, f).p_value > 0.05 and greedy_near_tie(b, f).p_value <= 0.01
+    assert hits >= 0.9 * 200, hits
+    assert blind >= 0.85 * 200, blind
+
+
+def test_details_bins_and_evidence():
+    rng = np.random.default_rng(13)
+    r = greedy_near_tie(_relaxed(rng, n=600), _floor())
+    d = r.details
+    assert r.ran and r.name == "greedy-near-tie" and d["k"] == r.statistic and d["n_positions"] == r.n
+    assert [b["bound"] for b in d["bins"]] == [0.1, 0.01, MIN_HONEST_FLIP_BOUND]
+    assert sum(b["positions"] for b in d["bins"]) == r.n and sum(b["flips"] for b in d["bins"]) == d["k"]
+    assert abs(sum(b["expected"] for b in d["bins"]) - d["expected"]) < 1e-9
+    assert d["band"] == BAND and d["quantiles"] == QUANTILES
+    assert r.p_value == stats.poisson.sf(d["k"] - 1, d["expected"]) and r.effect == d["k"] / r.n
+    assert r.evidence and all(QUANTILES["0.9"] <= e["margin"] <= BAND for e in r.evidence)
+
+
+def test_not_run_without_floor_quantiles_or_positions():
+    rng = np.random.default_rng(14)
+    b = _relaxed(rng)
+    assert not greedy_near_tie(b, None).ran
+    r = greedy_near_tie(b, _floor(quantiles={}))
+    assert not r.ran and "margin_delta_quantiles" in (r.reason or "")
+    partial = {k: v for k, v in QUANTILES.items() if k != "0.999"}
+    assert not greedy_near_tie(b, _floor(quantiles=partial)).ran
+    few = _batch(rng, np.full(40, 3.0), np.zeros(40, bool))  # no margin inside the band
+    r = greedy_near_tie(few, _floor())
+    assert not r.ran and "too few near-tie positions" in (r.reason or "")
+
+
+def test_registry_entry_and_run_detectors():
+    s = DETECTORS[DetectorName.GREEDY_NEAR_TIE]
+    assert s.needs_reference and not s.needs_top_logprobs and s.power_family is None
+    assert s.causes[0] == "RELAXED_VERIFICATION"
+    rng = np.random.default_rng(15)
+    f = replace(make_floor(rng), margin_delta_quantiles=dict(QUANTILES), margin_band=BAND)
+    out = {r.name: r for r in run_detectors(_relaxed(rng, n=600), f)}
+    assert out["greedy-near-tie"].ran and out["greedy-near-tie"].p_value < 1e-3
+    v = decide_verdict(list(out.values()), floor=f)
+    assert v.verdict == "RELAXED_VERIFICATION" and v.details["rule"] == "3n-greedy-near-tie", v.reason
