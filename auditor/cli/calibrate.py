@@ -48,8 +48,8 @@ def register(app: typer.Typer) -> None:
             "default,precision,verification", "--suites",
             help="Probe mixes to calibrate, by suite name; the first is the primary one (all budgets, sequential).",
         ),
-        out: Path | None = typer.Option(
-            Path("docs"), "--out", help="Directory for calibration.json/.md/.png (empty string: do not write)."
+        out_arg: str = typer.Option(
+            "docs", "--out", help="Directory for calibration.json/.md/.png (empty string: do not write)."
         ),
         db: str | None = typer.Option(None, "--db", help=DB_HELP),
         store: bool = typer.Option(True, "--store/--no-store", help="Store the cells in calibration_results."),
@@ -96,6 +96,8 @@ def register(app: typer.Typer) -> None:
         """Detection benchmark: false-accusation rate and power per simulator profile and token budget."""
         from auditor import calibration as cal
 
+        # a str option: Path("") would read as "." and write into the working directory
+        out: Path | None = Path(out_arg) if out_arg.strip() else None
         if merge is not None:
             if out is None or not str(out):
                 fail("--merge needs --out DIR (where the joined files are written)")

@@ -53,3 +53,21 @@ def test_merge_refuses_mismatched_runs_and_missing_files(tmp_path: Path) -> None
         merge_outputs([tmp_path / "a", tmp_path / "b"])
     with pytest.raises(ValueError, match=r"lacks calibration\.json"):
         merge_outputs([tmp_path / "a", tmp_path / "nothing"])
+
+
+def test_cli_empty_out_means_no_output_not_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    """`--out ""` must not turn into Path("") == "." (the pool-building runs once wrote
+    calibration.* into the checkout's root that way)."""
+    from typer.testing import CliRunner
+
+    from auditor.cli import app
+
+    recs, meta = _committed()
+    write_record_files(recs, meta, tmp_path / "a")
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["calibrate", "--merge", str(tmp_path / "a"), "--out", ""])
+    assert res.exit_code != 0 and "--merge needs --out" in res.output, res.output
+    assert not list(tmp_path.glob("calibration.*"))
+    res = CliRunner().invoke(app, ["calibrate", "--merge", str(tmp_path / "a"), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "o" / "calibration.json").is_file()
