@@ -162,14 +162,15 @@ def _prompts(store: Store, run_id: str, n: int) -> list[str]:
     return out
 
 
-def _continuation(prompt: str, ref: ReferenceSetup, max_tokens: int) -> tuple[list[int], list[int], str]:
-    """(prompt ids, continuation ids, continuation text): greedy, cut before specials and to whole characters."""
+def _continuation(prompt: str, ref: ReferenceSetup, greedy: Any, max_tokens: int) -> tuple[list[int], list[int], str]:
+    """(prompt ids, continuation ids, continuation text): ``greedy`` (the reference backend's greedy
+    operation), cut before specials and to whole characters."""
     from probes.align import _byte_vocab
     from reference.scoring import encode_prompt
 
     bv = _byte_vocab(ref.tokenizer)
     pids = list(encode_prompt(ref.tokenizer, prompt, chat=False))
-    ids = list(_greedy_fn(ref)(pids, max_tokens, stop_at_eos=True))
+    ids = list(greedy(pids, max_tokens, stop_at_eos=True))
     cut = next((i for i, t in enumerate(ids) if not bv.id_bytes.get(int(t))), len(ids))
     ids = ids[:cut]
     while ids:
@@ -218,8 +219,9 @@ def run_reference_path(config: ProviderConfig, ref: ReferenceSetup, prompts: Seq
     k = min(REFERENCE_PATH_TOP, config.capabilities.max_top_logprobs)
     items: list[dict[str, Any]] = []
     bodies: list[dict[str, Any]] = []
+    greedy = _greedy_fn(ref)
     for p in prompts:
-        pids, cont, text = _continuation(p, ref, max_tokens)
+        pids, cont, text = _continuation(p, ref, greedy, max_tokens)
         if len(cont) < 2:
             continue
         body = {**config.extra_body, "model": config.model, "prompt": p + text, "echo": True, "logprobs": k,

@@ -98,7 +98,7 @@ def flip_cause(d: Mapping[str, Any], threshold: float) -> FlipCause:
     conf = _record("provider", "confident_flip_ratio", float(flip), threshold, obs, exp_, n_conf, d.get("sigma_hat"),
                    d.get("confident_flip_p"), prov_inf)
     why_not = d.get("reference_path_reason")
-    if rp is not None and not d.get("reference_path_reason"):
+    if rp is not None and not why_not:
         why_not = f"the reference-path (echo) test had too few confident positions ({r_n})"
     if why_not:
         conf["reference_path"] = why_not

@@ -35,7 +35,7 @@ from scipy import stats
 
 from .base import DetectorName, DetectorResult, EvidenceBatch, not_run
 from .greedy import greedy_gaps
-from .noise_floor import NoiseFloor
+from .noise_floor import _QUANTILES, NoiseFloor
 from .stats import RngLike, wilson_ci
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 #: The |Δ margin| quantile levels the floor stores (``noise_floor._QUANTILES``), as its dict keys.
-QUANTILE_LEVELS = ("0.5", "0.9", "0.99", "0.999")
+QUANTILE_LEVELS = tuple(str(q) for q in _QUANTILES)
 #: S(m) at or above the 0.999 quantile: a floor, not 1e-3 — that quantile of the ~1,500 floor
 #: positions is itself noisy (about 1.5 positions beyond it), so the tail beyond it is not known to
 #: be thinner; twice the nominal level leaves room for that.
