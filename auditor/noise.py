@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 #: Version of the floor method; part of the cache key (bump when the measurement changes).
-NOISE_METHOD = "nearest-honest-reference/2"  # 2: fixed k, seeded, key covers CPU + versions
+NOISE_METHOD = "nearest-honest-reference/3"  # 2: fixed k, seeded, key covers CPU + versions; 3: margin-gain survival
 #: Precisions the reference is teacher-forced in by default. One (float32) — see the module
 #: docstring: bf16 rounding is a noise *level* (bf16 vs bf16 on another computation path diverges
 #: as much as bf16 vs fp32), so a second, bf16 reference buys no separation and costs a second
@@ -250,9 +250,12 @@ def merge_floors(floors: Sequence[NoiseFloor]) -> NoiseFloor:
             if prev is None or rec.log_kl["mean"] > prev.log_kl["mean"]:
                 kl[m] = rec
     dq: dict[str, float] = {}
+    gs: dict[str, float] = {}
     for f in floors:
         for q, v in f.margin_delta_quantiles.items():
             dq[q] = max(dq.get(q, 0.0), float(v))
+        for g, v in f.margin_gain_survival.items():
+            gs[g] = max(gs.get(g, 0.0), float(v))
     base = floors[0]
     return NoiseFloor(
         model=base.model,
@@ -261,6 +264,7 @@ def merge_floors(floors: Sequence[NoiseFloor]) -> NoiseFloor:
         n_prompts=min(f.n_prompts for f in floors),
         margin_band=max(f.margin_band for f in floors),
         margin_delta_quantiles=dq,
+        margin_gain_survival=gs,
         honest_flip_rate=max(f.honest_flip_rate for f in floors),
         clear_mismatch_rate=max(f.clear_mismatch_rate for f in floors),
         kl=kl,

@@ -45,7 +45,8 @@ Verification
     5. **yes, at temperature 0 only** for a greedy-only audit (no acceptance test ran) that found
        nothing (no accusation, primary or secondary) and whose greedy-match ran with enough
        positions: greedy tokens match the reference argmax, which a lossy greedy verifier would
-       break; the evidence says that sampled verification was not tested.
+       break at clear margins; the evidence says that sampled verification was not tested, then which
+       verification classes the audit rules out (``greedy-relaxed`` through greedy-near-tie's power).
     6. **not tested** otherwise: no sampled tokens were tested (with the reasons), the served
        model differs from the reference so its sampling could not be compared with it, too few
        sampled positions (missing positions), or no power record.
@@ -403,7 +404,8 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
                 f"at temperature 0 only: greedy tokens match the reference argmax (greedy-match Holm-adjusted p = "
                 f"{fmt_p(_p_adj(d, 'greedy-match'))} on {_n(_det(d, 'greedy-match').get('n'))} positions, "
                 f"{_n(g.get('required_positions'))} needed for {_POWER} against {_target_meaning('greedy-match')}), which "
-                "a lossy greedy verifier would break; sampled verification was not tested (no sampling probes)"))
+                "a greedy verifier accepting non-argmax drafts at clear margins would break; sampled verification was "
+                "not tested (no sampling probes)") + _rules_out_note(d, "verification"))
         return _answer("verification", "not tested",
                        "no sampled tokens were tested (" + _why_not_run(d, ACCEPTANCE_DETECTORS) + ")")
     if fam is None:

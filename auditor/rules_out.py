@@ -41,7 +41,7 @@ from typing import Any, Literal
 from auditor.detectors import DETECTORS, MODES, PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
-from auditor.verdict_power import power_at, required_positions
+from auditor.verdict_power import power_at, required_positions, tokens_per_position
 
 __all__ = [
     "EFFECT_SIZES_PATH",
@@ -200,7 +200,9 @@ class RuleOut:
         n: positions that detector used.
         required_positions: positions that detector needs for RULE_OUT_POWER when it falls short
             (None: ruled out, not tested, or not reachable at any budget).
-        missing_positions: positions it still lacks (0 when ruled out; None when not reachable).
+        missing_positions: completion tokens of its mode it still lacks (0 when ruled out; None when not
+            reachable): the positions it lacks, times its tokens per position (greedy-near-tie tests only
+            the near-ties among the greedy tokens, :func:`auditor.verdict_power.tokens_per_position`).
         mode: that detector's probe mode (``greedy`` | ``logprob`` | ``sampling``).
     """
 
@@ -272,7 +274,9 @@ def rules_out(
         req = None if ok else required_positions(r, alpha_test=alpha_test, power=power, floor=floor, effect=eff)
         out.append(RuleOut(
             c.key, c.label, c.question, "ruled out" if ok else "not ruled out", ok, float(pw), det, eff, int(r.n),
-            required_positions=req, missing_positions=0 if ok else (max(0, req - r.n) if req is not None else None),
+            required_positions=req,
+            missing_positions=0 if ok else (math.ceil(max(0, req - r.n) * tokens_per_position(r)) if req is not None
+                                            else None),
             mode=str(MODES[det]),
         ))
     return out

@@ -44,8 +44,10 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    c. argmax over-emission rejects (tail intact or only partly thinned) → RELAXED_VERIFICATION.
    d. only the PIT (or a partial tail) rejects: RELAXED_VERIFICATION when the provider's logprobs
       are consistent with the reference or a self-test rejects (the samples do not follow the
-      distribution the provider reports) or the argmax excess is positive; otherwise
-      QUANTIZATION (the sampled distribution differs and nothing points at acceptance).
+      distribution the provider reports) or the argmax excess is positive; otherwise the sampled
+      distribution is another model's: SUBSTITUTION when rule 2's flip statistic, measured on the
+      sampled positions' reported top_logprobs (``sampling-gof`` ``details["sampled_path"]``), is
+      informative and above SUBSTITUTION_MIN_FLIP_RATIO, else QUANTIZATION.
 5. Nothing rejects → PASS when every power family that ran (POWER_FAMILIES: model = greedy-match
    or logprob-divergence; acceptance = sampling-/self-argmax; truncation = sampling-/self-tail;
    decode-path = self-greedy) has a detector with DEFAULT_POWER against its target effect
@@ -117,7 +119,7 @@ from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
-from auditor.verdict_cause import explained_by_decode_path, flip_cause, near_tie_reason
+from auditor.verdict_cause import explained_by_decode_path, flip_cause, near_tie_reason, sampled_flip_cause
 from auditor.verdict_power import (
     DEFAULT_POWER,
     POWER_FAMILIES,
@@ -658,11 +660,26 @@ def _sampling_cause(c: _Ctx, *, reference: bool, record_shape: bool = False) -> 
             "sampled tokens do not follow the distribution the provider reports "
             f"({_pstr(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position",
             "4d-relaxed", rej, _pstr(by, gof_names + tail_names))
-    return c.cause(
-        VerdictKind.QUANTIZATION,
-        f"sampled tokens do not follow the reference distribution ({_pstr(by, gof_names + tail_names)}) and no "
-        "logprobs were available to tell more; no over-emission of the argmax",
-        "4d-quantization", rej, _pstr(by, gof_names + tail_names))
+    return _sampled_model_cause(c, rej, _pstr(by, gof_names + tail_names))
+
+
+def _sampled_model_cause(c: _Ctx, rej: list[str], pstr: str) -> _Cause:
+    """Rule 4d when nothing points at acceptance: a quantized copy or a different model, decided by rule 2's
+    flip statistic on the sampled positions (:func:`auditor.verdict_cause.sampled_flip_cause`)."""
+    fc = sampled_flip_cause(c.by.get(DetectorName.SAMPLING_GOF), SUBSTITUTION_MIN_FLIP_RATIO)
+    if fc is None:
+        return c.cause(VerdictKind.QUANTIZATION, f"sampled tokens do not follow the reference distribution ({pstr}) "
+                       "and no logprobs were available to tell more; no over-emission of the argmax",
+                       "4d-quantization", rej, pstr)
+    if fc.confidence is not None:
+        c.details["cause_confidence"] = fc.confidence
+    if fc.substitution and fc.value is not None:
+        return c.cause(VerdictKind.SUBSTITUTION, f"sampled tokens do not follow the reference distribution ({pstr}), "
+                       f"and the provider's reported top_logprobs there disagree with the reference in a way "
+                       f"quantization does not explain: {fc.text}, {fc.value / SUBSTITUTION_MIN_FLIP_RATIO:.2g}x the "
+                       f"threshold — a different model", "4d-substitution", rej, pstr)
+    return c.cause(VerdictKind.QUANTIZATION, f"sampled tokens do not follow the reference distribution ({pstr}); no "
+                   f"over-emission of the argmax; {fc.text}", "4d-quantization", rej, pstr)
 
 
 def _sampling_tests(test: TestKind, *, reference: bool) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from auditor.detectors.base import DetectorName, DetectorResult
 
-__all__ = ["FlipCause", "explained_by_decode_path", "flip_cause", "near_tie_reason"]
+__all__ = ["FlipCause", "explained_by_decode_path", "flip_cause", "near_tie_reason", "sampled_flip_cause"]
 
 #: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
 _DECODE_PATH_EXPLAINS = (DetectorName.GREEDY_MATCH, DetectorName.GREEDY_HETEROGENEITY, DetectorName.GREEDY_NEAR_TIE)
@@ -108,6 +108,24 @@ def flip_cause(d: Mapping[str, Any], threshold: float) -> FlipCause:
                  "model: the cause between quantization and a different model is undetermined"
                  + (f": {why_not}" if why_not else ""))
     return FlipCause(float(flip) > threshold, float(flip), text, conf)
+
+
+def sampled_flip_cause(gof: DetectorResult | None, threshold: float) -> FlipCause | None:
+    """Rule 4d's flip evidence: the statistic of :func:`flip_cause` measured on the sampled positions' reported
+    top_logprobs (``sampling-gof`` ``details["sampled_path"]``, ``auditor.detectors.sampling.sampled_flip_stats``).
+
+    Returns None when ``sampling-gof`` did not run or recorded no such statistic (no provider top_logprobs);
+    else a FlipCause whose ``substitution`` also requires the statistic to be informative (enough confident
+    positions), with ``confidence["path"] == "sampled"``.
+    """
+    sp = (gof.details or {}).get("sampled_path") if gof is not None and gof.ran else None
+    if not isinstance(sp, Mapping):
+        return None
+    fc = flip_cause(sp, threshold)
+    conf = dict(fc.confidence, path="sampled") if fc.confidence is not None else None
+    informative = bool(conf is not None and conf.get("informative"))
+    return FlipCause(fc.substitution and informative, fc.value,
+                     fc.text.replace("provider's own continuations", "provider's own sampled continuations"), conf)
 
 
 def near_tie_reason(r: DetectorResult) -> str:

@@ -24,7 +24,8 @@ from auditor.detectors import DETECTORS, MODES, POWER_FAMILIES, POWER_TARGETS, T
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 
-__all__ = ["DEFAULT_POWER", "POWER_FAMILIES", "POWER_TARGETS", "power_at", "power_effect", "required_positions"]
+__all__ = ["DEFAULT_POWER", "POWER_FAMILIES", "POWER_TARGETS", "power_at", "power_effect", "required_positions",
+           "tokens_per_position"]
 
 DEFAULT_POWER = 0.8
 
@@ -69,6 +70,14 @@ def _tail_power(n: np.ndarray | int, tau: float, ratio: float, alpha: float) -> 
     return np.where(c >= 0, special.pdtr(np.maximum(c, 0), lam0 * max(ratio, 0.0)), 0.0)
 
 
+def _near_tie_power(n: np.ndarray | int, bound: float, r1: float, alpha: float) -> np.ndarray:
+    """Power of greedy-near-tie's Poisson test (k flips vs Poisson(n · bound), level alpha) when the
+    tested positions flip at rate r1: P(Bin(n, r1) >= c), c the smallest k with P(X >= k | H0) <= alpha."""
+    n = np.asarray(n)
+    c = stats.poisson.isf(alpha, n * bound) + 1
+    return np.asarray(stats.binom.sf(c - 1, n, r1))
+
+
 def _invert(pw, power: float, n_max: int = 1_000_000, guess: float | None = None) -> int | None:
     """Smallest n in [1, n_max] with ``pw(n) >= power`` (``pw`` vectorised over integer n; assumed
     to grow with n up to the discreteness of exact tests): the first crossing on a geometric grid
@@ -111,12 +120,14 @@ class _PowerModel:
             between-prompt components at the audit's positions per prompt; ARGMAX: mean p(1−p)).
         r0: honest clear-mismatch rate (CLEAR_MISMATCH).
         tau: mean tail mass per position (TAIL).
+        bound: mean honest flip bound per tested position, μ / n (NEAR_TIE).
     """
 
     test: TestKind
     var: float = 0.0
     r0: float = 0.0
     tau: float = 0.0
+    bound: float = 0.0
 
     def power(self, n: np.ndarray | int, effect: float, alpha_test: float) -> np.ndarray:
         """Power at n positions against ``effect`` (the unit of the detector's ``PowerTarget``)."""
@@ -129,6 +140,8 @@ class _PowerModel:
             return np.asarray(special.ndtr(np.sqrt(n) * shift / math.sqrt(self.var) - za))
         if self.test == TestKind.ARGMAX:
             return np.asarray(special.ndtr(np.sqrt(n) * effect / math.sqrt(self.var) - za))
+        if self.test == TestKind.NEAR_TIE:
+            return _near_tie_power(n.astype(np.int64), self.bound, min(max(effect, 0.0), 1.0), alpha_test)
         return _tail_power(n, self.tau, effect, alpha_test)
 
     def _guess(self, effect: float, za: float, zb: float) -> float | None:
@@ -136,6 +149,10 @@ class _PowerModel:
         if self.test == TestKind.CLEAR_MISMATCH:
             r0, r1 = self.r0, min(effect, 1.0)
             sd = za * math.sqrt(r0 * (1 - r0)) + zb * math.sqrt(r1 * (1 - r1))
+            return (sd / (r1 - r0)) ** 2 if r1 > r0 else None
+        if self.test == TestKind.NEAR_TIE:
+            r0, r1 = self.bound, min(effect, 1.0)
+            sd = za * math.sqrt(r0) + zb * math.sqrt(r1 * (1 - r1))
             return (sd / (r1 - r0)) ** 2 if r1 > r0 else None
         if self.test == TestKind.TAIL and 0 < effect < 1:
             sd = za * math.sqrt(self.tau) + zb * math.sqrt(self.tau * effect)
@@ -157,6 +174,8 @@ class _PowerModel:
         if self.test == TestKind.TAIL and effect <= 0:
             return math.ceil(-math.log(alpha_test) / self.tau)  # a missing tail: P(no tail | H0) <= alpha
         if self.test == TestKind.CLEAR_MISMATCH and effect <= self.r0:
+            return None
+        if self.test == TestKind.NEAR_TIE and effect <= self.bound:
             return None
         if self.test == TestKind.TAIL and effect >= 1:
             return None
@@ -191,7 +210,22 @@ def _power_model(result: DetectorResult, floor: NoiseFloor | None) -> _PowerMode
     if test == TestKind.TAIL:
         tau = float(d.get("mean_tail_mass", 0.0) or 0.0)
         return _PowerModel(test, tau=tau) if tau > 0 else None
+    if test == TestKind.NEAR_TIE:
+        bound = d.get("mean_bound")
+        if bound is None and result.n > 0 and d.get("expected") is not None:
+            bound = float(d["expected"]) / result.n
+        return _PowerModel(test, bound=float(bound)) if bound is not None and 0 < float(bound) < 1 else None
     return None
+
+
+def tokens_per_position(result: DetectorResult) -> float:
+    """Completion tokens per position of ``result``'s statistic: 1 for tests on every position of their
+    mode; greedy-near-tie tests only the near-ties among its greedy positions (n_greedy / n), so the
+    positions it still lacks cost that many greedy tokens each."""
+    d = result.details or {}
+    if _powered(result.name) is not None and DETECTORS[result.name].test == TestKind.NEAR_TIE and result.n > 0:
+        return max(1.0, float(d.get("n_greedy", result.n)) / result.n)
+    return 1.0
 
 
 def required_positions(

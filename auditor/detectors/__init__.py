@@ -111,7 +111,7 @@ class TestKind(StrEnum):
     ARGMAX = "argmax"  # Poisson-binomial argmax over-emission (sampling.py)
     TAIL = "tail"  # Poisson-binomial tail deficit (sampling.py)
     SCAN = "scan"  # per-request exact binomial, Šidák over requests (heterogeneity.py); no power target
-    NEAR_TIE = "near-tie"  # Poisson tail of near-tie flips vs the honest |Δ margin| bound (near_tie.py); no power target
+    NEAR_TIE = "near-tie"  # Poisson tail of near-tie flips vs the honest flip bound (near_tie.py); no power family
 
 
 class PowerFamily(StrEnum):
@@ -153,10 +153,14 @@ _ARGMAX_EXCESS = PowerTarget(
 _TAIL_RATIO = PowerTarget(
     "tail_ratio", 0.0, "observed / expected tail emissions", "the tail entirely missing (truncation)"
 )
+_NEAR_TIE_FLIPS = PowerTarget(
+    "near_tie_flip_rate", 0.1, "near-tie flips per tested near-tie position",
+    "one in ten near-ties flipped to the runner-up (greedy-relaxed verification)"
+)
 
 #: Target effects by key (read by the verdict's power check): key → value.
 POWER_TARGETS: Mapping[str, float] = MappingProxyType(
-    {t.key: t.value for t in (_CLEAR_MISMATCH, _KL_RATIO, _ARGMAX_EXCESS, _TAIL_RATIO)}
+    {t.key: t.value for t in (_CLEAR_MISMATCH, _KL_RATIO, _ARGMAX_EXCESS, _TAIL_RATIO, _NEAR_TIE_FLIPS)}
 )
 
 #: A detector: (batch, floor, *, rng, ...) → DetectorResult.
@@ -185,8 +189,9 @@ class DetectorSpec:
         implication: short cause-naming phrase for ``Verdict.details["findings"]``.
         finding: one sentence for reports (``auditor.report``).
         power_family: its family in the PASS/INCONCLUSIVE power check, None when it has none
-            (the omnibus PIT tests).
-        power_target: the target effect of that check, None when the family has none.
+            (the omnibus PIT tests, the per-request scan, the near-tie test).
+        power_target: the target effect of that check (and of the rules-out power model: the near-tie test has
+            a target without a family), None when the detector has no power calculation.
     """
 
     name: DetectorName
@@ -362,7 +367,7 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                         "honest numeric noise can flip them: its greedy (speculative) verification accepts "
                         "non-argmax drafts",
                 power_family=None,
-                power_target=None,
+                power_target=_NEAR_TIE_FLIPS,
             ),
         )
     }

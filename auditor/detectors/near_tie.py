@@ -11,21 +11,33 @@ noise can at each position's margin.
 Method. Positions: those of ``greedy-match`` (:func:`auditor.detectors.greedy.greedy_gaps`: T = 0,
 aligned token, reference row). At each, the reference's margin m = log p1 − log p2 (nats; rows
 without a finite second value are skipped) and whether the provider made a *near-tie flip*: a
-mismatch with the reference argmax whose gap (as ``greedy_gaps`` computes it) is <= the band. An
-honest variant flips the argmax at margin m only if its top-1/top-2 gap moves by |Δ| > m, so
-P_honest(flip at m) <= S(m) = P(|Δ| > m). The floor stores quantiles of |Δ| (levels 0.5, 0.9, 0.99,
-0.999, the maximum over honest variants: ``NoiseFloor.margin_delta_quantiles``); the conservative
-step bound is S(m) = 1 below q_0.5, 0.5 on [q_0.5, q_0.9), 0.1 on [q_0.9, q_0.99), 0.01 on
-[q_0.99, q_0.999) and MIN_HONEST_FLIP_BOUND at or above q_0.999. Tested positions: q_TEST_MIN_LEVEL
-<= m <= band (below q_0.9 the bound S >= 0.5 carries almost no information; above the band
-``greedy-match`` is the test). Statistic: k = near-tie flips among the n tested positions against
-μ = Σ S(m_i); p-value = P(X >= k), X ~ Poisson(μ) (``scipy.stats.poisson.sf(k − 1, μ)``).
+mismatch with the reference argmax whose gap (as ``greedy_gaps`` computes it) is <= the band.
 
-Why conservative: each S(m_i) bounds the honest flip probability from above (the step function lies
-above the |Δ| survival function at the quantile levels, |Δ| > m is necessary for a flip in either
-direction, the floor keeps the most lenient variant), and a Poisson with mean μ is more dispersed
-than the Poisson-binomial of independent trials with those means, so its upper tail is heavier.
-Effect: the near-tie flip rate k / n (Wilson 95% CI).
+Honest bound S(m) >= P_honest(flip at margin m), from the floor:
+
+- **gain survival** (floors with ``NoiseFloor.margin_gain_survival``, noise method 3): an honest
+  variant emits a competitor j instead of the reference top-1 only if j's log-prob gain over the
+  top-1 under the variant exceeds j's reference gap, itself >= m; the floor measured the largest such
+  gain D per position (every competitor inside the band) and stores (#{D > g} + 1) / (N + 1) on a
+  grid g of GAIN_GRID_STEP nats. S(m) = that value at the largest grid point <= m (the survival is
+  non-increasing, so this lies above P(D > m)). One-sided and competitor-complete, it is tighter
+  than the quantile bound (about half of |Δ| exceedances are gains, and it is not a step at four
+  levels) and never 0 (1 / (N + 1) beyond the largest gain measured).
+- **quantile step** (older floors): quantiles of |Δ| (levels 0.5, 0.9, 0.99, 0.999, the maximum
+  over honest variants: ``NoiseFloor.margin_delta_quantiles``); S(m) = 1 below q_0.5, 0.5 on
+  [q_0.5, q_0.9), 0.1 on [q_0.9, q_0.99), 0.01 on [q_0.99, q_0.999) and MIN_HONEST_FLIP_BOUND at or
+  above q_0.999.
+
+Tested positions: m <= band (above it ``greedy-match`` is the test) and S(m) <= MAX_TESTED_BOUND
+(below that margin a flip carries almost no information). Statistic: k = near-tie flips among the
+n tested positions against μ = Σ S(m_i); p-value = P(X >= k), X ~ Poisson(μ)
+(``scipy.stats.poisson.sf(k − 1, μ)``).
+
+Why conservative: each S(m_i) bounds the honest flip probability from above, the floor keeps the
+most lenient variant, and a Poisson with mean μ is more dispersed than the Poisson-binomial of
+independent trials with those means, so its upper tail is heavier.
+Effect: the near-tie flip rate k / n (Wilson 95% CI); power model: ``auditor.verdict_power``
+(exact Poisson test at the audit's mean bound μ / n against a flip rate r1 per tested position).
 """
 
 from __future__ import annotations
@@ -35,14 +47,15 @@ from scipy import stats
 
 from .base import DetectorName, DetectorResult, EvidenceBatch, not_run
 from .greedy import greedy_gaps
-from .noise_floor import _QUANTILES, NoiseFloor
+from .noise_floor import _QUANTILES, GAIN_GRID_STEP, NoiseFloor, gain_grid_key
 from .stats import RngLike, wilson_ci
 
 __all__ = [
+    "MAX_TESTED_BOUND",
     "MIN_HONEST_FLIP_BOUND",
     "MIN_NEAR_TIE_POSITIONS",
     "QUANTILE_LEVELS",
-    "TEST_MIN_LEVEL",
+    "gain_flip_bound",
     "greedy_near_tie",
     "honest_flip_bound",
 ]
@@ -53,8 +66,8 @@ QUANTILE_LEVELS = tuple(str(q) for q in _QUANTILES)
 #: positions is itself noisy (about 1.5 positions beyond it), so the tail beyond it is not known to
 #: be thinner; twice the nominal level leaves room for that.
 MIN_HONEST_FLIP_BOUND = 2e-3
-#: Only margins at or above this |Δ| quantile level are tested (below it S(m) >= 0.5: no information).
-TEST_MIN_LEVEL = "0.9"
+#: Positions whose honest bound S(m) exceeds this are not tested (the quantile step bound's q_0.9 cut).
+MAX_TESTED_BOUND = 0.1
 #: Fewer tested positions than this → not run.
 MIN_NEAR_TIE_POSITIONS = 5
 
@@ -76,6 +89,23 @@ def honest_flip_bound(margin: np.ndarray, quantiles: dict[str, float]) -> np.nda
     for level in QUANTILE_LEVELS:
         s = np.where(margin >= float(quantiles[level]), _STEP[level], s)
     return s
+
+
+def gain_flip_bound(margin: np.ndarray, survival: dict[str, float]) -> np.ndarray:
+    """The gain-survival bound S(m) >= P_honest(flip at margin m) for margins m [n] (nats).
+
+    Args:
+        margin: reference top-1/top-2 margins (nats), >= 0.
+        survival: ``NoiseFloor.margin_gain_survival`` (grid key → conservative P(D > g)).
+
+    Returns:
+        [n] float64: the survival at the largest grid point <= m; 1 below the grid, the last grid
+        value beyond it (the grid reaches the band, and only margins <= band are tested).
+    """
+    grid = np.array(sorted(float(k) for k in survival))
+    vals = np.array([float(survival[gain_grid_key(g)]) for g in grid])
+    j = np.searchsorted(grid, np.asarray(margin, np.float64), side="right") - 1
+    return np.where(j >= 0, vals[np.clip(j, 0, grid.size - 1)], 1.0)
 
 
 def greedy_near_tie(
@@ -107,30 +137,38 @@ def greedy_near_tie(
     if floor is None:
         return not_run(name, "no noise floor: the honest near-tie flip rate is unknown")
     q = {k: float(v) for k, v in (floor.margin_delta_quantiles or {}).items()}
-    missing = [lv for lv in QUANTILE_LEVELS if lv not in q or not np.isfinite(q[lv])]
-    if missing:
-        return not_run(name, f"the noise floor has no margin_delta_quantiles at levels {missing}")
+    survival = dict(floor.margin_gain_survival or {})
+    method = "gain-survival" if survival else "quantile-step"
+    if not survival:
+        missing = [lv for lv in QUANTILE_LEVELS if lv not in q or not np.isfinite(q[lv])]
+        if missing:
+            return not_run(name, f"the noise floor has no margin_gain_survival and no margin_delta_quantiles at "
+                           f"levels {missing}")
     band = float(floor.margin_band)
     idx, mismatch, gap = greedy_gaps(batch)
     top = batch.reference().top_logprobs[idx]
     margin = top[:, 0] - top[:, 1] if top.shape[1] >= 2 else np.full(idx.size, np.nan)
-    lo = q[TEST_MIN_LEVEL]
-    tested = np.isfinite(margin) & (margin >= lo) & (margin <= band)
+    finite = np.isfinite(margin)
+    bound = np.ones(margin.shape)
+    bound[finite] = (gain_flip_bound(margin[finite], survival) if survival
+                     else honest_flip_bound(margin[finite], q))
+    tested = finite & (bound <= MAX_TESTED_BOUND) & (margin <= band)
     n = int(tested.sum())
+    lo = float(margin[tested].min()) if n else float("nan")
     if n < MIN_NEAR_TIE_POSITIONS:
         return not_run(name, f"too few near-tie positions ({n} < {MIN_NEAR_TIE_POSITIONS} greedy positions with "
-                       f"a reference margin in [{lo:.3g}, {band:.3g}] nats)", n=n, band=band, quantiles=q)
+                       f"a reference margin <= the band {band:.3g} nats and an honest flip bound <= "
+                       f"{MAX_TESTED_BOUND})", n=n, band=band, quantiles=q, method=method)
     m = margin[tested]
     flip = (mismatch & (gap <= band))[tested]
-    s = honest_flip_bound(m, q)
+    s = bound[tested]
     k, mu = int(flip.sum()), float(s.sum())
     p = float(stats.poisson.sf(k - 1, mu)) if k > 0 else 1.0
-    levels = QUANTILE_LEVELS[QUANTILE_LEVELS.index(TEST_MIN_LEVEL):]
-    edges = [q[lv] for lv in levels] + [np.inf]
     bins = []
-    for j, lv in enumerate(levels):
-        sel = (m >= edges[j]) & (m < edges[j + 1])
-        bins.append({"lo": edges[j], "hi": min(edges[j + 1], band), "bound": _STEP[lv], "positions": int(sel.sum()),
+    for b_hi, b_lo in zip((MAX_TESTED_BOUND, 0.03, 0.01), (0.03, 0.01, 0.0), strict=True):
+        sel = (s <= b_hi) & (s > b_lo)
+        bins.append({"bound_lo": b_lo, "bound_hi": b_hi, "lo": float(m[sel].min()) if sel.any() else None,
+                     "hi": float(m[sel].max()) if sel.any() else None, "positions": int(sel.sum()),
                      "flips": int(flip[sel].sum()), "expected": float(s[sel].sum())})
     rows = idx[tested]
     evidence = [batch.evidence_row(int(rows[j]), margin=float(m[j]), gap=float(gap[tested][j]),
@@ -144,6 +182,7 @@ def greedy_near_tie(
         effect_ci=wilson_ci(k, n),
         n=n,
         evidence=evidence,
-        details={"k": k, "expected": mu, "n_positions": n, "bins": bins, "band": band, "quantiles": q,
+        details={"k": k, "expected": mu, "mean_bound": mu / n, "n_positions": n, "bins": bins, "band": band,
+                 "quantiles": q, "method": method, "min_tested_margin": lo, "grid_step": GAIN_GRID_STEP,
                  "n_greedy": int(idx.size), "n_prompts": int(np.unique(batch.prompt_ids[rows]).size)},
     )

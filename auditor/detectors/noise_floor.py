@@ -12,6 +12,15 @@ What it records:
   log-probabilities differ by less than the band may honestly swap places; a mismatch with a larger
   gap is "clear". Band = max(MIN_MARGIN_BAND, BAND_SAFETY × the ``band_quantile`` quantile of
   |Δ(logp1 − logp2)|), the change of the reference's top-1/top-2 gap under the honest variant.
+- ``margin_gain_survival`` (the near-tie test's honest bound, ``near_tie.py``): per grid margin m
+  (keys ``f"{m:.2f}"``, step :data:`GAIN_GRID_STEP` nats, up to the band), the conservative
+  exceedance estimate (#{D > m} + 1) / (N + 1) of D, the largest gain of any competitor j within the
+  band over the reference top-1 under the honest variant:
+  D = max_j [(h_j − h_top1) − (r_j − r_top1)] (log-probs, j = the reference top-2 and every token
+  whose reference gap r_top1 − r_j <= band). An honest variant can emit j instead of the top-1 only
+  if that gain exceeds j's gap (>= the position's margin m), so P_honest(flip at margin m) <= P(D > m);
+  the +1 is the exact exceedance of an exchangeable new draw beyond the sample's order statistics
+  (never 0, 1 / (N + 1) beyond the largest D). Max over variants.
 - ``clear_mismatch_rate``: the fraction of positions at which an honest variant's argmax differs
   from the reference's by more than the band (the honest rate the greedy tests test against).
 - ``kl[M]``: for a provider listing its top-M alternatives, the per-position bucketed
@@ -36,11 +45,13 @@ __all__ = [
     "BAND_SAFETY",
     "DEFAULT_MARGIN_BAND",
     "DEFAULT_TOP_M",
+    "GAIN_GRID_STEP",
     "LOG_KL_EPS",
     "MIN_MARGIN_BAND",
     "KLFloor",
     "NoiseFloor",
     "compute_noise_floor",
+    "gain_grid_key",
 ]
 
 #: y = log(KL + LOG_KL_EPS) (nats) is the per-position statistic of the logprob test.
@@ -55,6 +66,15 @@ BAND_SAFETY = 1.5
 DEFAULT_TOP_M = (1, 2, 3, 5, 10, 20)
 
 _QUANTILES = (0.5, 0.9, 0.99, 0.999)
+#: Grid step (nats) of ``NoiseFloor.margin_gain_survival``.
+GAIN_GRID_STEP = 0.01
+#: Competitors of the reference top-1 whose gain the survival measures: its next K tokens.
+GAIN_COMPETITORS = 63
+
+
+def gain_grid_key(m: float) -> str:
+    """The ``margin_gain_survival`` key of grid margin m (nats): ``f"{m:.2f}"``."""
+    return f"{m:.2f}"
 
 
 @dataclass
@@ -94,6 +114,9 @@ class NoiseFloor:
         n_positions, n_prompts: sample size behind it.
         margin_band: greedy near-tie band (nats).
         margin_delta_quantiles: quantiles of |Δ(logp1 − logp2)| (nats), max over variants.
+        margin_gain_survival: grid margin (``gain_grid_key``, nats) → conservative P(D > m) of the
+            largest competitor gain D (module docstring), max over variants; {} in floors measured
+            before it existed (the near-tie test then uses the quantile step bound).
         honest_flip_rate: fraction of positions whose honest argmax differs from the reference's.
         clear_mismatch_rate: fraction whose honest argmax differs by a gap above the band.
         kl: {str(M): KLFloor}.
@@ -112,6 +135,7 @@ class NoiseFloor:
     kl: dict[str, KLFloor]
     eps: float = LOG_KL_EPS
     meta: dict[str, Any] = field(default_factory=dict)
+    margin_gain_survival: dict[str, float] = field(default_factory=dict)
 
     # -------------------------------------------------------------- queries
     def available_m(self) -> list[int]:
@@ -170,6 +194,7 @@ class NoiseFloor:
             kl=kl,
             eps=float(d.get("eps", LOG_KL_EPS)),
             meta=dict(d.get("meta") or {}),
+            margin_gain_survival={str(k): float(v) for k, v in (d.get("margin_gain_survival") or {}).items()},
         )
 
     def to_json(self) -> str:
@@ -267,10 +292,12 @@ def compute_noise_floor(
     ref_top2 = _top_m(ref_lp, 2)
     rows = np.arange(n)
     ref_margin = ref_lp[rows, ref_top2[:, 0]] - ref_lp[rows, ref_top2[:, 1]]
+    ref_top = _top_m(ref_lp, GAIN_COMPETITORS + 1)  # [N, K+1] the top-1 and its competitors
 
     band_raw = 0.0
     dq: dict[str, float] = {}
     per_variant_flip: list[tuple[np.ndarray, np.ndarray]] = []
+    lifts: list[np.ndarray] = []  # per variant [N, V]: gain of each token over the reference top-1
     kl_by_m: dict[str, KLFloor] = {}
     for name, hv in zip(names, variants, strict=True):
         h = np.asarray(hv)
@@ -291,6 +318,7 @@ def compute_noise_floor(
         band_raw = max(band_raw, float(qs[0]))
         for q, val in zip(_QUANTILES, qs[1:], strict=True):
             dq[str(q)] = max(dq.get(str(q), 0.0), float(val))
+        lifts.append(h_lp[rows[:, None], ref_top] - h_lp[rows, ref_top2[:, 0]][:, None])
         h_arg = h_lp.argmax(1)
         flip = h_arg != ref_top2[:, 0]
         gap = ref_lp[rows, ref_top2[:, 0]] - ref_lp[rows, h_arg]
@@ -323,6 +351,7 @@ def compute_noise_floor(
             if prev is None or rec.log_kl["mean"] > prev.log_kl["mean"]:
                 kl_by_m[str(m)] = rec
     band = max(MIN_MARGIN_BAND, band_safety * band_raw)
+    gain_survival = _gain_survival(lifts, ref_lp[rows[:, None], ref_top], band)
     flip_rate = max(float(f.mean()) for f, _ in per_variant_flip)
     clear_rate = max(float((f & (g > band)).mean()) for f, g in per_variant_flip)
     return NoiseFloor(
@@ -337,4 +366,33 @@ def compute_noise_floor(
         kl=kl_by_m,
         eps=LOG_KL_EPS,
         meta=dict(meta or {}),
+        margin_gain_survival=gain_survival,
     )
+
+
+def _gain_survival(lifts: Sequence[np.ndarray], ref_top_lp: np.ndarray, band: float) -> dict[str, float]:
+    """``margin_gain_survival`` (module docstring).
+
+    Args:
+        lifts: per variant [N, K+1] honest log-probs of the reference's top-(K+1) tokens minus the
+            honest log-prob of the reference top-1 (column 0 is 0).
+        ref_top_lp: [N, K+1] the reference's own top-(K+1) log-probs, descending.
+        band: the near-tie band (nats).
+
+    Competitors per position: the reference top-2 and every other of its top-(K+1) with reference
+    gap <= band (beyond K tokens inside the band the gain of the rest is not measured; K = 63).
+    Grid 0, GAIN_GRID_STEP, ... up to the band, max over variants.
+    """
+    n = ref_top_lp.shape[0]
+    gap = ref_top_lp[:, :1] - ref_top_lp  # [N, K+1] >= 0
+    comp = gap <= band
+    comp[:, 0] = False
+    comp[:, 1] = True
+    grid = np.arange(0.0, band + GAIN_GRID_STEP, GAIN_GRID_STEP)
+    out = np.zeros(grid.size)
+    for lift in lifts:
+        gain = np.nan_to_num(lift + gap, nan=-np.inf)  # (h_j − h_1) − (r_j − r_1)
+        d = np.where(comp, gain, -np.inf).max(1)
+        exceed = (d[None, :] > grid[:, None]).sum(1)
+        out = np.maximum(out, (exceed + 1) / (n + 1))
+    return {gain_grid_key(float(m)): float(s) for m, s in zip(grid, out, strict=True)}

@@ -41,6 +41,7 @@ from scipy import stats
 from scipy.special import logsumexp
 
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
+from .logprob import margin_flip_stats
 from .noise_floor import NoiseFloor
 from .stats import RngLike, garwood_ci, poisson_binomial_test, randomized_pit
 
@@ -427,9 +428,37 @@ def sampling_gof(
     if not batch.has_reference:
         return not_run(name, "no reference distribution available")
     view = reference_view(batch)
-    return _too_few(name, view, "with a reference") or gof_result(
-        batch, view, name, rng, n_evidence
-    )
+    few = _too_few(name, view, "with a reference")
+    if few is not None:
+        return few
+    r = gof_result(batch, view, name, rng, n_evidence)
+    flips = sampled_flip_stats(batch, view.idx)
+    if flips is not None:
+        r.details["sampled_path"] = flips
+    return r
+
+
+def sampled_flip_stats(batch: EvidenceBatch, idx: np.ndarray) -> dict[str, Any] | None:
+    """The margin-conditioned flip statistic (:func:`auditor.detectors.logprob.margin_flip_stats`) at sampled
+    positions ``idx`` [n] where the provider listed >= 2 trusted top_logprobs: a cause feature of the
+    verdict's rule 4d (quantized copy vs different model) for audits whose only evidence is sampled.
+
+    The statistic scales itself (σ̂ from the audit's own provider − reference log-prob differences), so
+    unlike the KL test it needs no floor measured at sampled prefixes. Returns the stats plus
+    ``n_positions``, or None when no such position exists.
+    """
+    idx = np.asarray(idx, np.int64)
+    if idx.size == 0 or batch.provider_top_ids.shape[1] < 2:
+        return None
+    ok = batch.provider_trusted[idx] & (batch.provider_listed[idx] >= 2)
+    use = idx[ok]
+    if use.size < MIN_POSITIONS:
+        return None
+    ref = batch.reference()
+    out = margin_flip_stats(ref.top_logprobs[use], ref.top_ids[use, 0], batch.provider_top_ids[use, 0],
+                            batch.provider_top_logprobs[use], ref.at_provider_top[use])
+    out["n_positions"] = int(use.size)
+    return out
 
 
 def sampling_argmax(

@@ -108,8 +108,15 @@ def test_pass_greedy_only_verification_holds_at_temperature_zero_only() -> None:
     p, v = answers("PASS", details(sampling=False))
     assert p.answer == "yes"
     assert v.answer == "yes"
-    assert v.evidence.startswith("at temperature 0 only") and "lossy greedy verifier" in v.evidence
+    assert v.evidence.startswith("at temperature 0 only") and "non-argmax drafts at clear margins" in v.evidence
     assert "sampled verification was not tested" in v.evidence
+    # the greedy-relaxed class (near-ties only) is stated through greedy-near-tie's rules-out record
+    d = details(sampling=False)
+    d["rules_out"] = [{"key": "greedy-relaxed", "label": "greedy acceptance of near-tie runner-ups",
+                       "question": "verification", "status": "ruled out", "ruled_out": True, "power": 0.99,
+                       "detector": "greedy-near-tie", "n": 120}]
+    _, v2 = answers("PASS", d)
+    assert v2.answer == "yes" and "rules out greedy acceptance of near-tie runner-ups" in v2.evidence
 
 
 def test_greedy_only_with_too_few_greedy_positions_is_not_tested() -> None:

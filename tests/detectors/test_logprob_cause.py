@@ -199,3 +199,23 @@ def test_rule2_without_reference_path_keeps_the_old_behaviour_and_says_why_undet
     assert v.verdict == VerdictKind.QUANTIZATION
     assert ("the cause between quantization and a different model is undetermined: the provider does not return "
             "echo logprobs") in v.reason
+
+
+@pytest.mark.parametrize(("swap", "substitute"), [(0.0, False), (0.25, True)])
+def test_sampling_gof_records_the_statistic_on_sampled_positions(synth, swap, substitute):
+    """Rule 4d's cause feature: at T = 1 the logprob test does not run (its floor is measured at greedy
+    prefixes), so sampling-gof carries the self-scaled flip statistic of the sampled positions."""
+    from auditor.detectors.sampling import sampling_gof
+
+    rng = np.random.default_rng(5)
+    g, L = 30, 20
+    ref, prov = rows(n=g * L, V=synth.V, sigma=0.3, swap=swap, seed=6)
+    tokens = np.array([rng.choice(synth.V, p=np.exp(row)) for row in prov])
+    b = synth.make_batch(rng, ref, prov, tokens, 1.0, synth.prompt_labels(g, L), m_provider=5)
+    r = sampling_gof(b)
+    sp = r.details["sampled_path"]
+    assert r.ran and sp["n_positions"] == g * L
+    assert (sp["confident_flip_ratio"] > SUBSTITUTION_MIN_FLIP_RATIO) is substitute
+    # without provider top_logprobs there is nothing to record
+    bare = synth.make_batch(rng, ref, prov, tokens, 1.0, synth.prompt_labels(g, L), m_provider=0)
+    assert "sampled_path" not in sampling_gof(bare).details

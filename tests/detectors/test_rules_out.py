@@ -52,6 +52,8 @@ CASES = [
     (mk("sampling-tail", mean_tail_mass=0.05), 0.0),
     (mk("sampling-tail", mean_tail_mass=0.05), 0.5),
     (mk("self-tail", mean_tail_mass=0.08), 0.22),
+    (mk("greedy-near-tie", n=80, mean_bound=0.02, n_greedy=600), 0.12),
+    (mk("greedy-near-tie", n=80, expected=0.4, n_greedy=600), 0.05),
 ]
 
 
@@ -197,3 +199,19 @@ def test_rules_out_power_grows_with_positions():
     pw = [rules_out(greedy_audit(n), alpha=0.05, effect_sizes=t)[0].power for n in (100, 400, 1600, 6400)]
     assert all(b >= a for a, b in itertools.pairwise(pw)) and pw[-1] > 0.99 > pw[0]
     assert np.isfinite(pw).all()
+
+
+def test_near_tie_missing_positions_are_counted_in_greedy_tokens():
+    """greedy-near-tie tests only near-ties: the positions it still lacks cost n_greedy / n greedy tokens each."""
+    nt = mk("greedy-near-tie", 1.0, n=20, mean_bound=0.02, n_greedy=200)
+    t = _table(**{"greedy-relaxed": ("verification", {"greedy-near-tie": 0.15})})
+    (rec,) = rules_out([nt], alpha=0.05, effect_sizes=t)
+    req = required_positions(nt, alpha_test=0.05, power=RULE_OUT_POWER, effect=0.15)
+    assert rec.status == "not ruled out" and rec.detector == "greedy-near-tie" and req > 20
+    assert rec.missing_positions == int(np.ceil((req - 20) * 10.0))
+    assert tokens_to_rule_out([rec]) == rec.missing_positions
+    # enough near-ties rule it out; an effect at the honest bound never does
+    big = mk("greedy-near-tie", 1.0, n=10 * req, mean_bound=0.02, n_greedy=100 * req)
+    assert rules_out([big], alpha=0.05, effect_sizes=t)[0].status == "ruled out"
+    assert required_positions(nt, alpha_test=0.05, effect=0.02) is None
+    assert power_effect(mk("greedy-near-tie", effect=0.2, mean_bound=0.02)) == 0.2

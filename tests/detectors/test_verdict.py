@@ -323,6 +323,28 @@ def test_rule4d_pit_only():
     )
 
 
+def _sampled_path(obs, expected, n_conf=120):
+    return {"confident_flip_ratio": (obs + 1) / (expected + 1), "confident_flips": obs,
+            "confident_flips_expected": expected, "n_confident": n_conf, "sigma_hat": 0.3,
+            "confident_margin_sigmas": 3.0, "confident_flip_p": 1e-9, "margin_bins": [], "n_positions": 400}
+
+
+def test_rule4d_sampled_flip_statistic_names_a_different_model():
+    """A sampling-only audit (no logprob test: it runs at T = 0 only): rule 4d decides quantized copy vs different
+    model by rule 2's flip statistic on the sampled positions' top_logprobs, when it is informative."""
+    base = [r for r in quiet() if r.name not in ("logprob-divergence", "greedy-match")]
+    arg = mk("sampling-argmax", 0.9, excess_per_position=-0.2, argmax_rate=0.4, expected_rate=0.6)
+    sub = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=_sampled_path(40, 2.0))))
+    assert sub.verdict == VerdictKind.SUBSTITUTION and sub.details["rule"] == "4d-substitution", sub.reason
+    assert sub.details["cause_confidence"]["path"] == "sampled" and "sampled continuations" in sub.reason
+    q = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=_sampled_path(3, 2.5))))
+    assert q.verdict == VerdictKind.QUANTIZATION and q.details["rule"] == "4d-quantization"
+    assert q.details["cause_confidence"]["value"] < SUBSTITUTION_MIN_FLIP_RATIO
+    # too few confident positions for the ratio to exceed the threshold: not informative, the milder cause
+    thin = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=_sampled_path(2, 0.1, n_conf=2))))
+    assert thin.verdict == VerdictKind.QUANTIZATION and not thin.details["cause_confidence"]["informative"]
+
+
 def test_self_tests_stand_in_without_reference():
     res = [
         mk("self-gof", 1e-5),
