@@ -47,7 +47,7 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
       distribution the provider reports) or the argmax excess is positive; otherwise the sampled
       distribution is another model's: SUBSTITUTION when rule 2's flip statistic, measured on the
       sampled positions' reported top_logprobs (``sampling-gof`` ``details["sampled_path"]``), is
-      informative and above SUBSTITUTION_MIN_FLIP_RATIO, else QUANTIZATION.
+      informative and significantly above SUBSTITUTION_MIN_FLIP_RATIO (``verdict_cause``), else QUANTIZATION.
 5. Nothing rejects → PASS when every power family that ran (POWER_FAMILIES: model = greedy-match
    or logprob-divergence; acceptance = sampling-/self-argmax; truncation = sampling-/self-tail;
    decode-path = self-greedy) has a detector with DEFAULT_POWER against its target effect

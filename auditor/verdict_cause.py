@@ -25,9 +25,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scipy import stats
+
 from auditor.detectors.base import DetectorName, DetectorResult
 
-__all__ = ["FlipCause", "explained_by_decode_path", "flip_cause", "near_tie_reason", "sampled_flip_cause"]
+__all__ = ["SAMPLED_FLIP_TEST_LEVEL", "FlipCause", "explained_by_decode_path", "flip_cause", "near_tie_reason",
+           "sampled_flip_cause"]
 
 #: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
 _DECODE_PATH_EXPLAINS = (DetectorName.GREEDY_MATCH, DetectorName.GREEDY_HETEROGENEITY, DetectorName.GREEDY_NEAR_TIE)
@@ -110,22 +113,37 @@ def flip_cause(d: Mapping[str, Any], threshold: float) -> FlipCause:
     return FlipCause(float(flip) > threshold, float(flip), text, conf)
 
 
+#: Level of rule 4d's test "more confident flips than SUBSTITUTION_MIN_FLIP_RATIO x the isotropic-noise
+#: expectation" on the sampled positions (a cause decision after the family-wise rejection, not a family test).
+SAMPLED_FLIP_TEST_LEVEL = 0.01
+
+
 def sampled_flip_cause(gof: DetectorResult | None, threshold: float) -> FlipCause | None:
     """Rule 4d's flip evidence: the statistic of :func:`flip_cause` measured on the sampled positions' reported
     top_logprobs (``sampling-gof`` ``details["sampled_path"]``, ``auditor.detectors.sampling.sampled_flip_stats``).
 
+    At sampled prefixes a quantized copy's flip ratio runs higher than at greedy ones (int4 on SmolLM2:
+    5 confident flips where isotropic noise predicts 1.04; a different model: 18 where it predicts 0.54), so
+    the point ratio of rule 2 is not used alone: a different model is named only when the confident flips
+    are significantly more than ``threshold`` x the expectation, P(X >= observed | Poisson(threshold x
+    expected)) <= SAMPLED_FLIP_TEST_LEVEL.
+
     Returns None when ``sampling-gof`` did not run or recorded no such statistic (no provider top_logprobs);
-    else a FlipCause whose ``substitution`` also requires the statistic to be informative (enough confident
-    positions), with ``confidence["path"] == "sampled"``.
+    else a FlipCause with ``confidence["path"] == "sampled"`` and ``confidence["substitution_p"]``.
     """
     sp = (gof.details or {}).get("sampled_path") if gof is not None and gof.ran else None
     if not isinstance(sp, Mapping):
         return None
     fc = flip_cause(sp, threshold)
-    conf = dict(fc.confidence, path="sampled") if fc.confidence is not None else None
-    informative = bool(conf is not None and conf.get("informative"))
-    return FlipCause(fc.substitution and informative, fc.value,
-                     fc.text.replace("provider's own continuations", "provider's own sampled continuations"), conf)
+    if fc.confidence is None:
+        return FlipCause(False, fc.value, fc.text, None)
+    obs, exp_ = int(sp.get("confident_flips") or 0), float(sp.get("confident_flips_expected") or 0.0)
+    p_sub = float(stats.poisson.sf(obs - 1, threshold * exp_)) if obs > 0 and exp_ > 0 else (0.0 if obs > 0 else 1.0)
+    conf = dict(fc.confidence, path="sampled", substitution_p=p_sub, substitution_test_level=SAMPLED_FLIP_TEST_LEVEL)
+    sub = bool(conf.get("informative")) and fc.substitution and p_sub <= SAMPLED_FLIP_TEST_LEVEL
+    text = (fc.text.replace("provider's own continuations", "provider's own sampled continuations")
+            + f"; P(>= {obs} flips | {threshold:g}x that prediction) = {p_sub:.2g}")
+    return FlipCause(sub, fc.value, text, conf)
 
 
 def near_tie_reason(r: DetectorResult) -> str:

@@ -340,8 +340,14 @@ def test_rule4d_sampled_flip_statistic_names_a_different_model():
     q = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=_sampled_path(3, 2.5))))
     assert q.verdict == VerdictKind.QUANTIZATION and q.details["rule"] == "4d-quantization"
     assert q.details["cause_confidence"]["value"] < SUBSTITUTION_MIN_FLIP_RATIO
+    # a ratio above the threshold on a handful of flips (int4 at sampled prefixes: 5 where 1.04 are predicted) is
+    # not enough: the flips must significantly exceed threshold x the prediction
+    few = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=_sampled_path(6, 0.6))))
+    assert few.details["cause_confidence"]["value"] > SUBSTITUTION_MIN_FLIP_RATIO
+    assert few.verdict == VerdictKind.QUANTIZATION and few.details["cause_confidence"]["substitution_p"] > 0.01
     # too few confident positions for the ratio to exceed the threshold: not informative, the milder cause
-    thin = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=_sampled_path(2, 0.1, n_conf=2))))
+    thin_path = _sampled_path(2, 0.1, n_conf=2)
+    thin = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=thin_path)))
     assert thin.verdict == VerdictKind.QUANTIZATION and not thin.details["cause_confidence"]["informative"]
 
 
