@@ -62,15 +62,18 @@ __all__ = [
 
 #: The |Δ margin| quantile levels the floor stores (``noise_floor._QUANTILES``), as its dict keys.
 QUANTILE_LEVELS = tuple(str(q) for q in _QUANTILES)
-#: S(m) at or above the 0.999 quantile: a floor, not 1e-3 — that quantile of the ~1,500 floor
-#: positions is itself noisy (about 1.5 positions beyond it), so the tail beyond it is not known to
-#: be thinner; twice the nominal level leaves room for that.
+#: Quantile-step bound at or above the 0.999 quantile: a floor, not 1e-3 — that quantile of the floor's
+#: few hundred positions (423 for SmolLM2) is its largest value or so, so the tail beyond it is not known
+#: to be thinner; twice the nominal level leaves room for that. (The gain-survival bound needs no such
+#: floor: it is never below 1 / (N + 1).)
 MIN_HONEST_FLIP_BOUND = 2e-3
 #: Positions whose honest bound S(m) exceeds this are not tested (the quantile step bound's q_0.9 cut).
 MAX_TESTED_BOUND = 0.1
 #: Fewer tested positions than this → not run.
 MIN_NEAR_TIE_POSITIONS = 5
 
+# details["bins"]: tested positions grouped by their bound, (upper, lower] pairs
+_BOUND_BINS = ((MAX_TESTED_BOUND, 0.03), (0.03, 0.01), (0.01, 0.0))
 # S(m) on [q_level, next quantile): the exceedance probability of the quantile's level
 _STEP = {"0.5": 0.5, "0.9": 0.1, "0.99": 0.01, "0.999": MIN_HONEST_FLIP_BOUND}
 
@@ -117,19 +120,20 @@ def greedy_near_tie(
     name: str = DetectorName.GREEDY_NEAR_TIE,
 ) -> DetectorResult:
     """Near-tie flips at T = 0 against the honest bound (see the module docstring; needs a reference
-    and a floor with ``margin_delta_quantiles``).
+    and a floor with ``margin_gain_survival`` or, for older floors, ``margin_delta_quantiles``).
 
     Args:
         batch: evidence; uses the greedy positions of ``greedy-match``.
-        floor: noise floor (band and |Δ margin| quantiles, nats).
+        floor: noise floor (band, gain survival or |Δ margin| quantiles; nats).
         n_evidence: how many flipped positions to list (smallest bound first).
         rng: unused (the test is deterministic); accepted for the registry's call signature.
 
     Returns:
         DetectorResult: statistic = k near-tie flips, p_value = Poisson upper tail P(X >= k | μ),
         effect = k / n (near-tie flip rate at the tested positions, Wilson CI), n = tested positions,
-        details = {k, expected (μ), n_positions, bins [{lo, hi, bound, positions, flips, expected}],
-        band, quantiles, n_greedy}.
+        details = {k, expected (μ), mean_bound (μ / n, the power model's null rate), n_positions,
+        bins [{bound_lo, bound_hi, lo, hi (margins, nats), positions, flips, expected}], band, quantiles,
+        method (``gain-survival`` | ``quantile-step``), min_tested_margin, grid_step, n_greedy, n_prompts}.
     """
     del rng
     if not batch.has_reference:
@@ -165,7 +169,7 @@ def greedy_near_tie(
     k, mu = int(flip.sum()), float(s.sum())
     p = float(stats.poisson.sf(k - 1, mu)) if k > 0 else 1.0
     bins = []
-    for b_hi, b_lo in zip((MAX_TESTED_BOUND, 0.03, 0.01), (0.03, 0.01, 0.0), strict=True):
+    for b_hi, b_lo in _BOUND_BINS:
         sel = (s <= b_hi) & (s > b_lo)
         bins.append({"bound_lo": b_lo, "bound_hi": b_hi, "lo": float(m[sel].min()) if sel.any() else None,
                      "hi": float(m[sel].max()) if sel.any() else None, "positions": int(sel.sum()),
