@@ -222,10 +222,10 @@ def tokens_per_position(result: DetectorResult) -> float:
     """Completion tokens per position of ``result``'s statistic: 1 for tests on every position of their
     mode; greedy-near-tie tests only the near-ties among its greedy positions (n_greedy / n), so the
     positions it still lacks cost that many greedy tokens each."""
-    d = result.details or {}
-    if _powered(result.name) is not None and DETECTORS[result.name].test == TestKind.NEAR_TIE and result.n > 0:
-        return max(1.0, float(d.get("n_greedy", result.n)) / result.n)
-    return 1.0
+    powered = _powered(result.name)
+    if powered is None or powered[0] != TestKind.NEAR_TIE or result.n <= 0:
+        return 1.0
+    return max(1.0, float((result.details or {}).get("n_greedy", result.n)) / result.n)
 
 
 def required_positions(

@@ -289,15 +289,15 @@ def compute_noise_floor(
     ref_lp = _log_softmax_rows(ref)
     if not np.all(np.isfinite(ref_lp.max(1))):
         raise ValueError("ref_rows contains a row without finite values")
-    ref_top2 = _top_m(ref_lp, 2)
+    ref_top = _top_m(ref_lp, GAIN_COMPETITORS + 1)  # [N, K+1] the top-1 and its competitors, descending
+    ref_top2 = ref_top[:, :2]
     rows = np.arange(n)
     ref_margin = ref_lp[rows, ref_top2[:, 0]] - ref_lp[rows, ref_top2[:, 1]]
-    ref_top = _top_m(ref_lp, GAIN_COMPETITORS + 1)  # [N, K+1] the top-1 and its competitors
 
     band_raw = 0.0
     dq: dict[str, float] = {}
     per_variant_flip: list[tuple[np.ndarray, np.ndarray]] = []
-    lifts: list[np.ndarray] = []  # per variant [N, V]: gain of each token over the reference top-1
+    lifts: list[np.ndarray] = []  # per variant [N, K+1]: h(ref top-(K+1)) − h(ref top-1), nats
     kl_by_m: dict[str, KLFloor] = {}
     for name, hv in zip(names, variants, strict=True):
         h = np.asarray(hv)
