@@ -91,6 +91,10 @@ class Drafter(abc.ABC):
     ) -> Proposal:
         """The kind's own drafting: :meth:`propose`'s arguments, positionally (subclasses implement this)."""
 
+    def observe_output(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:  # noqa: B027
+        """A generation finished with ``output_ids`` (EOS excluded); drafters that learn across
+        requests (:class:`reference.suffix.SuffixDrafter`) record it. No-op by default."""
+
     def reset(self) -> None:  # noqa: B027 - a no-op default: stateless drafters need nothing
         """A new sequence starts: forget any per-sequence state (default: nothing to forget)."""
 
@@ -125,9 +129,13 @@ class NgramDrafter(Drafter):
 
     def find(self, context_ids: Sequence[int], k: int) -> list[int]:
         """Return the proposed continuation (list of ids, length 0..k)."""
+        return self.match(context_ids, k)[1]
+
+    def match(self, context_ids: Sequence[int], k: int) -> tuple[int, list[int]]:
+        """``(n, continuation)``: the matched suffix length n (0 = no match) and up to k ids."""
         n_ctx = len(context_ids)
         if k <= 0 or n_ctx < self.min_n + 1:
-            return []
+            return 0, []
         arr = np.asarray(context_ids, dtype=np.int64)
         for n in range(min(self.max_n, n_ctx - 1), self.min_n - 1, -1):
             pattern = arr[n_ctx - n :]
@@ -143,8 +151,8 @@ class NgramDrafter(Drafter):
                     src = list(context_ids[i + n :])
                     while len(out) < k:
                         out.append(int(src[len(out)]) if len(out) < len(src) else int(out[len(out) - len(src)]))
-                return out
-        return []
+                return n, out
+        return 0, []
 
     def _draft(
         self, context_ids: Sequence[int], k: int, sampling: SamplingParams | None, generator: torch.Generator | None
@@ -439,10 +447,25 @@ class SequenceDrafter(Drafter):
         return Proposal(torch.tensor(ids, dtype=torch.long), None)
 
 
+def _n_range(spec: str, kind: str, arg: str) -> tuple[int, int]:
+    """``MIN:MAX`` (or one ``N`` for both) of a ``kind:MIN:MAX`` drafter spec.
+
+    Raises:
+        ValueError: not one or two integers (the message shows the accepted form).
+    """
+    parts = arg.split(":")
+    try:
+        return (int(parts[0]), int(parts[1])) if len(parts) == 2 else (int(parts[0]), int(parts[0]))
+    except ValueError:
+        raise ValueError(f"--drafter {spec!r}: use {kind} or {kind}:MIN:MAX") from None
+
+
 def make_drafter(
     spec: str | None, lm: ModelLike | None = None, dtype: str = "float32", device: str = "cpu"
 ) -> Drafter | None:
-    """Build a drafter from a CLI spec: ``none`` | ``ngram[:MIN:MAX]`` | ``self:L`` | ``model:PATH``.
+    """Build a drafter from a CLI spec: ``none`` | ``ngram[:MIN:MAX]`` | ``suffix[:MIN:MAX]`` | ``self:L`` | ``model:PATH``.
+
+    ``suffix`` is prompt lookup plus a cache of the drafter's earlier outputs (``reference.suffix``).
 
     ``model:PATH`` gets ``cost_per_token`` = draft parameters / target parameters when ``lm`` is
     given (0.35 otherwise).
@@ -454,14 +477,11 @@ def make_drafter(
         return None
     kind, _, arg = spec.partition(":")
     if kind == "ngram":
-        if arg:
-            parts = arg.split(":")
-            try:
-                lo, hi = (int(parts[0]), int(parts[1])) if len(parts) == 2 else (int(parts[0]), int(parts[0]))
-            except ValueError:
-                raise ValueError(f"--drafter {spec!r}: use ngram or ngram:MIN:MAX") from None
-            return NgramDrafter(lo, hi)
-        return NgramDrafter()
+        return NgramDrafter(*_n_range(spec, kind, arg)) if arg else NgramDrafter()
+    if kind == "suffix":
+        from reference.suffix import SuffixDrafter
+
+        return SuffixDrafter(*_n_range(spec, kind, arg)) if arg else SuffixDrafter()
     if kind == "self":
         if lm is None:
             raise ValueError("--drafter self:L needs the target model")
@@ -478,4 +498,4 @@ def make_drafter(
         draft = load_model(arg, dtype=dtype, device=device)
         cost = 0.35 if lm is None else _n_params(draft.model) / max(_n_params(unwrap(lm)[0]), 1)
         return DraftModelDrafter(draft, cost_per_token=cost)
-    raise ValueError(f"--drafter {spec!r} is not one of none, ngram[:MIN:MAX], self:L, model:PATH")
+    raise ValueError(f"--drafter {spec!r} is not one of none, ngram[:MIN:MAX], suffix[:MIN:MAX], self:L, model:PATH")

@@ -350,7 +350,7 @@ class SimulatorEngine:
         profile: the serving recipe.
         lm: a loaded reference ``LoadedModel`` (tests pass ``tiny_lm``); None loads ``model``.
         model: model name/path for ``reference.models.load_model`` when ``lm`` is None.
-        drafter: drafter spec (``ngram[:MIN:MAX]``, ``self:L``, ``none``); None = the profile's default.
+        drafter: drafter spec (``ngram[:MIN:MAX]``, ``suffix[:MIN:MAX]``, ``self:L``, ``none``); None = the profile's default.
         k: maximum drafts per round.
         seed: seeds the server's RNG (per-request seeds when the request gives none; reproducible
             sequences of requests). None = nondeterministic.

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
         chat: bool = typer.Option(False, "--chat", help="Apply the chat template (as a chat completions server)."),
         max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="Maximum generated tokens."),
-        drafter: str = typer.Option("none", "--drafter", help="none | ngram[:MIN:MAX] | self:L | model:PATH"),
+        drafter: str = typer.Option("none", "--drafter", help="none | ngram[:MIN:MAX] | suffix[:MIN:MAX] | self:L | model:PATH"),
         k: int = typer.Option(4, "--k", min=0, help="Maximum drafts per round."),
         temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
         top_p: float = typer.Option(1.0, "--top-p", help="Nucleus mass in (0, 1]."),

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0 = pick a free one)."),
         model: str | None = typer.Option(None, "--model", help="Reference model name or local dir (default: SmolLM2-135M-Instruct)."),
         served_model_name: str | None = typer.Option(None, "--served-model-name", help="Name clients send and /v1/models lists (default: the model's short name)."),
-        drafter: str | None = typer.Option(None, "--drafter", help="ngram[:MIN:MAX] | self:L | none (default: the profile's, ngram)."),
+        drafter: str | None = typer.Option(None, "--drafter", help="ngram[:MIN:MAX] | suffix[:MIN:MAX] | self:L | none (default: the profile's, ngram)."),
         k: int = typer.Option(4, "--k", min=0, help="Maximum drafts per speculative round."),
         seed: int | None = typer.Option(0, "--seed", help="Server RNG seed (requests without seed, fault decisions)."),
         faults: float = typer.Option(0.0, "--faults", min=0.0, max=1.0, help="Probability per request of an injected fault (429, 500, slow, truncated, malformed)."),
