@@ -145,6 +145,7 @@ def forward_costs(lm: LoadedModel, ns: list[int], ctx_len: int = 200, repeats: i
     ``ctx_len`` random tokens, logits for every fed position as greedy verification needs them)."""
     from transformers import DynamicCache
 
+    ns = sorted({1, *ns})
     model = lm.model
     g = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=model.config)
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         burners = start_burners(args.burn)
         try:
-            ns = [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17]
+            ns = list(range(1, 18))
             rows = {c: forward_costs(lm, ns, c) for c in (120, 200, 500)}
         finally:
             stop_burners(burners)
@@ -327,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
               f"policy table: {CostModel().forward_costs}")
         for c, r in rows.items():
             print(f"  context {c:4}: " + " ".join(f"n={n}:{v:.2f}" for n, v in r.items()))
+        # a table CostModel accepts: per n the largest over the contexts, then a running max (non-decreasing)
+        worst = [max(r[n] for r in rows.values()) for n in ns]
+        table = [1.0] + [round(max(worst[: i + 1]), 2) for i in range(1, len(worst))]
+        print(f"  as a CostModel table (running max of the worst context): forward_costs={tuple(table)}")
         if args.json:
             Path(args.json).write_text(json.dumps({str(c): r for c, r in rows.items()}, indent=2))
         return 0
@@ -343,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     warm: OutputCache | None = None
     if not args.no_suffix:
-        methods["suffix"] = lambda ids: run_ours(lm, ids, SuffixDrafter(cache=warm.copy() if warm else None), args.k, mx, eos)
+        methods["suffix"] = lambda ids: run_ours(lm, ids, SuffixDrafter(cache=warm.copy() if warm is not None else None), args.k, mx, eos)
     if args.self_layers:
         methods[f"self:{args.self_layers}"] = lambda ids: run_ours(
             lm, ids, SelfDrafter(lm, args.self_layers), min(args.k, 4), mx, eos

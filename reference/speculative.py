@@ -132,8 +132,11 @@ class GenerationResult:
 #: SmolLM2-135M fp32 on torch 2.13's CPU build (issue 15, session 7; ``benchmarks/spec_decode.py``
 #: ``--forward-costs``): medians of 9 interleaved forwards over a KV cache of 120 / 200 / 500 tokens,
 #: one and two intra-op threads, quiet and beside a CPU-burning process -- every condition within
-#: +-0.05 of these values. n = 2-3 stays a memory-bound pass (1.03-1.16); at n = 4 the GEMM kernel
-#: changes and the cost jumps to ~1.55; beyond n = 9 each token adds ~0.1.
+#: +-0.08 of these values (the table is the upper side at n = 7-9). n = 2-3 stays a memory-bound pass
+#: (1.03-1.19); at n = 4 the GEMM kernel changes and the cost jumps to ~1.55. Beyond n = 9 the model
+#: adds 0.1 a token: measured n = 13 costs 2.6 (model 2.52) and n = 17 2.2-2.3 (model 2.92), so the
+#: policy is conservative about 16-draft rounds (it then needs a higher acceptance rate, never less
+#: safe).
 CPU_FORWARD_COSTS: tuple[float, ...] = (1.0, 1.08, 1.14, 1.57, 1.64, 1.70, 2.0, 2.05, 2.12)
 
 
@@ -182,10 +185,12 @@ class CostModel:
         """A linear verify cost ``1 + overhead + slope * k`` for k >= 1 drafts (tests, other machines).
 
         Raises:
-            ValueError: a negative overhead, slope or draft cost.
+            ValueError: a negative overhead, slope or draft cost, or n_max < 2.
         """
-        if not (overhead >= 0 and slope >= 0):
-            raise ValueError(f"CostModel.linear needs overhead >= 0 and slope >= 0, got {overhead}, {slope}")
+        if not (overhead >= 0 and slope >= 0) or n_max < 2:
+            raise ValueError(
+                f"CostModel.linear needs overhead >= 0, slope >= 0 and n_max >= 2, got {overhead}, {slope}, {n_max}"
+            )
         table = (1.0,) + tuple(1.0 + overhead + slope * k for k in range(1, n_max))
         return cls(forward_costs=table, extra_per_token=slope, draft_cost=draft_cost)
 
@@ -207,8 +212,8 @@ class DraftLengthPolicy:
 
     Each round it asks for the k in ``0..min(k_max, limit)`` that maximises :meth:`value`. When that
     is 0 (drafting does not pay) it falls back to plain decoding for ``backoff`` rounds, then lets
-    the evidence decide again from the prior (the counts are cleared when the fallback ends; with the
-    CPU cost step a merely decayed estimate needed ~16 more rounds to clear the threshold): a probe. Each fallback doubles ``backoff`` (4, 8,
+    the evidence decide again from the prior (the counts are cleared when the fallback ends, so a
+    merely decayed estimate does not hold the next probe back): a probe. Each fallback doubles ``backoff`` (4, 8,
     ... up to 64 rounds) and a fully accepted round resets it, so a drafter that never pays costs at
     most a few probes of 1-3 drafts per hundred tokens. Deterministic: the same sequence of
     ``observe`` calls gives the same sequence of ``plan`` answers on any machine under any load.
@@ -261,7 +266,8 @@ class DraftLengthPolicy:
         """One-line description recorded in ``GenerationResult.draft_policy``."""
         c = self.cost
         return (
-            f"counts(k_max={self.k_max}, forward_costs={','.join(f'{x:g}' for x in c.forward_costs)}, "
+            f"counts(k_max={self.k_max}, forward_costs={','.join(f'{x:g}' for x in c.forward_costs)}"
+            f"+{c.extra_per_token:g}/token, "
             f"draft_cost={c.draft_cost:g}, "
             f"alpha_prior={self.alpha_prior:g}, decay={self.decay:g}, "
             f"backoff={self.first_backoff}..{self.max_backoff})"
@@ -560,19 +566,20 @@ def speculative_generate(
         drafter.reset()
 
     t_start = time.perf_counter()
-    with torch.inference_mode():
-        cache = _prefill(run)
-        pending = prompt[-1]
-        done = False
-        while not done:
-            drafts, q = _propose(run, drafter)
-            n_acc, pending, logits = _verify_step(run, cache, pending, drafts, q)
-            _commit(run, cache, drafts, n_acc)
-            done = _emit(run, drafts[:n_acc].tolist() + [pending], logits)
-    elapsed = time.perf_counter() - t_start
-    if drafter is not None:
-        drafter.observe_output(prompt, list(run.out))  # drafters that learn across requests (suffix)
-    return _finish(run, elapsed, tok, policy_name)
+    try:
+        with torch.inference_mode():
+            cache = _prefill(run)
+            pending = prompt[-1]
+            done = False
+            while not done:
+                drafts, q = _propose(run, drafter)
+                n_acc, pending, logits = _verify_step(run, cache, pending, drafts, q)
+                _commit(run, cache, drafts, n_acc)
+                done = _emit(run, drafts[:n_acc].tolist() + [pending], logits)
+    finally:  # also when on_round stops the generation (stop string, cancel): the tokens so far are the target's
+        if drafter is not None and run.out:
+            drafter.observe_output(prompt, list(run.out))  # drafters that learn across requests (suffix)
+    return _finish(run, time.perf_counter() - t_start, tok, policy_name)
 
 
 def autoregressive_generate(

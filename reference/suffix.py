@@ -18,8 +18,9 @@ output. The store is one flat int32 buffer (4 bytes a token, sequences separated
 numpy: ``max_tokens`` = 262,144 costs ~1 MiB and well under a millisecond a lookup; when it is full
 the oldest half is dropped.
 
-Determinism: a proposal depends on the requests served before, never on a clock. Greedy output is
-identical to plain decoding whatever the cache holds; seeded *sampled* output is distributed exactly
+Determinism: a proposal depends on the requests served before, never on a clock. With the strict
+verifier greedy output is identical to plain decoding whatever the cache holds (a lossy simulator
+verifier's output does depend on the drafts, hence on the history); seeded *sampled* output is distributed exactly
 as the target's, but which seeded sample comes out depends on the drafts, so it can differ with the
 request history (the ``ngram`` drafter has no history; the simulator's profiles default to it).
 """
@@ -35,6 +36,8 @@ from reference.drafters import Drafter, NgramDrafter, Proposal
 from reference.sampling import SamplingParams
 
 _SEP = -1
+_NO_TOKEN = -2  # stands in for a context id the buffer cannot hold: matches nothing, not even a separator
+_MAX_ID = int(np.iinfo(np.int32).max)
 
 
 class OutputCache:
@@ -60,7 +63,7 @@ class OutputCache:
         self.max_tokens, self.max_votes = int(max_tokens), int(max_votes)
         self._buf = np.full(self.max_tokens, _SEP, dtype=np.int32)
         self._len = 1  # buf[0] is a separator, so every stored token has a separator before its output
-        self.n_outputs = 0
+        self.n_outputs = 0  # outputs ever added (evicted ones included)
 
     def __len__(self) -> int:
         """Tokens stored (separators included)."""
@@ -82,13 +85,13 @@ class OutputCache:
         """Store one output (token ids >= 0; an output longer than half the capacity keeps its tail).
 
         Raises:
-            ValueError: a negative token id.
+            ValueError: a token id outside 0 .. 2**31 - 1 (the buffer is int32).
         """
         arr = np.asarray(list(tokens), dtype=np.int64)
         if arr.size == 0:
             return
-        if int(arr.min()) < 0:
-            raise ValueError("OutputCache.add: token ids must be >= 0")
+        if int(arr.min()) < 0 or int(arr.max()) > _MAX_ID:
+            raise ValueError(f"OutputCache.add: token ids must be in 0..{_MAX_ID}")
         arr = arr[-(self.max_tokens // 2 - 1):].astype(np.int32)
         need = arr.size + 1  # the output and its trailing separator
         if self._len + need > self.max_tokens:  # keep the newest half, cut at a separator
@@ -109,7 +112,9 @@ class OutputCache:
         ``min_n <= n <= max_n``; 0 = none) and the most frequent continuation, up to k ids."""
         if k <= 0 or len(context_ids) < self.min_n or self._len <= self.min_n:
             return 0, []
-        tail = np.asarray(list(context_ids[-self.max_n :]), dtype=np.int32)
+        tail = np.asarray(list(context_ids[-self.max_n :]), dtype=np.int64)
+        tail[(tail < 0) | (tail > _MAX_ID)] = _NO_TOKEN  # ids no output holds (and never a separator)
+        tail = tail.astype(np.int32)
         buf = self._buf[: self._len]
         m = min(self.min_n, tail.size)
         # hits: end positions e (exclusive) with buf[e - m : e] == the context's last m tokens
@@ -117,7 +122,8 @@ class OutputCache:
         for j in range(2, m + 1):
             ok &= buf[m - j : self._len - j + 1] == tail[-j]
         ends = np.flatnonzero(ok) + m
-        ends = ends[ends < self._len]  # a continuation must exist
+        ends = ends[ends < self._len]
+        ends = ends[buf[ends] != _SEP]  # a continuation must exist (not the end of an earlier output)
         if ends.size == 0:
             return 0, []
         # extend each hit's match backwards up to max_n tokens (separators never match a token id)
@@ -154,7 +160,9 @@ class SuffixDrafter(Drafter):
         min_n: shortest suffix match, both sources (>= 1 tokens).
         max_n: longest suffix compared (>= min_n tokens).
         max_cache_tokens: the output cache's capacity in tokens (about 4 bytes each).
-        cache: share an existing cache (several drafters serving one model); None = a new one.
+        cache: use an existing cache (its own min_n / max_n apply to it; a frozen warm cache's
+            ``copy()`` in the benchmark); None = a new one. Not thread-safe: one generation at a time
+            (the simulator holds its engine lock around generation).
 
     Raises:
         ValueError: invalid n range or capacity (from :class:`NgramDrafter` / :class:`OutputCache`).
@@ -166,7 +174,7 @@ class SuffixDrafter(Drafter):
     def __init__(self, min_n: int = 2, max_n: int = 8, max_cache_tokens: int = 262_144, cache: OutputCache | None = None):
         self.lookup = NgramDrafter(min_n, max_n)
         self.cache = cache if cache is not None else OutputCache(min_n, max_n, max_cache_tokens)
-        self.n_from_cache = 0  # proposals taken from the cache (reported by the benchmark)
+        self.n_from_cache = 0  # proposals taken from the cache / from the current request
         self.n_from_context = 0
 
     def observe_output(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:

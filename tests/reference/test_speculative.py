@@ -359,3 +359,23 @@ def test_chisquare_strict_sampling_matches_target_law(small_pair):
 
 def test_chisquare_rejects_broken_acceptance_rule(small_pair):
     assert _chisquare_pvalue(small_pair, BrokenThreshold(), 300) < 1e-3
+
+
+def test_output_reaches_the_drafter_even_when_on_round_stops_generation(tiny_lm, prompt_ids):
+    from reference.suffix import SuffixDrafter
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_5(ids: list[int], seen: list[int] = []) -> None:  # noqa: B006 - a per-test counter
+        seen.extend(ids)
+        if len(seen) >= 5:
+            raise Stop
+
+    d = SuffixDrafter()
+    with pytest.raises(Stop):
+        speculative_generate(tiny_lm, prompt_ids, drafter=d, k=4, max_new_tokens=40, eos_token_ids=[], on_round=stop_after_5)
+    assert d.cache.n_outputs == 1 and len(d.cache) >= 1 + 5 + 1
+    with pytest.raises(ValueError, match="n_max"):
+        CostModel.linear(0.6, 0.08, n_max=1)
+    assert "+0.1/token" in DraftLengthPolicy(k_max=4).describe()

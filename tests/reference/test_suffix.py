@@ -93,3 +93,25 @@ def test_make_drafter_suffix_specs():
     assert isinstance(d, SuffixDrafter) and (d.cache.min_n, d.cache.max_n) == (3, 6)
     with pytest.raises(ValueError, match="suffix"):
         make_drafter("suffix:a")
+
+
+def test_a_match_that_ends_an_output_does_not_hide_a_shorter_one_with_a_continuation():
+    c = OutputCache(2, 8, 64)
+    c.add([9, 2, 3])  # (9, 2, 3) ends this output: nothing to propose after it
+    c.add([2, 3, 7])
+    assert c.match([9, 2, 3], 2) == (2, [7])
+    c = OutputCache(2, 8, 64, max_votes=1)
+    c.add([5, 2, 3, 7])
+    c.add([9, 2, 3])  # the most recent occurrence ends an output
+    assert c.match([9, 2, 3], 2) == (2, [7])
+
+
+def test_ids_the_int32_buffer_cannot_hold():
+    c = OutputCache(1, 4, 64)
+    c.add([5, 6, 7])
+    c.add([8, 9])
+    with pytest.raises(ValueError, match="token ids"):
+        c.add([1, 2**32 - 1, 3])
+    assert c.match([-1], 3) == (0, [])  # a negative context id never matches a separator
+    assert OutputCache(2, 4, 64).match([7, -1], 3) == (0, [])
+    assert c.match([2**31, 5], 2) == (1, [6, 7])  # a huge id neither crashes nor matches
