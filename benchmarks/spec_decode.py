@@ -42,6 +42,7 @@ Usage: python benchmarks/spec_decode.py [--max-new-tokens 128] [--humaneval 4] [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -49,7 +50,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -220,6 +221,18 @@ def stop_burners(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def burning(n: int) -> Iterator[None]:
+    """n burners beside the block; a SIGTERM (e.g. from ``timeout``) unwinds through it, so the
+    burners never outlive the run."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    procs = start_burners(n)
+    try:
+        yield
+    finally:
+        stop_burners(procs)
+
+
 def _spread(xs: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3)}
 
@@ -317,13 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model()
     eos = list(lm.eos_token_ids)
     if args.forward_costs:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        burners = start_burners(args.burn)
-        try:
-            ns = list(range(1, 18))
+        ns = list(range(1, 18))
+        with burning(args.burn):
             rows = {c: forward_costs(lm, ns, c) for c in (120, 200, 500)}
-        finally:
-            stop_burners(burners)
         print(f"forward cost relative to n = 1 (torch threads {torch.get_num_threads()}, {args.burn} burner(s)); "
               f"policy table: {CostModel().forward_costs}")
         for c, r in rows.items():
@@ -357,10 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         methods["hf-plain"] = lambda ids: run_hf(lm, ids, mx, None, eos)
         methods["hf-lookup"] = lambda ids: run_hf(lm, ids, mx, args.hf_lookup, eos)
 
-    # a SIGTERM (e.g. from `timeout`) unwinds through `finally`, so the burners never outlive the run
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    burners = start_burners(args.burn)
-    try:
+    with burning(args.burn):
         if not args.no_suffix and args.suffix_warmup > 0:
             start = max(args.humaneval, 16)  # held out: never a measured problem
             held = humaneval_prompts(lm.tokenizer, args.suffix_warmup, args.humaneval_style, start=start)
@@ -374,8 +380,6 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         rec, loads, mismatches = measure(groups, methods, args.repeats)
         wall = time.perf_counter() - t0
-    finally:
-        stop_burners(burners)
 
     ceilings = {p: lookup_ceiling(ids, rec[p]["plain"]["tokens"], args.k) for g in groups.values() for p, ids in g}
     summary = summarize(groups, list(methods), rec, ceilings)
