@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 #: Version of the floor method; part of the cache key (bump when the measurement changes).
-NOISE_METHOD = "nearest-honest-reference/3"  # 2: fixed k, seeded, key covers CPU + versions; 3: margin-gain survival
+NOISE_METHOD = "nearest-honest-reference/4"  # 2: fixed k, seeded, key covers CPU + versions; 3: margin-gain survival; 4: y by position
 #: Precisions the reference is teacher-forced in by default. One (float32) — see the module
 #: docstring: bf16 rounding is a noise *level* (bf16 vs bf16 on another computation path diverges
 #: as much as bf16 vs fp32), so a second, bf16 reference buys no separation and costs a second
@@ -443,6 +443,7 @@ def compute_floors(
     conts: dict[str, list[list[int]]] = {}
     rows: dict[str, np.ndarray] = {}
     groups: dict[str, np.ndarray] = {}
+    where: dict[str, np.ndarray] = {}  # per row: its 0-based position in the continuation
     for name, prof in variants.items():
         base = model_in(prof.dtype)
         served = _served(base, prof.logit_noise)
@@ -451,6 +452,7 @@ def compute_floors(
         cs: list[list[int]] = []
         rs: list[np.ndarray] = []
         gs: list[str] = []
+        ps: list[int] = []
         for i, ids in enumerate(prompts):
             served.model.nonce = 1_000 + i
             res = speculative_generate(
@@ -466,12 +468,14 @@ def compute_floors(
                 cs.append(toks)
                 rs.append(lp.float().numpy()[: len(toks)])
                 gs.extend([prompt_names[i]] * len(toks))
+                ps.extend(range(len(toks)))
             done += 1
             if progress is not None:
                 progress(f"noise floor: {name}", done, total)
         conts[name] = cs
         rows[name] = np.concatenate(rs) if rs else np.zeros((0, 1), np.float32)
         groups[name] = np.asarray(gs, dtype=object)
+        where[name] = np.asarray(ps, dtype=np.int64)
     floors: dict[str, NoiseFloor] = {}
     cross: dict[str, dict[str, float]] = {}
     with torch.inference_mode():
@@ -491,7 +495,7 @@ def compute_floors(
                 if name in honest.get(r, ()):
                     per_variant.append(
                         compute_noise_floor(
-                            ref_rows, prov, prompt_ids=groups[name], variant_names=[name],
+                            ref_rows, prov, prompt_ids=groups[name], positions=where[name], variant_names=[name],
                             model=f"{ref_lms[r].name}@{ref_lms[r].revision}/{r}",
                             meta={"reference_dtype": r, "variant": name},
                         )

@@ -11,7 +11,10 @@ distribution — the same statistic measured between the reference and honest va
 audit's mean ȳ comes from the floor's variance components (between-prompt sigma_b² and
 within-prompt sigma_w²) at the audit's own prompt sizes:
     Var0(ȳ) = (sigma_b² Σ n_g² + sigma_w² n) / n²  (+ the floor mean's own sampling variance),
-    z = (ȳ − μ_floor) / sqrt(Var0), p = 1 − Φ(z)   (one-sided: more divergent than honest).
+    z = (ȳ − μ_floor) / sqrt(Var0), p = 1 − Φ(z)   (one-sided: more divergent than honest),
+where μ_floor is the floor's mean at the audit's own mix of positions in the continuation
+(``KLFloor.null_mean``: y is higher at the first tokens of an answer) and Var0 includes that
+estimate's own sampling variance.
 The log scale makes the per-position statistic nearly symmetric (KL is heavy-tailed), so the
 normal approximation holds at small budgets, and a multiplicative change of KL is a shift of y.
 Effect: mean KL (nats) with a prompt-level bootstrap 95% CI; details carry the ratio to the
@@ -192,10 +195,10 @@ def logprob_divergence(
     ng = np.bincount(inv).astype(np.float64)
     vc = fl.components
     var0 = mean_variance_under(vc.sigma_w2, vc.sigma_b2, n, float((ng**2).sum()))
-    var_floor = vc.var_of_mean()
+    mu0, var_floor = fl.null_mean(batch.positions[idx])
     se = float(np.sqrt(var0 + var_floor))
     ybar = float(y.mean())
-    z = (ybar - vc.mean) / se if se > 0 else (np.inf if ybar > vc.mean else 0.0)
+    z = (ybar - mu0) / se if se > 0 else (np.inf if ybar > mu0 else 0.0)
     p = float(stats.norm.sf(z))
     mean_kl = float(kl.mean())
     ci = bootstrap_mean_ci(kl, groups, n_boot=n_boot, rng=rng)
@@ -224,7 +227,9 @@ def logprob_divergence(
             "ratio_ci": [ci[0] / fl.mean_kl, ci[1] / fl.mean_kl]
             if fl.mean_kl > 0
             else [None, None],
-            "geometric_ratio": float(np.exp(ybar - vc.mean)),
+            "geometric_ratio": float(np.exp(ybar - mu0)),
+            "null_mean_y": mu0,
+            "position_adjustment": mu0 - vc.mean,
             "top1_agreement": float(top1.mean()),
             "mean_abs_dlogprob": float(np.nanmean(mad))
             if np.any(~np.isnan(mad))

@@ -28,6 +28,13 @@ What it records:
   variance components of y = log(KL + LOG_KL_EPS) grouped by prompt, which the
   logprob-divergence test uses as its null distribution. With several honest variants, each M
   keeps the variant with the largest mean y (the most lenient null), and the band the largest.
+- ``kl[M].positions``: the mean of y per bucket of the position in the continuation
+  (:data:`POSITION_BUCKET_STARTS`) and the floor's positions per prompt and bucket. y depends on the
+  position: the first tokens after a chat template are the least determined, and their y is ~0.7
+  nats above the rest on SmolLM2-135M (docs/detectors.md). The logprob test compares an audit's mean
+  with the floor's mean *at the audit's own position mix* (:meth:`KLFloor.null_mean`); without
+  that, a suite of 2-token requests put honest-bf16 at z = 3.4 (a false accusation) and one of
+  64-token requests made every provider look ~0.05 nats better than it is.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ __all__ = [
     "GAIN_GRID_STEP",
     "LOG_KL_EPS",
     "MIN_MARGIN_BAND",
+    "MIN_POSITION_BUCKET",
+    "POSITION_BUCKET_STARTS",
     "KLFloor",
     "NoiseFloor",
     "compute_noise_floor",
@@ -66,6 +75,13 @@ BAND_SAFETY = 1.5
 DEFAULT_TOP_M = (1, 2, 3, 5, 10, 20)
 
 _QUANTILES = (0.5, 0.9, 0.99, 0.999)
+#: First positions (0-based index in the continuation) of the buckets whose mean y the floor
+#: records; the last bucket is open (an audit's positions beyond the floor's longest continuation
+#: use it: y is flat after the first tokens, docs/detectors.md).
+POSITION_BUCKET_STARTS = (0, 2, 4, 8, 16)
+#: A bucket with fewer floor positions than this is merged into its neighbour (its mean would be
+#: too noisy to shift the null by).
+MIN_POSITION_BUCKET = 32
 #: Grid step (nats) of ``NoiseFloor.margin_gain_survival``.
 GAIN_GRID_STEP = 0.01
 #: Competitors of the reference top-1 whose gain the survival measures: its next K tokens.
@@ -89,6 +105,10 @@ class KLFloor:
         mean_abs_dlogprob: mean |Δlogprob| of listed tokens (nats).
         log_kl: variance components of y = log(KL + LOG_KL_EPS) by prompt
             (keys mean, sigma_w2, sigma_b2, n, n_groups, sum_ng2).
+        positions: y by position in the continuation: ``starts`` [K] int (bucket k holds
+            positions starts[k] <= t < starts[k+1], the last one open), ``means`` [K] float (mean y
+            of the bucket, log-nats) and ``counts`` [G][K] int (floor positions per prompt and
+            bucket); {} in floors measured before it existed (the null then ignores position).
     """
 
     m: int
@@ -98,10 +118,43 @@ class KLFloor:
     quantiles: dict[str, float]
     mean_abs_dlogprob: float
     log_kl: dict[str, float]
+    positions: dict[str, Any] = field(default_factory=dict)
 
     @property
     def components(self) -> VarianceComponents:
         return VarianceComponents.from_dict(self.log_kl)
+
+    def null_mean(self, positions: np.ndarray) -> tuple[float, float]:
+        """The honest mean of y at an audit's positions and the variance of that estimate.
+
+        With w_k the audit's share of positions in bucket k, m_k the floor's bucket means and
+        n_gk its positions per prompt g and bucket k (n_k = Σ_g n_gk), the null mean is Σ_k w_k m_k
+        and, under the floor's one-way random-effects model (between-prompt sigma_b², within
+        sigma_w²), its sampling variance is
+            sigma_b² Σ_g (Σ_k w_k n_gk / n_k)² + sigma_w² Σ_k w_k² / n_k,
+        which is ``components.var_of_mean()`` when there is one bucket.
+
+        Args:
+            positions: [n] int, 0-based position of each audit position in its continuation.
+
+        Returns:
+            (mean y, log-nats; variance of that mean). Without a position record: the floor's
+            overall mean and ``components.var_of_mean()``.
+        """
+        vc = self.components
+        rec = self.positions
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if not rec or pos.size == 0:
+            return vc.mean, vc.var_of_mean()
+        starts = np.asarray(rec["starts"], dtype=np.int64)
+        means = np.asarray(rec["means"], dtype=np.float64)
+        counts = np.asarray(rec["counts"], dtype=np.float64).reshape(-1, starts.size)  # [G, K]
+        nk = counts.sum(0)
+        b = np.clip(np.searchsorted(starts, np.maximum(pos, 0), side="right") - 1, 0, starts.size - 1)
+        w = np.bincount(b, minlength=starts.size) / pos.size
+        a = counts @ (w / np.maximum(nk, 1.0))  # [G]
+        var = vc.sigma_b2 * float((a**2).sum()) + vc.sigma_w2 * float((w**2 / np.maximum(nk, 1.0)).sum())
+        return float(w @ means), var
 
 
 @dataclass
@@ -226,6 +279,7 @@ def compute_noise_floor(
     honest_rows: np.ndarray | Sequence[np.ndarray],
     *,
     prompt_ids: Sequence[object] | np.ndarray | None = None,
+    positions: Sequence[int] | np.ndarray | None = None,
     variant_names: Sequence[str] | None = None,
     top_m: Sequence[int] = DEFAULT_TOP_M,
     band_quantile: float = 0.999,
@@ -243,6 +297,8 @@ def compute_noise_floor(
         prompt_ids: [N] prompt label per position. Positions of one prompt are dependent; the
             floor's between-prompt variance is what keeps the logprob test calibrated, so pass it.
             When None every position counts as its own prompt (independence assumed).
+        positions: [N] int, each row's 0-based position in its continuation; the KL floors then
+            record y per position bucket (:meth:`KLFloor.null_mean`). None: no position record.
         variant_names: names of the variants (default "variant0", ...).
         top_m: provider top_logprobs widths M to compute KL floors for.
         band_quantile: quantile of |Δ(logp1 − logp2)| that defines the near-tie band.
@@ -286,6 +342,9 @@ def compute_noise_floor(
     )
     if groups.size != n:
         raise ValueError(f"prompt_ids has {groups.size} entries, ref_rows {n} rows")
+    pos = None if positions is None else np.asarray(positions, dtype=np.int64).reshape(-1)
+    if pos is not None and (pos.size != n or (pos < 0).any()):
+        raise ValueError(f"positions must be {n} non-negative ints (one per row), got {pos.size}")
     ref_lp = _log_softmax_rows(ref)
     if not np.all(np.isfinite(ref_lp.max(1))):
         raise ValueError("ref_rows contains a row without finite values")
@@ -346,6 +405,7 @@ def compute_noise_floor(
                 if np.any(~np.isnan(mad))
                 else 0.0,
                 log_kl=vc.to_dict(),
+                positions={} if pos is None else _position_record(y, groups, pos),
             )
             prev = kl_by_m.get(str(m))
             if prev is None or rec.log_kl["mean"] > prev.log_kl["mean"]:
@@ -368,6 +428,26 @@ def compute_noise_floor(
         meta=dict(meta or {}),
         margin_gain_survival=gain_survival,
     )
+
+
+def _position_record(y: np.ndarray, groups: np.ndarray, pos: np.ndarray) -> dict[str, Any]:
+    """``KLFloor.positions`` from per-position y [N], prompt labels [N] and positions [N]: buckets of
+    :data:`POSITION_BUCKET_STARTS`, a bucket with fewer than :data:`MIN_POSITION_BUCKET` positions
+    merged into the one before it (the first into the second)."""
+    starts = list(POSITION_BUCKET_STARTS)
+    while len(starts) > 1:
+        b = np.searchsorted(np.asarray(starts), pos, side="right") - 1
+        cnt = np.bincount(b, minlength=len(starts))
+        small = [k for k in range(len(starts)) if cnt[k] < MIN_POSITION_BUCKET]
+        if not small:
+            break
+        starts.pop(max(small[0], 1))
+    b = np.searchsorted(np.asarray(starts), pos, side="right") - 1
+    _, g = np.unique(groups, return_inverse=True)
+    counts = np.zeros((int(g.max()) + 1 if g.size else 0, len(starts)), np.int64)
+    np.add.at(counts, (g, b), 1)
+    means = [float(y[b == k].mean()) if (b == k).any() else float(y.mean()) for k in range(len(starts))]
+    return {"starts": [int(x) for x in starts], "means": means, "counts": counts.tolist()}
 
 
 def _gain_survival(lifts: Sequence[np.ndarray], ref_top_lp: np.ndarray, band: float) -> dict[str, float]:

@@ -161,3 +161,36 @@ def test_whole_audit_false_accusation_rate(synth):
         v = decide_verdict(run_detectors(b, fl, seed=a), floor=fl)
         accused += v.verdict not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE)
     assert accused / n <= MAX_REJECTION, f"false-accusation rate {accused / n:.3f}"
+
+
+def _position_dependent_honest(synth, rng, g, L, early=0.04, late=0.02, first=2):
+    """Reference rows and an honest variant whose logit noise is `early` at the first `first`
+    positions of each continuation and `late` after (y depends on the position, as on real models)."""
+    ref = synth.dirichlet_logprobs(rng, g, L)
+    sig = np.where(np.tile(np.arange(L), g) < first, early, late)[:, None]
+    return ref, synth.normalise(ref + rng.normal(size=ref.shape) * sig)
+
+
+def test_logprob_divergence_calibrated_on_short_requests_when_y_depends_on_position(synth):
+    """Audits of 2-token requests against floors measured on 16-token continuations: with the floor's
+    position record the null is the floor's mean at the audit's positions (uniform p-values, fresh
+    floor per audit); a floor without it compares the noisier first tokens with the whole
+    continuation's mean and accuses the honest provider."""
+    rng = np.random.default_rng(17)
+    g, gf, L, n_a = 30, 40, 16, 300
+    fpid, fpos = synth.prompt_labels(gf, L, "f"), np.tile(np.arange(L), gf)
+    ref, hon = _position_dependent_honest(synth, rng, n_a * g, 2)
+    b = synth.make_batch(rng, ref, hon, hon.argmax(1), 0.0, synth.prompt_labels(n_a * g, 2), m_provider=5)
+    slices = synth.audit_slices(n_a, g, 2)
+    p, p_blind = [], []
+    for a, sl in enumerate(slices):
+        fref, fhon = _position_dependent_honest(synth, rng, gf, L)
+        fl = compute_noise_floor(fref, fhon, prompt_ids=fpid, positions=fpos, top_m=(5,))
+        r = logprob_divergence(b.subset(sl), fl, rng=a, n_evidence=0)
+        assert r.details["position_adjustment"] > 0.5  # the first tokens sit above the floor's mean
+        p.append(r.p_value)
+        if a < 50:
+            blind = compute_noise_floor(fref, fhon, prompt_ids=fpid, top_m=(5,))
+            p_blind.append(logprob_divergence(b.subset(sl), blind, rng=a, n_evidence=0).p_value)
+    check_calibrated("logprob-divergence (position-matched)", p, p)
+    assert np.mean(np.asarray(p_blind) <= ALPHA) > 0.5

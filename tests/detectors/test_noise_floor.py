@@ -86,3 +86,43 @@ def test_json_roundtrip_and_choose_m(synth):
 def test_errors(ref, hon, kw, match):
     with pytest.raises(ValueError, match=match):
         compute_noise_floor(ref, hon, **kw)
+
+
+def test_position_record_buckets_means_and_null_mean(synth):
+    rng = np.random.default_rng(7)
+    g, L = 12, 20
+    ref = synth.dirichlet_logprobs(rng, g, L)
+    pos = np.tile(np.arange(L), g)
+    sig = np.where(pos < 4, 0.08, 0.02)[:, None]
+    hon = synth.normalise(ref + rng.normal(size=ref.shape) * sig)
+    fl = compute_noise_floor(ref, hon, prompt_ids=synth.prompt_labels(g, L), positions=pos, top_m=(5,))
+    kf = fl.kl_floor(5)
+    rec = kf.positions
+    # [0,2) and [2,4) hold 24 positions each (< MIN_POSITION_BUCKET): merged into [0,4)
+    assert rec["starts"] == [0, 4, 8, 16]
+    assert np.asarray(rec["counts"]).shape == (g, 4) and np.asarray(rec["counts"]).sum() == g * L
+    assert rec["means"][0] > rec["means"][1] + 1.0  # 4x the noise: y ~ log 16 higher
+    vc = kf.components
+    # an audit spread like the floor gets the floor's mean and variance back
+    mu, var = kf.null_mean(pos)
+    assert mu == pytest.approx(vc.mean) and var == pytest.approx(vc.var_of_mean(), rel=0.05)
+    # early positions only: the first bucket's mean, estimated from 48 positions
+    mu0, var0 = kf.null_mean(np.array([0, 1, 2, 3] * 5))
+    assert mu0 == pytest.approx(rec["means"][0]) and var0 > vc.var_of_mean()
+    # positions beyond the floor's continuations use the last, open bucket
+    assert kf.null_mean(np.array([40, 90]))[0] == pytest.approx(rec["means"][-1])
+    # one record survives JSON
+    back = NoiseFloor.from_json(fl.to_json()).kl_floor(5)
+    assert back.positions == rec and back.null_mean(pos) == pytest.approx((mu, var))
+
+
+def test_floor_without_positions_ignores_position(synth):
+    rng = np.random.default_rng(8)
+    ref = synth.dirichlet_logprobs(rng, 6, 10)
+    fl = compute_noise_floor(ref, synth.normalise(ref + rng.normal(0, 0.02, ref.shape)),
+                             prompt_ids=synth.prompt_labels(6, 10), top_m=(5,))
+    kf = fl.kl_floor(5)
+    assert kf.positions == {}
+    assert kf.null_mean(np.zeros(7, int)) == pytest.approx((kf.components.mean, kf.components.var_of_mean()))
+    with pytest.raises(ValueError, match="positions"):
+        compute_noise_floor(ref, ref, positions=np.arange(3))
