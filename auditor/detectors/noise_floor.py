@@ -33,8 +33,7 @@ What it records:
   position: the first tokens after a chat template are the least determined, and their y is ~0.7
   nats above the rest on SmolLM2-135M (docs/detectors.md). The logprob test compares an audit's mean
   with the floor's mean *at the audit's own position mix* (:meth:`KLFloor.null_mean`); without
-  that, a suite of 2-token requests put honest-bf16 at z = 3.4 (a false accusation) and one of
-  64-token requests made every provider look ~0.05 nats better than it is.
+  that, a suite of 2-token requests put honest-bf16 at z = 3.4 (a false accusation).
 """
 
 from __future__ import annotations
