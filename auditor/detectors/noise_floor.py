@@ -149,8 +149,7 @@ class KLFloor:
         means = np.asarray(rec["means"], dtype=np.float64)
         counts = np.asarray(rec["counts"], dtype=np.float64).reshape(-1, starts.size)  # [G, K]
         nk = counts.sum(0)
-        b = np.clip(np.searchsorted(starts, np.maximum(pos, 0), side="right") - 1, 0, starts.size - 1)
-        w = np.bincount(b, minlength=starts.size) / pos.size
+        w = np.bincount(_bucket_of(starts, pos), minlength=starts.size) / pos.size
         a = counts @ (w / np.maximum(nk, 1.0))  # [G]
         var = vc.sigma_b2 * float((a**2).sum()) + vc.sigma_w2 * float((w**2 / np.maximum(nk, 1.0)).sum())
         return float(w @ means), var
@@ -344,6 +343,7 @@ def compute_noise_floor(
     pos = None if positions is None else np.asarray(positions, dtype=np.int64).reshape(-1)
     if pos is not None and (pos.size != n or (pos < 0).any()):
         raise ValueError(f"positions must be {n} non-negative ints (one per row), got {pos.size}")
+    layout = None if pos is None else _PositionLayout.of(groups, pos)
     ref_lp = _log_softmax_rows(ref)
     if not np.all(np.isfinite(ref_lp.max(1))):
         raise ValueError("ref_rows contains a row without finite values")
@@ -404,7 +404,7 @@ def compute_noise_floor(
                 if np.any(~np.isnan(mad))
                 else 0.0,
                 log_kl=vc.to_dict(),
-                positions={} if pos is None else _position_record(y, groups, pos),
+                positions={} if layout is None else layout.record(y),
             )
             prev = kl_by_m.get(str(m))
             if prev is None or rec.log_kl["mean"] > prev.log_kl["mean"]:
@@ -429,24 +429,42 @@ def compute_noise_floor(
     )
 
 
-def _position_record(y: np.ndarray, groups: np.ndarray, pos: np.ndarray) -> dict[str, Any]:
-    """``KLFloor.positions`` from per-position y [N], prompt labels [N] and positions [N]: buckets of
-    :data:`POSITION_BUCKET_STARTS`, a bucket with fewer than :data:`MIN_POSITION_BUCKET` positions
-    merged into the one before it (the first into the second)."""
-    starts = list(POSITION_BUCKET_STARTS)
-    while len(starts) > 1:
-        b = np.searchsorted(np.asarray(starts), pos, side="right") - 1
-        cnt = np.bincount(b, minlength=len(starts))
-        small = [k for k in range(len(starts)) if cnt[k] < MIN_POSITION_BUCKET]
-        if not small:
-            break
-        starts.pop(max(small[0], 1))
-    b = np.searchsorted(np.asarray(starts), pos, side="right") - 1
-    _, g = np.unique(groups, return_inverse=True)
-    counts = np.zeros((int(g.max()) + 1 if g.size else 0, len(starts)), np.int64)
-    np.add.at(counts, (g, b), 1)
-    means = [float(y[b == k].mean()) if (b == k).any() else float(y.mean()) for k in range(len(starts))]
-    return {"starts": [int(x) for x in starts], "means": means, "counts": counts.tolist()}
+def _bucket_of(starts: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """[n] bucket index of each position (bucket k: starts[k] <= t < starts[k+1], the last one open)."""
+    return np.clip(np.searchsorted(starts, pos, side="right") - 1, 0, starts.size - 1)
+
+
+@dataclass(frozen=True)
+class _PositionLayout:
+    """The floor's position buckets (after merging small ones), each row's bucket [N] and the
+    positions per prompt and bucket [G, K]; shared by every width and variant of one floor."""
+
+    starts: np.ndarray
+    bucket: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, groups: np.ndarray, pos: np.ndarray) -> _PositionLayout:
+        """Buckets of :data:`POSITION_BUCKET_STARTS`; one with fewer than :data:`MIN_POSITION_BUCKET`
+        positions is merged into the one before it (the first into the second), so none is empty."""
+        starts = list(POSITION_BUCKET_STARTS)
+        while len(starts) > 1:
+            cnt = np.bincount(_bucket_of(np.asarray(starts), pos), minlength=len(starts))
+            small = [k for k in range(len(starts)) if cnt[k] < MIN_POSITION_BUCKET]
+            if not small:
+                break
+            starts.pop(max(small[0], 1))
+        st = np.asarray(starts, dtype=np.int64)
+        b = _bucket_of(st, pos)
+        _, g = np.unique(groups, return_inverse=True)
+        counts = np.zeros((int(g.max()) + 1 if g.size else 0, st.size), np.int64)
+        np.add.at(counts, (g, b), 1)
+        return cls(st, b, counts)
+
+    def record(self, y: np.ndarray) -> dict[str, Any]:
+        """``KLFloor.positions`` for per-position y [N]."""
+        means = np.bincount(self.bucket, weights=y, minlength=self.starts.size) / self.counts.sum(0)
+        return {"starts": self.starts.tolist(), "means": [float(v) for v in means], "counts": self.counts.tolist()}
 
 
 def _gain_survival(lifts: Sequence[np.ndarray], ref_top_lp: np.ndarray, band: float) -> dict[str, float]:
