@@ -7,7 +7,8 @@ deployments, measured here on the real serving path:
 
 - every honest simulator profile of :data:`HONEST_BY_REFERENCE` (``honest-fp32``; ``honest-noisy``,
   logit noise 0.02 nats standing for GPU batch-order/kernel noise; ``honest-bf16``) generates
-  greedy continuations of :data:`FLOOR_PROMPTS` prompts through
+  greedy continuations of :data:`FLOOR_PROMPTS` prompts (every distinct prompt of the bundled
+  suites) through
   ``reference.speculative.speculative_generate`` with its drafter and the strict verifier, which
   returns the full ``[n, V]`` log-softmax the provider would report;
 - the reference teacher-forces the same continuations (``reference.scoring.score_continuations``,
@@ -47,7 +48,8 @@ The key (:func:`floor_cache_key`) covers everything the numbers depend on: the m
 the suite and prompt token ids, the measurement settings (tokens, k, batch size, seed), the torch
 and transformers versions and the CPU kernel family (``torch.backends.cpu.get_cpu_capability()``:
 bf16 arithmetic differs between AVX2 and AVX-512 machines). It is computed once per model and
-machine setup (a few minutes on 2 CPU cores for the default model) and re-used by every audit.
+machine setup (396 s on 2 quiet CPU cores for the default model, 52 prompts; ~35 min for
+gemma-3-270m, whose 262k-token vocabulary makes every forward costly) and re-used by every audit.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ __all__ = [
 ]
 
 #: Version of the floor method; part of the cache key (bump when the measurement changes).
-NOISE_METHOD = "nearest-honest-reference/4"  # 2: fixed k, seeded, key covers CPU + versions; 3: margin-gain survival; 4: y by position
+NOISE_METHOD = "nearest-honest-reference/5"  # 2: fixed k, seeded, key covers CPU + versions; 3: margin-gain survival; 4: y by position; 5: 52 prompts
 #: Precisions the reference is teacher-forced in by default. One (float32) — see the module
 #: docstring: bf16 rounding is a noise *level* (bf16 vs bf16 on another computation path diverges
 #: as much as bf16 vs fp32), so a second, bf16 reference buys no separation and costs a second
@@ -98,8 +100,11 @@ HONEST_BY_REFERENCE: dict[str, tuple[str, ...]] = {
     "float32": ("honest-fp32", "honest-noisy", "honest-bf16"),
     "bfloat16": ("honest-bf16",),
 }
-#: Prompts (greedy and logprob probes of the default suite, in suite order) the floor is measured on.
-FLOOR_PROMPTS = 16
+#: Prompts (greedy and logprob probes of :data:`FLOOR_SUITE`, workloads interleaved) the floor is
+#: measured on: every one of the bundled suites' 52 distinct prompts. The floor's mean is
+#: estimated, and its sampling variance enters every logprob test's null (``KLFloor.null_mean``):
+#: on 16 prompts it was as large as the audit's own variance at 500 tokens (docs/detectors.md).
+FLOOR_PROMPTS = 52
 #: Greedy tokens generated per floor prompt.
 FLOOR_MAX_NEW_TOKENS = 32
 #: Speculation depth used by the honest variants (the simulator's default), fixed every round.
@@ -108,8 +113,9 @@ FLOOR_K = 4
 FLOOR_SEED = 0
 #: Teacher-forcing batch size of the measurement (sequences per forward; part of the key).
 FLOOR_BATCH_SIZE = 8
-#: Suite whose greedy/logprob prompts the floor is measured on.
-FLOOR_SUITE = "default"
+#: Suite whose greedy/logprob prompts the floor is measured on (``precision``: all 52 prompts of the
+#: bundled suites, every workload; ``default`` has 20).
+FLOOR_SUITE = "precision"
 #: Environment variable naming the floor cache directory (overrides ``$SPEC_AUDITOR_HOME/noise``).
 ENV_NOISE_DIR = "SPEC_AUDITOR_NOISE_DIR"
 

@@ -196,7 +196,7 @@ def _power_model(result: DetectorResult, floor: NoiseFloor | None) -> _PowerMode
     if test == TestKind.KL:
         if floor is None or "m" not in d:
             return None
-        vc = floor.kl_floor(int(d["m"])).components
+        vc = floor.kl_floor(int(d.get("test_m", d["m"]))).components
         per_prompt = max(1.0, result.n / max(1, int(d.get("n_prompts", 1))))
         return _PowerModel(test, var=vc.sigma_w2 + vc.sigma_b2 * per_prompt)
     if test == TestKind.ARGMAX:

@@ -68,6 +68,9 @@ CONFIDENT_MARGIN_SIGMAS = 3.0
 #: Margin bins (in units of σ̂) of the flip counts reported in ``details["margin_bins"]``.
 MARGIN_BIN_EDGES = (0.0, 1.0, 2.0, 3.0, 5.0, 10.0, float("inf"))
 _MAD_TO_SD = 1.482602218505602  # 1 / Φ^{-1}(3/4)
+#: Width of the KL the test statistic y is computed on (None: the width M the provider listed; the
+#: effect, the ratios and the flip statistics always use M). docs/detectors.md: the top-1 width.
+TEST_WIDTH: int | None = None
 
 
 def logprob_positions(
@@ -189,13 +192,16 @@ def logprob_divergence(
     ref = batch.reference()
     ref_lp = ref.at_provider_top[idx, :m]
     kl, mad, _ = bucketed_kl(ref_lp, prov_lp)
-    y = np.log(kl + floor.eps)
+    m_test = m if TEST_WIDTH is None else floor.choose_m(min(m, TEST_WIDTH)) or m
+    fl_test = floor.kl_floor(m_test)
+    kl_test = kl if m_test == m else bucketed_kl(ref_lp[:, :m_test], prov_lp[:, :m_test])[0]
+    y = np.log(kl_test + floor.eps)
     groups = batch.prompt_ids[idx]
     _, inv = np.unique(groups, return_inverse=True)
     ng = np.bincount(inv).astype(np.float64)
-    vc = fl.components
+    vc = fl_test.components
     var0 = mean_variance_under(vc.sigma_w2, vc.sigma_b2, n, float((ng**2).sum()))
-    mu0, var_floor = fl.null_mean(batch.positions[idx])
+    mu0, var_floor = fl_test.null_mean(batch.positions[idx])
     se = float(np.sqrt(var0 + var_floor))
     ybar = float(y.mean())
     z = (ybar - mu0) / se if se > 0 else (np.inf if ybar > mu0 else 0.0)
@@ -235,6 +241,7 @@ def logprob_divergence(
             if np.any(~np.isnan(mad))
             else None,
             "m": int(m),
+            "test_m": int(m_test),
             "floor_mean_kl": fl.mean_kl,
             "floor_variant": fl.variant,
             "mean_log_kl": ybar,

@@ -40,6 +40,25 @@ def test_floor_prompts_cover_every_workload(tiny_lm) -> None:
     assert all(len(x) > 5 for x in ids)
 
 
+def test_default_floor_is_measured_on_every_prompt_an_audit_can_send(tiny_lm) -> None:
+    """The default floor's prompts are every distinct greedy/logprob prompt of the shipped suites
+    (issue 14: on 16 prompts the floor mean's own sampling variance was as large as a 500-token
+    audit's, and the 0.999 margin quantile was the sample maximum)."""
+    from auditor.noise import FLOOR_PROMPTS
+    from probes.suites import load_suite
+    from reference.scoring import encode_prompt
+
+    names, ids = floor_prompts(tiny_lm.tokenizer)
+    assert len(names) == FLOOR_PROMPTS == len({tuple(x) for x in ids})
+    chat = bool(getattr(tiny_lm.tokenizer, "chat_template", None))
+    floor_ids = {tuple(x) for x in ids}
+    for suite in ("default", "precision", "code", "math", "chat", "repetition", "smoke"):
+        for p in load_suite(suite).probes:
+            if p.mode in ("greedy", "logprob"):
+                enc = encode_prompt(tiny_lm.tokenizer, p.chat_messages() if chat else p.prompt_text(), chat=chat)
+                assert tuple(enc) in floor_ids, (suite, p.id)
+
+
 def test_get_floors_measures_then_caches(tiny_lm, tmp_path) -> None:
     calls = []
     fs = get_floors({"float32": tiny_lm}, n_prompts=3, max_new_tokens=6, cache_dir=tmp_path,

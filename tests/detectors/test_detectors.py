@@ -134,6 +134,26 @@ def test_logprob_divergence_zero_for_exact_reports_and_large_for_tempered(synth)
     assert r2.evidence[0]["kl"] >= r2.evidence[-1]["kl"]
 
 
+def test_logprob_test_width_option_tests_the_narrower_kl(synth, monkeypatch):
+    """TEST_WIDTH (measured, not the default: docs/detectors.md) computes y on the top-1 KL against
+    the floor's width-1 record while the effect keeps every listed alternative."""
+    import auditor.detectors.logprob as lp
+
+    rng = np.random.default_rng(3)
+    floor = synth.make_floor(rng, top_m=(1, 5))
+    g, L = 6, 20
+    ref = synth.dirichlet_logprobs(rng, g, L)
+    hot = synth.normalise(ref / 0.7)
+    b = synth.make_batch(rng, ref, hot, ref.argmax(1), 0.0, synth.prompt_labels(g, L), m_provider=5)
+    wide = logprob_divergence(b, floor)
+    monkeypatch.setattr(lp, "TEST_WIDTH", 1)
+    narrow = logprob_divergence(b, floor)
+    assert wide.details["test_m"] == 5 and narrow.details["test_m"] == 1 and narrow.details["m"] == 5
+    assert narrow.effect == wide.effect  # the effect is the listed width's mean KL
+    assert narrow.details["null_mean_y"] == floor.kl_floor(1).null_mean(b.positions)[0]
+    assert narrow.statistic != wide.statistic
+
+
 def test_logprob_divergence_needs_floor_and_lists(synth):
     rng = np.random.default_rng(1)
     ref = synth.dirichlet_logprobs(rng, 3, 10)
