@@ -152,7 +152,8 @@ def logprob_divergence(
     Returns:
         DetectorResult: statistic = z, p_value = 1 − Φ(z), effect = mean KL (nats, bucketed),
         effect_ci = prompt-bootstrap 95% CI, details = {ratio_to_floor, geometric_ratio,
-        top1_agreement, mean_abs_dlogprob, m, floor_mean_kl, n_prompts}.
+        top1_agreement, mean_abs_dlogprob, m, test_m (the width y was computed on: m unless
+        :data:`TEST_WIDTH` narrows it), floor_mean_kl, n_prompts}.
     """
     if not batch.has_reference:
         return not_run(name, "no reference distribution available")
