@@ -194,7 +194,7 @@ def logprob_divergence(
     ref_lp = ref.at_provider_top[idx, :m]
     kl, mad, _ = bucketed_kl(ref_lp, prov_lp)
     m_test = m if TEST_WIDTH is None else floor.choose_m(min(m, TEST_WIDTH)) or m
-    fl_test = floor.kl_floor(m_test)
+    fl_test = fl if m_test == m else floor.kl_floor(m_test)
     kl_test = kl if m_test == m else bucketed_kl(ref_lp[:, :m_test], prov_lp[:, :m_test])[0]
     y = np.log(kl_test + floor.eps)
     groups = batch.prompt_ids[idx]
