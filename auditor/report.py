@@ -372,7 +372,7 @@ def cause_flip_line(report: AuditReport) -> str | None:
     elif "reference_path_available" in d:
         out += f"; reference's continuations via echo: not available ({d.get('reference_path_reason')})"
     path = ((report.verdict_details or {}).get("cause_confidence") or {}).get("path")
-    return out + (f"; decided by the {path} path" if path else "")
+    return out + (f"; decided by the {path} path" if path in ("provider", "reference", "sampled") else "")
 
 
 def _check_mark(c: dict) -> str:

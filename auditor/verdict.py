@@ -37,10 +37,10 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
 4. A sampling test rejects (reference ``sampling-*`` or, without a reference, ``self-*``):
    a. argmax over-emission rejects and the argmax was emitted at >= GREEDY_SERVED_MIN_ARGMAX_RATE
       of sampled positions → DECODING_NONCOMPLIANT (sampling request served greedily).
-   b. tail deficit rejects and the tail is missing (observed/expected <= TAIL_MISSING_MAX_RATIO)
-      or the deficit per position >= TRUNCATION_SHAPE_RATIO × the argmax excess per position
-      (the mass went away from the tail, not towards the drafts) → DECODING_NONCOMPLIANT
-      (truncated sampling nobody asked for).
+   b. tail deficit rejects and truncation explains the sampled tokens better than lossy acceptance
+      (:mod:`auditor.detectors.emission`: maximum-likelihood top-p / min-p / top-k laws against typical /
+      pro-rata acceptance, log-likelihood ratio > 0; results without the fit: the shape ratio below) →
+      DECODING_NONCOMPLIANT (truncated sampling nobody asked for).
    c. argmax over-emission rejects (tail intact or only partly thinned) → RELAXED_VERIFICATION.
    d. only the PIT (or a partial tail) rejects: RELAXED_VERIFICATION when the provider's logprobs
       are consistent with the reference or a self-test rejects (the samples do not follow the
@@ -119,7 +119,13 @@ from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
-from auditor.verdict_cause import explained_by_decode_path, flip_cause, near_tie_reason, sampled_flip_cause
+from auditor.verdict_cause import (
+    emission_cause,
+    explained_by_decode_path,
+    flip_cause,
+    near_tie_reason,
+    sampled_flip_cause,
+)
 from auditor.verdict_power import (
     DEFAULT_POWER,
     POWER_FAMILIES,
@@ -186,20 +192,13 @@ SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE = 0.35
 LOGPROBS_CONSISTENT_MAX_RATIO = 2.0
 #: Argmax emitted at least this often at T > 0 → the request was served greedily.
 GREEDY_SERVED_MIN_ARGMAX_RATE = 0.97
-#: Tail observed/expected at or below this → the tail is missing (truncated sampling).
-#: Calibrated on the simulator (issue 7, docs/calibration.md): 0.0, i.e. only a tail never sampled
-#: at all. A missing tail does not tell truncation from typical acceptance — typical acceptance
-#: rejects every low-probability draft too (measured tail ratio 0.09 vs truncated-sampling's 0.22),
-#: so with 0.25 typical-acceptance was named DECODING_NONCOMPLIANT in 100% of audits; the shape
-#: ratio below separates them.
+#: Rule 4b's fallback for tail results without the emission-model fit (older stored results, α > 0.1):
+#: tail observed/expected at or below this → the tail is missing (issue 7: only a tail never sampled;
+#: typical acceptance thins the tail to ~0.09 too, hence 0.0 and the shape ratio below).
 TAIL_MISSING_MAX_RATIO = 0.0
-#: Tail deficit per position >= this × argmax excess per position → truncation, not acceptance.
-#: (Truncation moves the tail's mass to all nucleus tokens pro rata, so the argmax gains at most
-#: the deficit; relaxed acceptance moves mass from every non-draft token to the draft, so the
-#: argmax gains much more than the tail loses.) Calibrated on the simulator (issue 7): mean
-#: deficit/excess 1.1-1.2 for truncated-sampling (top_p 0.8), 0.75 for typical-acceptance (all the
-#: rejected mass goes to the argmax), 0.35-0.4 for relaxed-threshold; 0.9 names both right in
-#: 84-86% of audits at 1,000 tokens and 99-100% at 3,000 (was 0.8).
+#: Fallback too: tail deficit per position >= this × argmax excess per position → truncation (truncation
+#: spreads the tail's mass pro rata, acceptance gives it to the draft; issue 7: deficit/excess 1.1-1.2 for
+#: truncated-sampling, 0.75 typical-acceptance, 0.35-0.4 relaxed-threshold; right in 84-86% at 1,000 tokens).
 TRUNCATION_SHAPE_RATIO = 0.9
 
 #: Share of failed probes above which the audit is INCONCLUSIVE ("provider failures", issue 13):
@@ -242,17 +241,9 @@ class Verdict:
 
 def apply_holm(results: Sequence[DetectorResult]) -> list[DetectorResult]:
     """Copies of results with ``p_adjusted`` = Holm across the detectors that ran (None otherwise)."""
-    ps = [
-        r.p_value
-        if (r.ran and r.p_value is not None and not math.isnan(r.p_value))
-        else math.nan
-        for r in results
-    ]
+    ps = [r.p_value if (r.ran and r.p_value is not None and not math.isnan(r.p_value)) else math.nan for r in results]
     adj = holm(ps)
-    return [
-        r.with_adjusted(None if math.isnan(a) else float(a))
-        for r, a in zip(results, adj, strict=True)
-    ]
+    return [r.with_adjusted(None if math.isnan(a) else float(a)) for r, a in zip(results, adj, strict=True)]
 
 
 # --------------------------------------------------------------------------- decision
@@ -630,28 +621,33 @@ def _sampling_cause(c: _Ctx, *, reference: bool, record_shape: bool = False) -> 
     arate = float((a.details or {}).get("argmax_rate", 0.0)) if a is not None else 0.0
     tratio = float((t.details or {}).get("tail_ratio", 1.0)) if t is not None else 1.0
     deficit = float((t.details or {}).get("deficit_per_position", 0.0)) if t is not None else 0.0
+    em = emission_cause(t) if tail_sig else None
     if record_shape:
         c.details["shape"] = {"argmax_excess_per_position": excess, "argmax_rate": arate, "tail_ratio": tratio,
-                              "tail_deficit_per_position": deficit}
+                              "tail_deficit_per_position": deficit, **({"emission": em.confidence} if em else {})}
     rej = [k for k in arg_names + tail_names + gof_names if rejects(k)]
     if arg_sig and arate >= GREEDY_SERVED_MIN_ARGMAX_RATE:
         return c.cause(
             VerdictKind.DECODING_NONCOMPLIANT,
             f"sampling requests were served greedily: the argmax was emitted at {arate:.1%} of sampled "
             f"positions ({_pstr(by, arg_names)})", "4a-greedy-served", rej, f"sampled greedily, {_pstr(by, arg_names)}")
-    if tail_sig and (tratio <= TAIL_MISSING_MAX_RATIO or deficit >= TRUNCATION_SHAPE_RATIO * max(excess, 0.0)):
+    if em is not None and record_shape:  # emission models decide (issue 14 item 5); else the shape ratio
+        c.details["cause_confidence"] = em.confidence
+    shape_trunc = tratio <= TAIL_MISSING_MAX_RATIO or deficit >= TRUNCATION_SHAPE_RATIO * max(excess, 0.0)
+    if tail_sig and (em.truncation if em is not None else shape_trunc):
         return c.cause(
             VerdictKind.DECODING_NONCOMPLIANT,
             f"sampled tokens follow a truncated distribution nobody asked for: only {tratio:.0%} of the "
             f"expected low-probability-tail emissions (deficit {deficit:.3g}/position vs argmax excess "
-            f"{excess:.3g}/position; {_pstr(by, tail_names)}) — a server-side top-k / top-p / min-p default",
+            f"{excess:.3g}/position; {_pstr(by, tail_names)}"
+            f"{'; ' + em.text if em else ''}) — a server-side top-k / top-p / min-p default",
             "4b-truncated", rej, f"sampling truncated, {tratio:.0%} of the tail, {_pstr(by, tail_names)}")
     if arg_sig:
         return c.cause(
             VerdictKind.RELAXED_VERIFICATION,
             f"sampled tokens over-emit the argmax by {excess:.3g} per position (rate {arate:.1%}) with the "
-            f"tail {'intact' if tratio > 0.8 else 'only partly thinned'} ({tratio:.0%} of expected): the "
-            f"signature of lossy speculative acceptance ({_pstr(by, arg_names)})",
+            f"tail {'intact' if tratio > 0.8 else 'only partly thinned'} ({tratio:.0%} of expected"
+            f"{'; ' + em.text if em else ''}): the signature of lossy speculative acceptance ({_pstr(by, arg_names)})",
             "4c-relaxed", rej, f"argmax over-emitted, {_pstr(by, arg_names)}")
     self_sig = any(rejects(k) for k in SELF_SAMPLING_DETECTORS)
     if c.lp_consistent or self_sig or excess > 0:

@@ -29,8 +29,8 @@ from scipy import stats
 
 from auditor.detectors.base import DetectorName, DetectorResult
 
-__all__ = ["SAMPLED_FLIP_TEST_LEVEL", "FlipCause", "explained_by_decode_path", "flip_cause", "near_tie_reason",
-           "sampled_flip_cause"]
+__all__ = ["SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause", "emission_cause", "explained_by_decode_path",
+           "flip_cause", "near_tie_reason", "sampled_flip_cause"]
 
 #: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
 _DECODE_PATH_EXPLAINS = (DetectorName.GREEDY_MATCH, DetectorName.GREEDY_HETEROGENEITY, DetectorName.GREEDY_NEAR_TIE)
@@ -144,6 +144,47 @@ def sampled_flip_cause(gof: DetectorResult | None, threshold: float) -> FlipCaus
     text = (fc.text.replace("provider's own continuations", "provider's own sampled continuations")
             + f"; P(>= {obs} flips | {threshold:g}x that prediction) = {p_sub:.2g}")
     return FlipCause(sub, fc.value, text, conf)
+
+
+@dataclass(frozen=True)
+class EmissionCause:
+    """Rule 4b/4c's evidence: which emission law explains the sampled tokens better.
+
+    Attributes:
+        truncation: the truncation family's best law beats the acceptance family's (log-lik ratio > 0).
+        text: the evidence as a clause of the verdict's reason.
+        confidence: ``details["cause_confidence"]`` (``path`` "emission-models", the ratio in nats).
+    """
+
+    truncation: bool
+    text: str
+    confidence: dict[str, Any]
+
+
+def emission_cause(tail: DetectorResult | None) -> EmissionCause | None:
+    """Rule 4b's decision from a tail test's ``details["emission"]`` (:mod:`auditor.detectors.emission`).
+
+    Truncation (a top-p / min-p nobody asked for: survivors renormalised pro rata) against lossy acceptance
+    (the cut mass moved to the argmax, or every token's share λ moved to it), each the maximum-likelihood law
+    of its family on the audit's sampled tokens; the family with the larger likelihood names the cause — no
+    cut-off (both families have a shape and a leak parameter). Returns None when the fit is absent (older
+    results, or a tail p-value above ``EMISSION_FIT_MAX_P``): the verdict then uses the shape ratio.
+    """
+    em = (tail.details or {}).get("emission") if tail is not None and tail.ran else None
+    if not isinstance(em, Mapping) or em.get("log_lik_ratio") is None:
+        return None
+    lr = float(em["log_lik_ratio"])
+    tr, ac = dict(em.get("truncation") or {}), dict(em.get("acceptance") or {})
+
+    def law(d: Mapping[str, Any]) -> str:
+        return f"{d.get('cut')} {float(d.get('parameter') or 0):g}, leak {float(d.get('leak') or 0):g}"
+
+    text = (f"of two emission laws fitted to the {em.get('n')} sampled tokens, truncation ({law(tr)}; survivors "
+            f"renormalised) explains them {abs(lr):.3g} nats {'better' if lr > 0 else 'worse'} than lossy acceptance "
+            f"({law(ac)}; the mass moved to the argmax)")
+    conf = {"path": "emission-models", "statistic": "log_lik_ratio", "value": lr, "threshold": 0.0,
+            "truncation": tr, "acceptance": ac, "n": em.get("n")}
+    return EmissionCause(lr > 0, text, conf)
 
 
 def near_tie_reason(r: DetectorResult) -> str:

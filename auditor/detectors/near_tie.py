@@ -29,15 +29,23 @@ Honest bound S(m) >= P_honest(flip at margin m), from the floor:
   above q_0.999.
 
 Tested positions: m <= band (above it ``greedy-match`` is the test) and S(m) <= MAX_TESTED_BOUND
-(below that margin a flip carries almost no information). Statistic: k = near-tie flips among the
-n tested positions against μ = Σ S(m_i); p-value = P(X >= k), X ~ Poisson(μ)
-(``scipy.stats.poisson.sf(k − 1, μ)``).
+(below that margin a flip carries almost no information). Statistic (``method`` "weighted", the
+default): the Neyman–Pearson log-likelihood ratio of "each tested position flips at the alternative's
+rate r = NEAR_TIE_ALT_RATE" against "at its honest bound S_i", T = Σ_flipped w_i with
+w_i = log(r (1 − S_i) / (S_i (1 − r))) rounded to a lattice of WEIGHT_STEP nats: a flip where honest
+noise almost never flips (S ≈ 1/(N + 1)) weighs ~6 nats, one at a small margin (S ≈ 0.05) ~2.
+p-value = P(T' >= T) for T' = Σ X_i w_i with independent X_i ~ Bernoulli(S_i), computed exactly on the
+lattice (:func:`weighted_flip_sf`). The unweighted count, p = P(X >= k | X ~ Poisson(μ = Σ S_i)),
+is kept as ``details["p_count"]`` (``method`` "count" uses it: the test before issue 14's last round).
 
 Why conservative: each S(m_i) bounds the honest flip probability from above, the floor keeps the
-most lenient variant, and a Poisson with mean μ is more dispersed than the Poisson-binomial of
-independent trials with those means, so its upper tail is heavier.
+most lenient variant, and T' grows with every X_i (positive weights), so its upper tail at the bounds
+lies above the tail at the true flip probabilities (weights are fixed by the reference's margins, not
+by the flips). For the count, a Poisson with mean μ is more dispersed than the Poisson-binomial.
 Effect: the near-tie flip rate k / n (Wilson 95% CI); power model: ``auditor.verdict_power``
-(exact Poisson test at the audit's mean bound μ / n against a flip rate r1 per tested position).
+(exact Poisson count test at the audit's mean bound μ / n against a flip rate r1 per tested position:
+the weighted test's power at that alternative is at least the count test's — it is the most powerful
+test of it — so the model, and a PASS's "rules out greedy-relaxed", err on the low side).
 """
 
 from __future__ import annotations
@@ -54,10 +62,15 @@ __all__ = [
     "MAX_TESTED_BOUND",
     "MIN_HONEST_FLIP_BOUND",
     "MIN_NEAR_TIE_POSITIONS",
+    "NEAR_TIE_ALT_RATE",
+    "NEAR_TIE_METHOD",
     "QUANTILE_LEVELS",
+    "WEIGHT_STEP",
     "gain_flip_bound",
     "greedy_near_tie",
     "honest_flip_bound",
+    "np_weights",
+    "weighted_flip_sf",
 ]
 
 #: The |Δ margin| quantile levels the floor stores (``noise_floor._QUANTILES``), as its dict keys.
@@ -71,6 +84,15 @@ MIN_HONEST_FLIP_BOUND = 2e-3
 MAX_TESTED_BOUND = 0.1
 #: Fewer tested positions than this → not run.
 MIN_NEAR_TIE_POSITIONS = 5
+
+#: The alternative's flip rate per tested near-tie behind the Neyman–Pearson weights (a greedy verifier that
+#: accepts the runner-up at near-ties; greedy-relaxed flips ~0.26 of them on SmolLM2, docs/calibration.md).
+#: Any fixed r gives a valid test; r only sets the relative weights of positions with different bounds.
+NEAR_TIE_ALT_RATE = 0.25
+#: Lattice step of the weights (nats): the null law of T is then an exact discrete convolution.
+WEIGHT_STEP = 0.05
+#: The test statistic: "weighted" (Neyman–Pearson weights) or "count" (Poisson count, the earlier test).
+NEAR_TIE_METHOD = "weighted"
 
 # details["bins"]: tested positions grouped by their bound, (upper, lower] pairs
 _BOUND_BINS = ((MAX_TESTED_BOUND, 0.03), (0.03, 0.01), (0.01, 0.0))
@@ -111,6 +133,50 @@ def gain_flip_bound(margin: np.ndarray, survival: dict[str, float]) -> np.ndarra
     return np.where(j >= 0, vals[np.clip(j, 0, grid.size - 1)], 1.0)
 
 
+def np_weights(bound: np.ndarray, rate: float = NEAR_TIE_ALT_RATE) -> np.ndarray:
+    """Lattice weights [n] int64 (units of WEIGHT_STEP nats) of flips at positions with honest bounds ``bound``
+    [n] (each in (0, rate)): round(log(r (1 − S) / (S (1 − r))) / WEIGHT_STEP), at least 1."""
+    s = np.clip(np.asarray(bound, np.float64), 1e-12, rate)
+    w = np.log(rate * (1.0 - s) / (s * (1.0 - rate)))
+    return np.maximum(np.rint(w / WEIGHT_STEP), 1).astype(np.int64)
+
+
+def weighted_flip_sf(units: np.ndarray, probs: np.ndarray, observed: int) -> float:
+    """P(Σ X_i u_i >= observed) for independent X_i ~ Bernoulli(probs_i) (exact, on the integer lattice).
+
+    Positions are grouped by (u, p); each group's count is Binomial, and the convolution runs on
+    [0, observed] with the last cell holding every total >= observed, so tiny tail probabilities keep their
+    precision.
+
+    Args:
+        units: [n] int64 positive lattice weights; probs: [n] float64 in [0, 1]; observed: the statistic (>= 0).
+
+    Returns:
+        The upper-tail probability in [0, 1] (1 when observed <= 0).
+    """
+    obs = int(observed)
+    if obs <= 0:
+        return 1.0
+    pmf = np.zeros(obs + 1)
+    pmf[0] = 1.0
+    pairs, counts = np.unique(np.column_stack([np.asarray(units, np.float64), np.asarray(probs, np.float64)]),
+                              axis=0, return_counts=True)
+    for (u, p), c in zip(pairs, counts, strict=True):
+        u, kmax = int(u), min(int(c), obs // max(int(u), 1) + 1)
+        bk = stats.binom.pmf(np.arange(kmax + 1), int(c), float(p))
+        bk[-1] += float(stats.binom.sf(kmax, int(c), float(p)))  # more flips than needed: still >= observed
+        new = np.zeros_like(pmf)
+        for j in range(kmax + 1):
+            shift = j * u
+            if shift >= obs:
+                new[obs] += bk[j] * pmf.sum()
+            else:
+                new[shift:obs] += bk[j] * pmf[:obs - shift]
+                new[obs] += bk[j] * pmf[obs - shift:].sum()
+        pmf = new
+    return float(min(1.0, max(0.0, pmf[obs])))
+
+
 def greedy_near_tie(
     batch: EvidenceBatch,
     floor: NoiseFloor | None = None,
@@ -129,7 +195,8 @@ def greedy_near_tie(
         rng: unused (the test is deterministic); accepted for the registry's call signature.
 
     Returns:
-        DetectorResult: statistic = k near-tie flips, p_value = Poisson upper tail P(X >= k | μ),
+        DetectorResult: statistic = k near-tie flips, p_value = the weighted test's P(T' >= T) (``method`` count:
+        the Poisson upper tail P(X >= k | μ)),
         effect = k / n (near-tie flip rate at the tested positions, Wilson CI), n = tested positions,
         details = {k, expected (μ), mean_bound (μ / n, the power model's null rate), n_positions,
         bins [{bound_lo, bound_hi, lo, hi (margins, nats), positions, flips, expected}], band, quantiles,
@@ -167,7 +234,11 @@ def greedy_near_tie(
     flip = (mismatch & (gap <= band))[tested]
     s = bound[tested]
     k, mu = int(flip.sum()), float(s.sum())
-    p = float(stats.poisson.sf(k - 1, mu)) if k > 0 else 1.0
+    p_count = float(stats.poisson.sf(k - 1, mu)) if k > 0 else 1.0
+    units = np_weights(s)
+    t_obs = int(units[flip].sum())
+    p_w = weighted_flip_sf(units, s, t_obs) if k > 0 else 1.0
+    p = p_w if NEAR_TIE_METHOD == "weighted" else p_count
     bins = []
     for b_hi, b_lo in _BOUND_BINS:
         sel = (s <= b_hi) & (s > b_lo)
@@ -187,6 +258,8 @@ def greedy_near_tie(
         n=n,
         evidence=evidence,
         details={"k": k, "expected": mu, "mean_bound": mu / n, "n_positions": n, "bins": bins, "band": band,
+                 "test": NEAR_TIE_METHOD, "weighted_statistic": t_obs * WEIGHT_STEP, "p_weighted": p_w,
+                 "p_count": p_count, "alt_rate": NEAR_TIE_ALT_RATE,
                  "quantiles": q, "method": method, "min_tested_margin": lo, "grid_step": GAIN_GRID_STEP,
                  "n_greedy": int(idx.size), "n_prompts": int(np.unique(batch.prompt_ids[rows]).size)},
     )

@@ -16,8 +16,9 @@ temperature applied, top_p = 1, no top-k). Three tests share one representation,
 - ``sampling-tail``: count of tokens emitted outside the reference's top-p = TAIL_TOP_P nucleus
   (the low-probability tail) vs its expected Σ tail mass; one-sided (too few) — the signature
   of truncated sampling nobody asked for (engine-default top-k/top-p/min-p).
-The shape tells the causes apart (see ``auditor.verdict``): argmax over-emitted with the tail
-(mostly) intact → relaxed verification; tail missing → decoding noncompliant.
+Which cause thinned the tail (truncation or lossy acceptance) is decided by the emission models of
+:mod:`.emission`, fitted on the tail test's view and recorded in its ``details["emission"]`` (the
+verdict's rule 4b); argmax over-emitted with the tail intact → relaxed verification.
 
 Count tests report the exact tail probability as ``p_value`` (conservative for a discrete
 statistic) and a randomized p-value in ``details['p_randomized']`` (exactly uniform under H0).
@@ -41,12 +42,14 @@ from scipy import stats
 from scipy.special import logsumexp
 
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
+from .emission import emission_fit
 from .logprob import margin_flip_stats
 from .noise_floor import NoiseFloor
 from .stats import RngLike, garwood_ci, poisson_binomial_test, randomized_pit
 
 __all__ = [
     "ARGMAX_TEST_MIN_P",
+    "EMISSION_FIT_MAX_P",
     "FULL_ROW_TOP_K",
     "TAIL_TOP_P",
     "SamplingView",
@@ -72,6 +75,11 @@ TAIL_TOP_P = 0.9
 #: simulator (issue 7, docs/calibration.md): relaxed-threshold (s = 0.5) with 500 sampled tokens
 #: is caught in 99% of audits instead of 90% with every position counted, false accusations unchanged.
 ARGMAX_TEST_MIN_P = 0.3
+#: ``*-tail`` results record the emission-model fit (``details["emission"]``, :mod:`.emission`: truncation or
+#: acceptance, the verdict's rule 4b) when their p-value is at most this: the verdict uses it only when the
+#: tail test rejects at the family-wise α after Holm, so p <= α <= this; skipping it elsewhere keeps the
+#: calibration's hundred thousand audits cheap. (At α > 0.1 rule 4b falls back to the shape ratio.)
+EMISSION_FIT_MAX_P = 0.1
 #: How many top tokens a view keeps when built from full reference rows.
 FULL_ROW_TOP_K = 64
 _T1_TOL = 1e-6
@@ -402,6 +410,8 @@ def tail_result(
             "p_randomized": t["p_randomized"],
             "source": view.source,
             "n_prompts": _n_prompts(batch, view),
+            **({"emission": emission_fit(view.top_probs, view.token_rank)}
+               if t["p_value"] <= EMISSION_FIT_MAX_P else {}),
         },
     )
 

@@ -15,9 +15,12 @@ from auditor.detectors.greedy import greedy_match
 from auditor.detectors.near_tie import (
     MAX_TESTED_BOUND,
     MIN_HONEST_FLIP_BOUND,
+    WEIGHT_STEP,
     gain_flip_bound,
     greedy_near_tie,
     honest_flip_bound,
+    np_weights,
+    weighted_flip_sf,
 )
 from auditor.detectors.noise_floor import GAIN_GRID_STEP, compute_noise_floor, gain_grid_key
 from auditor.verdict import decide_verdict
@@ -127,7 +130,10 @@ def test_details_bins_and_evidence():
     assert sum(b["positions"] for b in d["bins"]) == r.n and sum(b["flips"] for b in d["bins"]) == d["k"]
     assert abs(sum(b["expected"] for b in d["bins"]) - d["expected"]) < 1e-9
     assert d["band"] == BAND and d["quantiles"] == QUANTILES
-    assert r.p_value == stats.poisson.sf(d["k"] - 1, d["expected"]) and r.effect == d["k"] / r.n
+    assert d["p_count"] == stats.poisson.sf(d["k"] - 1, d["expected"]) and r.effect == d["k"] / r.n
+    assert d["test"] == "weighted" and r.p_value == d["p_weighted"]
+    assert d["weighted_statistic"] == pytest.approx(WEIGHT_STEP * np_weights(np.array(
+        [e["honest_bound"] for e in r.evidence])).sum()) or len(r.evidence) < d["k"]
     assert r.evidence and all(QUANTILES["0.9"] <= e["margin"] <= BAND for e in r.evidence)
 
 
@@ -227,19 +233,39 @@ def test_floor_measures_the_gain_survival_of_every_competitor_inside_the_band():
     assert flip.any() and np.all(d[flip] > margin[flip] - 1e-12)
 
 
-def test_power_model_predicts_the_rejection_rate():
-    """verdict_power's near-tie model (exact Poisson test at the audit's mean bound vs flip rate r1) matches the
-    simulated rejection rate of the detector itself."""
+def test_power_model_predicts_the_count_test_and_bounds_the_weighted_test(monkeypatch):
+    """verdict_power's near-tie model (exact Poisson count test at the audit's mean bound vs flip rate r1)
+    matches the simulated rejection rate of the count test, and lies below the weighted test's (the
+    default: a PASS's "rules out greedy-relaxed" errs on the low side)."""
+    import auditor.detectors.near_tie as nt
     from auditor.verdict_power import power_at
 
-    rng = np.random.default_rng(20)
-    surv = _survival(rng)
+    surv = _survival(np.random.default_rng(20))
     f = _floor(survival=surv)
-    res = [greedy_near_tie(_relaxed(rng, n=200, accept=0.15), f) for _ in range(300)]
-    res = [r for r in res if r.ran]
     alpha = 0.01
-    observed = np.mean([r.p_value <= alpha for r in res])
-    rate = float(np.mean([r.effect for r in res]))
-    predicted = np.mean([power_at(r, effect=rate, alpha_test=alpha) for r in res])
-    assert 0.15 < observed < 0.95, observed  # an informative operating point
-    assert abs(predicted - observed) < 0.12, (predicted, observed)
+    rates = {}
+    for method in ("count", "weighted"):
+        monkeypatch.setattr(nt, "NEAR_TIE_METHOD", method)
+        rng = np.random.default_rng(21)
+        res = [r for r in (greedy_near_tie(_relaxed(rng, n=200, accept=0.15), f) for _ in range(300)) if r.ran]
+        rates[method] = np.mean([r.p_value <= alpha for r in res])
+        rate = float(np.mean([r.effect for r in res]))
+        predicted = np.mean([power_at(r, effect=rate, alpha_test=alpha) for r in res])
+    assert 0.15 < rates["count"] < 0.95, rates  # an informative operating point
+    assert abs(predicted - rates["count"]) < 0.12, (predicted, rates)
+    assert rates["weighted"] >= rates["count"] + 0.1 and predicted <= rates["weighted"], (predicted, rates)
+
+
+def test_weighted_tail_is_exact():
+    import itertools
+
+    rng = np.random.default_rng(22)
+    for _ in range(100):
+        n = int(rng.integers(1, 8))
+        u, p = rng.integers(1, 6, n), rng.choice([0.001, 0.05, 0.3], n)
+        obs = int(rng.integers(0, int(u.sum()) + 2))
+        brute = sum(float(np.prod(np.where(x, p, 1 - p))) for x in map(np.array, itertools.product([0, 1], repeat=n))
+                    if int((x * u).sum()) >= obs)
+        assert weighted_flip_sf(u, p, obs) == pytest.approx(brute, abs=1e-12)
+    w = np_weights(np.array([1 / 1500, 0.01, 0.05, 0.1]))
+    assert np.all(np.diff(w) < 0) and w[0] * WEIGHT_STEP == pytest.approx(np.log(0.25 * (1 - 1 / 1500) / (0.75 / 1500)), abs=0.03)
