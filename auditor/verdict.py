@@ -31,7 +31,8 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    differently (a mixture such as load-dependent routing to a cheaper replica).
 3n. ``greedy-near-tie`` rejects (greedy-match does not): at T=0 the reference's runner-up is emitted at
    near-ties (margin within the band) more often than honest numeric noise can flip them →
-   RELAXED_VERIFICATION (greedy speculative verification accepts non-argmax drafts). Rules 1-3h
+   RELAXED_VERIFICATION (greedy speculative verification accepts non-argmax drafts), unless most flips
+   are the provider's own reported top-1 (``3n-model``: its logits differ → QUANTIZATION). Rules 1-3h
    come first (a decode-path difference, a quantized or mixed model also moves near-ties), so 3n is
    never a secondary cause of them; it becomes one only under provider failures or rule 2t.
 4. A sampling test rejects (reference ``sampling-*`` or, without a reference, ``self-*``):
@@ -500,6 +501,10 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
         return _mixture_cause(c)
     if rejects(DetectorName.GREEDY_NEAR_TIE):
         r = c.by[DetectorName.GREEDY_NEAR_TIE]
+        d = r.details or {}
+        if 2 * int(d.get("flips_own_top1") or 0) > int(d.get("flips_with_provider_list") or 0) > 0:  # its own argmax
+            return c.cause(VerdictKind.QUANTIZATION, near_tie_reason(r, own=True), "3n-model", ["greedy-near-tie"],
+                           f"near-ties flipped by the served model, greedy-near-tie p_adj={r.p_adjusted:.3g}")
         return c.cause(VerdictKind.RELAXED_VERIFICATION, near_tie_reason(r), "3n-greedy-near-tie",
                        ["greedy-near-tie"], f"near-ties flipped, greedy-near-tie p_adj={r.p_adjusted:.3g}")
     s = _sampling_cause(c, reference=True, record_shape=True)

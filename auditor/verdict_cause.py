@@ -187,9 +187,17 @@ def emission_cause(tail: DetectorResult | None) -> EmissionCause | None:
     return EmissionCause(lr > 0, text, conf)
 
 
-def near_tie_reason(r: DetectorResult) -> str:
-    """Rule 3n's reason from a rejecting ``greedy-near-tie`` result ``r`` (p_adjusted set)."""
+def near_tie_reason(r: DetectorResult, *, own: bool = False) -> str:
+    """Rule 3n's reason from a rejecting ``greedy-near-tie`` result ``r`` (p_adjusted set); ``own``: most flips
+    are the provider's own reported top-1 (rule ``3n-model``: a model whose logits differ)."""
     d = r.details or {}
+    if own:
+        return (f"at temperature 0 the provider emits the reference's runner-up at near-ties {int(r.statistic)} times "
+                f"in {r.n} positions where honest numeric noise allows at most {float(d.get('expected', math.nan)):.2g}, "
+                f"and at {d.get('flips_own_top1')} of the {d.get('flips_with_provider_list')} flips with reported "
+                f"top_logprobs the emitted token is its own reported top-1: the served model's logits differ from the "
+                f"reference's (quantization or another model), not lossy verification (greedy-near-tie "
+                f"p_adj={r.p_adjusted:.3g})")
     return (f"at temperature 0 the provider emits the reference's runner-up at near-ties {int(r.statistic)} times "
             f"in {r.n} positions where honest numeric noise allows at most {float(d.get('expected', math.nan)):.2g} "
             f"(margins within the {float(d.get('band', math.nan)):.3g}-nat band): greedy verification accepts "

@@ -200,7 +200,11 @@ def greedy_near_tie(
         effect = k / n (near-tie flip rate at the tested positions, Wilson CI), n = tested positions,
         details = {k, expected (μ), mean_bound (μ / n, the power model's null rate), n_positions,
         bins [{bound_lo, bound_hi, lo, hi (margins, nats), positions, flips, expected}], band, quantiles,
-        method (``gain-survival`` | ``quantile-step``), min_tested_margin, grid_step, n_greedy, n_prompts}.
+        method (``gain-survival`` | ``quantile-step``), min_tested_margin, grid_step, n_greedy, n_prompts,
+        test, weighted_statistic (nats), p_weighted, p_count, alt_rate, flips_with_provider_list (flips where the
+        provider listed trusted top_logprobs), flips_own_top1 (of those, where the emitted token is its own
+        reported top-1: the verdict's rule 3n names a model difference, not lossy verification, when they are
+        the majority)}.
     """
     del rng
     if not batch.has_reference:
@@ -246,6 +250,11 @@ def greedy_near_tie(
                      "hi": float(m[sel].max()) if sel.any() else None, "positions": int(sel.sum()),
                      "flips": int(flip[sel].sum()), "expected": float(s[sel].sum())})
     rows = idx[tested]
+    # at each flip: does the provider's own reported top-1 agree with the emitted token? (a model whose logits
+    # differ flips its own argmax; a lossy greedy verifier emits a token its own list ranks below the top-1)
+    fr = rows[flip]
+    listed = (batch.provider_top_ids.shape[1] > 0) & batch.provider_trusted[fr] & (batch.provider_listed[fr] >= 1)
+    own = listed & (batch.provider_top_ids[fr, 0] == batch.token_ids[fr]) if batch.provider_top_ids.shape[1] else listed
     evidence = [batch.evidence_row(int(rows[j]), margin=float(m[j]), gap=float(gap[tested][j]),
                                    honest_bound=float(s[j]))
                 for j in np.flatnonzero(flip)[np.argsort(s[flip], kind="stable")][:n_evidence]]
@@ -260,6 +269,7 @@ def greedy_near_tie(
         details={"k": k, "expected": mu, "mean_bound": mu / n, "n_positions": n, "bins": bins, "band": band,
                  "test": NEAR_TIE_METHOD, "weighted_statistic": t_obs * WEIGHT_STEP, "p_weighted": p_w,
                  "p_count": p_count, "alt_rate": NEAR_TIE_ALT_RATE,
+                 "flips_with_provider_list": int(listed.sum()), "flips_own_top1": int(own.sum()),
                  "quantiles": q, "method": method, "min_tested_margin": lo, "grid_step": GAIN_GRID_STEP,
                  "n_greedy": int(idx.size), "n_prompts": int(np.unique(batch.prompt_ids[rows]).size)},
     )

@@ -132,6 +132,7 @@ def test_details_bins_and_evidence():
     assert d["band"] == BAND and d["quantiles"] == QUANTILES
     assert d["p_count"] == stats.poisson.sf(d["k"] - 1, d["expected"]) and r.effect == d["k"] / r.n
     assert d["test"] == "weighted" and r.p_value == d["p_weighted"]
+    assert d["flips_with_provider_list"] == d["flips_own_top1"] == 0  # no provider top_logprobs in this batch
     assert d["weighted_statistic"] == pytest.approx(WEIGHT_STEP * np_weights(np.array(
         [e["honest_bound"] for e in r.evidence])).sum()) or len(r.evidence) < d["k"]
     assert r.evidence and all(QUANTILES["0.9"] <= e["margin"] <= BAND for e in r.evidence)

@@ -657,6 +657,19 @@ def test_rule3n_near_tie_flips_alone_are_relaxed_verification():
     assert decide_verdict([*quiet(), near_tie(p=0.02)]).details["rule"] != "3n-greedy-near-tie"
 
 
+def test_rule3n_names_the_model_when_the_flips_are_the_providers_own_top1():
+    """A quantized model flips its own argmax at near-ties (its reported top-1 is the emitted token); a lossy
+    greedy verifier emits a token its own list ranks second."""
+    own = mk("greedy-near-tie", 1e-9, n=30, statistic=9, effect=0.3, k=9, expected=0.8, n_positions=30, band=0.44,
+             flips_with_provider_list=9, flips_own_top1=8)
+    v = decide_verdict([*quiet(), own])
+    assert v.verdict == VerdictKind.QUANTIZATION and v.details["rule"] == "3n-model"
+    assert "8 of the 9 flips" in v.reason
+    lossy = replace([own], mk("greedy-near-tie", 1e-9, n=30, statistic=9, effect=0.3, k=9, expected=0.8,
+                              n_positions=30, band=0.44, flips_with_provider_list=9, flips_own_top1=1))
+    assert decide_verdict([*quiet(), *lossy]).details["rule"] == "3n-greedy-near-tie"
+
+
 def test_rule3n_yields_to_logprob_divergence_and_self_greedy():
     lp = mk("logprob-divergence", 1e-20, n=2000, effect=0.01, ratio_to_floor=6.0, top1_agreement=0.95, m=5,
             n_prompts=40, confident_flip_ratio=1.0, confident_flips=1, confident_flips_expected=1.0, n_confident=500)
