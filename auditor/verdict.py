@@ -501,8 +501,7 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
         return _mixture_cause(c)
     if rejects(DetectorName.GREEDY_NEAR_TIE):
         r = c.by[DetectorName.GREEDY_NEAR_TIE]
-        d = r.details or {}
-        if 2 * int(d.get("flips_own_top1") or 0) > int(d.get("flips_with_provider_list") or 0) > 0:  # its own argmax
+        if 2 * int((d := r.details or {}).get("flips_own_top1") or 0) > int(d.get("flips_with_provider_list") or 0) > 0:
             return c.cause(VerdictKind.QUANTIZATION, near_tie_reason(r, own=True), "3n-model", ["greedy-near-tie"],
                            f"near-ties flipped by the served model, greedy-near-tie p_adj={r.p_adjusted:.3g}")
         return c.cause(VerdictKind.RELAXED_VERIFICATION, near_tie_reason(r), "3n-greedy-near-tie",

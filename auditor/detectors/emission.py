@@ -24,14 +24,17 @@ differ slightly near a cut):
 - acceptance, pro rata λ: q = (1 − λ) p + λ 1[x = argmax] (the leak is λ's complement);
 - acceptance, single threshold s: q = (1 − w) 1[x = argmax] + w p where p(argmax) >= s, else p (SGLang's
   ``threshold_single`` with an argmax draft);
-- acceptance, threshold τ: q = (1 − w) (p 1[p(x) > τ or x = argmax] + 1[x = argmax] Σ_{p(y) ≤ τ} p(y)) + w p
-  (Medusa / vLLM-V0 typical acceptance with an ideal draft: rejected drafts become the argmax).
+- truncation, top-k k: the same with N = the k most likely tokens;
+- acceptance, threshold τ_i = min(ε, δ e^{−H_i}): q = (1 − w) (p 1[p(x) > τ_i or x = argmax] + 1[x = argmax]
+  Σ_{p(y) ≤ τ_i} p(y)) + w p (Medusa / vLLM-V0 typical acceptance with an ideal draft: rejected drafts become
+  the argmax; δ = ∞ is a fixed threshold ε).
 
 Only the reference's top-K list is known; the unlisted tokens form one bucket of mass 1 − Σ listed,
 treated as a block of tokens no more likely than the last listed one. Only the ratio q(x) / p(x)
 enters the likelihood ratio (log p(x) is common to every law). Grid search over the parameters
-(:data:`TOP_P_GRID`, :data:`MIN_P_GRID`, :data:`PRO_RATA_GRID`, :data:`THRESHOLD_GRID`,
-:data:`LEAK_GRID`); cost O(n K × grid), a few milliseconds for a 3,000-token audit.
+(:data:`TOP_P_GRID`, :data:`MIN_P_GRID`, :data:`TOP_K_GRID`, :data:`SINGLE_THRESHOLD_GRID`,
+:data:`TYPICAL_EPSILON_GRID` × :data:`TYPICAL_DELTA_GRID`, :data:`PRO_RATA_GRID`, :data:`LEAK_GRID`); cost
+O(n K × grid), 10–70 ms for a 3,000-token audit (so the tail test records it only when it may be used).
 
 Sources: top-p — Holtzman et al. 2020 (ICLR, "The curious case of neural text degeneration"); min-p —
 Nguyen et al. 2024 (arXiv:2407.01082); typical acceptance — Cai et al. 2024 (Medusa, arXiv:2401.10774,
