@@ -23,7 +23,7 @@ from auditor.calibration.draws import (
     run_audits,
 )
 from auditor.calibration.metrics import CalibrationRecord, summarize_audits
-from auditor.calibration.pool import POOL_FORMAT, PoolConfig
+from auditor.calibration.pool import POOL_FORMAT, Pool, PoolConfig
 from auditor.calibration.sequential import run_sequential_audits
 from auditor.noise import REFERENCE_DTYPES, FloorSet, get_floors
 from auditor.sequential import AUTO_ACCEPT_POWER, AUTO_SPENDING, SequentialDesign
@@ -33,7 +33,10 @@ if TYPE_CHECKING:
     from auditor.calibration.collect import RefModels
     from reference.models import LoadedModel
 
-__all__ = ["CalibrationRun", "get_noise_floor", "load_reference_models", "mix_budgets", "run_calibration"]
+__all__ = [
+    "CalibrationRun", "CellSpec", "ProfileCells", "get_noise_floor", "load_reference_models", "mix_budgets", "profile_cells",
+    "run_calibration",
+]
 
 #: Profiles a plain ``auditor calibrate`` runs: the ones docs/calibration.md covers (issue 14 added
 #: honest-fp16, kv-fp8, w8a8, relaxed-threshold:0.7/0.9, typical-acceptance:0.03, greedy-relaxed and
@@ -109,6 +112,83 @@ class CalibrationRun:
         return out
 
 
+@dataclass(frozen=True)
+class CellSpec:
+    """What every profile's cells share (arguments of :func:`run_calibration`; picklable for ``--workers``).
+
+    Attributes:
+        mixes: probe mixes (the first is the primary one: every budget, and the sequential simulation).
+        budgets: completion-token budgets (sorted).
+        alpha: family-wise level of every audit.
+        seed: base seed of the resampling and the detectors.
+        fixed: run the fixed-budget audits.
+        sequential: the sequential design, or None (skip).
+        sequential_audits: audits per profile of the sequential simulation.
+    """
+
+    mixes: tuple[AuditMix, ...]
+    budgets: tuple[int, ...]
+    alpha: float
+    seed: int
+    fixed: bool
+    sequential: SequentialDesign | None
+    sequential_audits: int
+
+
+@dataclass
+class ProfileCells:
+    """One profile's share of a run (what :func:`profile_cells` returns; picklable for ``--workers``).
+
+    Attributes:
+        pool_meta: the pool's sizes and provenance (``meta["pools"][profile]``).
+        records: fixed-budget cells, mix-major then budget.
+        sequential: the sequential-audit record, or None.
+        audits_s, sequential_s: seconds spent (wall, in the process that ran them).
+    """
+
+    pool_meta: dict
+    records: list[CalibrationRecord]
+    sequential: dict | None
+    audits_s: float
+    sequential_s: float
+
+
+def profile_cells(
+    pool: Pool, floors: FloorSet, spec: CellSpec, *, n_audits: int, progress: Callable[[str], None] | None = None
+) -> ProfileCells:
+    """Every cell of one profile: fixed-budget audits on each mix (the first mix at every budget, the others
+    at :func:`mix_budgets`), then the sequential simulation on the first mix; ``n_audits`` per fixed-budget
+    cell (the honest or the deviating count of :func:`run_calibration`)."""
+    say = progress or (lambda _m: None)
+    mixes, alpha, seed, sequential = spec.mixes, spec.alpha, spec.seed, spec.sequential
+    p = pool.profile
+    t = time.perf_counter()
+    recs: list[CalibrationRecord] = []
+    for mi, m in enumerate(mixes if spec.fixed else ()):
+        bl = mix_budgets(m, spec.budgets, primary=mi == 0)
+        outs = run_audits(pool, floors, budgets=bl, audits=n_audits, mix=m, alpha=alpha, seed=seed, progress=say)
+        for r in summarize_audits(outs, pool, mix=m, alpha=alpha):
+            r.extra["suite_max_tokens"] = m.max_total
+            recs.append(r)
+    t_audits = time.perf_counter() - t
+    for r in recs:
+        say(
+            f"{p} [{r.mix}] @ {r.budget_tokens}: rejection {r.rejection_rate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] "
+            f"cause {r.cause_correct_rate if r.cause_correct_rate is None else round(r.cause_correct_rate, 3)} "
+            f"{r.verdicts}"
+        )
+    sr, t_seq = None, 0.0
+    if sequential is not None:
+        t = time.perf_counter()
+        sr = run_sequential_audits(pool, floors, sequential, audits=spec.sequential_audits, mix=mixes[0], seed=seed)
+        t_seq = time.perf_counter() - t
+        say(f"{p} sequential: rejection {sr['rejection_rate']:.3f}, mean tokens {sr['mean_tokens']:.0f} "
+            f"(saved {sr['tokens_saved']:.0%}) {sr['verdicts']}")
+    meta = {**pool.summary(), "collect_s": pool.meta.get("total_s"), "backends": pool.meta.get("backends"),
+            "backend_t0": pool.meta.get("backend_t0"), "backend_t1": pool.meta.get("backend_t1")}
+    return ProfileCells(meta, recs, sr, t_audits, t_seq)
+
+
 def mix_budgets(mix: AuditMix, budgets: Sequence[int], *, primary: bool = False) -> list[int]:
     """The budgets a mix is calibrated at: all of them for the primary mix; for the others those
     its suite can spend (``<= mix.max_total``), plus ``max_total`` itself when some budget exceeds it."""
@@ -147,6 +227,8 @@ def run_calibration(
     honest_audits: int | None = None,
     fixed: bool = True,
     floor_kwargs: dict[str, Any] | None = None,
+    workers: int = 1,
+    threads: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CalibrationRun:
     """Run the detection benchmark: pools (cached), resampled fixed-budget audits, sequential audits.
@@ -179,6 +261,10 @@ def run_calibration(
             effect-size table it depends on was refreshed from a fixed-budget run; join the two with
             ``auditor calibrate --merge``).
         floor_kwargs: extra arguments of ``auditor.noise.get_floors`` (CI miniatures only).
+        workers: processes for the floor, the pools and the audits (:mod:`auditor.calibration.parallel`;
+            1 = all in this process). Needs the default CPU references (``ref_lms`` None): each worker
+            loads its own.
+        threads: torch CPU threads per worker process (default 1 when ``workers`` > 1).
         progress: callback for one-line status messages.
 
     Returns:
@@ -186,7 +272,7 @@ def run_calibration(
 
     Raises:
         KeyError: unknown profile name.
-        ValueError: empty budgets or audits < 1.
+        ValueError: empty budgets, audits < 1, or ``workers`` > 1 with ``ref_lms`` given.
     """
     say = progress or (lambda _m: None)
     profiles = list(profiles or DEFAULT_PROFILES)
@@ -197,16 +283,14 @@ def run_calibration(
         raise ValueError(f"budgets must be positive token counts, got {budgets}")
     if audits < 1 or (honest_audits is not None and honest_audits < 1):
         raise ValueError(f"audits={audits} and honest_audits={honest_audits} must be >= 1")
+    if workers > 1 and ref_lms is not None:
+        raise ValueError("workers > 1 loads the default CPU references in each worker: leave ref_lms (--device/--dtype) unset")
     t_all = time.perf_counter()
     timings: dict[str, float] = {}
     t = time.perf_counter()
     refs = as_refs(ref_lms) if ref_lms is not None else load_reference_models(model)
     timings["load_models_s"] = time.perf_counter() - t
     first = refs["float32"]
-    t = time.perf_counter()
-    floors = get_noise_floor(refs, cache_dir=cache_dir, progress=say, **(floor_kwargs or {}))
-    timings["noise_floor_s"] = time.perf_counter() - t
-    say(f"noise floor ready ({'cached' if floors.meta.get('cached') else 'computed'}, {timings['noise_floor_s']:.0f}s)")
     mixes = [default_mix()] if mix is None else ([mix] if isinstance(mix, AuditMix) else list(mix))
     if not mixes:
         raise ValueError("mix: give at least one probe mix")
@@ -219,46 +303,45 @@ def run_calibration(
     seq_records: list[dict] = []
     pools_meta: dict[str, dict] = {}
     t_pools = t_audits = t_seq = 0.0
+    n_for = {p: honest_audits if honest_audits is not None and get_profile(p).honest else audits for p in profiles}
+    spec = CellSpec(tuple(mixes), tuple(budgets), alpha, seed, fixed, sequential, sequential_audits or audits)
+    done: dict[str, ProfileCells] = {}
+    if workers > 1:
+        from functools import partial
+
+        from auditor.calibration.parallel import audit_in_workers, prebuild_in_workers
+
+        load_refs = partial(load_reference_models, model)
+        t = time.perf_counter()
+        prebuild_in_workers(profiles, refs, cfg, load_refs=load_refs, workers=workers, threads=threads,
+                            cache_dir=cache_dir, refresh=refresh, floor_kwargs=floor_kwargs, progress=say)
+        timings["parallel_pools_s"] = time.perf_counter() - t
+        refresh = False  # collected just now
+        t = time.perf_counter()
+        done = audit_in_workers(profiles, cfg, n_for, spec, load_refs=load_refs, workers=workers, threads=threads,
+                                cache_dir=cache_dir, floor_kwargs=floor_kwargs, progress=say)
+        timings["parallel_audits_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    floors = get_noise_floor(refs, cache_dir=cache_dir, progress=say, **(floor_kwargs or {}))
+    timings["noise_floor_s"] = time.perf_counter() - t
+    say(f"noise floor ready ({'cached' if floors.meta.get('cached') else 'computed'}, {timings['noise_floor_s']:.0f}s)")
     for p in profiles:
-        t = time.perf_counter()
-        pool, cached = load_or_collect_pool(p, refs, cfg, cache_dir=None if cache_dir is None else Path(cache_dir),
-                                            refresh=refresh, progress=say)
-        dt = time.perf_counter() - t
-        t_pools += dt
-        pools_meta[p] = {
-            **pool.summary(),
-            "cached": cached,
-            "seconds": round(dt, 1),
-            "collect_s": pool.meta.get("total_s"),
-            "backends": pool.meta.get("backends"),
-            "backend_t0": pool.meta.get("backend_t0"),
-            "backend_t1": pool.meta.get("backend_t1"),
-        }
-        say(f"{p}: pool ready ({'cache' if cached else 'collected'}, {dt:.0f}s) {pool.summary()}")
-        t = time.perf_counter()
-        recs = []
-        n_audits = honest_audits if honest_audits is not None and get_profile(p).honest else audits
-        for mi, m in enumerate(mixes if fixed else []):
-            bl = mix_budgets(m, budgets, primary=mi == 0)
-            outs = run_audits(pool, floors, budgets=bl, audits=n_audits, mix=m, alpha=alpha, seed=seed, progress=say)
-            for r in summarize_audits(outs, pool, mix=m, alpha=alpha):
-                r.extra["suite_max_tokens"] = m.max_total
-                recs.append(r)
-        records.extend(recs)
-        t_audits += time.perf_counter() - t
-        for r in recs:
-            say(
-                f"{p} [{r.mix}] @ {r.budget_tokens}: rejection {r.rejection_rate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] "
-                f"cause {r.cause_correct_rate if r.cause_correct_rate is None else round(r.cause_correct_rate, 3)} "
-                f"{r.verdicts}"
-            )
-        if sequential is not None:
+        if p not in done:
             t = time.perf_counter()
-            sr = run_sequential_audits(pool, floors, sequential, audits=sequential_audits or audits, mix=mix, seed=seed)
-            seq_records.append(sr)
-            t_seq += time.perf_counter() - t
-            say(f"{p} sequential: rejection {sr['rejection_rate']:.3f}, mean tokens {sr['mean_tokens']:.0f} "
-                f"(saved {sr['tokens_saved']:.0%}) {sr['verdicts']}")
+            pool, cached = load_or_collect_pool(p, refs, cfg, cache_dir=None if cache_dir is None else Path(cache_dir),
+                                                refresh=refresh, progress=say)
+            dt = time.perf_counter() - t
+            say(f"{p}: pool ready ({'cache' if cached else 'collected'}, {dt:.0f}s) {pool.summary()}")
+            done[p] = profile_cells(pool, floors, spec, n_audits=n_for[p], progress=say)
+            done[p].pool_meta.update(cached=cached, seconds=round(dt, 1))
+            t_pools += dt
+        cells = done[p]
+        pools_meta[p] = cells.pool_meta
+        records.extend(cells.records)
+        t_audits += cells.audits_s
+        if cells.sequential is not None:
+            seq_records.append(cells.sequential)
+            t_seq += cells.sequential_s
     timings.update({"pools_s": t_pools, "audits_s": t_audits, "sequential_s": t_seq,
                     "total_s": time.perf_counter() - t_all})
     import torch  # the reference models are loaded: torch is imported already

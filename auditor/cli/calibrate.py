@@ -88,7 +88,10 @@ def register(app: typer.Typer) -> None:
             help="Comma-separated directories of earlier `calibrate --out DIR` runs (e.g. profile subsets run in "
                  "parallel): join their records (later ones win) and write them to --out; runs nothing."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache root for pools (default: the user cache dir)."),
-        threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice)."),
+        threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice; 1 per worker with --workers)."),
+        workers: int = typer.Option(
+            1, "--workers", min=1, help="Processes for the noise floor, the pools and the audits (a cold run on 2 cores: --workers 2)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print the records as JSON instead of a table."),
         device: str | None = typer.Option(None, "--device", help="Where the reference (and the simulated engines) run: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
         dtype: str | None = typer.Option(None, "--dtype", help="One reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16)."),
@@ -170,6 +173,8 @@ def register(app: typer.Typer) -> None:
         if not mixes:
             fail("--suites: give at least one suite name (e.g. default)")
         ref_lms = None
+        if workers > 1 and (device is not None or dtype is not None):
+            fail("--workers > 1 runs the default CPU references in each worker: drop --device/--dtype, or use --workers 1")
         if device is not None or dtype is not None:
             from auditor.noise import REFERENCE_DTYPES
             from reference.models import DEFAULT_MODEL, ModelNotAvailableError, load_model
@@ -182,7 +187,8 @@ def register(app: typer.Typer) -> None:
         try:
             run = cal.run_calibration(
                 names, bl, audits, ref_lms=ref_lms, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir, mix=mixes,
-                refresh=refresh, sequential=design, sequential_audits=sequential_audits, honest_audits=honest_audits, fixed=fixed, progress=say,
+                refresh=refresh, sequential=design, sequential_audits=sequential_audits, honest_audits=honest_audits, fixed=fixed,
+                workers=workers, threads=threads, progress=say,
             )
         except (KeyError, ValueError) as exc:
             fail(str(exc))
