@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from reference.models import LoadedModel
 
 __all__ = [
-    "CalibrationRun", "CellSpec", "ProfileCells", "get_noise_floor", "load_reference_models", "mix_budgets", "profile_cells",
+    "CalibrationRun", "CellSpec", "ProfileCells", "get_noise_floor", "load_reference_models", "mix_budgets", "pool_cells", "profile_cells",
     "run_calibration",
 ]
 
@@ -189,6 +189,30 @@ def profile_cells(
     return ProfileCells(meta, recs, sr, t_audits, t_seq)
 
 
+def pool_cells(
+    profile: str,
+    refs: RefModels,
+    cfg: PoolConfig,
+    floors: FloorSet,
+    spec: CellSpec,
+    *,
+    n_audits: int,
+    cache_dir: Path | None = None,
+    refresh: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> ProfileCells:
+    """:func:`profile_cells` on ``profile``'s pool, loaded or collected first (``load_or_collect_pool``); the
+    pool's ``cached`` flag and seconds are added to ``pool_meta``. What one process and each worker run."""
+    say = progress or (lambda _m: None)
+    t = time.perf_counter()
+    pool, cached = load_or_collect_pool(profile, refs, cfg, cache_dir=cache_dir, refresh=refresh, progress=say)
+    dt = time.perf_counter() - t
+    say(f"{profile}: pool ready ({'cache' if cached else 'collected'}, {dt:.0f}s) {pool.summary()}")
+    cells = profile_cells(pool, floors, spec, n_audits=n_audits, progress=say)
+    cells.pool_meta.update(cached=cached, seconds=round(dt, 1))
+    return cells
+
+
 def mix_budgets(mix: AuditMix, budgets: Sequence[int], *, primary: bool = False) -> list[int]:
     """The budgets a mix is calibrated at: all of them for the primary mix; for the others those
     its suite can spend (``<= mix.max_total``), plus ``max_total`` itself when some budget exceeds it."""
@@ -327,14 +351,9 @@ def run_calibration(
     say(f"noise floor ready ({'cached' if floors.meta.get('cached') else 'computed'}, {timings['noise_floor_s']:.0f}s)")
     for p in profiles:
         if p not in done:
-            t = time.perf_counter()
-            pool, cached = load_or_collect_pool(p, refs, cfg, cache_dir=None if cache_dir is None else Path(cache_dir),
-                                                refresh=refresh, progress=say)
-            dt = time.perf_counter() - t
-            say(f"{p}: pool ready ({'cache' if cached else 'collected'}, {dt:.0f}s) {pool.summary()}")
-            done[p] = profile_cells(pool, floors, spec, n_audits=n_for[p], progress=say)
-            done[p].pool_meta.update(cached=cached, seconds=round(dt, 1))
-            t_pools += dt
+            done[p] = pool_cells(p, refs, cfg, floors, spec, n_audits=n_for[p], refresh=refresh, progress=say,
+                                 cache_dir=None if cache_dir is None else Path(cache_dir))
+            t_pools += float(done[p].pool_meta["seconds"])
         cells = done[p]
         pools_meta[p] = cells.pool_meta
         records.extend(cells.records)

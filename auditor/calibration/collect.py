@@ -42,7 +42,10 @@ if TYPE_CHECKING:
     #: The reference: one float32 ``LoadedModel``, or reference dtype → ``LoadedModel``.
     RefModels = LoadedModel | Mapping[str, LoadedModel]
 
-__all__ = ["as_refs", "backend_for", "collect_pool", "load_or_collect_pool", "mix_pools", "pool_path"]
+__all__ = [
+    "MIX_BASE_PROFILE", "as_refs", "backend_for", "collect_pool", "load_or_collect_pool", "mix_components", "mix_pools",
+    "pool_path",
+]
 
 
 #: Where each lossy verifier changes the output law: at "sampling" (T > 0) or "greedy" (T = 0)
@@ -373,6 +376,16 @@ def pool_path(profile_name: str, ref_lms: RefModels, cfg: PoolConfig, cache_dir:
     return (cache_dir or calibration_cache_dir()) / "pools" / f"{profile_name}-{safe}-{key}.npz"
 
 
+#: The base pool of every mixture profile ``mix-OTHER:F`` (``simulator.profiles``: honest-fp32 except F).
+MIX_BASE_PROFILE = "honest-fp32"
+
+
+def mix_components(profile_name: str) -> tuple[str, str] | None:
+    """(base, other) pools a mixture profile is built from (:func:`mix_pools`), None for any other profile."""
+    other = get_profile(profile_name).mix_with
+    return None if other is None else (MIX_BASE_PROFILE, other)
+
+
 def load_or_collect_pool(
     profile_name: str,
     ref_lms: RefModels,
@@ -395,9 +408,10 @@ def load_or_collect_pool(
         except (ValueError, KeyError, OSError):
             pass  # stale or corrupt: recollect
     prof = get_profile(profile_name)
-    if prof.mix_with is not None:
-        base, _ = load_or_collect_pool("honest-fp32", ref_lms, cfg, cache_dir=cache_dir, refresh=refresh, progress=progress)
-        other, _ = load_or_collect_pool(prof.mix_with, ref_lms, cfg, cache_dir=cache_dir, refresh=refresh, progress=progress)
+    parts = mix_components(profile_name)
+    if parts is not None:
+        base, other = (load_or_collect_pool(q, ref_lms, cfg, cache_dir=cache_dir, refresh=refresh, progress=progress)[0]
+                       for q in parts)
         pool = mix_pools(profile_name, base, other, prof.mix_fraction, seed=cfg.seed)
     else:
         pool = collect_pool(profile_name, ref_lms, cfg, progress=progress)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from auditor.calibration.benchmark import CellSpec, ProfileCells
     from auditor.calibration.collect import RefModels
     from auditor.calibration.pool import PoolConfig
+    from auditor.noise import FloorSet
 
 __all__ = ["FLOOR_TASK", "audit_in_workers", "prebuild_in_workers", "prebuild_tasks"]
 
@@ -37,6 +38,7 @@ __all__ = ["FLOOR_TASK", "audit_in_workers", "prebuild_in_workers", "prebuild_ta
 FLOOR_TASK = "(noise floor)"
 
 _REFS: dict[str, Any] = {}
+_FLOORS: dict[str, FloorSet] = {}
 
 
 def _init(load_refs: Callable[[], RefModels], threads: int) -> None:
@@ -71,16 +73,12 @@ def _collect(task: str, cfg: PoolConfig, cache_dir: Path | None, refresh: bool,
 def _audit(profile: str, cfg: PoolConfig, spec: CellSpec, n_audits: int, cache_dir: Path | None,
            floor_kwargs: Mapping[str, Any] | None) -> ProfileCells:
     """One profile's cells in a worker (pool and floor from the cache; a mixture built from its components)."""
-    from auditor.calibration.benchmark import get_noise_floor, profile_cells
-    from auditor.calibration.collect import load_or_collect_pool
+    from auditor.calibration.benchmark import get_noise_floor, pool_cells
 
-    t = time.perf_counter()
-    pool, cached = load_or_collect_pool(profile, _REFS, cfg, cache_dir=cache_dir)
-    dt = time.perf_counter() - t
-    floors = get_noise_floor(_REFS, cache_dir=cache_dir, **dict(floor_kwargs or {}))
-    cells = profile_cells(pool, floors, spec, n_audits=n_audits, progress=_say)
-    cells.pool_meta.update(cached=cached, seconds=round(dt, 1))
-    return cells
+    if "floors" not in _FLOORS:  # one read of the cached floor per worker
+        _FLOORS["floors"] = get_noise_floor(_REFS, cache_dir=cache_dir, **dict(floor_kwargs or {}))
+    return pool_cells(profile, _REFS, cfg, _FLOORS["floors"], spec, n_audits=n_audits, cache_dir=cache_dir,
+                      progress=_say)
 
 
 def _executor(workers: int, load_refs: Callable[[], RefModels], threads: int | None) -> ProcessPoolExecutor:
@@ -100,12 +98,11 @@ def prebuild_tasks(profiles: Sequence[str], refs: RefModels, cfg: PoolConfig, *,
         cache_dir: cache root (None = the default).
         refresh: recollect cached pools too.
     """
-    from auditor.calibration.collect import pool_path
+    from auditor.calibration.collect import mix_components, pool_path
 
     base: list[str] = []
     for p in profiles:
-        prof = get_profile(p)
-        for q in (["honest-fp32", prof.mix_with] if prof.mix_with is not None else [p]):
+        for q in mix_components(p) or (p,):
             if q not in base:
                 base.append(q)
     todo = [p for p in base if refresh or not pool_path(p, refs, cfg, cache_dir).is_file()]
@@ -138,14 +135,14 @@ def prebuild_in_workers(
     Raises:
         Whatever a task raised (the first failure, after the running tasks end).
     """
-    from auditor.calibration.collect import pool_path
+    from auditor.calibration.collect import mix_components, pool_path
 
     say = progress or (lambda _m: None)
     cache = None if cache_dir is None else Path(cache_dir)
     tasks = prebuild_tasks(profiles, refs, cfg, cache_dir=cache, refresh=refresh)
     if refresh:
         for p in profiles:
-            if get_profile(p).mix_with is not None:
+            if mix_components(p) is not None:
                 pool_path(p, refs, cfg, cache).unlink(missing_ok=True)
     say(f"collecting {len(tasks) - 1} pools and the noise floor in {workers} processes")
     out: dict[str, float] = {}
