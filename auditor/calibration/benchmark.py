@@ -43,7 +43,7 @@ __all__ = [
 #: the mixtures mix-int4:0.1 / mix-int4:0.05). Any other profile of
 #: :data:`simulator.profiles.PROFILES` runs when named with ``--profiles``.
 DEFAULT_PROFILES: tuple[str, ...] = (
-    "honest-fp32", "honest-bf16", "honest-noisy", "honest-fp16", "int8", "int4", "fp8", "kv-fp8", "w8a8",
+    "honest-fp32", "honest-bf16", "honest-noisy", "honest-fp16", "int8", "int4", "int3", "fp8", "kv-fp8", "w8a8",
     "relaxed-threshold", "relaxed-threshold:0.7", "relaxed-threshold:0.9", "typical-acceptance",
     "typical-acceptance:0.03", "greedy-verify", "greedy-relaxed", "substituted", "decode-noncompliant",
     "truncated-sampling", "mix-int4:0.1", "mix-int4:0.05",
