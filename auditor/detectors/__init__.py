@@ -317,7 +317,7 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                          "argmax over-emission (relaxed acceptance)",
                          "argmax over-emitted (relaxed acceptance, or greedy serving)",
                          "the argmax is over-emitted when sampling (relaxed acceptance, or greedy serving)",
-                         positions_note="; tested where p(argmax) >= ARGMAX_TEST_MIN_P"),
+                         positions_note="; scanned over p(argmax) >= t from ARGMAX_TEST_MIN_P"),
             _paired_spec(DetectorName.SAMPLING_TAIL, sampling_tail, TestKind.TAIL, (_D, _R, _Q), False,
                          "low-probability tail deficit (truncated sampling)",
                          "low-probability tail under-emitted (truncated sampling)",

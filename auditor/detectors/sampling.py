@@ -10,9 +10,9 @@ temperature applied, top_p = 1, no top-k). Three tests share one representation,
 - ``sampling-argmax``: count of argmax emissions vs its null law, a Poisson-binomial with
   success probabilities p(argmax) (mean Σp, variance Σp(1−p)); one-sided (too many) — the
   signature of relaxed (lossy) speculative acceptance, where drafts (mostly the argmax) are
-  accepted more often than p allows. The test counts only positions with p(argmax) ≥
-  ``ARGMAX_TEST_MIN_P`` (the excess lives there; see :func:`argmax_test`); its effect is reported
-  over all positions.
+  accepted more often than p allows. The test counts the positions with p(argmax) ≥ t and scans t
+  from ``ARGMAX_TEST_MIN_P`` over the acceptance thresholds (the excess lives above the unknown
+  threshold; exact law of the scan, see :func:`argmax_test`); its effect is reported over all positions.
 - ``sampling-tail``: count of tokens emitted outside the reference's top-p = TAIL_TOP_P nucleus
   (the low-probability tail) vs its expected Σ tail mass; one-sided (too few) — the signature
   of truncated sampling nobody asked for (engine-default top-k/top-p/min-p).
@@ -42,10 +42,10 @@ from scipy import stats
 from scipy.special import logsumexp
 
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
-from .emission import emission_fit
+from .emission import SINGLE_THRESHOLD_GRID, emission_fit
 from .logprob import margin_flip_stats
 from .noise_floor import NoiseFloor
-from .stats import RngLike, garwood_ci, poisson_binomial_test, randomized_pit
+from .stats import RngLike, garwood_ci, poisson_binomial_scan_test, poisson_binomial_test, randomized_pit
 
 __all__ = [
     "ARGMAX_TEST_MIN_P",
@@ -53,6 +53,7 @@ __all__ = [
     "FULL_ROW_TOP_K",
     "TAIL_TOP_P",
     "SamplingView",
+    "argmax_scan_thresholds",
     "argmax_test",
     "cauchy_combination",
     "combined_sampling_test",
@@ -181,23 +182,31 @@ def gof_test(view: SamplingView, rng: RngLike = 0) -> dict[str, Any]:
 def argmax_test(
     view: SamplingView, rng: RngLike = 0, min_p: float = ARGMAX_TEST_MIN_P
 ) -> dict[str, Any]:
-    """Argmax over-emission: observed argmax count vs Poisson-binomial(p(argmax)), one-sided greater.
+    """Argmax over-emission: observed argmax count vs Poisson-binomial(p(argmax)), one-sided greater,
+    scanned over the acceptance threshold.
 
-    The test (z, p_value, p_randomized) counts the positions whose reference p(argmax) ≥ ``min_p``
-    (all positions when fewer than ``MIN_POSITIONS`` qualify). The selection depends on the
-    reference only, so under H0 the selected count is still Poisson-binomial and the test stays
-    exact. The effect (excess per position, its CI, argmax_rate) is over all positions, which the
-    verdict's shape rule compares with the tail deficit (docs/detectors.md, rule 4b).
+    A relaxed acceptance rule with threshold s (SGLang ``threshold_single``; typical acceptance's
+    min(ε, δ·e^{−H})) adds argmax emissions only where the reference p(argmax) clears s, and positions
+    below it add Poisson-binomial variance but no signal. The test therefore counts the positions with
+    p(argmax) >= t for every t in ``argmax_scan_thresholds(min_p)`` (``min_p`` and the emission models'
+    :data:`~auditor.detectors.emission.SINGLE_THRESHOLD_GRID` above it) and takes the largest standardised
+    excess; its p-value is exact (:func:`~auditor.detectors.stats.poisson_binomial_scan_test`: the sets
+    depend on the reference only, so under H0 every count is Poisson-binomial and the multiplicity of the
+    scan is in the null law). With fewer than ``MIN_POSITIONS`` positions at ``min_p``, the lowest set is
+    every position. The effect (excess per position, its CI, argmax_rate) is over all positions, which
+    the verdict's shape rule and the power model use (docs/detectors.md, rule 4b).
 
     Args:
         view: SamplingView ([n, K] float64 probabilities sorted descending, [n] int ranks).
         rng: seed/generator of the randomized p-value.
-        min_p: smallest p(argmax) a tested position has (``ARGMAX_TEST_MIN_P``; 0 = all).
+        min_p: lowest p(argmax) threshold of the scan (``ARGMAX_TEST_MIN_P``; 0 = all positions).
 
     Returns:
-        dict with observed, expected (Σp), sd (sqrt Σp(1−p)), z, p_value (exact, conservative),
-        p_randomized, excess (per position, (obs − exp)/n) with ci, argmax_rate, expected_rate,
-        n_tested, min_p.
+        dict with observed, expected (Σp over all positions), sd (sqrt Σp(1−p)), z (the scan's maximum),
+        p_value (exact, conservative), p_randomized, excess (per position, (obs − exp)/n) with ci,
+        argmax_rate, expected_rate, is_argmax [n] bool, n_tested (positions at the lowest threshold),
+        min_p, scan_threshold (the p(argmax) threshold attaining z), scan_observed / scan_expected /
+        scan_n (that set's count, its null mean and size), scan_thresholds.
     """
     p1 = view.top_probs[:, 0]
     is_arg = view.token_rank == 0
@@ -206,30 +215,38 @@ def argmax_test(
     var = float((p1 * (1 - p1)).sum())
     sd = float(np.sqrt(var))
     n = p1.size
-    sel = p1 >= min_p
-    if int(sel.sum()) < MIN_POSITIONS:
-        sel = np.ones(n, bool)
-    obs_t, exp_t = int(is_arg[sel].sum()), float(p1[sel].sum())
-    sd_t = float(np.sqrt((p1[sel] * (1 - p1[sel])).sum()))
-    p_exact, p_rand = poisson_binomial_test(p1[sel], obs_t, "greater", rng)
-    z = (obs_t - exp_t) / sd_t if sd_t > 0 else (np.inf if obs_t > exp_t else 0.0)
+    base = min_p if int((p1 >= min_p).sum()) >= MIN_POSITIONS else 0.0
+    ts = argmax_scan_thresholds(base)
+    t = poisson_binomial_scan_test(p1, is_arg, p1, ts, rng)
     exc = (obs - exp) / n
     half = 1.96 * sd / n if sd > 0 else 0.0
     return {
         "observed": obs,
         "expected": exp,
         "sd": sd,
-        "z": float(z),
-        "p_value": p_exact,
-        "p_randomized": p_rand,
+        "z": float(t["z"]),
+        "p_value": float(t["p_value"]),
+        "p_randomized": float(t["p_randomized"]),
         "effect": float(exc),
         "ci": (float(exc - half), float(exc + half)),
         "argmax_rate": obs / n,
         "expected_rate": exp / n,
         "is_argmax": is_arg,
-        "n_tested": int(sel.sum()),
+        "n_tested": int((p1 >= base).sum()),
         "min_p": float(min_p),
+        "scan_threshold": t["threshold"],
+        "scan_observed": int(t["observed"]),
+        "scan_expected": float(t["expected"]),
+        "scan_n": int(t["n"]),
+        "scan_thresholds": list(ts),
     }
+
+
+def argmax_scan_thresholds(min_p: float) -> tuple[float, ...]:
+    """The p(argmax) thresholds :func:`argmax_test` scans: ``min_p``, then every threshold of the emission
+    models' single-threshold acceptance family (``SINGLE_THRESHOLD_GRID``, the relaxed-acceptance
+    thresholds real engines expose) above it."""
+    return (float(min_p), *(float(t) for t in SINGLE_THRESHOLD_GRID if t > min_p))
 
 
 def tail_split(
@@ -366,6 +383,10 @@ def argmax_result(
             "var_per_position": t["sd"] ** 2 / max(1, len(view)),
             "n_tested": t["n_tested"],
             "min_p_argmax_tested": t["min_p"],
+            "scan_threshold": t["scan_threshold"],
+            "scan_observed": t["scan_observed"],
+            "scan_expected": t["scan_expected"],
+            "scan_n": t["scan_n"],
             "p_randomized": t["p_randomized"],
             "source": view.source,
             "n_prompts": _n_prompts(batch, view),

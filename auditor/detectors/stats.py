@@ -7,7 +7,10 @@ nats.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -21,6 +24,7 @@ __all__ = [
     "holm",
     "mean_variance_under",
     "poisson_binomial_pmf",
+    "poisson_binomial_scan_test",
     "poisson_binomial_test",
     "randomized_pit",
     "variance_components",
@@ -182,6 +186,100 @@ def poisson_binomial_test(
     p_exact = float(min(1.0, above + at))
     p_rand = float(min(1.0, above + v * at))
     return (p_exact, p_rand)
+
+
+def poisson_binomial_scan_test(
+    p: np.ndarray,
+    success: np.ndarray,
+    key: np.ndarray,
+    thresholds: tuple[float, ...],
+    rng: RngLike = None,
+) -> dict[str, Any]:
+    """Scan of a one-sided (too many successes) Poisson-binomial count over nested position sets.
+
+    For each threshold t_k (ascending) the set A_k = {i : key_i >= t_k} gives a standardised count
+    z_k = (S_k − E_k) / sd_k, S_k = Σ_{A_k} success, E_k = Σ_{A_k} p, sd_k² = Σ_{A_k} p(1 − p); the statistic
+    is Z = max_k z_k (sets with sd_k = 0 are skipped). Because the keys depend on H0's probabilities
+    only, the sets are fixed under H0 and A_k is the disjoint union of the blocks {t_j <= key < t_{j+1}},
+    j >= k, whose counts are independent Poisson-binomials; P(Z >= z) is computed exactly by one pass over
+    the blocks from the top, convolving each block's pmf into the running count and removing the mass
+    whose partial count already reaches its boundary (the removed masses are disjoint events, so the
+    p-value is their sum, without cancellation). The cost is O(n²) like :func:`poisson_binomial_pmf`.
+    Beyond ``EXACT_POISSON_BINOMIAL_MAX_N`` positions the p-value is the Bonferroni bound K · min_k p_k
+    of the separate tests (valid, conservative).
+
+    Used by the argmax over-emission test (``auditor.detectors.sampling.argmax_test``): a relaxed
+    acceptance rule with threshold s adds argmax emissions only where p(argmax) >= s, so the count
+    restricted to those positions has far less null variance; the scan adapts to the unknown s at the
+    cost of a multiplicity the exact law accounts for (a likelihood-ratio scan in the spirit of Kulldorff's
+    scan statistics, Kulldorff 1997, Commun. Stat. Theory Methods 26:1481).
+
+    Args:
+        p: [n] float success probabilities under H0 (in [0, 1]).
+        success: [n] bool observed successes.
+        key: [n] float the ordering key (positions with key < thresholds[0] are not tested).
+        thresholds: ascending key thresholds t_1 < ... < t_K.
+        rng: generator or seed for the randomized p-value.
+
+    Returns:
+        dict: ``p_value`` (P(Z' >= Z), conservative), ``p_randomized`` (P(Z' > Z) + V P(Z' = Z), V ~ U(0, 1);
+        exactly uniform under H0 on the exact path), ``z`` (Z; 0.0 when no set has variance), ``threshold``
+        (the t_k attaining Z, None when none), ``observed``/``expected``/``n`` of that set.
+
+    Raises:
+        ValueError: mismatched shapes or thresholds not strictly ascending.
+    """
+    p = np.clip(np.asarray(p, dtype=np.float64).reshape(-1), 0.0, 1.0)
+    x = np.asarray(success, dtype=bool).reshape(-1)
+    k_ = np.asarray(key, dtype=np.float64).reshape(-1)
+    ts = tuple(float(t) for t in thresholds)
+    if not (p.size == x.size == k_.size):
+        raise ValueError(f"p, success and key must have one length, got {p.size}, {x.size}, {k_.size}")
+    if not ts or any(b <= a for a, b in itertools.pairwise(ts)):
+        raise ValueError(f"thresholds must be non-empty and strictly ascending, got {ts}")
+    v = float(as_rng(rng).random())
+    sets = []
+    for t in ts:
+        m = k_ >= t
+        e, var = float(p[m].sum()), float((p[m] * (1 - p[m])).sum())
+        if var > 0:
+            sets.append((t, m, int(x[m].sum()), e, math.sqrt(var)))
+    if not sets:
+        return {"p_value": 1.0, "p_randomized": v, "z": 0.0, "threshold": None, "observed": 0, "expected": 0.0,
+                "n": 0}
+    zs = [(s - e) / sd for _, _, s, e, sd in sets]
+    best = int(np.argmax(zs))
+    z = float(zs[best])
+    t_b, m_b, s_b, e_b, _ = sets[best]
+    out: dict[str, Any] = {"z": z, "threshold": t_b, "observed": s_b, "expected": e_b, "n": int(m_b.sum())}
+    n = int((k_ >= sets[0][0]).sum())
+    if n > EXACT_POISSON_BINOMIAL_MAX_N:
+        ps = [poisson_binomial_test(p[m], s, "greater", 0) for _, m, s, _, _ in sets]
+        lo = min(q[0] for q in ps)
+        out.update(p_value=float(min(1.0, len(sets) * lo)), p_randomized=float(min(1.0, len(sets) * lo)))
+        return out
+    tol = 1e-9
+    # blocks between consecutive kept thresholds, from the top; each block's boundary applies after it
+    edges = [t for t, *_ in sets] + [math.inf]
+    blocks = [poisson_binomial_pmf(p[(k_ >= edges[j]) & (k_ < edges[j + 1])]) for j in range(len(sets))]
+
+    def tail(strict: bool) -> float:
+        dist = np.ones(1)
+        removed = 0.0
+        for j in range(len(sets) - 1, -1, -1):
+            dist = np.convolve(dist, blocks[j])
+            _, _, _, e, sd = sets[j]
+            c = (math.floor(e + (z + tol) * sd) + 1) if strict else math.ceil(e + (z - tol) * sd)
+            c = max(c, 0)
+            if c < dist.size:
+                removed += float(dist[c:].sum())
+                dist = dist.copy()
+                dist[c:] = 0.0
+        return min(1.0, removed)
+
+    ge, gt = tail(False), tail(True)
+    out.update(p_value=float(ge), p_randomized=float(min(1.0, gt + v * max(0.0, ge - gt))))
+    return out
 
 
 class VarianceComponents:
