@@ -271,9 +271,8 @@ def poisson_binomial_scan_test(
             _, _, _, e, sd = sets[j]
             c = (math.floor(e + (z + tol) * sd) + 1) if strict else math.ceil(e + (z - tol) * sd)
             c = max(c, 0)
-            if c < dist.size:
+            if c < dist.size:  # np.convolve returned a new array: zero the violating tail in place
                 removed += float(dist[c:].sum())
-                dist = dist.copy()
                 dist[c:] = 0.0
         return min(1.0, removed)
 
