@@ -66,7 +66,10 @@ class Profile:
             as a system message (or in front of the request's own system message), as providers
             that add a hidden system prompt do; ``usage.prompt_tokens`` counts it. None = off.
         substitute_layers: substituted: keep only these decoder layer indices of the target (a
-            cheaper, different model served under the same name). None = the full model.
+            cheaper, different model served under the same name). None = the full model; ``()`` =
+            resolved at load time (:func:`default_substitute_keep`, or ``substitute_drop`` layers).
+        substitute_drop: ``substituted:K``: drop K decoder layers evenly spaced over the middle of the
+            stack (:func:`spread_substitute_keep`) instead of the default four; None = the default.
         default_drafter: drafter spec used when ``--drafter`` is not given (``ngram``, ``self:L``,
             ``none``).
         draft_fallback: for lossy verifiers, what stands in when the drafter proposes nothing:
@@ -103,6 +106,7 @@ class Profile:
     ignore_seed: bool = False
     inject_system_prompt: str | None = None
     substitute_layers: tuple[int, ...] | None = None
+    substitute_drop: int | None = None
     default_drafter: str = "ngram"
     draft_fallback: str = "ideal"
     kv_cache_dtype: str | None = None
@@ -190,6 +194,26 @@ def default_substitute_keep(n_total: int) -> tuple[int, ...]:
     drop = set(range(n_total // 3, n_total - 4, 5))
     if not drop and n_total >= 2:
         drop = {n_total // 2}
+    return tuple(i for i in range(n_total) if i not in drop)
+
+
+def spread_substitute_keep(n_total: int, k: int) -> tuple[int, ...]:
+    """Layers kept by ``substituted:K``: drop ``k`` layers evenly spaced over ``[n_total//3, n_total-4)``
+    (layer ``round(lo + (j + 1/2)(hi - lo)/k)`` for j < k), the span the default substitution prunes.
+
+    For the 30-layer default model ``substituted:1`` drops layer 18 only: a near sibling whose
+    divergence from the target is of int4's size (one middle layer removed: mean KL ~0.16-0.25 nats,
+    top-1 agreement ~0.77-0.86 on prose and code, measured by teacher forcing), the regime where a
+    different model is hardest to tell from a quantized copy by magnitude alone (issue 14 item 5).
+
+    Raises:
+        ValueError: ``k`` < 1, or not fewer than the layers of that span (nothing would be left of it).
+    """
+    lo, hi = n_total // 3, n_total - 4
+    if k < 1 or k >= max(hi - lo, 1):
+        raise ValueError(f"substituted:{k}: drop count must be in 1..{max(hi - lo - 1, 0)} for a "
+                         f"{n_total}-layer model")
+    drop = {int(round(lo + (j + 0.5) * (hi - lo) / k)) for j in range(k)}
     return tuple(i for i in range(n_total) if i not in drop)
 
 
@@ -347,6 +371,7 @@ def parameterized_profile(name: str) -> Profile | None:
 
     Forms (issue 14): ``relaxed-threshold:S`` (SGLang threshold_single s in (0, 1]),
     ``typical-acceptance:EPS`` (epsilon in [0, 1]), ``greedy-relaxed:M`` (margin in nats >= 0),
+    ``substituted:K`` (K >= 1 decoder layers dropped, :func:`spread_substitute_keep`),
     ``mix-PROFILE:F`` (the honest-fp32 model, except a fraction F in [0, 1] of requests served by
     PROFILE, itself possibly parameterized; family and expected verdict are PROFILE's).
 
@@ -376,12 +401,19 @@ def parameterized_profile(name: str) -> Profile | None:
         e = _float_param(name, arg, 0.0, 1.0)
         return dataclasses.replace(PROFILES[head], name=name, typical_epsilon=e,
                                    summary=f"Typical acceptance with epsilon={e:g} (delta 0.3).")
+    if head == "substituted":
+        k = _float_param(name, arg, 1.0, 1e6)
+        if k != int(k):
+            raise ValueError(f"profile {name!r}: the drop count must be a whole number of layers")
+        return dataclasses.replace(PROFILES[head], name=name, substitute_drop=int(k),
+                                   summary=f"A different model behind the same name: the target with {int(k)} "
+                                   "decoder layer(s) evenly spaced over its middle removed.")
     if head == "greedy-relaxed":
         m = _float_param(name, arg, 0.0, 1e9)
         return dataclasses.replace(PROFILES[head], name=name, greedy_relaxed_margin=m,
                                    summary=f"Greedy drafts accepted in the top-2 within {m:g} nats of the argmax.")
     raise KeyError(f"unknown profile {name!r}; parameterized forms: relaxed-threshold:S, typical-acceptance:EPS, "
-                   "greedy-relaxed:M, mix-PROFILE:F")
+                   "greedy-relaxed:M, substituted:K, mix-PROFILE:F")
 
 
 def list_profiles() -> list[Profile]:
@@ -412,8 +444,8 @@ def get_profile(name: str, **overrides: Any) -> Profile:
 
 
 #: Parameterized instances run in calibration (issue 14, item 3 and 4).
-for _n in ("relaxed-threshold:0.7", "relaxed-threshold:0.9", "typical-acceptance:0.03", "mix-int4:0.1",
-           "mix-int4:0.05"):
+for _n in ("relaxed-threshold:0.7", "relaxed-threshold:0.9", "typical-acceptance:0.03", "substituted:1",
+           "mix-int4:0.1", "mix-int4:0.05"):
     PROFILES[_n] = get_profile(_n)
 
 
@@ -429,6 +461,8 @@ def resolve_substitute_layers(profile: Profile, n_total: int) -> tuple[int, ...]
     if profile.substitute_layers is None:
         return None
     if len(profile.substitute_layers) == 0:
+        if profile.substitute_drop is not None:
+            return spread_substitute_keep(n_total, profile.substitute_drop)
         return default_substitute_keep(n_total)
     bad = [i for i in profile.substitute_layers if not (0 <= i < n_total)]
     if bad:

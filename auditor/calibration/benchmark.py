@@ -40,12 +40,14 @@ __all__ = [
 
 #: Profiles a plain ``auditor calibrate`` runs: the ones docs/calibration.md covers (issue 14 added
 #: honest-fp16, kv-fp8, w8a8, relaxed-threshold:0.7/0.9, typical-acceptance:0.03, greedy-relaxed and
-#: the mixtures mix-int4:0.1 / mix-int4:0.05). Any other profile of
+#: the mixtures mix-int4:0.1 / mix-int4:0.05; int3 and the near-sibling substitute substituted:1
+#: for item 5's heavier quantization and second substitute). Any other profile of
 #: :data:`simulator.profiles.PROFILES` runs when named with ``--profiles``.
 DEFAULT_PROFILES: tuple[str, ...] = (
     "honest-fp32", "honest-bf16", "honest-noisy", "honest-fp16", "int8", "int4", "int3", "fp8", "kv-fp8", "w8a8",
     "relaxed-threshold", "relaxed-threshold:0.7", "relaxed-threshold:0.9", "typical-acceptance",
-    "typical-acceptance:0.03", "greedy-verify", "greedy-relaxed", "substituted", "decode-noncompliant",
+    "typical-acceptance:0.03", "greedy-verify", "greedy-relaxed", "substituted", "substituted:1",
+    "decode-noncompliant",
     "truncated-sampling", "mix-int4:0.1", "mix-int4:0.05",
 )
 
