@@ -203,7 +203,7 @@ def argmax_test(
 
     Returns:
         dict with observed, expected (Σp over all positions), sd (sqrt Σp(1−p)), z (the scan's maximum),
-        p_value (exact, conservative), p_randomized, excess (per position, (obs − exp)/n) with ci,
+        p_value (exact, conservative), p_randomized, p_mid (the scan's mid-p), excess (per position, (obs − exp)/n) with ci,
         argmax_rate, expected_rate, is_argmax [n] bool, n_tested (positions at the lowest threshold),
         min_p, scan_threshold (the p(argmax) threshold attaining z), scan_observed / scan_expected /
         scan_n (that set's count, its null mean and size), scan_thresholds.
@@ -227,6 +227,7 @@ def argmax_test(
         "z": float(t["z"]),
         "p_value": float(t["p_value"]),
         "p_randomized": float(t["p_randomized"]),
+        "p_mid": float(t["p_mid"]),
         "effect": float(exc),
         "ci": (float(exc - half), float(exc + half)),
         "argmax_rate": obs / n,
@@ -609,7 +610,7 @@ def combined_sampling_test(
     (:func:`tail_test`, "less") with :func:`cauchy_combination`, which stays valid under their
     dependence (issue 14, item 1). ``discrete="randomized"`` uses the count tests' randomized
     p-values (exactly Uniform(0, 1) under H0, so the combination is calibrated); ``"mid-p"`` uses
-    Lancaster mid-p values (deterministic given the data, approximately calibrated); ``"exact"``
+    Lancaster mid-p values (the argmax one of the threshold scan itself) (deterministic given the data, approximately calibrated); ``"exact"``
     the conservative tail probabilities. Independent uniforms for the three randomizations are
     drawn from one generator (``rng``).
 
@@ -644,12 +645,8 @@ def combined_sampling_test(
         pa, pt = arg["p_randomized"], tail["p_randomized"]
     elif discrete == "exact":
         pa, pt = arg["p_value"], tail["p_value"]
-    else:
-        p1 = view.top_probs[:, 0]
-        sel = p1 >= min_p
-        if int(sel.sum()) < MIN_POSITIONS:
-            sel = np.ones(p1.size, bool)
-        pa = poisson_binomial_mid_p(p1[sel], int(arg["is_argmax"][sel].sum()), "greater")
+    else:  # the argmax scan's own mid-p: the three modes test one statistic
+        pa = arg["p_mid"]
         pt = poisson_binomial_mid_p(tail["tau"], int(tail["in_tail"].sum()), "less")
     comps = {"gof": float(gof["p_value"]), "argmax": float(pa), "tail": float(pt)}
     t, p = cauchy_combination(list(comps.values()), list(weights))

@@ -223,7 +223,8 @@ def poisson_binomial_scan_test(
 
     Returns:
         dict: ``p_value`` (P(Z' >= Z), conservative), ``p_randomized`` (P(Z' > Z) + V P(Z' = Z), V ~ U(0, 1);
-        exactly uniform under H0 on the exact path), ``z`` (Z; 0.0 when no set has variance), ``threshold``
+        exactly uniform under H0 on the exact path), ``p_mid`` (Lancaster's mid-p P(Z' > Z) + P(Z' = Z)/2,
+        deterministic; the Bonferroni bound on that path), ``z`` (Z; 0.0 when no set has variance), ``threshold``
         (the t_k attaining Z, None when none), ``observed``/``expected``/``n`` of that set.
 
     Raises:
@@ -245,7 +246,7 @@ def poisson_binomial_scan_test(
         if var > 0:
             sets.append((t, m, int(x[m].sum()), e, math.sqrt(var)))
     if not sets:
-        return {"p_value": 1.0, "p_randomized": v, "z": 0.0, "threshold": None, "observed": 0, "expected": 0.0,
+        return {"p_value": 1.0, "p_randomized": v, "p_mid": 0.5, "z": 0.0, "threshold": None, "observed": 0, "expected": 0.0,
                 "n": 0}
     zs = [(s - e) / sd for _, _, s, e, sd in sets]
     best = int(np.argmax(zs))
@@ -256,7 +257,8 @@ def poisson_binomial_scan_test(
     if n > EXACT_POISSON_BINOMIAL_MAX_N:
         ps = [poisson_binomial_test(p[m], s, "greater", 0) for _, m, s, _, _ in sets]
         lo = min(q[0] for q in ps)
-        out.update(p_value=float(min(1.0, len(sets) * lo)), p_randomized=float(min(1.0, len(sets) * lo)))
+        bound = float(min(1.0, len(sets) * lo))
+        out.update(p_value=bound, p_randomized=bound, p_mid=bound)
         return out
     tol = 1e-9
     # blocks between consecutive kept thresholds, from the top; each block's boundary applies after it
@@ -277,7 +279,8 @@ def poisson_binomial_scan_test(
         return min(1.0, removed)
 
     ge, gt = tail(False), tail(True)
-    out.update(p_value=float(ge), p_randomized=float(min(1.0, gt + v * max(0.0, ge - gt))))
+    out.update(p_value=float(ge), p_randomized=float(min(1.0, gt + v * max(0.0, ge - gt))),
+               p_mid=float(min(1.0, gt + 0.5 * max(0.0, ge - gt))))
     return out
 
 

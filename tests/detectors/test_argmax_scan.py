@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from auditor.detectors.emission import SINGLE_THRESHOLD_GRID
-from auditor.detectors.sampling import ARGMAX_TEST_MIN_P, argmax_scan_thresholds
+from auditor.detectors.sampling import ARGMAX_TEST_MIN_P, argmax_scan_thresholds, poisson_binomial_mid_p
 from auditor.detectors.stats import poisson_binomial_scan_test, poisson_binomial_test
 
 TS = argmax_scan_thresholds(ARGMAX_TEST_MIN_P)
@@ -32,6 +32,19 @@ def test_one_threshold_is_the_plain_poisson_binomial_test() -> None:
         got = poisson_binomial_scan_test(p, x, p, (0.3,), 0)["p_value"]
         want = poisson_binomial_test(p[m], int(x[m].sum()), "greater", 0)[0]
         assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def test_mid_p_is_the_plain_mid_p_with_one_threshold_and_between_the_strict_and_weak_tails() -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        p, x = _null(rng, 150)
+        m = p >= 0.3
+        one = poisson_binomial_scan_test(p, x, p, (0.3,), 0)
+        assert one["p_mid"] == pytest.approx(poisson_binomial_mid_p(p[m], int(x[m].sum()), "greater"), rel=1e-9,
+                                             abs=1e-12)
+        o = poisson_binomial_scan_test(p, x, p, TS, 0)
+        assert o["p_mid"] <= o["p_value"] + 1e-12
+        assert o["p_mid"] >= o["p_value"] / 2 - 1e-12  # mid-p = P(>) + P(=)/2 >= P(>=)/2
 
 
 def test_randomized_p_uniform_and_exact_p_valid_under_h0() -> None:

@@ -13,6 +13,7 @@ from simulator.profiles import (
     get_profile,
     list_profiles,
     resolve_substitute_layers,
+    spread_substitute_keep,
 )
 from simulator.quantize import (
     FP8_E4M3_MAX,
@@ -57,6 +58,23 @@ def test_default_substitution_drops_every_fifth_layer_from_a_third():
     assert len(default_substitute_keep(2)) == 1
     assert resolve_substitute_layers(get_profile("substituted"), 30) == keep
     assert resolve_substitute_layers(get_profile("honest-fp32"), 30) is None
+
+
+def test_substituted_k_drops_k_layers_evenly_over_the_middle():
+    near = get_profile("substituted:1")
+    assert "substituted:1" in PROFILES and near.family == "substituted" and near.expected_verdict == "SUBSTITUTION"
+    assert sorted(set(range(30)) - set(resolve_substitute_layers(near, 30))) == [18]
+    assert sorted(set(range(30)) - set(spread_substitute_keep(30, 4))) == [12, 16, 20, 24]
+    for n, k in ((30, 2), (30, 7), (12, 3)):
+        dropped = sorted(set(range(n)) - set(spread_substitute_keep(n, k)))
+        assert len(dropped) == k and all(n // 3 <= i < n - 4 for i in dropped)
+    assert resolve_substitute_layers(get_profile("substituted"), 30) == default_substitute_keep(30)  # unchanged
+    with pytest.raises(ValueError, match="whole number"):
+        get_profile("substituted:1.5")
+    with pytest.raises(ValueError, match="must be in"):
+        get_profile("substituted:0")
+    with pytest.raises(ValueError, match="drop count must be in 1..15"):
+        resolve_substitute_layers(get_profile("substituted:16"), 30)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4", "fp8"])
