@@ -105,10 +105,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from auditor.detectors import (
-    IMPLICATIONS,
     PREFLIGHT_CHECKS,
     REFERENCE_DETECTORS,
     SELF_SAMPLING_DETECTORS,
@@ -116,17 +115,23 @@ from auditor.detectors import (
     TestKind,
     detectors_where,
 )
-from auditor.detectors.base import DetectorResult
+from auditor.detectors.base import DetectorResult, _json_safe
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
 from auditor.verdict_cause import (
     emission_cause,
     explained_by_decode_path,
+    failure_summary,
     flip_cause,
+    implication,
     near_tie_reason,
+    p_adjusted_text,
     sampled_flip_cause,
+    set_aside,
+    template_note,
 )
+from auditor.verdict_cause import finite_or_none as _f
 from auditor.verdict_power import (
     DEFAULT_POWER,
     POWER_FAMILIES,
@@ -307,7 +312,7 @@ def decide_verdict(
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate detector names in results: {names}")
     if template_mismatch:
-        results = [_set_aside(r, template_mismatch) if r.name in REFERENCE_DETECTORS and r.ran else r for r in results]
+        results = [set_aside(r, template_mismatch) if r.name in REFERENCE_DETECTORS and r.ran else r for r in results]
     adj = apply_holm(results)
     by = {r.name: r for r in adj}
     ran = [r for r in adj if r.ran and r.p_adjusted is not None]
@@ -338,7 +343,7 @@ def decide_verdict(
     }
     details["findings"] = [
         {"detector": r.name, "p_adjusted": r.p_adjusted,
-         "implication": _implication(r.name) + explained_by_decode_path(r.name, rejects)}
+         "implication": implication(r.name) + explained_by_decode_path(r.name, rejects)}
         for r in ran
         if rejects(r.name)
     ]
@@ -356,7 +361,7 @@ def decide_verdict(
         _budget(adj, alpha, power, floor, scratch, n_tests=n_power)
         details["power"], details["power_families"] = scratch["power"], scratch["power_families"]
     secondary = [c for c in _other_causes(ctx, cause) if c.rule != cause.rule]
-    fail = _failure_summary(provider_failures)
+    fail = failure_summary(provider_failures)
     if fail is not None:
         details["provider_failures"] = fail
     if fail is not None and fail["share"] > MAX_PROVIDER_FAILURE_SHARE:
@@ -380,13 +385,13 @@ def decide_verdict(
             cause = replace(cause, reason=f"{cause.reason}; {sentence} (at {RULE_OUT_POWER:.0%} power against the "
                             "calibrated effect sizes)")
     if template_mismatch:
-        cause = replace(cause, reason=cause.reason + "; " + _template_note(template_mismatch))
+        cause = replace(cause, reason=cause.reason + "; " + template_note(template_mismatch))
     details["secondary_causes"] = [c.to_dict() for c in secondary]
     details["rule"] = cause.rule
     reason = cause.reason
     if secondary:
         reason += "; also " + "; ".join(f"{c.kind} ({c.short})" for c in secondary)
-    verdict = Verdict(str(cause.kind), reason, _json(details), adj)
+    verdict = Verdict(str(cause.kind), reason, cast(dict, _json_safe(details)), adj)
     return _tokenizer_substitution(verdict, tokenizer_mismatch) if tokenizer_mismatch else verdict
 
 
@@ -435,7 +440,7 @@ class _Cause:
             r = self.by.get(n)
             if r is not None:
                 ev.append({"detector": n, "p_adjusted": _f(r.p_adjusted), "p_value": _f(r.p_value),
-                           "effect": _f(r.effect), "n": r.n, "implication": _implication(n)})
+                           "effect": _f(r.effect), "n": r.n, "implication": implication(n)})
         return {"verdict": str(self.kind), "rule": self.rule, "reason": self.reason, "evidence": ev}
 
 
@@ -634,7 +639,7 @@ def _sampling_cause(c: _Ctx, *, reference: bool, record_shape: bool = False) -> 
         return c.cause(
             VerdictKind.DECODING_NONCOMPLIANT,
             f"sampling requests were served greedily: the argmax was emitted at {arate:.1%} of sampled "
-            f"positions ({_pstr(by, arg_names)})", "4a-greedy-served", rej, f"sampled greedily, {_pstr(by, arg_names)}")
+            f"positions ({p_adjusted_text(by, arg_names)})", "4a-greedy-served", rej, f"sampled greedily, {p_adjusted_text(by, arg_names)}")
     if em is not None and record_shape:  # emission models decide (issue 14 item 5); else the shape ratio
         c.details["cause_confidence"] = em.confidence
     shape_trunc = tratio <= TAIL_MISSING_MAX_RATIO or deficit >= TRUNCATION_SHAPE_RATIO * max(excess, 0.0)
@@ -643,24 +648,24 @@ def _sampling_cause(c: _Ctx, *, reference: bool, record_shape: bool = False) -> 
             VerdictKind.DECODING_NONCOMPLIANT,
             f"sampled tokens follow a truncated distribution nobody asked for: only {tratio:.0%} of the "
             f"expected low-probability-tail emissions (deficit {deficit:.3g}/position vs argmax excess "
-            f"{excess:.3g}/position; {_pstr(by, tail_names)}"
+            f"{excess:.3g}/position; {p_adjusted_text(by, tail_names)}"
             f"{'; ' + em.text if em else ''}) — a server-side top-k / top-p / min-p default",
-            "4b-truncated", rej, f"sampling truncated, {tratio:.0%} of the tail, {_pstr(by, tail_names)}")
+            "4b-truncated", rej, f"sampling truncated, {tratio:.0%} of the tail, {p_adjusted_text(by, tail_names)}")
     if arg_sig:
         return c.cause(
             VerdictKind.RELAXED_VERIFICATION,
             f"sampled tokens over-emit the argmax by {excess:.3g} per position (rate {arate:.1%}) with the "
             f"tail {'intact' if tratio > 0.8 else 'only partly thinned'} ({tratio:.0%} of expected"
-            f"{'; ' + em.text if em else ''}): the signature of lossy speculative acceptance ({_pstr(by, arg_names)})",
-            "4c-relaxed", rej, f"argmax over-emitted, {_pstr(by, arg_names)}")
+            f"{'; ' + em.text if em else ''}): the signature of lossy speculative acceptance ({p_adjusted_text(by, arg_names)})",
+            "4c-relaxed", rej, f"argmax over-emitted, {p_adjusted_text(by, arg_names)}")
     self_sig = any(rejects(k) for k in SELF_SAMPLING_DETECTORS)
     if c.lp_consistent or self_sig or excess > 0:
         return c.cause(
             VerdictKind.RELAXED_VERIFICATION,
             "sampled tokens do not follow the distribution the provider reports "
-            f"({_pstr(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position",
-            "4d-relaxed", rej, _pstr(by, gof_names + tail_names))
-    return _sampled_model_cause(c, rej, _pstr(by, gof_names + tail_names))
+            f"({p_adjusted_text(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position",
+            "4d-relaxed", rej, p_adjusted_text(by, gof_names + tail_names))
+    return _sampled_model_cause(c, rej, p_adjusted_text(by, gof_names + tail_names))
 
 
 def _sampled_model_cause(c: _Ctx, rej: list[str], pstr: str) -> _Cause:
@@ -745,56 +750,3 @@ def _no_rejection(adj, alpha: float, power: float, floor, details: dict, n_tests
         + (f"; about {budget} more tokens would suffice" if budget else ""),
         "5-underpowered",
     )
-
-
-def _set_aside(r: DetectorResult, template: Mapping[str, object]) -> DetectorResult:
-    """``r`` as not run: its reference was scored on a prompt the provider did not see."""
-    return replace(r, ran=False, p_adjusted=None, reason=(
-        "set aside: the provider's prompt differs from the reference rendering "
-        f"({template.get('provider_prompt_tokens')} vs {template.get('reference_prompt_tokens')} prompt tokens)"),
-        details={**(r.details or {}), "set_aside_p_value": _f(r.p_value)})
-
-
-def _template_note(t: Mapping[str, object]) -> str:
-    return (f"the provider counts {t.get('provider_prompt_tokens')} prompt tokens where the reference renders "
-            f"{t.get('reference_prompt_tokens')} (a different chat template or an injected system prompt), so only "
-            "the reference-free tests were scored; the reference comparisons were set aside, not counted against it")
-
-
-def _failure_summary(f: Mapping[str, Any] | None) -> dict | None:
-    if not f:
-        return None
-    total = int(f.get("total") or 0)
-    failed = int(f.get("failed") or 0)
-    if total <= 0:
-        return None
-    kinds = dict(sorted(dict(f.get("kinds") or {}).items(), key=lambda kv: -int(kv[1])))
-    return {"failed": failed, "total": total, "share": failed / total, "kinds": kinds}
-
-
-def _implication(name: str) -> str:
-    """Short cause-naming phrase of a rejecting detector or pre-flight check (registry), "" if unknown."""
-    pre = PREFLIGHT_CHECKS.get(name)
-    return pre.implication if pre is not None else IMPLICATIONS.get(name, "")
-
-
-def _pstr(by, names) -> str:
-    parts = []
-    for k in names:
-        r = by.get(k)
-        if r is not None and r.ran and r.p_adjusted is not None:
-            parts.append(f"{k} p_adj={r.p_adjusted:.3g}")
-    return ", ".join(parts)
-
-
-def _f(x) -> float | None:
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-def _json(x):
-    from auditor.detectors.base import _json_safe
-
-    return _json_safe(x)

@@ -3,7 +3,9 @@
 Rule 2: which margin-conditioned flip statistic decides, and its words (:func:`flip_cause`). Rule 3n:
 the reason sentence of a ``greedy-near-tie`` rejection (:func:`near_tie_reason`). Findings: the note
 beside a greedy-vs-reference finding that the provider's own decode path explains
-(:func:`explained_by_decode_path`).
+(:func:`explained_by_decode_path`). The verdict's small formatting helpers (:func:`set_aside`,
+:func:`template_note`, :func:`failure_summary`, :func:`implication`, :func:`p_adjusted_text`,
+:func:`finite_or_none`).
 
 Rule 2 in detail.
 
@@ -21,16 +23,18 @@ positions that the ratio could exceed the threshold; else the provider path deci
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scipy import stats
 
+from auditor.detectors import IMPLICATIONS, PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorName, DetectorResult
 
 __all__ = ["SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause", "emission_cause", "explained_by_decode_path",
-           "flip_cause", "near_tie_reason", "sampled_flip_cause"]
+           "failure_summary", "finite_or_none", "flip_cause", "implication", "near_tie_reason", "p_adjusted_text",
+           "sampled_flip_cause", "set_aside", "template_note"]
 
 #: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
 _DECODE_PATH_EXPLAINS = (DetectorName.GREEDY_MATCH, DetectorName.GREEDY_HETEROGENEITY, DetectorName.GREEDY_NEAR_TIE)
@@ -212,3 +216,55 @@ def explained_by_decode_path(name: str, rejects: Callable[[str], bool]) -> str:
         return ("; here explained by the provider's decode path (self-greedy rejects: its greedy tokens are not its "
                 "own reported top-1 either)")
     return ""
+
+
+def set_aside(r: DetectorResult, template: Mapping[str, object]) -> DetectorResult:
+    """``r`` as not run: its reference was scored on a prompt the provider did not see (a template mismatch)."""
+    return replace(r, ran=False, p_adjusted=None, reason=(
+        "set aside: the provider's prompt differs from the reference rendering "
+        f"({template.get('provider_prompt_tokens')} vs {template.get('reference_prompt_tokens')} prompt tokens)"),
+        details={**(r.details or {}), "set_aside_p_value": finite_or_none(r.p_value)})
+
+
+def template_note(t: Mapping[str, object]) -> str:
+    """The clause a verdict's reason ends with when the provider's prompt rendering differs from the reference's."""
+    return (f"the provider counts {t.get('provider_prompt_tokens')} prompt tokens where the reference renders "
+            f"{t.get('reference_prompt_tokens')} (a different chat template or an injected system prompt), so only "
+            "the reference-free tests were scored; the reference comparisons were set aside, not counted against it")
+
+
+def failure_summary(f: Mapping[str, Any] | None) -> dict | None:
+    """``{"failed", "total", "share", "kinds"}`` of a run's failed probes (kinds by count, descending), or None
+    when nothing is known (``f`` empty or no probe counted)."""
+    if not f:
+        return None
+    total = int(f.get("total") or 0)
+    failed = int(f.get("failed") or 0)
+    if total <= 0:
+        return None
+    kinds = dict(sorted(dict(f.get("kinds") or {}).items(), key=lambda kv: -int(kv[1])))
+    return {"failed": failed, "total": total, "share": failed / total, "kinds": kinds}
+
+
+def implication(name: str) -> str:
+    """Short cause-naming phrase of a rejecting detector or pre-flight check (registry), "" if unknown."""
+    pre = PREFLIGHT_CHECKS.get(name)
+    return pre.implication if pre is not None else IMPLICATIONS.get(name, "")
+
+
+def p_adjusted_text(by: Mapping[str, DetectorResult], names: Sequence[str]) -> str:
+    """"name p_adj=..." for each of ``names`` that ran with an adjusted p-value, comma-separated."""
+    parts = []
+    for k in names:
+        r = by.get(k)
+        if r is not None and r.ran and r.p_adjusted is not None:
+            parts.append(f"{k} p_adj={r.p_adjusted:.3g}")
+    return ", ".join(parts)
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """``float(x)`` when finite, else None (JSON has no NaN or infinity)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
