@@ -14,7 +14,8 @@ for "not tested"):
 ``tokenizer_mismatch``, ``not_tested``). Rules, in order:
 
 Precision
-    1. **no** when QUANTIZATION or SUBSTITUTION is the verdict or one of ``secondary_causes``
+    1. **no** when QUANTIZATION, SUBSTITUTION or QUANTIZATION_OR_SUBSTITUTION is the verdict or one of
+       ``secondary_causes``
        (evidence: the deciding detectors with their p-values; the tokenizer evidence for rule
        ``2t-tokenizer``, which has no p-value: another vocabulary is a proof, not a test).
     2. **not tested** when the audit is INCONCLUSIVE because of provider failures (rule
@@ -107,7 +108,8 @@ def _target_meaning(name: str) -> str:
 
 
 _POWER = f"the audit's target power ({DEFAULT_POWER:.0%} by default)"
-_PRECISION_KINDS = (str(VerdictKind.QUANTIZATION), str(VerdictKind.SUBSTITUTION))
+_PRECISION_KINDS = (str(VerdictKind.QUANTIZATION), str(VerdictKind.SUBSTITUTION),
+                    str(VerdictKind.QUANTIZATION_OR_SUBSTITUTION))
 _VERIFICATION_KINDS = (str(VerdictKind.RELAXED_VERIFICATION),)
 _ACCUSATIONS = tuple(str(k) for k in VerdictKind if k not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE))
 #: rule prefix → the detectors that decide a primary cause of that rule (``auditor.verdict``).

@@ -106,8 +106,8 @@ class AuditReport:
         run_id: the ``audit_runs.id`` (RUN_ID).
         provider: provider name (``providers.toml`` key).
         model: model id sent to the provider.
-        verdict: PASS | QUANTIZATION | RELAXED_VERIFICATION | SUBSTITUTION | DECODING_NONCOMPLIANT
-            | INCONCLUSIVE.
+        verdict: PASS | QUANTIZATION | RELAXED_VERIFICATION | SUBSTITUTION | QUANTIZATION_OR_SUBSTITUTION
+            | DECODING_NONCOMPLIANT | INCONCLUSIVE.
         verdict_reason: one sentence naming the deciding detector(s) and numbers.
         alpha: family-wise significance level (Holm across the detectors that ran).
         detectors: one dict per detector: ``name``, ``ran``, ``statistic``, ``p_value``,

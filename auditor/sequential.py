@@ -12,7 +12,8 @@ where α(·) is a Lan–DeMets (1983) spending function:
 At look k the whole audit decision — every detector, Holm across them, the decision rules
 (``auditor.verdict.decide_verdict``) — is taken at level α_k, on all tokens seen so far:
 
-- a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, DECODING_NONCOMPLIANT)
+- a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, QUANTIZATION_OR_SUBSTITUTION,
+  DECODING_NONCOMPLIANT)
   stops the audit: **reject**;
 - PASS (nothing rejects *and* every detector family that ran has the design's ``accept_power``
   against its target effect at level α_k — the verdict's own adequacy check — *and*, with
@@ -75,7 +76,8 @@ __all__ = [
 ]
 
 SPENDING_FUNCTIONS = ("obrien-fleming", "pocock", "linear")
-_DEVIATIONS = frozenset({"QUANTIZATION", "RELAXED_VERIFICATION", "SUBSTITUTION", "DECODING_NONCOMPLIANT"})
+_DEVIATIONS = frozenset({"QUANTIZATION", "RELAXED_VERIFICATION", "SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION",
+                         "DECODING_NONCOMPLIANT"})
 
 
 def alpha_spent(t: float, alpha: float, spending: str = "obrien-fleming") -> float:

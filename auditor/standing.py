@@ -16,7 +16,8 @@ Which audits count ("recent"):
     month ago no longer counts. Audits outside the window are listed as ignored, with why.
 
 The overall standing (:data:`SEVERITY`, worst first):
-    SUBSTITUTION (another model) > QUANTIZATION (the weights or their arithmetic changed) >
+    SUBSTITUTION (another model) > QUANTIZATION_OR_SUBSTITUTION (not the declared weights at their
+    precision; which of the two undetermined) > QUANTIZATION (the weights or their arithmetic changed) >
     RELAXED_VERIFICATION (lossy speculative decoding) > DECODING_NONCOMPLIANT (the request's decoding
     parameters are not followed) > INCONCLUSIVE > PASS. The standing is the worst of the recent
     audits' verdicts: any accusation wins over PASS and INCONCLUSIVE; INCONCLUSIVE when no audit
@@ -76,9 +77,10 @@ __all__ = [
 #: Days before the anchor (the newest audit, or ``as_of``) within which an audit is recent.
 DEFAULT_WINDOW_DAYS = 7.0
 #: Verdicts, worst first: the standing is the first of these that a recent audit reached.
-SEVERITY = ("SUBSTITUTION", "QUANTIZATION", "RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT", "INCONCLUSIVE", "PASS")
+SEVERITY = ("SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION", "QUANTIZATION", "RELAXED_VERIFICATION",
+            "DECODING_NONCOMPLIANT", "INCONCLUSIVE", "PASS")
 #: The verdicts that accuse the provider (exit code 1).
-ACCUSATIONS = SEVERITY[:4]
+ACCUSATIONS = SEVERITY[:-2]  # every verdict but INCONCLUSIVE and PASS
 _EXIT = {v: (1 if v in ACCUSATIONS else 2 if v == "INCONCLUSIVE" else 0) for v in SEVERITY}
 
 

@@ -1,7 +1,8 @@
 """Verdict: Holm across one audit's detectors, then decision rules that name the cause.
 
 ``decide_verdict(results, alpha)`` returns a :class:`Verdict` — one of PASS, QUANTIZATION,
-RELAXED_VERIFICATION, SUBSTITUTION, DECODING_NONCOMPLIANT, INCONCLUSIVE — with a one-line reason
+RELAXED_VERIFICATION, SUBSTITUTION, QUANTIZATION_OR_SUBSTITUTION, DECODING_NONCOMPLIANT, INCONCLUSIVE —
+with a one-line reason
 and JSON-able details. The rules (also in docs/detectors.md), applied in order, where "rejects"
 means the detector ran and its Holm-adjusted p-value is <= alpha:
 
@@ -14,9 +15,10 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    argmax at positions where the reference is confident far more often than a quantization-like
    (isotropic) logit perturbation of the audit's own measured scale explains
    (``confident_flip_ratio`` > SUBSTITUTION_MIN_FLIP_RATIO, calibrated on the quantized
-   profiles), or when the divergence is far outside any quantization (mean bucketed KL >=
-   SUBSTITUTION_MIN_MEAN_KL *and* top-1 agreement <= SUBSTITUTION_MAX_TOP1_AGREEMENT, the issue-7
-   cut-offs: the flip test lacks confident positions there), else QUANTIZATION. The flip ratio
+   profiles). Otherwise QUANTIZATION_OR_SUBSTITUTION when the divergence is beyond the range the flip
+   test was calibrated on (mean bucketed KL >= SUBSTITUTION_MIN_MEAN_KL *and* top-1 agreement <=
+   SUBSTITUTION_MAX_TOP1_AGREEMENT: 3-bit weights and a layer-pruned model both land there, with
+   the same KL, top-1 and flip ratios on SmolLM2-135M, docs/calibration.md), else QUANTIZATION. The flip ratio
    measured along the reference's own continuations through echo (``reference_path_flip_ratio``,
    :mod:`auditor.reference_path`) decides instead of the provider-path one whenever it is
    informative (:mod:`auditor.verdict_cause`); ``details["cause_confidence"]`` carries the
@@ -24,8 +26,9 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
 3. ``greedy-match`` rejects → DECODING_NONCOMPLIANT when the provider's logprobs were tested and
    match the reference (logprob-divergence ran, did not reject, ratio to floor <=
    LOGPROBS_CONSISTENT_MAX_RATIO): the served tokens are not the argmax of the distribution it
-   reports. Otherwise SUBSTITUTION when the clear-mismatch rate >=
-   SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE, else QUANTIZATION.
+   reports. Otherwise QUANTIZATION_OR_SUBSTITUTION when the clear-mismatch rate >=
+   SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE (a greedy mismatch rate alone cannot tell 3-bit weights from
+   another model), else QUANTIZATION.
 3h. ``greedy-heterogeneity`` rejects (a per-request scan: some requests mismatch, the pool does not)
    → the rule-3 cause on the outlying requests' clear-mismatch rate: part of the traffic is served
    differently (a mixture such as load-dependent routing to a cheaper replica).
@@ -93,8 +96,8 @@ Context that overrides the rules (keyword arguments of :func:`decide_verdict`):
 - ``tokenizer_mismatch``: the provider's tokens prove another tokenizer than the claimed model's
   (``auditor.evidence.tokenizer_mismatch``; passed only when the reference's tokenizer is the
   claimed one) → SUBSTITUTION, rule ``2t-tokenizer``, with ``details["tokenizer_mismatch"]`` and
-  ``details["previous_verdict"]``; the previous verdict (unless PASS, INCONCLUSIVE or SUBSTITUTION)
-  is listed first under ``secondary_causes``.
+  ``details["previous_verdict"]``; the previous verdict (unless PASS, INCONCLUSIVE, SUBSTITUTION or
+  QUANTIZATION_OR_SUBSTITUTION, which the tokenizer resolves) is listed first under ``secondary_causes``.
 The substitution/shape thresholds are named constants to be calibrated on the simulator's
 ``substituted``, ``relaxed-threshold`` and truncation profiles (issue 7).
 """
@@ -157,6 +160,10 @@ class VerdictKind(StrEnum):
     QUANTIZATION = "QUANTIZATION"
     RELAXED_VERIFICATION = "RELAXED_VERIFICATION"
     SUBSTITUTION = "SUBSTITUTION"
+    #: The served weights are not the declared model at its original precision, and the evidence cannot
+    #: tell a heavily degraded quantized copy from another model (issue 14 item 5: a third answer rather
+    #: than a forced, possibly false, choice between the two).
+    QUANTIZATION_OR_SUBSTITUTION = "QUANTIZATION_OR_SUBSTITUTION"
     DECODING_NONCOMPLIANT = "DECODING_NONCOMPLIANT"
     INCONCLUSIVE = "INCONCLUSIVE"
 
@@ -167,6 +174,7 @@ EXIT_CODES = {
     VerdictKind.QUANTIZATION: 1,
     VerdictKind.RELAXED_VERIFICATION: 1,
     VerdictKind.SUBSTITUTION: 1,
+    VerdictKind.QUANTIZATION_OR_SUBSTITUTION: 1,
     VerdictKind.DECODING_NONCOMPLIANT: 1,
     VerdictKind.INCONCLUSIVE: 2,
 }
@@ -183,15 +191,19 @@ DEFAULT_ALPHA = 0.05
 #: 300 and 1,000 tokens each: max 3.73, 99th percentile 3.51), rounded up; not tuned on a substituted
 #: profile. Re-derive with benchmarks/cause_margin.py when the int8 / kv-fp8 / w8a8 pools exist.
 SUBSTITUTION_MIN_FLIP_RATIO = 4.0
-#: Far-divergence sufficient condition (issue 7, calibrated on SmolLM2): mean bucketed KL at or above
-#: this (nats) ...
+#: Far divergence (issue 7, on SmolLM2): mean bucketed KL at or above this (nats) ... Beyond it the flip
+#: test's isotropic-noise model is outside the range it was calibrated on (int4, int8, fp8, kv-fp8, w8a8
+#: all stay below), and 3-bit weights land there as the layer-pruned model does, so without a flip
+#: ratio above SUBSTITUTION_MIN_FLIP_RATIO the cause is QUANTIZATION_OR_SUBSTITUTION (it was SUBSTITUTION
+#: until int3 was calibrated).
 SUBSTITUTION_MIN_MEAN_KL = 0.25
 #: ... together with the provider's reported top-1 agreeing with the reference argmax at most this
 #: often. Kept beside the flip test because that test needs confident positions: a divergence this
 #: large leaves few (SmolLM2's layer-dropped copy: ~16 in a 300-token audit). It never fires on
 #: gemma-3-270m int4 (docs/performance.md) and is model-specific; the flip test is the general one.
 SUBSTITUTION_MAX_TOP1_AGREEMENT = 0.7
-#: Greedy-only audits: clear-mismatch rate at or above which the cause is substitution.
+#: Greedy-only audits: clear-mismatch rate at or above which quantization to production formats no longer
+#: explains the mismatches: QUANTIZATION_OR_SUBSTITUTION (3-bit weights and another model both exceed it).
 SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE = 0.35
 #: Reported logprobs "match the reference" when logprob-divergence did not reject and its mean
 #: KL is at most this multiple of the honest floor's.
@@ -415,7 +427,8 @@ def _tokenizer_substitution(verdict: Verdict, tm: Mapping[str, Any]) -> Verdict:
     details = dict(verdict.details)
     details.pop("rules_out", None)  # a SUBSTITUTION rules nothing out
     secondary = list(details.get("secondary_causes") or [])
-    if verdict.verdict not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE, VerdictKind.SUBSTITUTION):
+    if verdict.verdict not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE, VerdictKind.SUBSTITUTION,
+                               VerdictKind.QUANTIZATION_OR_SUBSTITUTION):
         secondary.insert(0, {"verdict": verdict.verdict, "rule": details.get("rule"), "reason": verdict.reason,
                              "evidence": []})
     details.update(secondary_causes=secondary, rule="2t-tokenizer", tokenizer_mismatch=dict(tm),
@@ -492,14 +505,16 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
                 f"are not the argmax of the distribution it reports (greedy-match p_adj={g.p_adjusted:.3g})",
                 "3-greedy-decode-path", ["greedy-match"], f"greedy-match p_adj={g.p_adjusted:.3g}",
             )
-        sub = rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE
-        kind = VerdictKind.SUBSTITUTION if sub else VerdictKind.QUANTIZATION
+        far = rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE
+        kind = VerdictKind.QUANTIZATION_OR_SUBSTITUTION if far else VerdictKind.QUANTIZATION
         return c.cause(
             kind,
             f"greedy tokens differ clearly (beyond the {g.details.get('band', float('nan')):.3g}-nat noise band) from "
             f"the reference argmax at {rate:.1%} of {g.n} positions (greedy-match p_adj={g.p_adjusted:.3g})"
-            + ("; a rate this high means a different model" if sub else ""),
-            "3-greedy-" + ("substitution" if sub else "quantization"), ["greedy-match"],
+            + (f"; a rate this high ({SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE:.0%} or more) is beyond production "
+               "quantization: heavily degraded weights or another model, which greedy tokens alone cannot tell"
+               if far else ""),
+            "3-greedy-" + ("model-deviation" if far else "quantization"), ["greedy-match"],
             f"greedy-match p_adj={g.p_adjusted:.3g}",
         )
     if rejects(DetectorName.GREEDY_HETEROGENEITY):
@@ -538,11 +553,12 @@ def _mixture_cause(c: _Ctx) -> _Cause:
         return c.cause(VerdictKind.DECODING_NONCOMPLIANT,
                        what + "; the reported logprobs match the reference, so those requests' tokens are not the "
                        "argmax of the distribution reported", "3h-mixture-decode-path", ["greedy-heterogeneity"], short)
-    sub = rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE
-    return c.cause(VerdictKind.SUBSTITUTION if sub else VerdictKind.QUANTIZATION,
-                   what + ("; a rate this high in those requests means a different model" if sub
+    far = rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE
+    return c.cause(VerdictKind.QUANTIZATION_OR_SUBSTITUTION if far else VerdictKind.QUANTIZATION,
+                   what + ("; a rate this high in those requests is beyond production quantization: a heavily "
+                           "degraded replica or another model, which greedy tokens alone cannot tell" if far
                            else "; a degraded (e.g. quantized) replica for those requests"),
-                   "3h-mixture-" + ("substitution" if sub else "quantization"), ["greedy-heterogeneity"], short)
+                   "3h-mixture-" + ("model-deviation" if far else "quantization"), ["greedy-heterogeneity"], short)
 
 
 def _self_greedy(c: _Ctx) -> _Cause:
@@ -568,13 +584,6 @@ def _logprob_cause(c: _Ctx) -> _Cause:
     if fc.confidence is not None:
         c.details["cause_confidence"] = fc.confidence
     flips = fc.text
-    if kl >= SUBSTITUTION_MIN_MEAN_KL and top1 <= SUBSTITUTION_MAX_TOP1_AGREEMENT:
-        return c.cause(
-            VerdictKind.SUBSTITUTION,
-            f"reported logprobs diverge far beyond quantization: mean KL {kl:.3g} nats ({ratio:.3g}x the honest "
-            f"floor), reported top-1 agrees with the reference argmax at only {top1:.0%} of positions; {flips} {tail}",
-            "2-logprob-substitution", ["logprob-divergence"], short,
-        )
     if fc.substitution and fc.value is not None:
         return c.cause(
             VerdictKind.SUBSTITUTION,
@@ -582,6 +591,16 @@ def _logprob_cause(c: _Ctx) -> _Cause:
             f"top-1 agreement {top1:.0%}) in a way quantization does not explain: {flips}, "
             f"{fc.value / SUBSTITUTION_MIN_FLIP_RATIO:.2g}x the threshold — a different model {tail}",
             "2-logprob-substitution", ["logprob-divergence"], short,
+        )
+    if kl >= SUBSTITUTION_MIN_MEAN_KL and top1 <= SUBSTITUTION_MAX_TOP1_AGREEMENT:
+        return c.cause(
+            VerdictKind.QUANTIZATION_OR_SUBSTITUTION,
+            f"reported logprobs diverge far beyond production quantization: mean KL {kl:.3g} nats ({ratio:.3g}x the "
+            f"honest floor), reported top-1 agrees with the reference argmax at only {top1:.0%} of positions — the "
+            f"served model is not the declared one at its original precision, but heavily degraded weights (3-bit "
+            f"class) and another model both diverge this far, and the flip test does not single out another model: "
+            f"{flips} {tail}",
+            "2-logprob-model-deviation", ["logprob-divergence"], short,
         )
     mild = math.isfinite(ratio) and ratio <= MILD_DIVERGENCE_MAX_RATIO and top1 >= MILD_DIVERGENCE_MIN_TOP1
     what = (

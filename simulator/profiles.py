@@ -213,7 +213,7 @@ def spread_substitute_keep(n_total: int, k: int) -> tuple[int, ...]:
     if k < 1 or k >= max(hi - lo, 1):
         raise ValueError(f"substituted:{k}: drop count must be in 1..{max(hi - lo - 1, 0)} for a "
                          f"{n_total}-layer model")
-    drop = {int(round(lo + (j + 0.5) * (hi - lo) / k)) for j in range(k)}
+    drop = {round(lo + (j + 0.5) * (hi - lo) / k) for j in range(k)}
     return tuple(i for i in range(n_total) if i not in drop)
 
 

@@ -99,7 +99,7 @@ class CalibrationRecord:
         honest: True for honest profiles (``rejection_rate`` is then the false-accusation rate).
         budget_tokens: completion tokens per audit; audits: audits run.
         rejections: audits with a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION,
-            SUBSTITUTION, DECODING_NONCOMPLIANT).
+            SUBSTITUTION, QUANTIZATION_OR_SUBSTITUTION, DECODING_NONCOMPLIANT).
         rejection_rate, ci_low, ci_high: rejections/audits with a Clopper–Pearson 95% interval.
         cause_correct_rate: among rejections, the share naming the profile's cause (None for
             honest profiles or without rejections); pass_rate, inconclusive_rate: shares of
@@ -302,20 +302,55 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
             "best_suite": best,
             "met": best is not None and reached[best] <= limit,
         })
+        if best is not None:  # the acceptance's "with the cause right": that profile, its best suite, all budgets
+            ok, und, n_rej = _cause_counts(per_mix[best])
+            if n_rej:
+                rows.append({
+                    "profile": p,
+                    "suite": best,
+                    "target": f"cause named right in >= {MIN_CAUSE_CORRECT:.0%} of rejections, best suite `{best}`",
+                    "measured": _cause_text(ok, und, n_rej),
+                    "met": ok / n_rej >= MIN_CAUSE_CORRECT,
+                })
     for mname in mix_names:
         rej = [r for r in fixed if record_suite(r) == mname
                and not (PROFILES.get(r["profile"]) and PROFILES[r["profile"]].honest)]
-        n_rej = sum(r["rejections"] for r in rej if r.get("rejections"))
-        n_ok = sum(round(r["rejections"] * (r["cause_correct_rate"] or 0.0)) for r in rej if r.get("rejections"))
+        n_ok, n_und, n_rej = _cause_counts(rej)
         if n_rej:
             rows.append({
                 "profile": "all deviating profiles",
                 "suite": mname,
                 "target": f"cause named right in >= {MIN_CAUSE_CORRECT:.0%} of rejections, suite `{mname}`",
-                "measured": f"{n_ok / n_rej:.3f} ({n_ok}/{n_rej})",
+                "measured": _cause_text(n_ok, n_und, n_rej),
                 "met": n_ok / n_rej >= MIN_CAUSE_CORRECT,
             })
     return rows
+
+
+#: The undetermined answer (``auditor.verdict``): not the declared weights at their precision, which of the two
+#: causes undetermined. It is neither right nor wrong for a quantized or substituted profile, and counted apart.
+_UNDETERMINED = "QUANTIZATION_OR_SUBSTITUTION"
+
+
+def _cause_counts(records: Sequence[dict]) -> tuple[int, int, int]:
+    """(cause named right, undetermined, rejections) summed over ``records``; undetermined counts the
+    QUANTIZATION_OR_SUBSTITUTION verdicts of profiles whose expected verdict is one of those two causes."""
+    ok = und = n = 0
+    for r in records:
+        k = int(r.get("rejections") or 0)
+        if not k:
+            continue
+        n += k
+        ok += round(k * (r.get("cause_correct_rate") or 0.0))
+        if r.get("expected_verdict") in ("QUANTIZATION", "SUBSTITUTION"):
+            und += int((r.get("verdicts") or {}).get(_UNDETERMINED, 0))
+    return ok, und, n
+
+
+def _cause_text(ok: int, und: int, n: int) -> str:
+    wrong = n - ok - und
+    return (f"{ok / n:.3f} ({ok}/{n})" + (f"; undetermined quantization-or-substitution {und / n:.3f} ({und})"
+                                         if und else "") + f"; wrong cause {wrong / n:.3f} ({wrong})")
 
 
 def record_suite(r: dict) -> str:

@@ -8,7 +8,7 @@
     auditor demo [--json PATH] [--suite S] [--budget-tokens N] [--db URL]
 
 Exit codes of ``check``: 0 PASS, 1 a deviation (QUANTIZATION / RELAXED_VERIFICATION / SUBSTITUTION /
-DECODING_NONCOMPLIANT), 2 INCONCLUSIVE, 3 usage/config/connection error (one line on stderr, no
+QUANTIZATION_OR_SUBSTITUTION / DECODING_NONCOMPLIANT), 2 INCONCLUSIVE, 3 usage/config/connection error (one line on stderr, no
 traceback), 130 interrupted. ``report``: 0, or 3 for an unknown run or provider, or for both or
 neither of RUN_ID and --provider. ``demo``: 0 when every
 simulator's cause was named, 1 otherwise, 3 when a simulator did not start.

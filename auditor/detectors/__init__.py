@@ -168,6 +168,7 @@ DetectorFn = Callable[..., DetectorResult]
 
 # verdict names a rejection can lead to (auditor.verdict.VerdictKind values; tests check them)
 _Q, _S, _R, _D = "QUANTIZATION", "SUBSTITUTION", "RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT"
+_QS = "QUANTIZATION_OR_SUBSTITUTION"
 
 
 @dataclass(frozen=True)
@@ -291,7 +292,7 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
     {
         str(s.name): s
         for s in (
-            _paired_spec(DetectorName.GREEDY_MATCH, greedy_match, TestKind.CLEAR_MISMATCH, (_Q, _S, _D), False,
+            _paired_spec(DetectorName.GREEDY_MATCH, greedy_match, TestKind.CLEAR_MISMATCH, (_Q, _QS, _D), False,
                          "T=0 tokens vs reference argmax; clear mismatches beyond the noise band",
                          "greedy tokens differ from the reference (model changed, or decode path differs)",
                          "greedy tokens differ from the reference argmax beyond the honest noise band"),
@@ -304,13 +305,13 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                 mode=Mode.LOGPROB,
                 test=TestKind.KL,
                 positions="T in {0, 1}, trusted provider top_logprobs (>= floor width M), reference row",
-                causes=(_Q, _S),
+                causes=(_Q, _S, _QS),
                 implication="reported distribution differs from the reference (quantization or substitution)",
                 finding="the reported distribution differs from every honest variant of the reference",
                 power_family=PowerFamily.MODEL,
                 power_target=_KL_RATIO,
             ),
-            _paired_spec(DetectorName.SAMPLING_GOF, sampling_gof, TestKind.PIT, (_R, _Q), False,
+            _paired_spec(DetectorName.SAMPLING_GOF, sampling_gof, TestKind.PIT, (_R, _Q, _S, _QS), False,
                          "randomized PIT uniformity (Cramér–von Mises)",
                          "sampled tokens do not follow the reference distribution"),
             _paired_spec(DetectorName.SAMPLING_ARGMAX, sampling_argmax, TestKind.ARGMAX, (_R, _D), False,
@@ -344,7 +345,7 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                 mode=Mode.GREEDY,
                 test=TestKind.SCAN,
                 positions="T = 0, aligned token, reference row; grouped by request (prompt)",
-                causes=(_Q, _S, _D),
+                causes=(_Q, _QS, _D),
                 implication="a minority of requests is served by a different or degraded model (mixed serving)",
                 finding="some requests' greedy tokens differ from the reference far more than honest serving allows, "
                         "while others match: part of the traffic is served differently",

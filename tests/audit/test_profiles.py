@@ -38,7 +38,9 @@ CASES = [
     ("honest-bf16", "PASS", 0, 1000, None),
     ("int4", "QUANTIZATION", 1, 400, "logprob-divergence"),
     ("relaxed-threshold", "RELAXED_VERIFICATION", 1, 600, "sampling-argmax"),
-    ("substituted", "SUBSTITUTION", 1, 400, "logprob-divergence"),
+    # at 400 tokens the flip test has few confident positions: the far divergence alone says "not the declared
+    # weights at their precision" (rule 2-logprob-model-deviation) unless the flips already single out another model
+    ("substituted", ("SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION"), 1, 400, "logprob-divergence"),
     # greedy verification of sampling requests: the temperature is ignored (every sampled token is
     # the argmax) -> DECODING_NONCOMPLIANT by rule 4a (docs/detectors.md)
     ("greedy-verify", "DECODING_NONCOMPLIANT", 1, 400, "sampling-argmax"),
@@ -81,7 +83,7 @@ def test_check_names_the_cause(real_env, profile, expected, code, budget, reject
     d = json.loads(jpath.read_text())
     _RESULTS.append({"profile": profile, "verdict": d["verdict"], "tokens": d["tokens"]["total"], "wall_s": wall,
                      "p_adjusted": {x["name"]: x["p_adjusted"] for x in d["detectors"] if x["ran"]}})
-    assert d["verdict"] == expected, d["verdict_reason"]
+    assert d["verdict"] in ((expected,) if isinstance(expected, str) else expected), d["verdict_reason"]
     assert res.exit_code == code
     assert d["tokens"]["completion"] <= budget
     by = {x["name"]: x for x in d["detectors"]}

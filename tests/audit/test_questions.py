@@ -136,7 +136,8 @@ def test_underpowered_sampling_names_the_missing_positions() -> None:
     ("QUANTIZATION", "2-logprob-quantization", "logprob-divergence"),
     ("SUBSTITUTION", "2-logprob-substitution", "logprob-divergence"),
     ("QUANTIZATION", "3-greedy-quantization", "greedy-match"),
-    ("SUBSTITUTION", "3-greedy-substitution", "greedy-match"),
+    ("QUANTIZATION_OR_SUBSTITUTION", "2-logprob-model-deviation", "logprob-divergence"),
+    ("QUANTIZATION_OR_SUBSTITUTION", "3-greedy-model-deviation", "greedy-match"),
 ])
 def test_model_difference_answers_precision_no_with_the_deciding_p(verdict: str, rule: str, name: str) -> None:
     d = reject(details(rule=rule), name, 3e-9)

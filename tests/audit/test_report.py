@@ -76,7 +76,8 @@ def test_json_report_has_the_required_fields_and_is_strict_json() -> None:
 
 
 @pytest.mark.parametrize(("verdict", "code"), [("PASS", 0), ("QUANTIZATION", 1), ("RELAXED_VERIFICATION", 1),
-                                                ("SUBSTITUTION", 1), ("DECODING_NONCOMPLIANT", 1), ("INCONCLUSIVE", 2)])
+                                                ("SUBSTITUTION", 1), ("QUANTIZATION_OR_SUBSTITUTION", 1),
+                                                ("DECODING_NONCOMPLIANT", 1), ("INCONCLUSIVE", 2)])
 def test_exit_codes(verdict: str, code: int) -> None:
     assert exit_code_for(verdict) == code
     assert make_report(verdict).exit_code == code

@@ -130,10 +130,15 @@ def test_rule2_names_substitution_by_the_flip_ratio(flip_ratio, want):
         assert "flip ratio" in v.reason
 
 
-def test_rule2_far_divergence_is_substitution_without_confident_flips():
-    # almost no confident position left (the flip test cannot tell): the far-divergence cut-offs decide
+def test_rule2_far_divergence_without_confident_flips_is_undetermined_between_the_two():
+    # almost no confident position left (the flip test cannot tell): 3-bit weights and another model both
+    # diverge this far, so the verdict says the model is not the declared one at its precision, not which
     v = decide_verdict([_lp(1.5, obs=2, expected=0.7, kl=0.9, top1=0.5)])
-    assert v.verdict == VerdictKind.SUBSTITUTION and "far beyond quantization" in v.reason
+    assert v.verdict == VerdictKind.QUANTIZATION_OR_SUBSTITUTION and v.exit_code == 1
+    assert v.details["rule"] == "2-logprob-model-deviation" and "far beyond production quantization" in v.reason
+    # significant confident flips still single out another model at that divergence
+    v = decide_verdict([_lp(SUBSTITUTION_MIN_FLIP_RATIO * 3, kl=0.9, top1=0.5)])
+    assert v.verdict == VerdictKind.SUBSTITUTION and v.details["rule"] == "2-logprob-substitution"
     # a large KL with high top-1 agreement and noise-like flips stays QUANTIZATION
     v = decide_verdict([_lp(1.5, obs=2, expected=0.7, kl=0.9, top1=0.8)])
     assert v.verdict == VerdictKind.QUANTIZATION
@@ -176,9 +181,9 @@ def test_rule2_reference_path_ratio_decides_substitution_when_the_provider_path_
 def test_rule2_reference_path_ratio_below_threshold_is_quantization_even_when_the_provider_path_is_high():
     v = decide_verdict([_with_ref_path(_lp(SUBSTITUTION_MIN_FLIP_RATIO * 2), 2.0)])
     assert v.verdict == VerdictKind.QUANTIZATION and v.details["cause_confidence"]["path"] == "reference"
-    # ... and the issue-7 cut-offs still name SUBSTITUTION first
+    # ... and at a far divergence it is undetermined (the flip test does not single out another model)
     v = decide_verdict([_with_ref_path(_lp(1.5, kl=0.9, top1=0.5), 2.0)])
-    assert v.verdict == VerdictKind.SUBSTITUTION and "far beyond quantization" in v.reason
+    assert v.verdict == VerdictKind.QUANTIZATION_OR_SUBSTITUTION and "far beyond production quantization" in v.reason
 
 
 def test_rule2_uninformative_reference_path_leaves_the_provider_path_in_charge():

@@ -177,8 +177,8 @@ FLIPS = {"confident_flip_ratio": SUBSTITUTION_MIN_FLIP_RATIO * 5, "confident_fli
     [
         (0.05, 0.9, {}, VerdictKind.QUANTIZATION),
         (0.5, 0.35, FLIPS, VerdictKind.SUBSTITUTION),
-        # far outside any quantization: the issue-7 cut-offs decide even when the flips look like noise
-        (0.5, 0.35, {**FLIPS, "confident_flip_ratio": 1.3}, VerdictKind.SUBSTITUTION),
+        # far outside production quantization with noise-like flips: 3-bit weights or another model, undetermined
+        (0.5, 0.35, {**FLIPS, "confident_flip_ratio": 1.3}, VerdictKind.QUANTIZATION_OR_SUBSTITUTION),
         (0.2, 0.75, {**FLIPS, "confident_flip_ratio": 1.3}, VerdictKind.QUANTIZATION),  # int4-like: noise-like flips
         (0.37, 0.76, FLIPS, VerdictKind.SUBSTITUTION),  # gemma's substitute: KL and top-1 like int4
     ],
@@ -211,14 +211,17 @@ def test_rule3_greedy_with_consistent_logprobs_is_decode_path():
 
 
 @pytest.mark.parametrize(
-    "rate, want", [(0.08, VerdictKind.QUANTIZATION), (0.6, VerdictKind.SUBSTITUTION)]
+    "rate, want", [(0.08, VerdictKind.QUANTIZATION), (0.6, VerdictKind.QUANTIZATION_OR_SUBSTITUTION)]
 )
 def test_rule3_greedy_only_audit_by_effect_size(rate, want):
     res = [
         mk("greedy-match", 1e-10, effect=rate, band=0.2, r0=1e-3),
         not_run("logprob-divergence", "no logprobs"),
     ]
-    assert decide_verdict(res).verdict == want
+    v = decide_verdict(res)
+    assert v.verdict == want and v.exit_code == 1
+    if want == VerdictKind.QUANTIZATION_OR_SUBSTITUTION:
+        assert v.details["rule"] == "3-greedy-model-deviation" and "cannot tell" in v.reason
 
 
 def test_rule4a_greedy_served_sampling():

@@ -73,7 +73,7 @@ def test_substituted_k_drops_k_layers_evenly_over_the_middle():
         get_profile("substituted:1.5")
     with pytest.raises(ValueError, match="must be in"):
         get_profile("substituted:0")
-    with pytest.raises(ValueError, match="drop count must be in 1..15"):
+    with pytest.raises(ValueError, match=r"drop count must be in 1\.\.15"):
         resolve_substitute_layers(get_profile("substituted:16"), 30)
 
 

@@ -110,6 +110,8 @@ def test_two_suites_give_one_standing_with_both_causes(db):
     ("PASS", "DECODING_NONCOMPLIANT", "DECODING_NONCOMPLIANT"),
     ("INCONCLUSIVE", "RELAXED_VERIFICATION", "RELAXED_VERIFICATION"),
     ("SUBSTITUTION", "QUANTIZATION", "SUBSTITUTION"),
+    ("QUANTIZATION_OR_SUBSTITUTION", "QUANTIZATION", "QUANTIZATION_OR_SUBSTITUTION"),
+    ("QUANTIZATION_OR_SUBSTITUTION", "SUBSTITUTION", "SUBSTITUTION"),
 ])
 def test_pass_only_when_every_recent_suite_passed(db, precision, verification, expected):
     _, store = db
