@@ -51,7 +51,9 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
       distribution the provider reports) or the argmax excess is positive; otherwise the sampled
       distribution is another model's: SUBSTITUTION when rule 2's flip statistic, measured on the
       sampled positions' reported top_logprobs (``sampling-gof`` ``details["sampled_path"]``), is
-      informative and significantly above SUBSTITUTION_MIN_FLIP_RATIO (``verdict_cause``), else QUANTIZATION.
+      informative and significantly above SUBSTITUTION_MIN_FLIP_RATIO (``verdict_cause``), else QUANTIZATION;
+      but QUANTIZATION_OR_SUBSTITUTION (``4d-model-deviation``) whenever that statistic's logit-noise scale σ̂
+      exceeds SAMPLED_FLIP_MAX_SIGMA, the range the flip test was calibrated on (production quantization).
 5. Nothing rejects → PASS when every power family that ran (POWER_FAMILIES: model = greedy-match
    or logprob-divergence; acceptance = sampling-/self-argmax; truncation = sampling-/self-tail;
    decode-path = self-greedy) has a detector with DEFAULT_POWER against its target effect
@@ -123,6 +125,7 @@ from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
 from auditor.verdict_cause import (
+    SAMPLED_FLIP_MAX_SIGMA,
     emission_cause,
     explained_by_decode_path,
     failure_summary,
@@ -697,6 +700,14 @@ def _sampled_model_cause(c: _Ctx, rej: list[str], pstr: str) -> _Cause:
                        "4d-quantization", rej, pstr)
     if fc.confidence is not None:
         c.details["cause_confidence"] = fc.confidence
+    sigma = (fc.confidence or {}).get("sigma_hat")
+    if sigma is not None and float(sigma) > SAMPLED_FLIP_MAX_SIGMA:
+        return c.cause(VerdictKind.QUANTIZATION_OR_SUBSTITUTION, f"sampled tokens do not follow the reference "
+                       f"distribution ({pstr}), and the provider's reported top_logprobs there differ from the "
+                       f"reference's by a logit-noise scale of {float(sigma):.3g} nats, beyond the "
+                       f"{SAMPLED_FLIP_MAX_SIGMA:g} nats of any production quantization calibrated: not the declared "
+                       f"weights at their precision, but heavily degraded weights and another model both reach this, "
+                       f"and the flip test is not calibrated there ({fc.text})", "4d-model-deviation", rej, pstr)
     if fc.substitution and fc.value is not None:
         return c.cause(VerdictKind.SUBSTITUTION, f"sampled tokens do not follow the reference distribution ({pstr}), "
                        f"and the provider's reported top_logprobs there disagree with the reference in a way "

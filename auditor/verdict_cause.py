@@ -32,7 +32,7 @@ from scipy import stats
 from auditor.detectors import IMPLICATIONS, PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorName, DetectorResult
 
-__all__ = ["SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause", "emission_cause", "explained_by_decode_path",
+__all__ = ["SAMPLED_FLIP_MAX_SIGMA", "SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause", "emission_cause", "explained_by_decode_path",
            "failure_summary", "finite_or_none", "flip_cause", "implication", "near_tie_reason", "p_adjusted_text",
            "sampled_flip_cause", "set_aside", "template_note"]
 
@@ -120,6 +120,13 @@ def flip_cause(d: Mapping[str, Any], threshold: float) -> FlipCause:
 #: Level of rule 4d's test "more confident flips than SUBSTITUTION_MIN_FLIP_RATIO x the isotropic-noise
 #: expectation" on the sampled positions (a cause decision after the family-wise rejection, not a family test).
 SAMPLED_FLIP_TEST_LEVEL = 0.01
+#: Rule 4d: the largest logit-noise scale σ̂ (nats, ``margin_flip_stats`` on the sampled positions) at which the
+#: flip test's isotropic-noise model was calibrated: the maximum over the rule-4d audits of the production
+#: quantization pools (int4 1.25 at 100 `verification` tokens over 36 audits, median 0.99; fp8, w8a8, kv-fp8
+#: <= 0.36), rounded up. Beyond it (int3 1.5-1.7, the layer-pruned substitute alike) the flip test is outside
+#: its calibrated range and the cause is QUANTIZATION_OR_SUBSTITUTION, as rule 2's far-divergence cut-offs say
+#: on the logprob path.
+SAMPLED_FLIP_MAX_SIGMA = 1.3
 
 
 def sampled_flip_cause(gof: DetectorResult | None, threshold: float) -> FlipCause | None:

@@ -15,6 +15,7 @@ from auditor.verdict import (
     decide_verdict,
     required_positions,
 )
+from auditor.verdict_cause import SAMPLED_FLIP_MAX_SIGMA
 
 
 def mk(name, p, *, effect=0.0, n=1000, statistic=0.0, **details):
@@ -348,6 +349,23 @@ def test_rule4d_sampled_flip_statistic_names_a_different_model():
     few = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=_sampled_path(6, 0.6))))
     assert few.details["cause_confidence"]["value"] > SUBSTITUTION_MIN_FLIP_RATIO
     assert few.verdict == VerdictKind.QUANTIZATION and few.details["cause_confidence"]["substitution_p"] > 0.01
+
+
+
+@pytest.mark.parametrize("flips", [40, 3])
+def test_rule4d_beyond_the_calibrated_noise_scale_the_cause_is_undetermined(flips):
+    """σ̂ above SAMPLED_FLIP_MAX_SIGMA (3-bit weights, a layer-pruned model): whatever the flips say, the verdict is
+    QUANTIZATION_OR_SUBSTITUTION — the flip test's isotropic-noise model is not calibrated that far."""
+    base = [r for r in quiet() if r.name not in ("logprob-divergence", "greedy-match")]
+    arg = mk("sampling-argmax", 0.9, excess_per_position=-0.2, argmax_rate=0.4, expected_rate=0.6)
+    sp = dict(_sampled_path(flips, 2.0), sigma_hat=SAMPLED_FLIP_MAX_SIGMA + 0.2)
+    v = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=sp)))
+    assert v.verdict == VerdictKind.QUANTIZATION_OR_SUBSTITUTION and v.details["rule"] == "4d-model-deviation"
+    assert v.exit_code == 1 and f"{SAMPLED_FLIP_MAX_SIGMA:g} nats" in v.reason
+    # at the calibrated scale the flip test decides again
+    sp["sigma_hat"] = SAMPLED_FLIP_MAX_SIGMA
+    v = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=sp)))
+    assert v.verdict == (VerdictKind.SUBSTITUTION if flips == 40 else VerdictKind.QUANTIZATION)
     # too few confident positions for the ratio to exceed the threshold: not informative, the milder cause
     thin_path = _sampled_path(2, 0.1, n_conf=2)
     thin = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=thin_path)))
