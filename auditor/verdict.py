@@ -2,8 +2,7 @@
 
 ``decide_verdict(results, alpha)`` returns a :class:`Verdict` — one of PASS, QUANTIZATION,
 RELAXED_VERIFICATION, SUBSTITUTION, QUANTIZATION_OR_SUBSTITUTION, DECODING_NONCOMPLIANT, INCONCLUSIVE —
-with a one-line reason
-and JSON-able details. The rules (also in docs/detectors.md), applied in order, where "rejects"
+with a one-line reason and JSON-able details. The rules (also in docs/detectors.md), applied in order, where "rejects"
 means the detector ran and its Holm-adjusted p-value is <= alpha:
 
 0. No detector ran → INCONCLUSIVE (with the budget that would suffice).
