@@ -329,7 +329,8 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
 
 #: The undetermined answer (``auditor.verdict``): not the declared weights at their precision, which of the two
 #: causes undetermined. It is neither right nor wrong for a quantized or substituted profile, and counted apart.
-_UNDETERMINED = "QUANTIZATION_OR_SUBSTITUTION"
+_UNDETERMINED = str(VerdictKind.QUANTIZATION_OR_SUBSTITUTION)
+_MODEL_CAUSES = (str(VerdictKind.QUANTIZATION), str(VerdictKind.SUBSTITUTION))
 
 
 def _cause_counts(records: Sequence[dict]) -> tuple[int, int, int]:
@@ -342,7 +343,7 @@ def _cause_counts(records: Sequence[dict]) -> tuple[int, int, int]:
             continue
         n += k
         ok += round(k * (r.get("cause_correct_rate") or 0.0))
-        if r.get("expected_verdict") in ("QUANTIZATION", "SUBSTITUTION"):
+        if r.get("expected_verdict") in _MODEL_CAUSES:
             und += int((r.get("verdicts") or {}).get(_UNDETERMINED, 0))
     return ok, und, n
 

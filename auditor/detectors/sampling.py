@@ -610,7 +610,8 @@ def combined_sampling_test(
     (:func:`tail_test`, "less") with :func:`cauchy_combination`, which stays valid under their
     dependence (issue 14, item 1). ``discrete="randomized"`` uses the count tests' randomized
     p-values (exactly Uniform(0, 1) under H0, so the combination is calibrated); ``"mid-p"`` uses
-    Lancaster mid-p values (the argmax one of the threshold scan itself) (deterministic given the data, approximately calibrated); ``"exact"``
+    Lancaster mid-p values (deterministic given the data, approximately calibrated; the argmax one is the
+    threshold scan's own, so all three modes test one statistic); ``"exact"``
     the conservative tail probabilities. Independent uniforms for the three randomizations are
     drawn from one generator (``rng``).
 
