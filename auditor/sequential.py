@@ -14,7 +14,14 @@ At look k the whole audit decision — every detector, Holm across them, the dec
 
 - a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, QUANTIZATION_OR_SUBSTITUTION,
   DECODING_NONCOMPLIANT)
-  stops the audit: **reject**;
+  stops the audit: **reject** — except that with ``resolve_cause`` (``--resolve-cause``) the undetermined
+  answer QUANTIZATION_OR_SUBSTITUTION ("not the declared weights at their precision; heavy
+  quantization or another model") does not stop it before the last look: the rejection stands
+  (action ``reject-resolve``) and the audit goes on probing to tell the two causes apart. A later
+  look whose verdict is a determined deviation (any other deviation verdict, e.g. SUBSTITUTION once
+  the flip test has enough confident positions) stops it with that verdict (action ``cause``,
+  ``details["cause_resolved"]`` naming the rejecting look); at the last look the rejection is final
+  (action ``reject``) with that look's verdict when it is a deviation, else the rejecting look's;
 - PASS (nothing rejects *and* every detector family that ran has the design's ``accept_power``
   against its target effect at level α_k — the verdict's own adequacy check — *and*, with
   ``require_rules_out`` (the default), every deviation class the audit's detectors can test is
@@ -33,7 +40,8 @@ uses all earlier tokens), and the detectors are a heterogeneous family (exact bi
 Cramér–von Mises, z-tests), so the joint-normal boundaries of classical group-sequential designs
 do not apply. We use the union bound instead: under H0 (an honest provider)
 ``P(reject at some look) ≤ Σ_k P(reject at look k) ≤ Σ_k α_k = α(1) = α``, for *any* dependence
-between looks; stopping early to accept can only remove chances to reject, and so can refusing to
+between looks (looks after a ``reject-resolve`` only choose which deviation is named, never whether
+one is: the audit's outcome is a deviation from the rejecting look on); stopping early to accept can only remove chances to reject, and so can refusing to
 accept (continuing past a PASS that does not rule out every class takes looks whose α_k the bound
 already counts; turning a last-look PASS into INCONCLUSIVE rejects nothing). This is conservative
 (it ignores the positive correlation between looks), which is the price for reusing every
@@ -78,6 +86,9 @@ __all__ = [
 SPENDING_FUNCTIONS = ("obrien-fleming", "pocock", "linear")
 _DEVIATIONS = frozenset({"QUANTIZATION", "RELAXED_VERIFICATION", "SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION",
                          "DECODING_NONCOMPLIANT"})
+#: The deviation verdict whose cause is undetermined (``auditor.verdict.VerdictKind``): with
+#: ``SequentialDesign.resolve_cause`` it does not stop the audit before the last look.
+_UNDETERMINED = frozenset({"QUANTIZATION_OR_SUBSTITUTION"})
 
 
 def alpha_spent(t: float, alpha: float, spending: str = "obrien-fleming") -> float:
@@ -124,6 +135,12 @@ class SequentialDesign:
         require_rules_out: a PASS (early or at the last look) also needs every deviation class that
             the look's detectors can test ruled out (the verdict's ``details["rules_out"]``); a verdict
             object without that record (a callback that computes none) is taken as it is.
+        resolve_cause: a rejection whose cause is undetermined (QUANTIZATION_OR_SUBSTITUTION) before the
+            last look does not stop the audit; it probes on until a look names a determined deviation or
+            the cap is reached (see the module docstring). False (the default): every deviation verdict
+            stops at once. Both answers to the buyer's precision question are "no", so resolving only
+            names the cause, at a cost: on the simulator's int3 it spends 2,511 tokens per audit instead
+            of 94 and still cannot tell (docs/calibration.md).
 
     Raises:
         ValueError: empty or non-increasing looks, non-positive tokens, bad alpha/spending.
@@ -134,6 +151,7 @@ class SequentialDesign:
     spending: str = "obrien-fleming"
     accept_power: float | None = None
     require_rules_out: bool = True
+    resolve_cause: bool = False
 
     def __post_init__(self) -> None:
         if not self.looks:
@@ -156,6 +174,7 @@ class SequentialDesign:
     def geometric(
         cls, max_tokens: int = 3000, first: int = 100, factor: float = 2.0, *, alpha: float = 0.05,
         spending: str = "obrien-fleming", accept_power: float | None = None, require_rules_out: bool = True,
+        resolve_cause: bool = False,
     ) -> SequentialDesign:
         """Looks at ``first, first·factor, first·factor², …`` tokens, capped by (and ending at) ``max_tokens``.
 
@@ -173,7 +192,7 @@ class SequentialDesign:
             looks[-1] = max_tokens  # avoid a tiny last round
         else:
             looks.append(int(max_tokens))
-        return cls(tuple(sorted(set(looks))), alpha, spending, accept_power, require_rules_out)
+        return cls(tuple(sorted(set(looks))), alpha, spending, accept_power, require_rules_out, resolve_cause)
 
     def look_alphas(self) -> list[float]:
         """α_k for the planned looks (they sum to ``alpha``)."""
@@ -187,7 +206,7 @@ class SequentialDesign:
     def to_dict(self) -> dict:
         return {"looks": list(self.looks), "alpha": self.alpha, "spending": self.spending,
                 "accept_power": self.accept_power, "require_rules_out": self.require_rules_out,
-                "look_alphas": self.look_alphas()}
+                "resolve_cause": self.resolve_cause, "look_alphas": self.look_alphas()}
 
 
 @dataclass
@@ -198,7 +217,9 @@ class LookDecision:
         look: 1-based look index; tokens: cumulative completion tokens at the look.
         alpha_look: α_k spent at this look; alpha_spent: cumulative α after it.
         verdict: the verdict at level α_k; stop: whether the audit stops here.
-        action: ``reject`` | ``accept`` | ``continue`` | ``final``.
+        action: ``reject`` | ``accept`` | ``continue`` | ``final`` | ``reject-resolve`` (a rejection with an
+            undetermined cause; probing goes on) | ``resolve`` (a later look that did not determine it) |
+            ``cause`` (a later look that did: the audit stops with its verdict).
     """
 
     look: int
@@ -246,6 +267,8 @@ class SequentialAudit:
         #: deviation classes this audit must rule out before a PASS (fixed at the first look that
         #: records them: the classes whose projected tokens fit the cap; see :func:`_reachable`)
         self._required: frozenset[str] | None = None
+        #: the look that rejected with an undetermined cause, and its verdict object (resolve_cause)
+        self._rejected: tuple[LookDecision, Decided] | None = None
 
     @property
     def done(self) -> bool:
@@ -313,7 +336,23 @@ class SequentialAudit:
             if last:
                 v = _not_ruled_out_verdict(v, short, self.design.max_tokens)
                 verdict = str(getattr(v, "verdict", v))
-        if verdict in _DEVIATIONS:
+        if self._rejected is not None:  # the null is rejected already: this look only decides the cause
+            first, first_v = self._rejected
+            info["rejected_at_look"] = first.look
+            if verdict in _DEVIATIONS and verdict not in _UNDETERMINED:
+                action, stop = "cause", True
+                v = _with_detail(v, "cause_resolved", {"rejected_at_look": first.look, "rejected_at_tokens": first.tokens,
+                                                       "rejected_verdict": first.verdict})
+            elif last:
+                action, stop = "reject", True
+                if verdict not in _DEVIATIONS:  # the rejection stands; its own look's evidence says why
+                    v = first_v
+                    verdict = first.verdict
+            else:
+                action, stop = "resolve", False
+        elif verdict in _DEVIATIONS and verdict in _UNDETERMINED and self.design.resolve_cause and not last:
+            action, stop = "reject-resolve", False
+        elif verdict in _DEVIATIONS:
             action, stop = "reject", True
         elif verdict == "PASS" and not short:
             action, stop = "accept", True
@@ -322,6 +361,8 @@ class SequentialAudit:
         self._spent = cum
         d = LookDecision(k + 1, int(tokens), a_k, cum, verdict, stop, action, info)
         self.decisions.append(d)
+        if action == "reject-resolve":
+            self._rejected = (d, v)
         if stop:
             self._done = True
             self.final = v
@@ -403,6 +444,16 @@ def _not_ruled_out_verdict(v: Any, short: Sequence[RuleOut], max_tokens: int) ->
     return dataclasses.replace(v, verdict="INCONCLUSIVE", **{fields[0]: text, fields[1]: details})
 
 
+def _with_detail(v: Any, key: str, value: object) -> Any:
+    """``v`` (``Verdict`` or ``AuditReport``) with ``details[key] = value``; anything else as it is."""
+    import dataclasses
+
+    name = "verdict_details" if hasattr(v, "verdict_details") else "details"
+    if not dataclasses.is_dataclass(v) or isinstance(v, type) or not isinstance(getattr(v, name, None), dict):
+        return v
+    return dataclasses.replace(v, **{name: {**getattr(v, name), key: value}})
+
+
 def run_sequential(
     design: SequentialDesign,
     verdict_after: Callable[..., Decided],
@@ -466,6 +517,7 @@ def run_sequential_check(
     design: SequentialDesign | None = None,
     suite: str | None = None,
     alpha: float = 0.05,
+    resolve_cause: bool = False,
     on_look: Callable[[LookDecision], None] | None = None,
     **check_kwargs: Any,
 ) -> tuple[AuditReport, SequentialAudit]:
@@ -484,6 +536,7 @@ def run_sequential_check(
             ``AUTO_SPENDING`` and ``AUTO_ACCEPT_POWER``.
         suite: suite name or JSON path (default ``default``).
         alpha: family-wise level of the whole sequential audit.
+        resolve_cause: the default design's ``resolve_cause`` (ignored when ``design`` is given).
         on_look: called with each LookDecision (progress output).
         check_kwargs: passed to ``run_check`` (db_url, config_path, progress, console, seed,
             provider_config, reference_dtypes, floors_cache_dir, reference_models).
@@ -500,6 +553,7 @@ def run_sequential_check(
 
     from auditor.audit import run_check
     from auditor.planning import load_suite_spec, plan_budget
+    from auditor.report import AuditReport
 
     full = load_suite_spec(suite)
     if design is None:
@@ -507,12 +561,13 @@ def run_sequential_check(
         first = min(AUTO_FIRST_LOOK, top)
         design = (
             SequentialDesign.geometric(top, first=first, alpha=alpha, spending=AUTO_SPENDING,
-                                       accept_power=AUTO_ACCEPT_POWER)
+                                       accept_power=AUTO_ACCEPT_POWER, resolve_cause=resolve_cause)
             if top > first
-            else SequentialDesign((top,), alpha=alpha, spending=AUTO_SPENDING)
+            else SequentialDesign((top,), alpha=alpha, spending=AUTO_SPENDING, resolve_cause=resolve_cause)
         )
     seq = SequentialAudit(design)
     run_id: str | None = None
+    restore = False
     sent = None
     report: AuditReport | None = None
     with tempfile.TemporaryDirectory(prefix="auditor-seq-") as tmp:
@@ -533,6 +588,10 @@ def run_sequential_check(
             d = seq.update(plan.max_completion_tokens(), verdict_at)
             report = box["report"]
             run_id = report.run_id
+            if d.stop and isinstance(seq.final_verdict, AuditReport) and seq.final_verdict is not report:
+                # the decided verdict differs from the look's stored one: a last-look PASS made INCONCLUSIVE,
+                # a look that resolved the cause (details["cause_resolved"]), or the look that rejected
+                report, restore = seq.final_verdict, True
             sent = plan
             if on_look is not None:
                 on_look(d)
@@ -540,12 +599,13 @@ def run_sequential_check(
                 break
     if report is None:  # SequentialDesign has at least one look, so a report exists
         raise ValueError(f"sequential design {design.looks} took no look")
-    _record(report, seq, check_kwargs.get("db_url"))
+    _record(report, seq, check_kwargs.get("db_url"), restore=restore)
     return report, seq
 
 
-def _record(report: AuditReport, seq: SequentialAudit, db_url: str | None) -> None:
-    """Store the sequential summary and the overall α / planned budget in the run."""
+def _record(report: AuditReport, seq: SequentialAudit, db_url: str | None, *, restore: bool = False) -> None:
+    """Store the sequential summary and the overall α / planned budget in the run; ``restore``: also store
+    ``report``'s verdict (the sequential decision differs from what the stopping look's check stored)."""
     from auditor.store import open_store
     from auditor.store import queries as q
 
@@ -557,7 +617,7 @@ def _record(report: AuditReport, seq: SequentialAudit, db_url: str | None) -> No
                 return
             summary = dict(run.summary or {})
             summary["sequential"] = seq.summary()
-            if run.verdict != report.verdict:  # a last-look PASS that did not rule out every class
+            if restore or run.verdict != report.verdict:
                 q.store_verdict(s, report.run_id, report.verdict, report.verdict_reason, report.verdict_details)
             q.update_run(s, report.run_id, summary=summary, alpha=seq.design.alpha,
                          budget_tokens=seq.decisions[-1].tokens if seq.decisions else None)

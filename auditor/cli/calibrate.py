@@ -78,6 +78,9 @@ def register(app: typer.Typer) -> None:
         accept_power: float = typer.Option(
             0.99, "--accept-power", min=0.5, max=0.9999, help="Power an early PASS needs in the sequential simulation (auto's: 0.99)."
         ),
+        resolve_cause: bool = typer.Option(
+            False, "--resolve-cause/--stop-at-rejection",
+            help="Sequential simulation: probe on after a rejection with an undetermined cause (auditor check --resolve-cause)."),
         refresh: bool = typer.Option(False, "--refresh", help="Recollect pools even when cached."),
         effects: bool = typer.Option(
             False, "--effects/--no-effects",
@@ -147,7 +150,8 @@ def register(app: typer.Typer) -> None:
 
             torch.set_num_threads(threads)
         design = (
-            SequentialDesign.geometric(max(bl), first=min(bl), alpha=alpha, spending=spending, accept_power=accept_power)
+            SequentialDesign.geometric(max(bl), first=min(bl), alpha=alpha, spending=spending, accept_power=accept_power,
+                                       resolve_cause=resolve_cause)
             if sequential and max(bl) > min(bl)
             else None
         )

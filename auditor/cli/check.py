@@ -90,6 +90,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the detectors' randomization (recorded with the run)."),
         device: str | None = typer.Option(None, "--device", help="Where a local reference runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: the reference table's, else cpu)."),
         dtype: str | None = typer.Option(None, "--dtype", help="Reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16, or the reference table's)."),
+        resolve_cause: bool = typer.Option(False, "--resolve-cause/--stop-at-rejection", help="With --budget-tokens auto: after a rejection whose cause is undetermined (QUANTIZATION_OR_SUBSTITUTION), keep probing up to the cap to tell heavy quantization from another model (default: stop at the first rejection; the precision answer is 'no' either way)."),
     ) -> None:
         """Audit a provider: probe it, compare with the reference, print the verdict and the evidence."""
         from rich.console import Console
@@ -122,7 +123,7 @@ def register(app: typer.Typer) -> None:
                 if resume:
                     raise _fail("--budget-tokens auto cannot --resume; resume with a fixed --budget-tokens")
                 rep, _seq = run_sequential_check(
-                    provider, suite=suite, alpha=alpha, db_url=db, config_path=str(config) if config else None,
+                    provider, suite=suite, alpha=alpha, resolve_cause=resolve_cause, db_url=db, config_path=str(config) if config else None,
                     progress=True if progress else None, console=err, seed=seed, device=device, dtype=dtype,
                     on_look=lambda d: err.print(f"look {d.look}: {d.tokens} tokens, alpha_k={d.alpha_look:.2g}: "
                                                 f"{d.verdict} ({d.action})" + (

@@ -240,3 +240,74 @@ def test_early_acceptance_needs_the_design_power_against_every_class():
     loose = run_sequential(SequentialDesign((200, 400, 800, 1600), spending="pocock"), _decide(table))
     assert strict.final_verdict.verdict == loose.final_verdict.verdict == "PASS"
     assert strict.decisions[-1].look >= loose.decisions[-1].look
+
+
+# ----------------------------------------------------------------------------- resolve_cause
+def _scripted(verdicts):
+    """A callback returning the scripted verdict at each look (dataclass Verdicts, so details can be added)."""
+    from auditor.verdict import Verdict
+
+    it = iter(verdicts)
+
+    def at(tokens, alpha, power=None):
+        return Verdict(next(it), f"scripted at {tokens}", {"rule": "scripted", "tokens": tokens})
+
+    return at
+
+
+def test_an_undetermined_rejection_probes_on_until_a_look_names_the_cause():
+    design = SequentialDesign((100, 200, 400, 800), spending="pocock", resolve_cause=True)
+    seq = run_sequential(design, _scripted(["INCONCLUSIVE", "QUANTIZATION_OR_SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION",
+                                            "SUBSTITUTION"]))
+    assert [d.action for d in seq.decisions] == ["continue", "reject-resolve", "resolve", "cause"]
+    v = seq.final_verdict
+    assert v.verdict == "SUBSTITUTION" and v.details["tokens"] == 800
+    assert v.details["cause_resolved"] == {"rejected_at_look": 2, "rejected_at_tokens": 200,
+                                           "rejected_verdict": "QUANTIZATION_OR_SUBSTITUTION"}
+    assert seq.decisions[-1].details["rejected_at_look"] == 2
+    assert seq.alpha_spent == pytest.approx(0.05)  # the union bound still covers every look taken
+    # a determined cause stops at once (no resolving), as does any deviation with resolve_cause off
+    now = run_sequential(design, _scripted(["QUANTIZATION"] * 4))
+    assert [d.action for d in now.decisions] == ["reject"]
+    off = SequentialDesign((100, 200, 400, 800), spending="pocock")  # the default: stop at the first rejection
+    assert [d.action for d in run_sequential(off, _scripted(["QUANTIZATION_OR_SUBSTITUTION"] * 4)).decisions] == \
+        ["reject"]
+    assert SequentialDesign.geometric(800, 100, resolve_cause=True).resolve_cause is True
+    assert design.to_dict()["resolve_cause"] is True
+
+
+def test_an_unresolved_rejection_stands_at_the_cap():
+    design = SequentialDesign((100, 200, 400), spending="pocock", resolve_cause=True)
+    # the last look still cannot tell: its (more informed) undetermined verdict is final
+    seq = run_sequential(design, _scripted(["QUANTIZATION_OR_SUBSTITUTION"] * 3))
+    assert [d.action for d in seq.decisions] == ["reject-resolve", "resolve", "reject"]
+    assert seq.final_verdict.details["tokens"] == 400 and seq.final_verdict.verdict == "QUANTIZATION_OR_SUBSTITUTION"
+    # the last look does not reject at its α_k: the rejecting look's verdict (and evidence) stands
+    seq = run_sequential(design, _scripted(["QUANTIZATION_OR_SUBSTITUTION", "INCONCLUSIVE", "PASS"]))
+    assert [d.action for d in seq.decisions] == ["reject-resolve", "resolve", "reject"]
+    assert seq.final_verdict.verdict == "QUANTIZATION_OR_SUBSTITUTION" and seq.final_verdict.details["tokens"] == 100
+    assert seq.summary()["verdict"] == "QUANTIZATION_OR_SUBSTITUTION" and seq.summary()["tokens_used"] == 400
+    # at the last look an undetermined rejection is final at once
+    one = run_sequential(SequentialDesign((100,), resolve_cause=True), _scripted(["QUANTIZATION_OR_SUBSTITUTION"]))
+    assert [d.action for d in one.decisions] == ["reject"]
+
+
+def test_the_resolving_looks_never_add_a_false_accusation():
+    """Under H0 the resolving looks run only after a rejection: the rate of audits that end in a deviation
+    equals the rate at which some look first rejects, <= alpha (union bound), with or without resolving."""
+    design = SequentialDesign.geometric(3200, 100, alpha=0.05, spending="pocock", resolve_cause=True)
+    off = SequentialDesign.geometric(3200, 100, alpha=0.05, spending="pocock")
+    rng = np.random.default_rng(11)
+    ends = {True: 0, False: 0}
+    n = 1500
+    for _ in range(n):
+        world = _brownian_world(rng, 0.0, design.looks)
+        for d, key in ((design, True), (off, False)):
+            def undetermined(tokens, alpha, power=None, _w=world):
+                v = _verdict_for(_w)(tokens, alpha)
+                return SimpleNamespace(verdict="QUANTIZATION_OR_SUBSTITUTION" if v.verdict == "QUANTIZATION"
+                                       else v.verdict)
+            seq = run_sequential(d, undetermined)
+            ends[key] += seq.final_verdict.verdict == "QUANTIZATION_OR_SUBSTITUTION"
+    assert ends[True] == ends[False]
+    assert ends[True] / n <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / n)

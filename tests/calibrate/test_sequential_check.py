@@ -75,3 +75,48 @@ def test_cli_check_budget_auto(sim_env, monkeypatch):
     bad = CliRunner().invoke(app, ["check", "--provider", "sim", "--budget-tokens", "lots", "--config", sim_env["config"],
                                    "--db", sim_env["db"]])
     assert bad.exit_code == 3 and "'auto'" in bad.output
+
+
+def test_sequential_check_returns_the_decided_report_not_the_last_looks(tmp_path, monkeypatch):
+    """The report returned (and stored) is the sequential decision: here the look that rejected with an
+    undetermined cause, when the last look does not reject at its own α_k."""
+    from auditor import audit
+    from auditor.report import AuditReport
+    from auditor.sequential import SequentialDesign, run_sequential_check
+
+    script = iter([("QUANTIZATION_OR_SUBSTITUTION", "heavy quantization or another model"), ("PASS", "nothing rejects")])
+
+    def fake_check(provider, **kw):
+        verdict, reason = next(script)
+        return AuditReport(run_id="r1", provider=provider, model="m", verdict=verdict, verdict_reason=reason,
+                           alpha=kw["alpha"], verdict_details={"rule": "scripted"})
+
+    monkeypatch.setattr(audit, "run_check", fake_check)
+    looks = []
+    rep, seq = run_sequential_check("sim", design=SequentialDesign((40, 80), spending="pocock", resolve_cause=True),
+                                    suite="smoke", db_url=f"sqlite:///{tmp_path / 'x.db'}", on_look=looks.append)
+    assert [d.action for d in looks] == ["reject-resolve", "reject"]
+    assert rep.verdict == "QUANTIZATION_OR_SUBSTITUTION" and rep.verdict_reason == "heavy quantization or another model"
+    assert seq.summary()["verdict"] == "QUANTIZATION_OR_SUBSTITUTION" and seq.final_verdict is rep
+
+
+@pytest.mark.parametrize(("flag", "want"), [([], False), (["--resolve-cause"], True), (["--stop-at-rejection"], False)])
+def test_cli_check_auto_passes_resolve_cause(tmp_path, monkeypatch, flag, want):
+    from typer.testing import CliRunner
+
+    import auditor.sequential as sq
+    from auditor.cli import app
+    from auditor.report import AuditReport
+
+    seen = {}
+
+    def fake(provider, **kw):
+        seen.update(kw)
+        return AuditReport(run_id="r1", provider=provider, model="m", verdict="PASS", verdict_reason="ok",
+                           alpha=0.05), None
+
+    monkeypatch.setattr(sq, "run_sequential_check", fake)
+    r = CliRunner().invoke(app, ["check", "--provider", "sim", "--budget-tokens", "auto", "--no-progress",
+                                 "--db", f"sqlite:///{tmp_path / 'x.db'}", "--format", "json", *flag])
+    assert r.exit_code == 0, r.output
+    assert seen["resolve_cause"] is want
