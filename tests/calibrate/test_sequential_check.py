@@ -120,3 +120,26 @@ def test_cli_check_auto_passes_resolve_cause(tmp_path, monkeypatch, flag, want):
                                  "--db", f"sqlite:///{tmp_path / 'x.db'}", "--format", "json", *flag])
     assert r.exit_code == 0, r.output
     assert seen["resolve_cause"] is want
+
+
+def test_sequential_check_returns_inconclusive_when_the_cap_leaves_a_class_not_ruled_out(tmp_path, monkeypatch):
+    """A PASS at the last look that does not rule out a class the cap could reach is INCONCLUSIVE in the
+    returned report too (it used to come back as the look's raw PASS)."""
+    from auditor import audit
+    from auditor.report import AuditReport
+    from auditor.sequential import SequentialDesign, run_sequential_check
+
+    rec = {"key": "int8", "label": "int8 weights", "question": "precision", "status": "not ruled out",
+           "ruled_out": False, "power": 0.6, "detector": "logprob-divergence", "effect": 2.3, "n": 40,
+           "required_positions": 60, "missing_positions": 30, "mode": "logprob"}
+
+    def fake_check(provider, **kw):
+        return AuditReport(run_id="r1", provider=provider, model="m", verdict="PASS", verdict_reason="nothing rejects",
+                           alpha=kw["alpha"], verdict_details={"rule": "5-pass", "rules_out": [rec]})
+
+    monkeypatch.setattr(audit, "run_check", fake_check)
+    rep, seq = run_sequential_check("sim", design=SequentialDesign((40, 80), spending="pocock"), suite="smoke",
+                                    db_url=f"sqlite:///{tmp_path / 'x.db'}")
+    assert [d.action for d in seq.decisions] == ["continue", "final"]
+    assert rep.verdict == "INCONCLUSIVE" and rep.verdict_details["rule"] == "seq-not-ruled-out"
+    assert "int8 weights (power 60%)" in rep.verdict_reason
