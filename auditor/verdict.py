@@ -130,6 +130,7 @@ from auditor.verdict_cause import (
     failure_summary,
     flip_cause,
     implication,
+    milder_cause_clause,
     near_tie_reason,
     p_adjusted_text,
     sampled_flip_cause,
@@ -615,7 +616,8 @@ def _logprob_cause(c: _Ctx) -> _Cause:
     return c.cause(
         VerdictKind.QUANTIZATION,
         f"reported logprobs diverge from the reference beyond the honest noise floor: mean KL {kl:.3g} nats, "
-        f"{ratio:.3g}x the floor, top-1 agreement {top1:.0%} — {what}; {flips} {tail}",
+        f"{ratio:.3g}x the floor, top-1 agreement {top1:.0%} — {what}; {flips}"
+        f"{'' if mild else milder_cause_clause(fc.confidence)} {tail}",
         "2-logprob-quantization", ["logprob-divergence"], short,
     )
 
@@ -713,7 +715,8 @@ def _sampled_model_cause(c: _Ctx, rej: list[str], pstr: str) -> _Cause:
                        f"quantization does not explain: {fc.text}, {fc.value / SUBSTITUTION_MIN_FLIP_RATIO:.2g}x the "
                        f"threshold — a different model", "4d-substitution", rej, pstr)
     return c.cause(VerdictKind.QUANTIZATION, f"sampled tokens do not follow the reference distribution ({pstr}); no "
-                   f"over-emission of the argmax; {fc.text}", "4d-quantization", rej, pstr)
+                   f"over-emission of the argmax; {fc.text}{'' if _mild(c) else milder_cause_clause(fc.confidence)}",
+                   "4d-quantization", rej, pstr)
 
 
 def _sampling_tests(test: TestKind, *, reference: bool) -> tuple[str, ...]:

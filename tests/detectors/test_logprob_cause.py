@@ -150,13 +150,42 @@ def test_rule2_mild_wording_kept():
     assert "mild divergence" in v.reason
 
 
-def test_rule2_says_undetermined_without_confident_positions():
+def test_rule2_says_it_names_the_milder_cause_without_confident_positions():
     # σ̂ so large that only 3 positions are confident: even 3 flips cannot reach the threshold
     lp = _lp(4.0 / 1.0 - 0.5, obs=3, expected=0.14)
     lp.details["n_confident"] = 3
     v = decide_verdict([lp])
     assert v.verdict == VerdictKind.QUANTIZATION
-    assert v.details["cause_confidence"]["informative"] is False and "undetermined" in v.reason
+    cc = v.details["cause_confidence"]
+    assert cc["informative"] is False and cc["separates"] != "quantization"
+    assert "too few confident positions for this test to tell" in v.reason
+    assert "does not rule out a different model" in v.reason and "the milder cause" in v.reason
+    assert "undetermined" not in v.reason  # the verdict names a cause; it says how firmly
+
+
+def test_flip_rate_interval_is_exact_and_says_what_it_separates():
+    from auditor.verdict_cause import flip_rate_interval, milder_cause_clause
+
+    lo, hi = flip_rate_interval(6, 1.57)  # int4 at 3,000 precision tokens on SmolLM2
+    assert lo == pytest.approx(2.2018 / 1.57, rel=1e-3) and hi == pytest.approx(13.059 / 1.57, rel=1e-3)
+    assert flip_rate_interval(0, 2.0) == (0.0, pytest.approx(3.6889 / 2.0, rel=1e-3))
+    assert flip_rate_interval(3, 0.0) is None and flip_rate_interval(None, 1.0) is None
+    # coverage: the interval holds the true multiple in >= 95% of Poisson draws
+    rng = np.random.default_rng(3)
+    for mult, e in ((3.0, 1.5), (0.5, 4.0), (6.0, 0.3)):
+        ks = rng.poisson(mult * e, 4000)
+        cover = np.mean([a <= mult <= b for a, b in (flip_rate_interval(int(k), e) for k in ks)])
+        assert cover >= 0.95
+    # many confident positions and noise-like flips: the interval rules a substitute out, no clause
+    v = decide_verdict([_lp(1.2, obs=2, expected=3.0)])
+    cc = v.details["cause_confidence"]
+    assert v.verdict == VerdictKind.QUANTIZATION and cc["separates"] == "quantization" and cc["flip_rate_ci"][1] < 4
+    assert milder_cause_clause(cc) == "" and "milder cause" not in v.reason
+    # few predicted flips: the same verdict says it is the milder cause, with the interval
+    v = decide_verdict([_lp(1.2, obs=0, expected=0.3)])
+    assert v.details["cause_confidence"]["separates"] == "neither"
+    assert "the flip rate is 0x the noise prediction (95% CI 0-12x)" in v.reason and "milder cause" in v.reason
+    assert milder_cause_clause(None).startswith("; the flip evidence does not rule out a different model")
 
 
 # ----------------------------------------------------------------------------- rule 2, reference path
@@ -202,8 +231,8 @@ def test_rule2_without_reference_path_keeps_the_old_behaviour_and_says_why_undet
     lp.details["n_confident"] = 3
     v = decide_verdict([lp])
     assert v.verdict == VerdictKind.QUANTIZATION
-    assert ("the cause between quantization and a different model is undetermined: the provider does not return "
-            "echo logprobs") in v.reason
+    assert ("too few confident positions for this test to tell a heavily quantized copy from a different model "
+            "(the provider does not return echo logprobs") in v.reason and "the milder cause" in v.reason
 
 
 @pytest.mark.parametrize(("swap", "substitute"), [(0.0, False), (0.25, True)])
