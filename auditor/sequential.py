@@ -14,11 +14,13 @@ At look k the whole audit decision — every detector, Holm across them, the dec
 
 - a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, QUANTIZATION_OR_SUBSTITUTION,
   DECODING_NONCOMPLIANT)
-  stops the audit: **reject** — except that with ``resolve_cause`` (``--resolve-cause``) the undetermined
-  answer QUANTIZATION_OR_SUBSTITUTION ("not the declared weights at their precision; heavy
-  quantization or another model") does not stop it before the last look: the rejection stands
+  stops the audit: **reject** — except that with ``resolve_cause`` (``--resolve-cause``) a deviation whose
+  cause is not established — QUANTIZATION_OR_SUBSTITUTION ("not the declared weights at their precision;
+  heavy quantization or another model"), or a QUANTIZATION whose verdict records
+  ``details["cause_established"] = False`` (named as the milder cause: its flips do not rule out another
+  model) — does not stop it before the last look: the rejection stands
   (action ``reject-resolve``) and the audit goes on probing to tell the two causes apart. A later
-  look whose verdict is a determined deviation (any other deviation verdict, e.g. SUBSTITUTION once
+  look whose verdict is a deviation with an established cause (e.g. SUBSTITUTION once
   the flip test has enough confident positions) stops it with that verdict (action ``cause``,
   ``details["cause_resolved"]`` naming the rejecting look); at the last look the rejection is final
   (action ``reject``) with that look's verdict when it is a deviation, else the rejecting look's;
@@ -87,8 +89,19 @@ SPENDING_FUNCTIONS = ("obrien-fleming", "pocock", "linear")
 _DEVIATIONS = frozenset({"QUANTIZATION", "RELAXED_VERIFICATION", "SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION",
                          "DECODING_NONCOMPLIANT"})
 #: The deviation verdict whose cause is undetermined (``auditor.verdict.VerdictKind``): with
-#: ``SequentialDesign.resolve_cause`` it does not stop the audit before the last look.
+#: ``SequentialDesign.resolve_cause`` it does not stop the audit before the last look, nor does a deviation
+#: whose verdict records ``details["cause_established"] = False`` (a QUANTIZATION named as the milder cause).
 _UNDETERMINED = frozenset({"QUANTIZATION_OR_SUBSTITUTION"})
+
+
+def _undetermined(v: object, verdict: str) -> bool:
+    """A deviation verdict whose cause the evidence does not single out (see ``_UNDETERMINED``)."""
+    if verdict in _UNDETERMINED:
+        return True
+    d = getattr(v, "verdict_details", None)
+    if not isinstance(d, dict):
+        d = getattr(v, "details", None)
+    return verdict in _DEVIATIONS and isinstance(d, dict) and d.get("cause_established") is False
 
 
 def alpha_spent(t: float, alpha: float, spending: str = "obrien-fleming") -> float:
@@ -339,7 +352,7 @@ class SequentialAudit:
         if self._rejected is not None:  # the null is rejected already: this look only decides the cause
             first, first_v = self._rejected
             info["rejected_at_look"] = first.look
-            if verdict in _DEVIATIONS and verdict not in _UNDETERMINED:
+            if verdict in _DEVIATIONS and not _undetermined(v, verdict):
                 action, stop = "cause", True
                 v = _with_detail(v, "cause_resolved", {"rejected_at_look": first.look, "rejected_at_tokens": first.tokens,
                                                        "rejected_verdict": first.verdict})
@@ -350,7 +363,7 @@ class SequentialAudit:
                     verdict = first.verdict
             else:
                 action, stop = "resolve", False
-        elif verdict in _DEVIATIONS and verdict in _UNDETERMINED and self.design.resolve_cause and not last:
+        elif verdict in _DEVIATIONS and _undetermined(v, verdict) and self.design.resolve_cause and not last:
             action, stop = "reject-resolve", False
         elif verdict in _DEVIATIONS:
             action, stop = "reject", True

@@ -311,7 +311,10 @@ def decide_verdict(
         Verdict (``results`` carries the Holm-adjusted copies; ``details["secondary_causes"]``
         every other established cause; ``details["rules_out"]`` on PASS and INCONCLUSIVE, except
         on provider failures: per deviation class whether the audit had RULE_OUT_POWER against its
-        measured effect, ``auditor.rules_out``; a PASS reason ends with the rules-out sentence).
+        measured effect, ``auditor.rules_out``; a PASS reason ends with the rules-out sentence;
+        ``details["cause_established"]`` on a deviation verdict: False for QUANTIZATION_OR_SUBSTITUTION and
+        for a QUANTIZATION named as the milder cause, whose flips do not rule out another model — what
+        ``--budget-tokens auto --resolve-cause`` probes on for).
 
     Raises:
         auditor.rules_out.EffectSizesError: the packaged effect-size table is malformed.
@@ -403,6 +406,8 @@ def decide_verdict(
         cause = replace(cause, reason=cause.reason + "; " + template_note(template_mismatch))
     details["secondary_causes"] = [c.to_dict() for c in secondary]
     details["rule"] = cause.rule
+    if cause.kind not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE):
+        details["cause_established"] = cause.established and cause.kind != VerdictKind.QUANTIZATION_OR_SUBSTITUTION
     reason = cause.reason
     if secondary:
         reason += "; also " + "; ".join(f"{c.kind} ({c.short})" for c in secondary)
@@ -434,7 +439,7 @@ def _tokenizer_substitution(verdict: Verdict, tm: Mapping[str, Any]) -> Verdict:
                                VerdictKind.QUANTIZATION_OR_SUBSTITUTION):
         secondary.insert(0, {"verdict": verdict.verdict, "rule": details.get("rule"), "reason": verdict.reason,
                              "evidence": []})
-    details.update(secondary_causes=secondary, rule="2t-tokenizer", tokenizer_mismatch=dict(tm),
+    details.update(secondary_causes=secondary, rule="2t-tokenizer", tokenizer_mismatch=dict(tm), cause_established=True,
                    previous_verdict={"verdict": verdict.verdict, "reason": verdict.reason})
     return replace(verdict, verdict=str(VerdictKind.SUBSTITUTION), reason=reason, details=details)
 
@@ -449,6 +454,9 @@ class _Cause:
     deciding: tuple[str, ...] = ()
     short: str = ""
     by: Mapping[str, DetectorResult] = field(default_factory=dict, compare=False, repr=False)
+    #: False when the reason itself says the evidence does not single out this cause (a QUANTIZATION
+    #: named as the milder cause, :func:`auditor.verdict_cause.milder_cause_clause`)
+    established: bool = True
 
     def to_dict(self) -> dict:
         ev = []
@@ -485,8 +493,9 @@ class _Ctx:
         return bool(lp is not None and lp.ran and not self.lp_sig and ratio is not None
                     and ratio <= LOGPROBS_CONSISTENT_MAX_RATIO)
 
-    def cause(self, kind: VerdictKind, reason: str, rule: str, deciding: Sequence[str], short: str) -> _Cause:
-        return _Cause(kind, reason, rule, tuple(deciding), short, self.by)
+    def cause(self, kind: VerdictKind, reason: str, rule: str, deciding: Sequence[str], short: str, *,
+              established: bool = True) -> _Cause:
+        return _Cause(kind, reason, rule, tuple(deciding), short, self.by, established)
 
 
 def _primary_cause(c: _Ctx) -> _Cause | None:
@@ -613,12 +622,12 @@ def _logprob_cause(c: _Ctx) -> _Cause:
         else "the declared model computed in a cheaper numeric format (quantized weights or activations), not a "
         "different model"
     )
+    milder = "" if mild else milder_cause_clause(fc.confidence)
     return c.cause(
         VerdictKind.QUANTIZATION,
         f"reported logprobs diverge from the reference beyond the honest noise floor: mean KL {kl:.3g} nats, "
-        f"{ratio:.3g}x the floor, top-1 agreement {top1:.0%} — {what}; {flips}"
-        f"{'' if mild else milder_cause_clause(fc.confidence)} {tail}",
-        "2-logprob-quantization", ["logprob-divergence"], short,
+        f"{ratio:.3g}x the floor, top-1 agreement {top1:.0%} — {what}; {flips}{milder} {tail}",
+        "2-logprob-quantization", ["logprob-divergence"], short, established=not milder,
     )
 
 
@@ -714,9 +723,10 @@ def _sampled_model_cause(c: _Ctx, rej: list[str], pstr: str) -> _Cause:
                        f"and the provider's reported top_logprobs there disagree with the reference in a way "
                        f"quantization does not explain: {fc.text}, {fc.value / SUBSTITUTION_MIN_FLIP_RATIO:.2g}x the "
                        f"threshold — a different model", "4d-substitution", rej, pstr)
+    milder = "" if _mild(c) else milder_cause_clause(fc.confidence)
     return c.cause(VerdictKind.QUANTIZATION, f"sampled tokens do not follow the reference distribution ({pstr}); no "
-                   f"over-emission of the argmax; {fc.text}{'' if _mild(c) else milder_cause_clause(fc.confidence)}",
-                   "4d-quantization", rej, pstr)
+                   f"over-emission of the argmax; {fc.text}{milder}", "4d-quantization", rej, pstr,
+                   established=not milder)
 
 
 def _sampling_tests(test: TestKind, *, reference: bool) -> tuple[str, ...]:

@@ -23,10 +23,11 @@ The cause's confidence (issue 14, item 5). The record also carries the flip rate
 the isotropic-noise prediction, observed / expected, with its exact (Garwood) 95% interval
 (:func:`flip_rate_interval`), and what that interval separates: ``"quantization"`` when it lies
 below the threshold (a different model flipping at the threshold's rate or more is ruled out),
-``"substitution"`` when it lies above, else ``"neither"``. Measured on SmolLM2-135M (docs/calibration.md),
-int4 flips at about 3x the prediction and the near-sibling substitute ``substituted:1`` at about 4-5x, with
-at most ~3 flips predicted even at 3,000 tokens, so the interval almost never separates them: a
-QUANTIZATION verdict within production quantization's range is the milder of the two causes — named
+``"substitution"`` when it lies above, else ``"neither"``. Measured on SmolLM2-135M (docs/detectors.md),
+int4 flips at 3.3-3.8x the prediction, right under the 4x threshold, with at most ~2 flips predicted even
+at 3,000 tokens, so its interval never lies below the threshold (the near-sibling substitute
+``substituted:1`` flips at 8-12x): a QUANTIZATION verdict within production quantization's range is the
+milder of the two causes — named
 because no substitution was found, not because another model was ruled out — and its reason says so
 (:func:`milder_cause_clause`). A two-sided rule (QUANTIZATION only when the interval rules out the
 threshold) was measured and rejected: it left int4 undetermined in every audit at every budget.

@@ -276,6 +276,24 @@ def test_an_undetermined_rejection_probes_on_until_a_look_names_the_cause():
     assert design.to_dict()["resolve_cause"] is True
 
 
+def test_a_quantization_named_as_the_milder_cause_is_resolved_too():
+    from auditor.verdict import Verdict
+
+    script = iter([("QUANTIZATION", False), ("QUANTIZATION", False), ("SUBSTITUTION", True)])
+
+    def at(tokens, alpha, power=None):
+        kind, established = next(script)
+        return Verdict(kind, "scripted", {"rule": "scripted", "cause_established": established})
+
+    seq = run_sequential(SequentialDesign((100, 200, 400), spending="pocock", resolve_cause=True), at)
+    assert [d.action for d in seq.decisions] == ["reject-resolve", "resolve", "cause"]
+    assert seq.final_verdict.verdict == "SUBSTITUTION"
+    # an established QUANTIZATION stops at once
+    est = run_sequential(SequentialDesign((100, 200), resolve_cause=True),
+                         lambda t, a, power=None: Verdict("QUANTIZATION", "s", {"cause_established": True}))
+    assert [d.action for d in est.decisions] == ["reject"]
+
+
 def test_an_unresolved_rejection_stands_at_the_cap():
     design = SequentialDesign((100, 200, 400), spending="pocock", resolve_cause=True)
     # the last look still cannot tell: its (more informed) undetermined verdict is final

@@ -181,10 +181,16 @@ def test_flip_rate_interval_is_exact_and_says_what_it_separates():
     cc = v.details["cause_confidence"]
     assert v.verdict == VerdictKind.QUANTIZATION and cc["separates"] == "quantization" and cc["flip_rate_ci"][1] < 4
     assert milder_cause_clause(cc) == "" and "milder cause" not in v.reason
+    assert v.details["cause_established"] is True
     # few predicted flips: the same verdict says it is the milder cause, with the interval
     v = decide_verdict([_lp(1.2, obs=0, expected=0.3)])
     assert v.details["cause_confidence"]["separates"] == "neither"
     assert "the flip rate is 0x the noise prediction (95% CI 0-12x)" in v.reason and "milder cause" in v.reason
+    assert v.details["cause_established"] is False  # what `auto --resolve-cause` probes on for
+    assert decide_verdict([_lp(SUBSTITUTION_MIN_FLIP_RATIO * 3)]).details["cause_established"] is True
+    assert decide_verdict([_lp(1.5, obs=2, expected=0.7, kl=0.9, top1=0.5)]).details["cause_established"] is False
+    mild = decide_verdict([_lp(1.0, obs=0, expected=0.1, kl=0.004, top1=0.97, ratio_to_floor=3.5)])
+    assert mild.details["cause_established"] is True and "milder cause" not in mild.reason
     assert milder_cause_clause(None).startswith("; the flip evidence does not rule out a different model")
 
 
