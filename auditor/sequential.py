@@ -152,8 +152,9 @@ class SequentialDesign:
             last look does not stop the audit; it probes on until a look names a determined deviation or
             the cap is reached (see the module docstring). False (the default): every deviation verdict
             stops at once. Both answers to the buyer's precision question are "no", so resolving only
-            names the cause, at a cost: on the simulator's int3 it spends 2,511 tokens per audit instead
-            of 94 and still cannot tell (docs/calibration.md).
+            names the cause, at a cost (docs/calibration.md, seventh run): on the simulator it names the
+            near-sibling substitute SUBSTITUTION in 99% of audits (0% without) at 1,989 tokens instead of
+            94, but spends 2,992 tokens instead of 93 on int3 and still cannot tell.
 
     Raises:
         ValueError: empty or non-increasing looks, non-positive tokens, bad alpha/spending.
