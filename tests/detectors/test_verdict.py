@@ -349,6 +349,9 @@ def test_rule4d_sampled_flip_statistic_names_a_different_model():
     few = decide_verdict(replace(replace(base, arg), mk("sampling-gof", 1e-8, sampled_path=_sampled_path(6, 0.6))))
     assert few.details["cause_confidence"]["value"] > SUBSTITUTION_MIN_FLIP_RATIO
     assert few.verdict == VerdictKind.QUANTIZATION and few.details["cause_confidence"]["substitution_p"] > 0.01
+    # rule 4d says how firmly: 6 flips where 0.6 are predicted do not rule out another model (the milder cause)
+    assert few.details["cause_established"] is False and "the milder cause" in few.reason
+    assert sub.details["cause_established"] is True
 
 
 
