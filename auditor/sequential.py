@@ -43,8 +43,8 @@ Cramér–von Mises, z-tests), so the joint-normal boundaries of classical group
 do not apply. We use the union bound instead: under H0 (an honest provider)
 ``P(reject at some look) ≤ Σ_k P(reject at look k) ≤ Σ_k α_k = α(1) = α``, for *any* dependence
 between looks (looks after a ``reject-resolve`` only choose which deviation is named, never whether
-one is: the audit's outcome is a deviation from the rejecting look on); stopping early to accept can only remove chances to reject, and so can refusing to
-accept (continuing past a PASS that does not rule out every class takes looks whose α_k the bound
+one is: the audit's outcome is a deviation from the rejecting look on); stopping early to accept can
+only remove chances to reject, and so can refusing to accept (continuing past a PASS that does not rule out every class takes looks whose α_k the bound
 already counts; turning a last-look PASS into INCONCLUSIVE rejects nothing). This is conservative
 (it ignores the positive correlation between looks), which is the price for reusing every
 detector unchanged. Look times must not depend on the data (they are fixed by the design; the
@@ -148,9 +148,10 @@ class SequentialDesign:
         require_rules_out: a PASS (early or at the last look) also needs every deviation class that
             the look's detectors can test ruled out (the verdict's ``details["rules_out"]``); a verdict
             object without that record (a callback that computes none) is taken as it is.
-        resolve_cause: a rejection whose cause is undetermined (QUANTIZATION_OR_SUBSTITUTION) before the
-            last look does not stop the audit; it probes on until a look names a determined deviation or
-            the cap is reached (see the module docstring). False (the default): every deviation verdict
+        resolve_cause: a rejection whose cause is not established before the last look
+            (QUANTIZATION_OR_SUBSTITUTION, or a verdict with ``details["cause_established"] = False``) does not
+            stop the audit; it probes on until a look names a deviation with an established cause or the cap
+            is reached (see the module docstring). False (the default): every deviation verdict
             stops at once. Both answers to the buyer's precision question are "no", so resolving only
             names the cause, at a cost (docs/calibration.md, seventh run): on the simulator it names the
             near-sibling substitute SUBSTITUTION in 99% of audits (0% without) at 1,989 tokens instead of

@@ -27,9 +27,8 @@ below the threshold (a different model flipping at the threshold's rate or more 
 int4 flips at 3.3-3.8x the prediction, right under the 4x threshold, with at most ~2 flips predicted even
 at 3,000 tokens, so its interval never lies below the threshold (the near-sibling substitute
 ``substituted:1`` flips at 8-12x): a QUANTIZATION verdict within production quantization's range is the
-milder of the two causes — named
-because no substitution was found, not because another model was ruled out — and its reason says so
-(:func:`milder_cause_clause`). A two-sided rule (QUANTIZATION only when the interval rules out the
+milder of the two causes — named because no substitution was found, not because another model was ruled
+out — and its reason says so (:func:`milder_cause_clause`). A two-sided rule (QUANTIZATION only when the interval rules out the
 threshold) was measured and rejected: it left int4 undetermined in every audit at every budget.
 """
 

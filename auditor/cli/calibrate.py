@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
         ),
         resolve_cause: bool = typer.Option(
             False, "--resolve-cause/--stop-at-rejection",
-            help="Sequential simulation: probe on after a rejection with an undetermined cause (auditor check --resolve-cause)."),
+            help="Sequential simulation: probe on after a rejection whose cause is not established (auditor check --resolve-cause)."),
         refresh: bool = typer.Option(False, "--refresh", help="Recollect pools even when cached."),
         effects: bool = typer.Option(
             False, "--effects/--no-effects",

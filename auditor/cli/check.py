@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the detectors' randomization (recorded with the run)."),
         device: str | None = typer.Option(None, "--device", help="Where a local reference runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: the reference table's, else cpu)."),
         dtype: str | None = typer.Option(None, "--dtype", help="Reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16, or the reference table's)."),
-        resolve_cause: bool = typer.Option(False, "--resolve-cause/--stop-at-rejection", help="With --budget-tokens auto: after a rejection whose cause is undetermined (QUANTIZATION_OR_SUBSTITUTION), keep probing up to the cap to tell heavy quantization from another model (default: stop at the first rejection; the precision answer is 'no' either way)."),
+        resolve_cause: bool = typer.Option(False, "--resolve-cause/--stop-at-rejection", help="With --budget-tokens auto: after a rejection whose cause is not established (QUANTIZATION_OR_SUBSTITUTION, or a QUANTIZATION named as the milder cause), keep probing up to the cap to tell quantization from another model (default: stop at the first rejection; the precision answer is 'no' either way)."),
     ) -> None:
         """Audit a provider: probe it, compare with the reference, print the verdict and the evidence."""
         from rich.console import Console
