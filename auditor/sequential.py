@@ -94,14 +94,17 @@ _DEVIATIONS = frozenset({"QUANTIZATION", "RELAXED_VERIFICATION", "SUBSTITUTION",
 _UNDETERMINED = frozenset({"QUANTIZATION_OR_SUBSTITUTION"})
 
 
-def _undetermined(v: object, verdict: str) -> bool:
-    """A deviation verdict whose cause the evidence does not single out (see ``_UNDETERMINED``)."""
-    if verdict in _UNDETERMINED:
-        return True
+def _details_of(v: object) -> dict:
+    """A look's verdict details (``Verdict.details`` or ``AuditReport.verdict_details``; {} when it has none)."""
     d = getattr(v, "verdict_details", None)
     if not isinstance(d, dict):
         d = getattr(v, "details", None)
-    return verdict in _DEVIATIONS and isinstance(d, dict) and d.get("cause_established") is False
+    return d if isinstance(d, dict) else {}
+
+
+def _undetermined(v: object, verdict: str) -> bool:
+    """A deviation verdict whose cause the evidence does not single out (see ``_UNDETERMINED``)."""
+    return verdict in _UNDETERMINED or (verdict in _DEVIATIONS and _details_of(v).get("cause_established") is False)
 
 
 def alpha_spent(t: float, alpha: float, spending: str = "obrien-fleming") -> float:
@@ -365,7 +368,7 @@ class SequentialAudit:
                     verdict = first.verdict
             else:
                 action, stop = "resolve", False
-        elif verdict in _DEVIATIONS and _undetermined(v, verdict) and self.design.resolve_cause and not last:
+        elif _undetermined(v, verdict) and self.design.resolve_cause and not last:
             action, stop = "reject-resolve", False
         elif verdict in _DEVIATIONS:
             action, stop = "reject", True
@@ -431,10 +434,7 @@ def _reachable(records: Sequence[RuleOut | dict], tokens: int, max_tokens: int) 
 
 def _rules_out_of(v: object) -> list | None:
     """The rules-out record of a look's verdict (``Verdict.details`` or ``AuditReport.verdict_details``)."""
-    d = getattr(v, "verdict_details", None)
-    if not isinstance(d, dict):
-        d = getattr(v, "details", None)
-    ro = d.get("rules_out") if isinstance(d, dict) else None
+    ro = _details_of(v).get("rules_out")
     return ro if isinstance(ro, list) else None
 
 
