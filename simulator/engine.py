@@ -275,6 +275,10 @@ def build_served_model(profile: Profile, lm: Any, copy_model: bool = True) -> tu
         info.quant = {**(info.quant or {}), **apply_runtime_quant(model, profile, lm.tokenizer)}
     if profile.dtype in ("bfloat16", "float16"):
         model = model.to(getattr(torch, profile.dtype))
+    if profile.dtype == "float16":  # float16 GEMMs accumulate in float32, as on a GPU (and ~5x faster here)
+        from simulator.quantize import install_fp32_accumulation
+
+        install_fp32_accumulation(model)
     model.eval()
     served = ServedModel(model, sigma=profile.logit_noise)
     served.eval()

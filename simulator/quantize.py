@@ -413,3 +413,46 @@ def apply_runtime_quant(model: Any, profile: Any, tokenizer: Any = None) -> dict
         ids = list(tokenizer.encode(KV_CALIBRATION_TEXT)) if tokenizer is not None else list(range(1, 129))
         out.update(install_kv_fp8(model, ids))
     return out
+
+
+class Fp32AccumLinear(torch.nn.Linear):
+    """A float16 ``nn.Linear`` whose GEMM accumulates in float32: ``fp16(x32 @ W32ᵀ + b32)``.
+
+    This is the arithmetic of a float16 GEMM on a GPU (tensor cores multiply float16 operands
+    exactly and accumulate in float32, then round the output to float16; cuBLAS
+    ``CUBLAS_COMPUTE_32F``), and of PyTorch's CPU float16 GEMM, which also accumulates in float
+    (``at::opmath_type<Half>``) but without native float16 instructions on AVX2 CPUs runs several
+    times slower than float32. Inputs, weights and outputs stay float16 values; only the
+    reduction order differs from a native float16 kernel, as it does between any two kernels.
+    The float32 copy of the weight (``w32``, [out, in] float32, 4 bytes/parameter) is a
+    non-persistent buffer made at install time.
+    """
+
+    w32: torch.Tensor
+    b32: torch.Tensor | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x.to(torch.float32), self.w32, self.b32)
+        return y.to(x.dtype)
+
+
+def install_fp32_accumulation(model: torch.nn.Module) -> int:
+    """Make every float16 ``nn.Linear`` of ``model`` an :class:`Fp32AccumLinear`, in place.
+
+    Call after ``model.to(torch.float16)`` (a later ``.to()`` would cast the float32 copies too).
+
+    Args:
+        model: a torch module whose linears hold float16 weights [out, in].
+
+    Returns:
+        The number of linears changed (float16 ones only; others are left alone).
+    """
+    n = 0
+    for mod in model.modules():
+        if type(mod) is torch.nn.Linear and mod.weight.dtype == torch.float16:
+            mod.__class__ = Fp32AccumLinear
+            mod.register_buffer("w32", mod.weight.detach().to(torch.float32), persistent=False)
+            b = mod.bias
+            mod.register_buffer("b32", None if b is None else b.detach().to(torch.float32), persistent=False)
+            n += 1
+    return n

@@ -177,9 +177,10 @@ def collect_pool(
         model = served_lm.model
         rule = _RULES.get(profile.verifier) if be[temperature] == "rule" else None
         tag = "rule" if rule else "batched"
+        bs = cfg.noisy_batch_size if getattr(model, "sigma", 0.0) > 0 else cfg.batch_size
         if temperature == 0:
-            for b in range(0, len(rs), cfg.batch_size):
-                chunk = rs[b : b + cfg.batch_size]
+            for b in range(0, len(rs), bs):
+                chunk = rs[b : b + bs]
                 if hasattr(model, "nonce"):
                     model.nonce = chunk[0].seed  # honest-noisy: a fresh "batch" of kernel noise
                 outs = decode_rows(
@@ -197,14 +198,14 @@ def collect_pool(
                 for r, o in zip(chunk, outs, strict=True):
                     results[r.key] = _cut(o, r.max_tokens)
                     backends[tag] += 1
-                say(f"{profile_name}: T=0 {min(b + cfg.batch_size, len(rs))}/{len(rs)} requests")
+                say(f"{profile_name}: T=0 {min(b + bs, len(rs))}/{len(rs)} requests")
         else:
             by: dict[str, list[PoolRequest]] = {}
             for r in rs:
                 by.setdefault(r.prompt_id, []).append(r)
             groups = list(by.values())
             n_s = max(len(g) for g in groups)
-            per = max(1, cfg.batch_size // n_s)  # prompts per batch; each decoded n_s times
+            per = max(1, bs // n_s)  # prompts per batch; each decoded n_s times
             for b in range(0, len(groups), per):
                 gchunk = groups[b : b + per]
                 if hasattr(model, "nonce"):

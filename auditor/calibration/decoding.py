@@ -81,7 +81,7 @@ def decode_rows(
     import torch
     from transformers import DynamicCache
 
-    from reference.sampling import logits_to_probs
+    from reference.sampling import logits_to_probs, sample_rows
 
     if expand < 1:
         raise ValueError(f"expand={expand} must be >= 1")
@@ -119,7 +119,7 @@ def decode_rows(
                     nxt = torch.where(coin, second, nxt)
             else:
                 probs = logits_to_probs(logits, temperature, top_k, top_p, dtype=torch.float64)
-                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+                nxt = sample_rows(probs, gen)
             is_eos = torch.isin(nxt, eos)
             tid, tlp = _top(logp, top_n)
             chosen = logp.gather(1, nxt.unsqueeze(1)).squeeze(1).double().numpy()

@@ -108,17 +108,29 @@ def poisson_binomial_pmf(p: np.ndarray) -> np.ndarray:
         p: [n] float success probabilities in [0, 1].
 
     Returns:
-        [n+1] float64, pmf[s] = P(S = s). O(n^2) recursion, numerically stable (sums of
-        non-negative terms).
+        [n+1] float64, pmf[s] = P(S = s). Built as a balanced tree of convolutions: the trials'
+        pmfs ``[1 - p_i, p_i]`` are convolved pairwise, level by level (vectorized over the pairs
+        while they are short, ``np.convolve`` once they are long). O(n^2) multiply-adds in C and
+        numerically stable like the textbook recursion (sums of non-negative terms, no FFT).
     """
     p = np.clip(np.asarray(p, dtype=np.float64).reshape(-1), 0.0, 1.0)
-    pmf = np.zeros(p.size + 1)
-    pmf[0] = 1.0
-    for i, pi in enumerate(p):
-        # pmf over 0..i+1 after adding trial i
-        pmf[1 : i + 2] = pmf[1 : i + 2] * (1 - pi) + pmf[0 : i + 1] * pi
-        pmf[0] *= 1 - pi
-    return pmf
+    rows = [np.stack([1.0 - p, p], axis=1)] if p.size else [np.ones((1, 1))]
+    arr = rows[0]  # [m, L]: m partial pmfs of length L
+    while arr.shape[0] > 1:
+        m, L = arr.shape
+        if m % 2:
+            one = np.zeros((1, L))
+            one[0, 0] = 1.0  # the pmf of zero trials
+            arr = np.vstack([arr, one])
+        a, b = arr[0::2], arr[1::2]
+        if L <= 64:
+            out = np.zeros((a.shape[0], 2 * L - 1))
+            for j in range(L):
+                out[:, j : j + L] += a[:, j : j + 1] * b
+        else:
+            out = np.stack([np.convolve(x, y) for x, y in zip(a, b, strict=True)])
+        arr = out
+    return np.asarray(arr[0][: p.size + 1], dtype=np.float64).copy()
 
 
 def _refined_normal_cdf(x: np.ndarray | float, mu: float, sigma: float, gamma: float) -> np.ndarray:

@@ -55,6 +55,20 @@ def test_poisson_binomial_pmf_equals_binomial_and_enumeration():
         b = np.array(bits)
         brute[b.sum()] += np.prod(np.where(b == 1, p, 1 - p))
     np.testing.assert_allclose(poisson_binomial_pmf(p), brute, atol=1e-12)
+    # the tree of convolutions (long rows go through np.convolve) against the textbook recursion,
+    # relative to each term deep in the tails, at sizes that are not powers of two
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 65, 129, 1001):
+        q = rng.beta(0.3, 3.0, size=n)
+        rec = np.zeros(n + 1)
+        rec[0] = 1.0
+        for i, qi in enumerate(q):
+            rec[1 : i + 2] = rec[1 : i + 2] * (1 - qi) + rec[0 : i + 1] * qi
+            rec[0] *= 1 - qi
+        got = poisson_binomial_pmf(q)
+        assert got.shape == (n + 1,) and (got >= 0).all()
+        big = rec > 1e-250
+        np.testing.assert_allclose(got[big], rec[big], rtol=1e-12)
 
 
 def test_poisson_binomial_test_tails_exact_and_randomized():

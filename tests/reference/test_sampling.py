@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from reference.sampling import SamplingParams, logits_to_probs, sample_from
+from reference.sampling import SamplingParams, logits_to_probs, sample_from, sample_rows
 
 
 def test_temperature_zero_is_one_hot_argmax():
@@ -69,6 +69,32 @@ def test_sample_from_never_draws_zero_mass_and_matches_law():
     assert sample_from(torch.tensor([0.0, 0.0, 7.0]), g) == 2
     with pytest.raises(ValueError):
         sample_from(torch.zeros(3), g)
+
+
+def test_sample_rows_matches_the_law_row_by_row_and_never_draws_zero_mass():
+    # two different rows, unnormalized; each row's draws follow its own law
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [7.0, 0.0, 0.0, 0.0, 0.0, 3.0]], dtype=torch.float64)
+    g = torch.Generator().manual_seed(7)
+    draws = torch.stack([sample_rows(probs, g) for _ in range(4000)]).numpy()  # [4000, 2]
+    assert set(np.unique(draws[:, 0])) <= {1, 3, 4} and set(np.unique(draws[:, 1])) <= {0, 5}
+    obs0 = np.array([(draws[:, 0] == i).sum() for i in (1, 3, 4)], dtype=float)
+    assert stats.chisquare(obs0, 4000 * np.array([0.5, 0.3, 0.2])).pvalue > 1e-3
+    assert stats.binomtest(int((draws[:, 1] == 0).sum()), 4000, 0.7).pvalue > 1e-3
+    # a one-token row, and float64 rounding at the top never lands on a zero-mass tail token
+    assert sample_rows(torch.tensor([[0.0, 1.0, 0.0]]), g).tolist() == [1]
+    tiny_last = torch.tensor([[1.0, 1e-30, 0.0, 0.0]], dtype=torch.float64)
+    assert all(sample_rows(tiny_last, g).item() in (0, 1) for _ in range(200))
+    with pytest.raises(ValueError, match="sum to zero"):
+        sample_rows(torch.tensor([[0.5, 0.5], [0.0, 0.0]]), g)
+    with pytest.raises(ValueError, match=r"\[B, V\]"):
+        sample_rows(torch.ones(3), g)
+
+
+def test_logits_to_probs_rejects_a_nan_logit_in_one_row_only():
+    logits = torch.zeros(3, 5)
+    logits[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="no finite logit"):
+        logits_to_probs(logits, 1.0)
 
 
 def _top_p_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:

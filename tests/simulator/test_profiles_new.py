@@ -8,6 +8,9 @@ served by another profile).
 
 from __future__ import annotations
 
+import copy
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -80,6 +83,15 @@ def test_honest_fp16_is_a_small_rounding_unlike_bf16(tiny_lm, ids, ref_lp):
     k16, kb = _kl(ref_lp, _logprobs(fp16, ids)), _kl(ref_lp, _logprobs(bf16, ids))
     assert 0.0 < k16 < kb  # a different, finer rounding than bf16 (10 vs 7 mantissa bits)
     assert next(tiny_lm.model.parameters()).dtype == torch.float32  # caller's model untouched
+    # its GEMMs accumulate in float32 (as on a GPU): the same values as native float16 linears up
+    # to reduction order, i.e. far closer to them than either is to the float32 reference
+    from simulator.quantize import Fp32AccumLinear
+
+    lins = [m for m in fp16.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert lins and all(type(m) is Fp32AccumLinear for m in lins)
+    native = SimpleNamespace(model=copy.deepcopy(tiny_lm.model).to(torch.float16))
+    kn, kx = _kl(ref_lp, _logprobs(native, ids)), _kl(_logprobs(native, ids), _logprobs(fp16, ids))
+    assert 0.0 < kn < kb and kx < 0.5 * kb
     eng = SimulatorEngine(get_profile("honest-fp16"), tiny_lm, seed=0)
     res = eng.generate(eng.encode_text("Hello"), max_tokens=6, temperature=0.0, top_n=2)
     assert len(res.tokens) >= 1 and all(t.top_ids[0] == t.token_id for t in res.tokens)
