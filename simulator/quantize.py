@@ -416,14 +416,15 @@ def apply_runtime_quant(model: Any, profile: Any, tokenizer: Any = None) -> dict
 
 
 class Fp32AccumLinear(torch.nn.Linear):
-    """A float16 ``nn.Linear`` whose GEMM accumulates in float32: ``fp16(x32 @ W32ᵀ + b32)``.
+    """A float16/bfloat16 ``nn.Linear`` whose GEMM accumulates in float32: ``half(x32 @ W32ᵀ + b32)``.
 
-    This is the arithmetic of a float16 GEMM on a GPU (tensor cores multiply float16 operands
-    exactly and accumulate in float32, then round the output to float16; cuBLAS
-    ``CUBLAS_COMPUTE_32F``), and of PyTorch's CPU float16 GEMM, which also accumulates in float
-    (``at::opmath_type<Half>``) but without native float16 instructions on AVX2 CPUs runs several
-    times slower than float32. Inputs, weights and outputs stay float16 values; only the
-    reduction order differs from a native float16 kernel, as it does between any two kernels.
+    This is the arithmetic of a float16 or bfloat16 GEMM on a GPU (tensor cores multiply the
+    16-bit operands exactly and accumulate in float32, then round the output to 16 bits; cuBLAS
+    ``CUBLAS_COMPUTE_32F``), and of PyTorch's CPU 16-bit GEMMs, which also accumulate in float
+    (``at::opmath_type``) but without native 16-bit instructions on AVX2 CPUs run 4-6x slower
+    than float32 once a batch has more than a few rows. Inputs, weights and outputs stay 16-bit
+    values; only the reduction order differs from a native kernel, as it does between any two
+    kernels.
     The float32 copy of the weight (``w32``, [out, in] float32, 4 bytes/parameter) is a
     non-persistent buffer made at install time.
     """
@@ -437,19 +438,20 @@ class Fp32AccumLinear(torch.nn.Linear):
 
 
 def install_fp32_accumulation(model: torch.nn.Module) -> int:
-    """Make every float16 ``nn.Linear`` of ``model`` an :class:`Fp32AccumLinear`, in place.
+    """Make every float16/bfloat16 ``nn.Linear`` of ``model`` an :class:`Fp32AccumLinear`, in place.
 
-    Call after ``model.to(torch.float16)`` (a later ``.to()`` would cast the float32 copies too).
+    Call after ``model.to(torch.float16)`` or ``.to(torch.bfloat16)`` (a later ``.to()`` would cast
+    the float32 copies too).
 
     Args:
-        model: a torch module whose linears hold float16 weights [out, in].
+        model: a torch module whose linears hold 16-bit float weights [out, in].
 
     Returns:
-        The number of linears changed (float16 ones only; others are left alone).
+        The number of linears changed (16-bit ones only; others are left alone).
     """
     n = 0
     for mod in model.modules():
-        if type(mod) is torch.nn.Linear and mod.weight.dtype == torch.float16:
+        if type(mod) is torch.nn.Linear and mod.weight.dtype in (torch.float16, torch.bfloat16):
             mod.__class__ = Fp32AccumLinear
             mod.register_buffer("w32", mod.weight.detach().to(torch.float32), persistent=False)
             b = mod.bias
