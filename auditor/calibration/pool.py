@@ -83,8 +83,9 @@ class PoolConfig:
         sampling_max_tokens: max completion tokens of a temperature-1 request.
         max_prompts: use only the first N distinct prompts (CI miniature); None = all.
         seed: base seed of every request (reproducible pools).
-        batch_size: sequences per batched forward. 128 by default: on CPU a decode step costs
-            ~300 ms at 32 rows and ~760 ms at 128 (one thread), so 4x the rows cost 2.5x the time.
+        batch_size: sequences per batched forward (128; was 32). Alone on one core ``decode_rows``
+            is ~6% faster per token at 128 rows than at 32 (``benchmarks/pool_collection.py``);
+            two processes decoding side by side gain almost nothing, as they share memory bandwidth.
         noisy_batch_size: sequences per batched forward of a model with kernel noise
             (honest-noisy): its noise is drawn per batch (``simulator.engine.ServedModel``), so the
             batch composition is part of that profile's output law and stays at its own size.

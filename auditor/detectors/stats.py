@@ -114,8 +114,7 @@ def poisson_binomial_pmf(p: np.ndarray) -> np.ndarray:
         numerically stable like the textbook recursion (sums of non-negative terms, no FFT).
     """
     p = np.clip(np.asarray(p, dtype=np.float64).reshape(-1), 0.0, 1.0)
-    rows = [np.stack([1.0 - p, p], axis=1)] if p.size else [np.ones((1, 1))]
-    arr = rows[0]  # [m, L]: m partial pmfs of length L
+    arr = np.stack([1.0 - p, p], axis=1) if p.size else np.ones((1, 1))  # [m, L]: m partial pmfs of length L
     while arr.shape[0] > 1:
         m, L = arr.shape
         if m % 2:
