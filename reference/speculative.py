@@ -417,6 +417,11 @@ def _commit(run: _Decode, cache: DynamicCache, drafts: torch.Tensor, n_acc: int)
     nd = int(drafts.numel())
     # always crop: ``crop(0)`` is a no-op on full layers and trims recorded sliding-window layers to the window
     cache.crop(-(nd - n_acc))
+    _record_round(run, nd, n_acc)
+
+
+def _record_round(run: _Decode, nd: int, n_acc: int) -> None:
+    """The round's counts: the draft-length policy's evidence, drafted / accepted totals, histories."""
     if run.policy is not None:
         run.policy.observe(n_acc, nd)
     run.n_drafted += nd
@@ -473,6 +478,76 @@ def _finish(run: _Decode, elapsed: float, tok: PreTrainedTokenizerBase | None, p
     )
 
 
+def _new_run(
+    lm: TargetLike,
+    input_ids: Sequence[int],
+    *,
+    drafter: Drafter | None,
+    k: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    generator: torch.Generator | None,
+    eos_token_ids: Sequence[int] | None,
+    verifier: Verifier | None,
+    return_logprobs: bool,
+    on_round: Callable[[list[int]], None] | None,
+    adaptive_k: bool,
+    policy: DraftLengthPolicy | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+) -> tuple[_Decode, PreTrainedTokenizerBase | None, str]:
+    """One generation's validated state (:func:`speculative_generate`'s arguments), its tokenizer and the
+    draft-length policy's name; the drafter is reset. One home for the sequential and the batched loop
+    (``reference.speculative_batch``).
+
+    Raises:
+        ValueError: empty prompt, max_new_tokens < 1, k < 0.
+    """
+    model, tok = unwrap(lm)
+    tok = tok or tokenizer
+    prompt = [int(t) for t in input_ids]
+    if not prompt:
+        raise ValueError("input_ids is empty; the prompt needs at least one token")
+    if max_new_tokens is None or int(max_new_tokens) < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be >= 1")
+    if k is None or int(k) < 0:
+        raise ValueError(f"k={k!r} must be >= 0")
+    k = int(k) if drafter is not None else 0
+    if generator is None:
+        generator = torch.Generator()
+        if seed is not None:
+            generator.manual_seed(int(seed))
+        else:
+            generator.seed()
+    if drafter is None:
+        policy, policy_name = None, "plain"
+    elif not adaptive_k:
+        policy, policy_name = None, "fixed"
+    else:
+        policy = policy or DraftLengthPolicy(k, CostModel(draft_cost=drafter.cost_per_token))
+        policy_name = policy.describe()
+    run = _Decode(
+        model=model,
+        prompt=prompt,
+        params=SamplingParams(float(temperature), int(top_k), float(top_p)),
+        generator=generator,
+        eos={int(e) for e in (eos_token_ids if eos_token_ids is not None else eos_token_ids_of(model, tok))},
+        verifier=verifier or StrictVerifier(),
+        max_new_tokens=int(max_new_tokens),
+        return_logprobs=return_logprobs,
+        on_round=on_round,
+        k=k,
+        policy=policy,
+        accept_counts=[0] * (k + 1),
+        device=next(model.parameters()).device,
+    )
+    if drafter is not None:
+        drafter.reset()
+    return run, tok, policy_name
+
+
 def speculative_generate(
     lm: TargetLike,
     input_ids: Sequence[int],
@@ -524,47 +599,12 @@ def speculative_generate(
         ValueError: empty prompt, max_new_tokens < 1, k < 0, or invalid sampling parameters.
         RuntimeError: the verifier returned an accepted count outside ``0..k``.
     """
-    model, tok = unwrap(lm)
-    tok = tok or tokenizer
-    prompt = [int(t) for t in input_ids]
-    if not prompt:
-        raise ValueError("input_ids is empty; the prompt needs at least one token")
-    if max_new_tokens is None or int(max_new_tokens) < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be >= 1")
-    if k is None or int(k) < 0:
-        raise ValueError(f"k={k!r} must be >= 0")
-    k = int(k) if drafter is not None else 0
-    if generator is None:
-        generator = torch.Generator()
-        if seed is not None:
-            generator.manual_seed(int(seed))
-        else:
-            generator.seed()
-    if drafter is None:
-        policy, policy_name = None, "plain"
-    elif not adaptive_k:
-        policy, policy_name = None, "fixed"
-    else:
-        policy = policy or DraftLengthPolicy(k, CostModel(draft_cost=drafter.cost_per_token))
-        policy_name = policy.describe()
-    run = _Decode(
-        model=model,
-        prompt=prompt,
-        params=SamplingParams(float(temperature), int(top_k), float(top_p)),
-        generator=generator,
-        eos={int(e) for e in (eos_token_ids if eos_token_ids is not None else eos_token_ids_of(model, tok))},
-        verifier=verifier or StrictVerifier(),
-        max_new_tokens=int(max_new_tokens),
-        return_logprobs=return_logprobs,
-        on_round=on_round,
-        k=k,
-        policy=policy,
-        accept_counts=[0] * (k + 1),
-        device=next(model.parameters()).device,
+    run, tok, policy_name = _new_run(
+        lm, input_ids, drafter=drafter, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+        top_p=top_p, seed=seed, generator=generator, eos_token_ids=eos_token_ids, verifier=verifier,
+        return_logprobs=return_logprobs, on_round=on_round, adaptive_k=adaptive_k, policy=policy, tokenizer=tokenizer,
     )
-    if drafter is not None:
-        drafter.reset()
-
+    prompt = run.prompt
     t_start = time.perf_counter()
     try:
         with torch.inference_mode():

@@ -594,6 +594,77 @@ class SimulatorEngine:
             effective=eff,
         )
 
+    def batch_unsupported(self) -> str | None:
+        """None when :meth:`generate_batch` can serve this engine's requests, else why not (kernel noise keyed
+        per request, a quantized KV cache, or what ``reference.speculative_batch.batchable`` rejects)."""
+        from reference.speculative_batch import batchable
+
+        if getattr(self.served.model, "sigma", 0.0) > 0:
+            return "kernel noise is keyed by request (nonce)"
+        if self.profile.kv_cache_dtype or self.profile.act_quant:
+            return "a quantized KV cache / activations wrap the model's forward"
+        return batchable(self.served, self.drafter)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: Sequence[int],
+        temperature: float,
+        seeds: Sequence[int],
+        top_n: int | None = None,
+    ) -> list[ChoiceResult]:
+        """:meth:`generate` for many requests at once, in lock step (``reference.speculative_batch``): the same
+        drafter, verifier, seeds and sampling per request, one target forward per round for all of them.
+        Requests have no stop strings; ``top_p`` = 1 and ``top_k`` = 0 are requested (the profile's
+        ``effective_sampling`` still applies). For offline collection (the calibration's pools).
+
+        Args:
+            prompts: [B] prompt id lists (>= 2 tokens each).
+            max_tokens: [B] token caps.
+            temperature: shared by the requests.
+            seeds: [B] choice seeds.
+            top_n: None = no logprobs; else top alternatives per token.
+
+        Returns:
+            [B] ChoiceResult (``elapsed_s``: the batch's).
+
+        Raises:
+            ValueError: :meth:`batch_unsupported` gives a reason, or invalid arguments.
+        """
+        from reference.speculative_batch import speculative_generate_batch
+        from simulator.verifiers import make_verifier
+
+        why = self.batch_unsupported()
+        if why is not None:
+            raise ValueError(f"{self.profile.name}: cannot batch ({why}); use generate()")
+        seeds = [self.next_seed() if self.profile.ignore_seed else int(s) for s in seeds]
+        eff = self.effective_sampling(temperature, 1.0, 0)
+        collected: list[list[TokenInfo]] = [[] for _ in prompts]
+        chunks: list[list[int]] = [[] for _ in prompts]
+
+        def on_round(b: int, ids: list[int], rows: torch.Tensor) -> None:
+            for j, t in enumerate(ids):
+                collected[b].append(self._info(int(t), rows[j] if top_n is not None else None, top_n))
+            chunks[b].append(len(ids))
+
+        t0 = time.perf_counter()
+        with self._lock:
+            self.n_requests += len(prompts)
+            res = speculative_generate_batch(
+                self.served, prompts, drafter=self.drafter, k=self.k, max_new_tokens=[int(m) for m in max_tokens],
+                temperature=eff["temperature"], top_k=eff["top_k"], top_p=eff["top_p"],
+                generators=[torch.Generator().manual_seed(s) for s in seeds],
+                verifiers=[make_verifier(self.profile, request_seed=s) for s in seeds],
+                eos_token_ids=self.eos_ids, adaptive_k=self.adaptive_k, on_round=on_round,
+            )
+        dt = time.perf_counter() - t0
+        return [
+            ChoiceResult(tokens=c, text=self.text_of([t.token_id for t in c]), finish_reason=r.finish_reason,
+                         chunks=ch, elapsed_s=dt, effective=eff)
+            for c, ch, r in zip(collected, chunks, res, strict=True)
+        ]
+
     def score_prompt(self, prompt_ids: Sequence[int], top_n: int, nonce: int = 0) -> list[TokenInfo]:
         """Teacher-forced logprobs of the prompt itself under the served model (``echo``).
 

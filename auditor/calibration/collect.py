@@ -38,6 +38,7 @@ from simulator.profiles import Profile, get_profile
 
 if TYPE_CHECKING:
     from reference.models import LoadedModel
+    from simulator.engine import ChoiceResult
 
     #: The reference: one float32 ``LoadedModel``, or reference dtype → ``LoadedModel``.
     RefModels = LoadedModel | Mapping[str, LoadedModel]
@@ -151,18 +152,31 @@ def collect_pool(
         if engine is None:
             # the engine builds its served model from the reference (a copy), as `auditor serve` does
             engine = SimulatorEngine(profile, ref_lm, seed=cfg.seed, copy_model=True)
-        for j, r in enumerate(rs):
-            ch = engine.generate(
-                list(r.prompt_ids), max_tokens=r.max_tokens, temperature=r.temperature, seed=r.seed, top_n=PROVIDER_TOP_N
-            )
+        # lock-step batches of one temperature where the engine can (reference.speculative_batch: each
+        # request's own drafts, verifier and draws, one target forward per round); else one at a time
+        batch = cfg.engine_batch_size if engine.batch_unsupported() is None and all(len(r.prompt_ids) >= 2 for r in rs) else 1
+        order = sorted(range(len(rs)), key=lambda i: len(rs[i].prompt_ids))  # similar lengths share a prefill
+        chs: list[ChoiceResult] = []
+        for b in range(0, len(rs), batch):
+            chunk = [rs[i] for i in order[b : b + batch]]
+            if batch > 1:
+                chs += engine.generate_batch([list(r.prompt_ids) for r in chunk], max_tokens=[r.max_tokens for r in chunk],
+                                             temperature=chunk[0].temperature, seeds=[r.seed for r in chunk],
+                                             top_n=PROVIDER_TOP_N)
+            else:
+                chs += [engine.generate(list(r.prompt_ids), max_tokens=r.max_tokens, temperature=r.temperature,
+                                        seed=r.seed, top_n=PROVIDER_TOP_N) for r in chunk]
+            say(f"{profile_name}: engine {len(chs)}/{len(rs)} requests" + (f" (batches of {batch})" if batch > 1 else ""))
+        for i, ch in zip(order, chs, strict=True):
+            r = rs[i]
             toks = list(ch.tokens)
             T = len(toks)
             top_ids = np.full((T, PROVIDER_TOP_N), -1, np.int64)
             top_lp = np.full((T, PROVIDER_TOP_N), -np.inf)
-            for i, t in enumerate(toks):
+            for j, t in enumerate(toks):
                 k = len(t.top_ids)
-                top_ids[i, :k] = t.top_ids
-                top_lp[i, :k] = t.top_logprobs
+                top_ids[j, :k] = t.top_ids
+                top_lp[j, :k] = t.top_logprobs
             results[r.key] = {
                 "token_ids": np.asarray([t.token_id for t in toks], np.int64),
                 "logprob": np.asarray([np.nan if t.logprob is None else t.logprob for t in toks], np.float64),
@@ -170,8 +184,6 @@ def collect_pool(
                 "top_lp": top_lp,
             }
             backends["engine"] += 1
-            if (j + 1) % 10 == 0:
-                say(f"{profile_name}: engine {j + 1}/{len(rs)} requests")
 
     def via_batched(rs: list[PoolRequest], temperature: float) -> None:
         model = served_lm.model
