@@ -37,8 +37,9 @@ METHOD_MD = """## Method
   are decoded in batches from the simulator's own served model (`build_served_model`: lossless
   speculative decoding has the output law of plain decoding); `greedy-verify` (sampling) and
   `decode-noncompliant` (greedy) by batched decoding with their verifier's per-position rule;
-  `relaxed-threshold` and `typical-acceptance` (sampling), whose law depends on the drafts, through
-  the simulator engine itself (n-gram drafter, ideal-draft fallback, seeds). Pools are cached on disk
+  `relaxed-threshold`, `typical-acceptance` (sampling) and `greedy-relaxed` (greedy), whose law depends on the drafts, through
+  the simulator engine itself (n-gram drafter, ideal-draft fallback, seeds; 32 requests in lock step,
+  each with its own drafts, verifier and draws: `reference.speculative_batch`). Pools are cached on disk
   keyed by model revision, profile recipe, suite versions/digests and pool configuration.
 - **Audits**: each audit draws requests without replacement in the default suite's proportions,
   charging each request its `max_tokens` exactly like `auditor check --budget-tokens`

@@ -178,12 +178,13 @@ def test_generate_batch_is_generate_per_request(tiny_lm):
     assert eng.batch_unsupported() is None
     prompts = [eng.encode_text(t) for t in ("one two one two one two", "a b c a b c a b", "x = [1, 2, 1, 2, 1")]
     seeds, caps = [3, 4, 5], [12, 9, 12]
-    one = [eng.generate(p, max_tokens=m, temperature=1.0, seed=s, top_n=5) for p, m, s in zip(prompts, caps, seeds)]
+    one = [eng.generate(p, max_tokens=m, temperature=1.0, seed=s, top_n=5)
+           for p, m, s in zip(prompts, caps, seeds, strict=True)]
     many = eng.generate_batch(prompts, max_tokens=caps, temperature=1.0, seeds=seeds, top_n=5)
     for a, b in zip(one, many, strict=True):
         assert [t.token_id for t in a.tokens] == [t.token_id for t in b.tokens]
         assert a.finish_reason == b.finish_reason and a.text == b.text and sum(b.chunks) == len(b.tokens)
-        for x, y in zip(a.tokens, b.tokens):
+        for x, y in zip(a.tokens, b.tokens, strict=True):
             assert x.top_ids == y.top_ids
             assert abs(x.logprob - y.logprob) < 1e-4
     noisy = SimulatorEngine(get_profile("honest-noisy"), tiny_lm, seed=0)
