@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -41,7 +41,7 @@ from typing import Any, Literal
 from auditor.detectors import DETECTORS, MODES, PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
-from auditor.verdict_power import power_at, required_positions, tokens_per_position
+from auditor.verdict_power import _power_at_model, _power_model, required_positions, tokens_per_position
 
 __all__ = [
     "EFFECT_SIZES_PATH",
@@ -68,6 +68,7 @@ EFFECT_SIZES_PATH = Path(__file__).resolve().parent / "calibration" / "effect_si
 QUESTIONS = ("precision", "verification", "decoding")
 
 Status = Literal["ruled out", "not ruled out", "not tested"]
+_ATOMIC = (str, bool, int, float)
 
 
 class EffectSizesError(ValueError):
@@ -220,12 +221,20 @@ class RuleOut:
     mode: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """``dataclasses.asdict(self)``; built directly when every field holds a str, number, bool or None
+        (what asdict would copy as it is)."""
+        d = {k: getattr(self, k) for k in _RULE_OUT_FIELDS}
+        if all(v is None or type(v) in _ATOMIC for v in d.values()):
+            return d
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RuleOut:
         """From a stored ``details["rules_out"]`` entry (unknown keys ignored)."""
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})  # type: ignore[arg-type]
+
+
+_RULE_OUT_FIELDS = tuple(f.name for f in fields(RuleOut))
 
 
 def rules_out(
@@ -255,13 +264,16 @@ def rules_out(
     m = n_tests if n_tests is not None else len(ran)
     alpha_test = alpha / max(1, m)
     out = []
+    models: dict[str, Any] = {}  # detector → its power model, read once (power_at's, for every class)
     for c in table.classes:
         best: tuple[float, str, float, DetectorResult] | None = None
         for det, eff in c.effects.items():
             r = ran.get(det)
             if r is None:
                 continue
-            pw = power_at(r, effect=eff, alpha_test=alpha_test, floor=floor)
+            if det not in models:
+                models[det] = _power_model(r, floor)
+            pw = _power_at_model(models[det], r.n, eff, alpha_test)  # = power_at(r, effect=eff, ...)
             if pw is not None and (best is None or pw > best[0]):
                 best = (pw, det, eff, r)
         if best is None:

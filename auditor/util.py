@@ -51,10 +51,28 @@ def json_safe(obj: object, *, bytes_encoding: Literal["latin-1", "utf-8"] = "lat
     if isinstance(obj, bytes | bytearray):
         raw = bytes(obj)
         return raw.decode("latin-1") if bytes_encoding == "latin-1" else raw.decode("utf-8", errors="replace")
-    if isinstance(obj, Mapping):
-        return {str(k): json_safe(v, bytes_encoding=bytes_encoding) for k, v in obj.items()}
+    if isinstance(obj, Mapping):  # (str, int, bool, None and float items are converted here, not recursed into)
+        out: dict[str, JSONValue] = {}
+        for k, v in obj.items():
+            key, t = str(k), type(v)
+            if t is str or t is int or t is bool or v is None:
+                out[key] = v
+            elif t is float:
+                out[key] = v if math.isfinite(v) else None
+            else:
+                out[key] = json_safe(v, bytes_encoding=bytes_encoding)
+        return out
     if isinstance(obj, list | tuple | set | frozenset):
-        return [json_safe(v, bytes_encoding=bytes_encoding) for v in obj]
+        items: list[JSONValue] = []
+        for v in obj:
+            t = type(v)
+            if t is str or t is int or t is bool or v is None:
+                items.append(v)
+            elif t is float:
+                items.append(v if math.isfinite(v) else None)
+            else:
+                items.append(json_safe(v, bytes_encoding=bytes_encoding))
+        return items
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return json_safe(dataclasses.asdict(obj), bytes_encoding=bytes_encoding)
     if isinstance(obj, dt.datetime | dt.date):

@@ -10,12 +10,20 @@ read one power model per test kind (``_PowerModel``), so the positions needed an
 the positions used are the same calculation read both ways; ``power_effect`` reads the effect a
 detector measured in the unit of its power target (what ``auditor calibrate`` writes into
 ``auditor/calibration/effect_sizes.json`` and ``auditor.rules_out`` reads back).
+
+The exact tests' searches and powers are remembered by their exact arguments (``_cached``: the
+calibration's resampled audits repeat them), and their binomial / Poisson tails come from
+``auditor.detectors.stats`` (scipy.stats' values without its generic argument handling).
 """
 
 from __future__ import annotations
 
 import math
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import TypeVar, cast
 
 import numpy as np
 from scipy import special, stats
@@ -23,11 +31,13 @@ from scipy import special, stats
 from auditor.detectors import DETECTORS, MODES, POWER_FAMILIES, POWER_TARGETS, TestKind
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
+from auditor.detectors.stats import binom_isf, binom_sf, poisson_isf  # scipy.stats' tails, bit for bit
 
 __all__ = ["DEFAULT_POWER", "POWER_FAMILIES", "POWER_TARGETS", "power_at", "power_effect", "required_positions",
            "tokens_per_position"]
 
 DEFAULT_POWER = 0.8
+_T = TypeVar("_T")
 
 # POWER_TARGETS (the effects an audit should be able to see) and POWER_FAMILIES (PASS needs, for every
 # family that ran, one adequately powered detector) are the registry's (``auditor.detectors``: each
@@ -37,8 +47,8 @@ DEFAULT_POWER = 0.8
 def _binom_power(n: np.ndarray | int, r0: float, r1: float, alpha: float) -> np.ndarray:
     """Power of the exact one-sided binomial test (level alpha, null rate r0) at rate r1 with n trials."""
     n = np.asarray(n)
-    c = stats.binom.isf(alpha, n, r0) + 1  # smallest k with P(X >= k | r0) <= alpha
-    return np.asarray(stats.binom.sf(c - 1, n, r1))
+    c = binom_isf(alpha, n, r0) + 1  # smallest k with P(X >= k | r0) <= alpha
+    return np.asarray(binom_sf(c - 1, n, r1))
 
 
 def _greedy_required(
@@ -74,8 +84,8 @@ def _near_tie_power(n: np.ndarray | int, bound: float, r1: float, alpha: float) 
     """Power of greedy-near-tie's Poisson test (k flips vs Poisson(n · bound), level alpha) when the
     tested positions flip at rate r1: P(Bin(n, r1) >= c), c the smallest k with P(X >= k | H0) <= alpha."""
     n = np.asarray(n)
-    c = stats.poisson.isf(alpha, n * bound) + 1
-    return np.asarray(stats.binom.sf(c - 1, n, r1))
+    c = poisson_isf(alpha, n * bound) + 1
+    return np.asarray(binom_sf(c - 1, n, r1))
 
 
 def _invert(pw, power: float, n_max: int = 1_000_000, guess: float | None = None) -> int | None:
@@ -84,10 +94,11 @@ def _invert(pw, power: float, n_max: int = 1_000_000, guess: float | None = None
     over [1, n_max] (refined around ``guess``, a normal approximation, when given), then every n of
     the bracket found when it holds at most ``_SCAN`` values (exact), else bisection (within the
     saw-tooth of an exact test's power); None when even n_max falls short."""
-    grid = np.geomspace(1, n_max, 200)
     if guess is not None and math.isfinite(guess) and 1 <= guess <= n_max:
-        grid = np.concatenate([grid, guess * np.geomspace(0.7, 1.4, 24)])
-    grid = np.unique(np.clip(grid, 1, n_max).astype(np.int64))
+        grid = np.concatenate([_geomspace(1, n_max, 200), guess * _geomspace(0.7, 1.4, 24)])
+        grid = np.unique(np.clip(grid, 1, n_max).astype(np.int64))
+    else:
+        grid = _base_grid(n_max)
     okg = np.flatnonzero(pw(grid) >= power)
     if not okg.size:
         return None
@@ -107,6 +118,22 @@ def _invert(pw, power: float, n_max: int = 1_000_000, guess: float | None = None
 
 #: Brackets of at most this many n are scanned exhaustively by :func:`_invert`.
 _SCAN = 2048
+
+
+@lru_cache(maxsize=16)
+def _geomspace(start: float, stop: float, num: int) -> np.ndarray:
+    """``np.geomspace(start, stop, num)``, computed once (read-only)."""
+    out = np.geomspace(start, stop, num)
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=16)
+def _base_grid(n_max: int) -> np.ndarray:
+    """:func:`_invert`'s integer grid without a guess, computed once (read-only)."""
+    out = np.unique(np.clip(_geomspace(1, n_max, 200), 1, n_max).astype(np.int64))
+    out.flags.writeable = False
+    return out
 
 
 @dataclass(frozen=True)
@@ -179,8 +206,49 @@ class _PowerModel:
             return None
         if self.test == TestKind.TAIL and effect >= 1:
             return None
-        return _invert(lambda n: self.power(n, effect, alpha_test), power,
-                       guess=self._guess(effect, za, zb) if guess else None)
+        return _cached(  # a search: the calibration's audits repeat it (same rates, same budgets)
+            _exact_key("required", self.test, self.var, self.r0, self.tau, self.bound, effect, alpha_test, power, guess),
+            lambda: _invert(lambda n: self.power(n, effect, alpha_test), power,
+                            guess=self._guess(effect, za, zb) if guess else None))
+
+    @property
+    def exact(self) -> bool:
+        """True for the exact (binomial / Poisson) tests, whose power is a search over counts."""
+        return self.test in (TestKind.CLEAR_MISMATCH, TestKind.NEAR_TIE, TestKind.TAIL)
+
+
+#: Results of the exact tests' power calculations by their exact arguments (:func:`_exact_key`), cleared
+#: when it holds _CACHE_MAX of them.
+_CACHE: dict[tuple[object, ...], object] = {}
+_CACHE_MAX = 100_000
+
+
+def _exact_key(*args: object) -> tuple[object, ...] | None:
+    """A cache key that tells every distinct argument list apart (floats by type and bit pattern, so
+    0.0 and -0.0 differ); None when an argument is of another kind (then nothing is cached)."""
+    key: list[object] = []
+    for a in args:
+        t = type(a)
+        if t is float or t is np.float64:
+            key.append((t, struct.pack("<d", a)))
+        elif t is int or t is bool or t is str or t is TestKind:
+            key.append((t, a))
+        else:
+            return None
+    return tuple(key)
+
+
+def _cached(key: tuple[object, ...] | None, compute: Callable[[], _T]) -> _T:
+    """``compute()``, remembered under ``key`` (a pure function of it; None: not remembered)."""
+    if key is None:
+        return compute()
+    if key in _CACHE:
+        return cast("_T", _CACHE[key])
+    value = compute()
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.clear()
+    _CACHE[key] = value
+    return value
 
 
 def _power_model(result: DetectorResult, floor: NoiseFloor | None) -> _PowerModel | None:
@@ -268,11 +336,18 @@ def power_at(
     """Power of this detector at ``n`` positions (default: the positions it used, ``result.n``)
     against ``effect`` (the unit of its registry ``PowerTarget``, as :func:`power_effect` reads it) at
     level alpha_test; the model of :func:`required_positions`. None when no calculation applies."""
-    model = _power_model(result, floor)
-    n = result.n if n is None else n
+    return _power_at_model(_power_model(result, floor), result.n if n is None else n, effect, alpha_test)
+
+
+def _power_at_model(model: _PowerModel | None, n: int, effect: float, alpha_test: float) -> float | None:
+    """:func:`power_at` for a power model already read from the result (``_power_model``)."""
     if model is None or n <= 0:
         return None if model is None else 0.0
-    return float(model.power(int(n), effect, alpha_test))
+    n = int(n)
+    if not model.exact:
+        return float(model.power(n, effect, alpha_test))
+    return _cached(_exact_key("power", model.test, model.var, model.r0, model.tau, model.bound, n, effect, alpha_test),
+                   lambda: float(model.power(n, effect, alpha_test)))
 
 
 def power_effect(result: DetectorResult) -> float | None:
@@ -361,6 +436,10 @@ def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
 
 def _required_default(name: str, alpha_test: float, power: float) -> int | None:
     """Budget guess for a detector that did not run (no data to plug in)."""
+    return _cached(_exact_key("default", str(name), alpha_test, power), lambda: _required_default_of(name, alpha_test, power))
+
+
+def _required_default_of(name: str, alpha_test: float, power: float) -> int | None:
     powered = _powered(name)
     if powered is None:
         return None

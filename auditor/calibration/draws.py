@@ -275,19 +275,14 @@ def evidence_for(pool: Pool, draw: AuditDraw, mix: AuditMix, reference: str = "f
     """
     if reference not in pool.ref_top_ids:
         raise KeyError(f"pool {pool.profile!r} has no {reference!r} reference rows (has {pool.references})")
-    idx: list[np.ndarray] = []
-    pids: list[str] = []
-    pos: list[np.ndarray] = []
-    widths: list[int] = []
-    for i, n, mode, rnd in draw.items:
-        a = int(pool.item_offsets[i])
-        idx.append(np.arange(a, a + n))
-        key = str(pool.item_keys[i]) + (f"~{rnd}" if rnd else "")
-        pids.extend([key] * n)
-        pos.append(np.arange(n))
-        widths.extend([int(mix.top_m.get(mode, 0))] * n)
-    sel = np.concatenate(idx) if idx else np.zeros(0, np.int64)
-    w = np.asarray(widths, np.int64)
+    items = np.array([i for i, *_ in draw.items], np.int64)
+    lens = np.array([n for _, n, *_ in draw.items], np.int64)
+    first = np.repeat(np.cumsum(lens) - lens, lens)  # each position's item starts here in the batch
+    within = np.arange(int(lens.sum())) - first  # position within its item (continuation)
+    sel = np.repeat(pool.item_offsets[items].astype(np.int64), lens) + within  # pool rows
+    pids = np.repeat(np.array([str(pool.item_keys[i]) + (f"~{rnd}" if rnd else "") for i, _, _, rnd in draw.items],
+                              dtype=object), lens)
+    w = np.repeat(np.array([int(mix.top_m.get(mode, 0)) for _, _, mode, _ in draw.items], np.int64), lens)
     M = int(w.max()) if w.size else 0
     p_ids = pool.prov_top_ids[sel, :M].copy()
     p_lp = pool.prov_top_lp[sel, :M].copy()
@@ -296,10 +291,10 @@ def evidence_for(pool: Pool, draw: AuditDraw, mix: AuditMix, reference: str = "f
         p_ids[cut] = -1
         p_lp[cut] = -np.inf
     p_tok = np.where(w > 0, pool.prov_logprob[sel], np.nan)
-    temps = np.repeat(pool.item_temperature[[i for i, *_ in draw.items]], [n for _, n, *_ in draw.items])
+    temps = np.repeat(pool.item_temperature[items], lens)
     return EvidenceBatch.from_arrays(
         prompt_ids=pids,
-        positions=np.concatenate(pos) if pos else np.zeros(0, np.int64),
+        positions=within,
         token_ids=pool.token_ids[sel],
         temperatures=temps,
         ref_top_ids=pool.ref_top_ids[reference][sel],

@@ -94,6 +94,9 @@ _POSITIVE_LOGPROB_TOL = 1e-6
 _MASS_TOL = 1e-3
 #: Reported values at or below this are sentinels / masked logits, i.e. "not known".
 _SENTINEL_LOGPROB = -9000.0
+#: ``from_arrays`` matches every provider-listed id against the reference top-K at once ([N, M, K] bools)
+#: up to this many cells, column by column beyond (bounded memory).
+_MATCH_CELLS = 1 << 22
 
 
 @dataclass
@@ -314,10 +317,9 @@ class EvidenceBatch:
         """
         token_ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         n = token_ids.size
-        prompt_ids = np.asarray(
-            [str(p) for p in np.asarray(prompt_ids, dtype=object).reshape(-1)],
-            dtype=object,
-        )
+        ids = np.asarray(prompt_ids, dtype=object).reshape(-1)
+        keys = ids.tolist()  # str() of each, a copy: already strs (str(s) is s) are copied as they are
+        prompt_ids = ids.copy() if set(map(type, keys)) <= {str} else np.asarray([str(p) for p in keys], dtype=object)
         if prompt_ids.size != n:
             raise ValueError(
                 f"prompt_ids has {prompt_ids.size} entries, token_ids {n}; give one per position"
@@ -369,9 +371,12 @@ class EvidenceBatch:
                     f"ref_top_logprobs rows sum to more than 1 in probability (max {mass.max():.4f}); "
                     "pass log-softmax values, not logits"
                 )
-            order = np.argsort(-rt_lp, axis=1, kind="stable")
-            rt_ids = np.take_along_axis(rt_ids, order, 1)
-            rt_lp = np.take_along_axis(rt_lp, order, 1)
+            if bool((rt_lp[:, 1:] <= rt_lp[:, :-1]).all()):  # sorted already: the stable sort keeps the order
+                rt_ids = rt_ids.copy()
+            else:
+                order = np.argsort(-rt_lp, axis=1, kind="stable")
+                rt_ids = np.take_along_axis(rt_ids, order, 1)
+                rt_lp = np.take_along_axis(rt_lp, order, 1)
             if ref_token_logprobs is None:
                 rt_tok = np.full(n, np.nan)
             else:
@@ -416,9 +421,10 @@ class EvidenceBatch:
         p_lp[sentinel] = -np.inf
         p_ids[sentinel] = -1
         p_lp = np.minimum(p_lp, 0.0)
-        order = np.argsort(-p_lp, axis=1, kind="stable")
-        p_ids = np.take_along_axis(p_ids, order, 1)
-        p_lp = np.take_along_axis(p_lp, order, 1)
+        if not bool((p_lp[:, 1:] <= p_lp[:, :-1]).all()):  # (sorted already: the stable sort keeps the order)
+            order = np.argsort(-p_lp, axis=1, kind="stable")
+            p_ids = np.take_along_axis(p_ids, order, 1)
+            p_lp = np.take_along_axis(p_lp, order, 1)
         if p_ids.shape[1] > 1:  # drop duplicate ids (keep the first = largest)
             srt = np.sort(p_ids, axis=1)
             has_dup = ((np.diff(srt, axis=1) == 0) & (srt[:, 1:] >= 0)).any(1)
@@ -437,6 +443,11 @@ class EvidenceBatch:
         trusted &= mass <= 1 + _MASS_TOL
         if provider_token_logprobs is None:
             p_tok = np.full(n, np.nan)
+        elif isinstance(provider_token_logprobs, np.ndarray) and provider_token_logprobs.dtype.kind == "f":
+            # _clean_provider_logprob of every entry, vectorised: the same floats, NaN where it gives NaN
+            v = provider_token_logprobs.astype(np.float64).reshape(-1)
+            with np.errstate(invalid="ignore"):
+                p_tok = np.where(np.isfinite(v) & (v > _SENTINEL_LOGPROB), v, np.nan)
         else:
             p_tok = np.array(
                 [
@@ -468,15 +479,20 @@ class EvidenceBatch:
             else:
                 if p_ids.shape[1]:
                     any_eq = np.zeros(p_ids.shape, bool)
-                    for j in range(
-                        p_ids.shape[1]
-                    ):  # [N, K] per listed column: bounded memory
-                        eq = (rt_ids == p_ids[:, j : j + 1]) & (
-                            p_ids[:, j : j + 1] >= 0
-                        )
-                        hit = eq.any(1)
-                        any_eq[:, j] = hit
-                        ref_at[hit, j] = rt_lp[hit][eq[hit]]
+                    eq3, n_eq = None, None
+                    if rt_ids.shape[1] and p_ids.size * rt_ids.shape[1] <= _MATCH_CELLS:
+                        eq3 = (rt_ids[:, None, :] == p_ids[:, :, None]) & (p_ids[:, :, None] >= 0)  # [N, M, K]
+                        n_eq = eq3.sum(2)
+                    if eq3 is not None and n_eq is not None and bool((n_eq <= 1).all()):
+                        # every listed id matches at most one reference id: all columns at once, the same values
+                        any_eq = n_eq == 1
+                        ref_at = np.where(any_eq, np.take_along_axis(rt_lp, eq3.argmax(2), 1), ref_at)
+                    else:
+                        for j in range(p_ids.shape[1]):  # [N, K] per listed column: bounded memory
+                            eq = (rt_ids == p_ids[:, j : j + 1]) & (p_ids[:, j : j + 1] >= 0)
+                            hit = eq.any(1)
+                            any_eq[:, j] = hit
+                            ref_at[hit, j] = rt_lp[hit][eq[hit]]
                     is_tok = (p_ids == token_ids[:, None]) & (p_ids >= 0) & ~any_eq
                     ref_at = np.where(
                         is_tok & ~np.isnan(rt_tok)[:, None], rt_tok[:, None], ref_at
@@ -637,7 +653,13 @@ class EvidenceBatch:
         )
 
     def evidence_row(self, i: int, **extra: Any) -> dict[str, Any]:
-        """A JSON-able evidence dict for position i (prompt, position, token, reference top-5, ...)."""
+        """A JSON-able evidence dict for position i (prompt, position, token, reference top-5, ...).
+
+        What ``json_safe`` makes of the row, built directly: the ids and strings are already JSON values,
+        the rounded logprobs become None where not finite, and each ``extra`` value (floats rounded)
+        goes through :func:`_json_value`.
+        """
+        fin = math.isfinite
         row: dict[str, Any] = {
             "prompt_id": str(self.prompt_ids[i]),
             "position": int(self.positions[i]),
@@ -647,33 +669,37 @@ class EvidenceBatch:
             row["token"] = str(self.token_texts[i])
         if self.has_reference:
             ref = self.reference()
-            ids, lps = ref.top_ids[i], ref.top_logprobs[i]
-            row["ref_top5"] = [
-                [int(a), _r(b)] for a, b in zip(ids[:5], lps[:5], strict=True) if a >= 0
-            ]
-            if lps.size >= 2 and np.isfinite(lps[1]):
-                row["ref_margin"] = _r(lps[0] - lps[1])
-            if not np.isnan(ref.token_logprobs[i]):
-                row["ref_token_logprob"] = _r(ref.token_logprobs[i])
-        m = self.provider_top_ids[i] >= 0
-        if m.any():
-            row["provider_top5"] = [
-                [int(a), _r(b)]
-                for a, b in zip(
-                    self.provider_top_ids[i][m][:5],
-                    self.provider_top_logprobs[i][m][:5],
-                    strict=True,
-                )
-            ]
-        if not np.isnan(self.provider_token_logprobs[i]):
-            row["provider_token_logprob"] = _r(self.provider_token_logprobs[i])
-        row.update(
-            {
-                k: (_r(v) if isinstance(v, (float, np.floating)) else v)
-                for k, v in extra.items()
-            }
-        )
-        return cast("dict[str, Any]", json_safe(row))
+            # tolist: the Python ints / floats that int() and float() of the entries give
+            ids, lps = np.asarray(ref.top_ids[i, :5], np.int64).tolist(), ref.top_logprobs[i, :5].tolist()
+            row["ref_top5"] = [[a, b if fin(b := round(x, 6)) else None] for a, x in zip(ids, lps, strict=True) if a >= 0]
+            if len(lps) >= 2 and fin(lps[1]):
+                row["ref_margin"] = v if fin(v := round(lps[0] - lps[1], 6)) else None
+            if not math.isnan(v := float(ref.token_logprobs[i])):
+                row["ref_token_logprob"] = v if fin(v := round(v, 6)) else None
+        listed = [
+            (a, x)
+            for a, x in zip(np.asarray(self.provider_top_ids[i], np.int64).tolist(),
+                            self.provider_top_logprobs[i].tolist(), strict=True)
+            if a >= 0
+        ]
+        if listed:
+            row["provider_top5"] = [[a, b if fin(b := round(x, 6)) else None] for a, x in listed[:5]]
+        if not math.isnan(v := float(self.provider_token_logprobs[i])):
+            row["provider_token_logprob"] = v if fin(v := round(v, 6)) else None
+        for k, x in extra.items():
+            row[k] = _json_value(_r(x) if isinstance(x, (float, np.floating)) else x)
+        return row
+
+
+def _json_value(v: Any) -> Any:
+    """``json_safe(v)``: Python ints, strs, bools and None as they are, a float or None when not
+    finite, anything else through :func:`~auditor.util.json_safe`."""
+    t = type(v)
+    if t is float:
+        return v if math.isfinite(v) else None
+    if t is int or t is str or t is bool or v is None:
+        return v
+    return json_safe(v)
 
 
 def _r(x: float | np.floating[Any]) -> float:

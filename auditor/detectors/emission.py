@@ -83,17 +83,20 @@ def _best(ll: np.ndarray) -> tuple[float, int, int]:
     return float(ll[wi, si]), int(si), int(wi)
 
 
-def _keep_rank(p: np.ndarray, rank: np.ndarray, keep: np.ndarray, keep_bucket: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(emitted token kept [n], kept mass [n]) for the per-token keep mask [n, K] and the bucket's [n]."""
+def _prefix_mass(p: np.ndarray) -> np.ndarray | None:
+    """[K + 1, n] listed mass kept by each prefix, row j = ``(p * (arange(K) < j)).sum(1)``; None unless every
+    row of ``p`` [n, K] is sorted descending (no NaN)."""
+    if not bool((p[:, 1:] <= p[:, :-1]).all()):
+        return None
     n, k = p.shape
-    keep = keep.copy()
-    keep[:, 0] = True  # the argmax always survives
-    bucket = np.clip(1.0 - p.sum(1), 0.0, 1.0)
-    kept = np.where(rank >= 0, keep[np.arange(n), np.clip(rank, 0, k - 1)], keep_bucket)
-    return kept, (p * keep).sum(1) + np.where(keep_bucket, bucket, 0.0)
+    table = np.empty((k + 1, n))
+    for j in range(k + 1):
+        table[j] = (p * (np.arange(k) < j)).sum(1)
+    return table
 
 
-def _cuts(p: np.ndarray, rank: np.ndarray, family: str) -> tuple[np.ndarray, np.ndarray, list[tuple[str, float]]]:
+def _cuts(p: np.ndarray, rank: np.ndarray, family: str, prefix: np.ndarray | None = None
+          ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, float]]]:
     """Every cut of one family: whether the emitted token survives it and the surviving mass.
 
     Args:
@@ -102,6 +105,8 @@ def _cuts(p: np.ndarray, rank: np.ndarray, family: str) -> tuple[np.ndarray, np.
         family: "truncation" (top-p θ, min-p m, top-k k: an engine's sampling defaults) or "acceptance"
             (SGLang's single threshold s: everything to the argmax where p(argmax) >= s; typical acceptance's
             threshold min(ε, δ e^{−H}), δ = inf a fixed threshold ε: every token below it to the argmax).
+        prefix: :func:`_prefix_mass` of ``p`` (given when the rows are sorted; then every cut keeps a prefix of
+            each row and its mass is read from the table, the same sum of the same row; None: summed per cut).
 
     Returns:
         kept [S, n] bool, mass [S, n] float64 (> 0), and the S (cut name, parameter) pairs.
@@ -109,40 +114,45 @@ def _cuts(p: np.ndarray, rank: np.ndarray, family: str) -> tuple[np.ndarray, np.
     n, k = p.shape
     rows = np.arange(n)
     last = p[rows, np.maximum((p > 0).sum(1) - 1, 0)]
-    cum = np.cumsum(p, 1)
-    pos = np.arange(k)[None, :]
-    out: list[tuple[np.ndarray, np.ndarray]] = []
-    names: list[tuple[str, float]] = []
+    pos = np.arange(k)
+    bucket = np.clip(1.0 - p.sum(1), 0.0, 1.0)
+    # keep [S, n, K]: the listed tokens each cut keeps; keep_bucket [S, n]: whether it keeps the unlisted ones
     if family == "truncation":
-        for th in TOP_P_GRID:  # smallest top set with mass >= θ; never reached → everything (the bucket too)
-            reached = cum >= th - 1e-12
-            kn = np.where(reached.any(1), reached.argmax(1) + 1, k + 1)
-            out.append(_keep_rank(p, rank, pos < kn[:, None], kn > k))
-            names.append(("top-p", th))
-        for m in MIN_P_GRID:
-            cut = m * p[:, 0]
-            out.append(_keep_rank(p, rank, p >= cut[:, None], last >= cut))
-            names.append(("min-p", m))
-        for kk in TOP_K_GRID:
-            out.append(_keep_rank(p, rank, np.broadcast_to(pos < kk, (n, k)), np.full(n, kk > k)))
-            names.append(("top-k", float(kk)))
+        # top-p θ: the smallest top set with mass >= θ; never reached → everything (the bucket too)
+        reached = np.cumsum(p, 1)[None] >= (np.asarray(TOP_P_GRID) - 1e-12)[:, None, None]
+        kn = np.where(reached.any(2), reached.argmax(2) + 1, k + 1)
+        cut = np.asarray(MIN_P_GRID)[:, None] * p[None, :, 0]  # min-p m: p >= m p(argmax)
+        top_k = np.asarray(TOP_K_GRID)[:, None]
+        keep = np.concatenate([pos < kn[:, :, None], p[None] >= cut[:, :, None],
+                               np.broadcast_to((pos < top_k)[:, None, :], (top_k.size, n, k))])
+        keep_bucket = np.concatenate([kn > k, last[None] >= cut, np.broadcast_to(top_k > k, (top_k.size, n))])
+        names = ([("top-p", th) for th in TOP_P_GRID] + [("min-p", m) for m in MIN_P_GRID]
+                 + [("top-k", float(kk)) for kk in TOP_K_GRID])
     else:
-        for s in SINGLE_THRESHOLD_GRID:  # where p(argmax) >= s the argmax draft takes everything
-            conf = p[:, 0] >= s
-            keep = np.broadcast_to(~conf[:, None], (n, k))
-            out.append(_keep_rank(p, rank, keep, ~conf))
-            names.append(("single-threshold", s))
-        bucket = np.clip(1.0 - p.sum(1), 0.0, 1.0)
+        # single threshold s: where p(argmax) >= s the argmax draft takes everything
+        conf = p[None, :, 0] >= np.asarray(SINGLE_THRESHOLD_GRID)[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
             h = -(np.where(p > 0, p * np.log(p), 0.0)).sum(1) - bucket * np.log(np.maximum(last, 1e-300))
-        for delta in TYPICAL_DELTA_GRID:
-            for eps in TYPICAL_EPSILON_GRID:
-                tau = np.minimum(eps, delta * np.exp(-h)) if np.isfinite(delta) else np.full(n, eps)
-                out.append(_keep_rank(p, rank, p > tau[:, None], last > tau))
-                names.append((f"typical δ={delta:g}" if np.isfinite(delta) else "threshold", eps))
-    kept = np.array([o[0] for o in out])
-    mass = np.maximum(np.array([o[1] for o in out]), 1e-12)
-    return kept, mass, names
+        e_h = np.exp(-h)
+        eps = np.asarray(TYPICAL_EPSILON_GRID)[:, None]
+        tau = np.concatenate([np.minimum(eps, delta * e_h[None]) if np.isfinite(delta) else np.broadcast_to(eps, (eps.size, n))
+                              for delta in TYPICAL_DELTA_GRID])  # typical: min(ε, δ e^{−H}), δ outer, ε inner
+        keep = np.concatenate([np.broadcast_to(~conf[:, :, None], (conf.shape[0], n, k)), p[None] > tau[:, :, None]])
+        keep_bucket = np.concatenate([~conf, last[None] > tau])
+        names = [("single-threshold", s) for s in SINGLE_THRESHOLD_GRID] + [
+            (f"typical δ={delta:g}" if np.isfinite(delta) else "threshold", e)
+            for delta in TYPICAL_DELTA_GRID for e in TYPICAL_EPSILON_GRID]
+    extra = np.where(keep_bucket, bucket, 0.0)
+    if prefix is not None:  # keep = the first L tokens: L = the first dropped one, K when none (argmax kept)
+        length = np.maximum(np.where(keep[:, :, -1], k, np.argmin(keep, 2)), 1)
+        kept = np.where(rank >= 0, np.clip(rank, 0, k - 1) < length, keep_bucket)
+        mass = prefix[length, rows] + extra
+    else:
+        keep = keep.copy()
+        keep[:, :, 0] = True  # the argmax always survives
+        kept = np.where(rank >= 0, keep[:, rows, np.clip(rank, 0, k - 1)], keep_bucket)
+        mass = (p[None] * keep).sum(2) + extra
+    return kept, np.maximum(mass, 1e-12), names
 
 
 def emission_fit(top_probs: np.ndarray, token_rank: np.ndarray) -> dict[str, Any] | None:
@@ -167,10 +177,18 @@ def emission_fit(top_probs: np.ndarray, token_rank: np.ndarray) -> dict[str, Any
     w = np.asarray(LEAK_GRID)[:, None, None]
     p1 = np.maximum(p[:, 0], 1e-12)
     # truncation: survivors renormalised pro rata; acceptance: the cut mass goes to the argmax
-    kept, mass, names_t = _cuts(p, rank, "truncation")  # [S, n]
-    lt, st, wt = _best(np.log((1.0 - w) * kept[None] / mass[None] + w).sum(-1))  # over [W, S]
-    kept, mass, names_a = _cuts(p, rank, "acceptance")
-    to_arg = np.where(is_arg, 1.0 + (1.0 - w) * (1.0 - mass[None]) / p1, np.where(kept[None], 1.0, w))
+    prefix = _prefix_mass(p)
+    kept, mass, names_t = _cuts(p, rank, "truncation", prefix)  # [S, n]
+    q_t = np.empty((w.shape[0], *mass.shape))  # (1 − w) kept / mass + w [W, S, n], one leak at a time
+    for i in range(w.shape[0]):
+        q_t[i] = (1.0 - w[i]) * kept / mass + w[i]
+    lt, st, wt = _best(np.log(q_t).sum(-1))  # over [W, S]
+    kept, mass, names_a = _cuts(p, rank, "acceptance", prefix)
+    # where(is_arg, 1 + (1 − w) (1 − mass) / p1, where(kept, 1, w)) [W, S, n], one leak at a time (cache-sized)
+    to_arg = np.empty((w.shape[0], *mass.shape))
+    gain = 1.0 - mass
+    for i in range(w.shape[0]):
+        to_arg[i] = np.where(is_arg[0], 1.0 + (1.0 - w[i]) * gain / p1, np.where(kept, 1.0, w[i]))
     la, sa, wa = _best(np.log(to_arg).sum(-1))
     # acceptance, pro rata: every token gives the share λ of its mass to the argmax (relaxed thresholds)
     lam = np.asarray(PRO_RATA_GRID)[:, None]

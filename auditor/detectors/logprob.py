@@ -44,7 +44,7 @@ from scipy import stats
 
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
 from .noise_floor import NoiseFloor
-from .stats import RngLike, as_rng, bucketed_kl, mean_variance_under
+from .stats import RngLike, as_rng, bucketed_kl, mean_variance_under, norm_sf
 
 __all__ = [
     "CONFIDENT_MARGIN_SIGMAS",
@@ -305,7 +305,7 @@ def margin_flip_stats(
         return out
     gaps = ref_top_lp[:, :1] - ref_top_lp[:, 1:]  # [n, K-1] >= 0, +inf for padding
     gaps = np.where(np.isfinite(gaps), gaps, np.inf)
-    p_flip = np.minimum(stats.norm.sf(gaps / (sigma * np.sqrt(2.0))).sum(1), 1.0)
+    p_flip = np.minimum(norm_sf(gaps / (sigma * np.sqrt(2.0))).sum(1), 1.0)
     margin = gaps[:, 0]
     flip = np.asarray(prov_top1) != np.asarray(ref_top1)
     conf = margin > c * sigma

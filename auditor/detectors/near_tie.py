@@ -56,7 +56,7 @@ from scipy import stats
 from .base import DetectorName, DetectorResult, EvidenceBatch, not_run
 from .greedy import greedy_gaps
 from .noise_floor import _QUANTILES, GAIN_GRID_STEP, NoiseFloor, gain_grid_key
-from .stats import RngLike, wilson_ci
+from .stats import RngLike, binom_pmf, binom_sf, wilson_ci
 
 __all__ = [
     "MAX_TESTED_BOUND",
@@ -163,8 +163,8 @@ def weighted_flip_sf(units: np.ndarray, probs: np.ndarray, observed: int) -> flo
                               axis=0, return_counts=True)
     for (u, p), c in zip(pairs, counts, strict=True):
         u, kmax = int(u), min(int(c), obs // max(int(u), 1) + 1)
-        bk = stats.binom.pmf(np.arange(kmax + 1), int(c), float(p))
-        bk[-1] += float(stats.binom.sf(kmax, int(c), float(p)))  # more flips than needed: still >= observed
+        bk = binom_pmf(np.arange(kmax + 1), int(c), float(p))
+        bk[-1] += float(binom_sf(kmax, int(c), float(p)))  # more flips than needed: still >= observed
         new = np.zeros_like(pmf)
         for j in range(kmax + 1):
             shift = j * u

@@ -315,7 +315,11 @@ def _too_few(name: str, view: SamplingView, what: str) -> DetectorResult | None:
 
 
 def _n_prompts(batch: EvidenceBatch, view: SamplingView) -> int:
-    return int(np.unique(batch.prompt_ids[view.idx]).size)
+    ids = batch.prompt_ids[view.idx]
+    keys = ids.tolist()
+    if set(map(type, keys)) <= {str}:  # np.unique's count, without sorting Python objects
+        return len(set(keys))
+    return int(np.unique(ids).size)
 
 
 def gof_result(

@@ -13,19 +13,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 __all__ = [
     "RngLike",
     "VarianceComponents",
     "as_rng",
+    "binom_isf",
+    "binom_pmf",
+    "binom_sf",
     "bucketed_kl",
+    "chi2_ppf",
     "garwood_ci",
     "holm",
     "mean_variance_under",
+    "norm_sf",
     "poisson_binomial_pmf",
     "poisson_binomial_scan_test",
     "poisson_binomial_test",
+    "poisson_isf",
     "randomized_pit",
     "variance_components",
     "wilson_ci",
@@ -42,6 +48,84 @@ EXACT_POISSON_BINOMIAL_MAX_N = 5000
 #: (a reported tail of exactly 0 would otherwise make KL infinite). Bounds one bucket's
 #: contribution to r * log(r / 1e-8) <= 18.4 r nats.
 KL_PROB_FLOOR = 1e-8
+
+
+# Distribution tails without scipy.stats' generic argument handling, which costs far more than the tail
+# itself on the small arrays and scalars that the power searches and exact tests evaluate thousands of
+# times per audit. Each returns what the scipy.stats call named in its docstring returns, bit for bit
+# (same dtype, a scalar for 0-d input): on ordinary arguments (q in (0, 1), integer n >= 0, p in [0, 1],
+# k without NaN, finite mu >= 0) it applies the distribution's own elementwise method exactly where the
+# generic wrapper would, and the wrapper's constants elsewhere; any other argument goes to the wrapper.
+
+
+#: the elementwise methods the fast paths call are scipy's private API (1.17); without them every call
+#: takes the public wrapper
+_FAST_TAILS = all(callable(getattr(d, m, None)) for d, m in (
+    (stats.binom, "_isf"), (stats.binom, "_sf"), (stats.binom, "_pmf"), (stats.poisson, "_isf")))
+
+
+def _plain_p(p: object) -> bool:
+    return _FAST_TAILS and type(p) in (float, int, np.float64) and 0 <= p <= 1  # type: ignore[operator]
+
+
+def binom_isf(q: float, n: np.ndarray | int, p: float) -> np.ndarray:
+    """``stats.binom.isf(q, n, p)`` (see above)."""
+    n = np.asarray(n)
+    if np.ndim(q) or not (0 < q < 1 and _plain_p(p)) or n.dtype.kind not in "iu" or bool((n < 0).any()):
+        return stats.binom.isf(q, n, p)  # type: ignore[no-any-return]
+    return stats.binom._isf(q, n, p) + 0  # type: ignore[no-any-return]  # + loc, as the wrapper adds it
+
+
+def binom_sf(k: np.ndarray | float, n: np.ndarray | int, p: float) -> np.ndarray:
+    """``stats.binom.sf(k, n, p)`` (see above)."""
+    k, n = np.asarray(k), np.asarray(n)
+    if (not _plain_p(p) or n.dtype.kind not in "iu" or k.dtype.kind not in "iuf" or bool((n < 0).any())
+            or bool(np.isnan(k).any())):
+        return stats.binom.sf(k, n, p)  # type: ignore[no-any-return]
+    k, n = np.broadcast_arrays(k, n)
+    out = np.where(k < 0, 1.0, 0.0)  # below the support 1, at or above n 0
+    cond = (k >= 0) & (k < n) & np.isfinite(k)
+    if cond.any():
+        out[cond] = np.clip(stats.binom._sf(k[cond], n[cond], p), 0, 1)
+    return out[()] if out.ndim == 0 else out
+
+
+def binom_pmf(k: np.ndarray, n: int, p: float) -> np.ndarray:
+    """``stats.binom.pmf(k, n, p)`` for integer k (see above)."""
+    k, n_ = np.asarray(k), np.asarray(n)
+    if not _plain_p(p) or n_.dtype.kind not in "iu" or k.dtype.kind not in "iu" or bool((n_ < 0).any()):
+        return stats.binom.pmf(k, n, p)  # type: ignore[no-any-return]
+    k, n_ = np.broadcast_arrays(k, n_)
+    out = np.zeros(k.shape)
+    cond = (k >= 0) & (k <= n_)
+    if cond.any():
+        out[cond] = np.clip(stats.binom._pmf(k[cond], n_[cond], p), 0, 1)
+    return out[()] if out.ndim == 0 else out
+
+
+def poisson_isf(q: float, mu: np.ndarray) -> np.ndarray:
+    """``stats.poisson.isf(q, mu)`` (see above)."""
+    mu = np.asarray(mu)
+    if not _FAST_TAILS or np.ndim(q) or not 0 < q < 1 or mu.dtype != np.float64 or not bool(np.isfinite(mu).all() and (mu >= 0).all()):
+        return stats.poisson.isf(q, mu)  # type: ignore[no-any-return]
+    return stats.poisson._isf(q, mu) + 0  # type: ignore[no-any-return]  # + loc, as the wrapper adds it
+
+
+def chi2_ppf(q: float, df: int) -> float:
+    """``stats.chi2.ppf(q, df)`` for one q and integer df (see above): 2 gammaincinv(df / 2, q), times the
+    scale 1 plus the location 0 as the wrapper applies them."""
+    if not (type(q) is float and 0 < q < 1 and type(df) is int and df > 0):
+        return stats.chi2.ppf(q, df)  # type: ignore[no-any-return]
+    return 2 * special.gammaincinv(df / 2, q) * 1 + 0  # type: ignore[no-any-return]
+
+
+def norm_sf(x: np.ndarray) -> np.ndarray:
+    """``stats.norm.sf(x)`` for float64 x: ndtr(−x) (the wrapper's 1 at −inf, 0 at +inf and NaN at NaN are
+    ndtr's own values there)."""
+    x = np.asarray(x)
+    if x.dtype != np.float64:
+        return stats.norm.sf(x)  # type: ignore[no-any-return]
+    return special.ndtr(-x)  # type: ignore[no-any-return]
 
 
 def as_rng(rng: RngLike) -> np.random.Generator:
@@ -96,8 +180,8 @@ def wilson_ci(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
 def garwood_ci(count: int, confidence: float = 0.95) -> tuple[float, float]:
     """Exact (Garwood) confidence interval for a Poisson mean given an observed count."""
     a = 1 - confidence
-    lo = 0.0 if count == 0 else stats.chi2.ppf(a / 2, 2 * count) / 2
-    hi = stats.chi2.ppf(1 - a / 2, 2 * count + 2) / 2
+    lo = 0.0 if count == 0 else chi2_ppf(a / 2, 2 * count) / 2
+    hi = chi2_ppf(1 - a / 2, 2 * count + 2) / 2
     return (float(lo), float(hi))
 
 
@@ -122,7 +206,15 @@ def poisson_binomial_pmf(p: np.ndarray) -> np.ndarray:
             one[0, 0] = 1.0  # the pmf of zero trials
             arr = np.vstack([arr, one])
         a, b = arr[0::2], arr[1::2]
-        if L <= 64:
+        if 2 < L <= 64 and a.shape[0] * L <= 272:  # few pairs: one accumulation instead of L slice updates
+            # out[:, s] = sum_j a[:, j] b[:, s - j] added in the order j = 0, 1, ..., L - 1 as below: the
+            # products skewed (row j shifted by j, zeros around) and accumulated along j; the final + 0.0
+            # turns an all-zero sum's sign to the +0.0 of a sum started at 0.0 (the same floats)
+            z = np.zeros((a.shape[0], L, 2 * L))
+            z[:, :, :L] = a[:, :, None] * b[:, None, :]
+            skew = z.reshape(a.shape[0], -1)[:, : L * (2 * L - 1)].reshape(a.shape[0], L, 2 * L - 1)
+            out = np.add.accumulate(skew, axis=1)[:, -1] + 0.0
+        elif L <= 64:
             out = np.zeros((a.shape[0], 2 * L - 1))
             for j in range(L):
                 out[:, j : j + L] += a[:, j : j + 1] * b

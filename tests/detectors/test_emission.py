@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from auditor.detectors import DetectorResult
-from auditor.detectors.emission import emission_fit
+from auditor.detectors.emission import _cuts, _prefix_mass, emission_fit
 from auditor.detectors.sampling import SamplingView, tail_result
 from auditor.verdict import VerdictKind, decide_verdict
 
@@ -83,6 +83,23 @@ def test_emission_fit_laws_are_at_least_as_good_as_p_itself_and_handle_edge_rows
     one = np.array([[0.6] + [0.0] * (K - 1), [0.5, 0.2] + [0.01] * (K - 2)])
     f = emission_fit(one, np.array([-1, 1]))
     assert f is not None and np.isfinite(f["log_lik_ratio"])
+
+
+def test_cut_masses_read_from_the_prefix_table_are_the_summed_ones_bit_for_bit() -> None:
+    rng = np.random.default_rng(5)
+    rows = lm_rows(rng, 300)
+    for k in (1, 2, 5, K):
+        p = rows[:, :k].copy()
+        p[::7, k // 2:] = 0.0  # zero padding
+        rank = np.where(rng.random(300) < 0.2, -1, rng.integers(0, k, 300))
+        prefix = _prefix_mass(p)
+        assert prefix is not None
+        if k > 1:
+            assert _prefix_mass(p[:, ::-1]) is None  # rows not sorted: no table, every mass summed
+        for family in ("truncation", "acceptance"):
+            kept_t, mass_t, names_t = _cuts(p, rank, family, prefix)
+            kept_s, mass_s, names_s = _cuts(p, rank, family, None)
+            assert names_t == names_s and kept_t.tobytes() == kept_s.tobytes() and mass_t.tobytes() == mass_s.tobytes()
 
 
 class _Batch:

@@ -9,11 +9,17 @@ import pytest
 from scipy import stats
 
 from auditor.detectors.stats import (
+    binom_isf,
+    binom_pmf,
+    binom_sf,
     bucketed_kl,
+    chi2_ppf,
     garwood_ci,
     holm,
+    norm_sf,
     poisson_binomial_pmf,
     poisson_binomial_test,
+    poisson_isf,
     randomized_pit,
     variance_components,
     wilson_ci,
@@ -154,3 +160,60 @@ def test_randomized_pit_ranges_and_exact_uniformity():
     u = randomized_pit(np.tile(p[:2], (n, 1)), rank, rng=2)
     assert stats.kstest(u, "uniform").pvalue > 0.01
     assert u[rank == -1].min() >= 0.7 - 1e-12
+
+
+def _bits(x: object) -> tuple[type, str, bytes]:
+    a = np.asarray(x)
+    return type(x), str(a.dtype), a.tobytes()
+
+
+def test_fast_tails_return_scipy_stats_values_bit_for_bit():
+    """binom_isf / binom_sf / binom_pmf / poisson_isf / norm_sf / chi2_ppf are scipy.stats' calls without the
+    generic wrapper: the same values (dtype, scalar or array) on ordinary and edge arguments alike."""
+    rng = np.random.default_rng(0)
+    ns = [np.arange(0, 30), np.unique(np.geomspace(1, 1e6, 60).astype(np.int64)), np.asarray(np.int64(7))]
+    qs = [1e-9, 0.001, 0.0125, 0.05, 0.5, 0.99, 0.0, 1.0]
+    ps = [0.0, 1.0, 1e-6, 0.001, 0.02, 0.3, 0.9, float("nan"), 1.5]
+    for n, q, p in itertools.product(ns, qs, ps):
+        assert _bits(binom_isf(q, n, p)) == _bits(stats.binom.isf(q, n, p))
+        assert _bits(poisson_isf(q, n * 0.01)) == _bits(stats.poisson.isf(q, n * 0.01))
+        k = np.asarray(stats.binom.isf(0.05, n, 0.01), np.float64)
+        shifted = (k + rng.integers(-3, 3, k.shape)).astype(np.float64)
+        for kk in (k, shifted, np.full(k.shape, np.inf), np.full(k.shape, -np.inf)):
+            assert _bits(binom_sf(kk, n, p)) == _bits(stats.binom.sf(kk, n, p))
+    for c, p in itertools.product([0, 1, 2, 5, 40, 1000], ps):
+        ks = np.arange(-2, min(c, 50) + 3)
+        assert _bits(binom_pmf(ks, c, p)) == _bits(stats.binom.pmf(ks, c, p))
+        assert _bits(binom_sf(3, c, p)) == _bits(stats.binom.sf(3, c, p))
+    x = np.concatenate([rng.normal(0, 6, 500), [np.inf, -np.inf, np.nan, 0.0, -0.0, 40.0, -40.0]])
+    assert _bits(norm_sf(x)) == _bits(stats.norm.sf(x))
+    for df, q in itertools.product([1, 2, 3, 10, 99, 4000], [1e-9, 0.025, 0.5, 0.975, 0.0, 1.0]):
+        assert _bits(chi2_ppf(q, df)) == _bits(stats.chi2.ppf(q, df))
+
+
+def _pmf_by_slices(p: np.ndarray) -> np.ndarray:
+    """poisson_binomial_pmf's tree with every short level added slice by slice (its general path)."""
+    arr = np.stack([1.0 - p, p], axis=1) if p.size else np.ones((1, 1))
+    while arr.shape[0] > 1:
+        m, L = arr.shape
+        if m % 2:
+            one = np.zeros((1, L))
+            one[0, 0] = 1.0
+            arr = np.vstack([arr, one])
+        a, b = arr[0::2], arr[1::2]
+        if L <= 64:
+            out = np.zeros((a.shape[0], 2 * L - 1))
+            for j in range(L):
+                out[:, j : j + L] += a[:, j : j + 1] * b
+        else:
+            out = np.stack([np.convolve(x, y) for x, y in zip(a, b, strict=True)])
+        arr = out
+    return np.asarray(arr[0][: p.size + 1], dtype=np.float64).copy()
+
+
+def test_poisson_binomial_pmf_accumulated_levels_are_the_sliced_sums_bit_for_bit():
+    rng = np.random.default_rng(4)
+    for n in [0, 1, 2, 3, 5, 8, 17, 33, 64, 65, 100, 130, 300, 700]:
+        for p in (rng.uniform(0, 1, n), rng.uniform(0, 1, n) ** 6, rng.choice([0.0, -0.0, 1.0, 0.5], n)):
+            p = np.clip(p, 0.0, 1.0)
+            assert poisson_binomial_pmf(p).tobytes() == _pmf_by_slices(p).tobytes()
