@@ -9,7 +9,8 @@ process loads the pools and noise floors once and hands them to both sides pickl
 data. Measured without a profiler (``cProfile`` multiplies the cost of Python calls, so a profiled run
 shows larger gains).
 
-Method: the baseline (``--baseline``, a git revision, default HEAD) is exported with ``git archive`` to a
+Method: the baseline (``--baseline``, a git revision; default b72a66c, the parent of the commit that
+sped the audits up, 2c4d833) is exported with ``git archive`` to a
 temporary directory; each round runs the workload once per side in a fresh interpreter (``PYTHONPATH`` and
 working directory the side's tree), alternating which side goes first, and times ``run_audits`` alone
 (imports and unpickling excluded); ``--repeats`` rounds; medians (min-max) and the median of the per-round
@@ -17,7 +18,7 @@ ratios. The two sides' outcomes (every ``AuditOutcome``, compared by ``repr``: t
 be identical, else the script exits with status 1.
 
 Usage:
-  python benchmarks/audit_speed.py [--baseline HEAD] [--cache-dir DIR] [--audits 6] [--repeats 3]
+  python benchmarks/audit_speed.py [--baseline b72a66c] [--cache-dir DIR] [--audits 6] [--repeats 3]
          [--max-prompts 24] [--profiles honest-fp32,int8,relaxed-threshold:0.7]
 """
 
@@ -69,7 +70,8 @@ def _run(tree: Path, data: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", default="HEAD", help="git revision of the baseline (default HEAD)")
+    ap.add_argument("--baseline", default="b72a66c",
+                    help="git revision of the baseline (default b72a66c: before the audit speed-up)")
     ap.add_argument("--cache-dir", type=Path, default=None,
                     help="pool and noise-floor cache root (default: auditor calibrate's; collected when missing)")
     ap.add_argument("--profiles", default="honest-fp32,int8,relaxed-threshold:0.7")

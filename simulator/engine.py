@@ -595,10 +595,13 @@ class SimulatorEngine:
         )
 
     def batch_unsupported(self) -> str | None:
-        """None when :meth:`generate_batch` can serve this engine's requests, else why not (kernel noise keyed
-        per request, a quantized KV cache, or what ``reference.speculative_batch.batchable`` rejects)."""
+        """None when :meth:`generate_batch` can serve this engine's requests, else why not (a model that depends
+        on the request — kernel noise or a mixture's routing, both keyed by the request seed —, a quantized KV
+        cache, or what ``reference.speculative_batch.batchable`` rejects)."""
         from reference.speculative_batch import batchable
 
+        if self.profile.mix_with is not None:
+            return "a mixture routes each request (its seed) to its own model"
         if getattr(self.served.model, "sigma", 0.0) > 0:
             return "kernel noise is keyed by request (nonce)"
         if self.profile.kv_cache_dtype or self.profile.act_quant:

@@ -189,5 +189,6 @@ def test_generate_batch_is_generate_per_request(tiny_lm):
             assert abs(x.logprob - y.logprob) < 1e-4
     noisy = SimulatorEngine(get_profile("honest-noisy"), tiny_lm, seed=0)
     assert "noise" in (noisy.batch_unsupported() or "")
+    assert "mixture" in (SimulatorEngine(get_profile("mix-int4:0.1"), tiny_lm, seed=0).batch_unsupported() or "")
     with pytest.raises(ValueError, match="cannot batch"):
         noisy.generate_batch(prompts, max_tokens=caps, temperature=1.0, seeds=seeds)
