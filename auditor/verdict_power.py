@@ -11,7 +11,7 @@ the positions used are the same calculation read both ways; ``power_effect`` rea
 detector measured in the unit of its power target (what ``auditor calibrate`` writes into
 ``auditor/calibration/effect_sizes.json`` and ``auditor.rules_out`` reads back).
 
-The exact tests' searches and powers are remembered by their exact arguments (``_cached``: the
+The exact tests' searches and powers are remembered by their arguments (``functools.lru_cache``: the
 calibration's resampled audits repeat them), and their binomial / Poisson tails come from
 ``auditor.detectors.stats`` (scipy.stats' values without its generic argument handling).
 """
@@ -19,11 +19,8 @@ calibration's resampled audits repeat them), and their binomial / Poisson tails 
 from __future__ import annotations
 
 import math
-import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TypeVar, cast
 
 import numpy as np
 from scipy import special, stats
@@ -37,7 +34,6 @@ __all__ = ["DEFAULT_POWER", "POWER_FAMILIES", "POWER_TARGETS", "power_at", "powe
            "tokens_per_position"]
 
 DEFAULT_POWER = 0.8
-_T = TypeVar("_T")
 
 # POWER_TARGETS (the effects an audit should be able to see) and POWER_FAMILIES (PASS needs, for every
 # family that ran, one adequately powered detector) are the registry's (``auditor.detectors``: each
@@ -206,10 +202,7 @@ class _PowerModel:
             return None
         if self.test == TestKind.TAIL and effect >= 1:
             return None
-        return _cached(  # a search: the calibration's audits repeat it (same rates, same budgets)
-            _exact_key("required", self.test, self.var, self.r0, self.tau, self.bound, effect, alpha_test, power, guess),
-            lambda: _invert(lambda n: self.power(n, effect, alpha_test), power,
-                            guess=self._guess(effect, za, zb) if guess else None))
+        return _exact_required(self, effect, alpha_test, power, guess)  # a search: audits repeat it
 
     @property
     def exact(self) -> bool:
@@ -217,38 +210,22 @@ class _PowerModel:
         return self.test in (TestKind.CLEAR_MISMATCH, TestKind.NEAR_TIE, TestKind.TAIL)
 
 
-#: Results of the exact tests' power calculations by their exact arguments (:func:`_exact_key`), cleared
-#: when it holds _CACHE_MAX of them.
-_CACHE: dict[tuple[object, ...], object] = {}
-_CACHE_MAX = 100_000
+#: Remembered exact-test results per argument list (the calibration's audits repeat the same rates and budgets).
+_EXACT_CACHE = 100_000
 
 
-def _exact_key(*args: object) -> tuple[object, ...] | None:
-    """A cache key that tells every distinct argument list apart (floats by type and bit pattern, so
-    0.0 and -0.0 differ); None when an argument is of another kind (then nothing is cached)."""
-    key: list[object] = []
-    for a in args:
-        t = type(a)
-        if t is float or t is np.float64:
-            key.append((t, struct.pack("<d", a)))
-        elif t is int or t is bool or t is str or t is TestKind:
-            key.append((t, a))
-        else:
-            return None
-    return tuple(key)
+@lru_cache(maxsize=_EXACT_CACHE, typed=True)
+def _exact_required(model: _PowerModel, effect: float, alpha_test: float, power: float, guess: bool) -> int | None:
+    """:meth:`_PowerModel.required`'s search for the exact tests (after its closed forms and null-side checks)."""
+    za, zb = float(-special.ndtri(alpha_test)), float(special.ndtri(power))
+    return _invert(lambda n: model.power(n, effect, alpha_test), power,
+                   guess=model._guess(effect, za, zb) if guess else None)
 
 
-def _cached(key: tuple[object, ...] | None, compute: Callable[[], _T]) -> _T:
-    """``compute()``, remembered under ``key`` (a pure function of it; None: not remembered)."""
-    if key is None:
-        return compute()
-    if key in _CACHE:
-        return cast("_T", _CACHE[key])
-    value = compute()
-    if len(_CACHE) >= _CACHE_MAX:
-        _CACHE.clear()
-    _CACHE[key] = value
-    return value
+@lru_cache(maxsize=_EXACT_CACHE, typed=True)
+def _exact_power(model: _PowerModel, n: int, effect: float, alpha_test: float) -> float:
+    """``float(model.power(n, effect, alpha_test))`` for the exact tests, remembered."""
+    return float(model.power(n, effect, alpha_test))
 
 
 def _power_model(result: DetectorResult, floor: NoiseFloor | None) -> _PowerModel | None:
@@ -346,8 +323,7 @@ def _power_at_model(model: _PowerModel | None, n: int, effect: float, alpha_test
     n = int(n)
     if not model.exact:
         return float(model.power(n, effect, alpha_test))
-    return _cached(_exact_key("power", model.test, model.var, model.r0, model.tau, model.bound, n, effect, alpha_test),
-                   lambda: float(model.power(n, effect, alpha_test)))
+    return _exact_power(model, n, effect, alpha_test)
 
 
 def power_effect(result: DetectorResult) -> float | None:
@@ -434,12 +410,9 @@ def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
     return budget
 
 
+@lru_cache(maxsize=1024, typed=True)
 def _required_default(name: str, alpha_test: float, power: float) -> int | None:
     """Budget guess for a detector that did not run (no data to plug in)."""
-    return _cached(_exact_key("default", str(name), alpha_test, power), lambda: _required_default_of(name, alpha_test, power))
-
-
-def _required_default_of(name: str, alpha_test: float, power: float) -> int | None:
     powered = _powered(name)
     if powered is None:
         return None
