@@ -6,7 +6,9 @@ temperature applied, top_p = 1, no top-k). Three tests share one representation,
 
 - ``sampling-gof``: randomized PIT values U = F(x−) + V p(x), tokens ordered by p descending
   (``stats.randomized_pit``), are i.i.d. Uniform(0, 1) under H0; Cramér–von Mises test
-  (scipy.stats.cramervonmises). Over-emission of the top tokens shows as small U.
+  (scipy.stats.cramervonmises), derandomized: ``GOF_PIT_DRAWS`` independent randomizations, p-value
+  2 × the median of theirs (:func:`gof_test`), so a verdict does not hinge on the auditor's seed.
+  Over-emission of the top tokens shows as small U.
 - ``sampling-argmax``: count of argmax emissions vs its null law, a Poisson-binomial with
   success probabilities p(argmax) (mean Σp, variance Σp(1−p)); one-sided (too many) — the
   signature of relaxed (lossy) speculative acceptance, where drafts (mostly the argmax) are
@@ -45,12 +47,21 @@ from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, no
 from .emission import SINGLE_THRESHOLD_GRID, emission_fit
 from .logprob import margin_flip_stats
 from .noise_floor import NoiseFloor
-from .stats import RngLike, garwood_ci, poisson_binomial_scan_test, poisson_binomial_test, randomized_pit
+from .stats import (
+    RngLike,
+    as_rng,
+    cramervonmises_uniform_statistics,
+    garwood_ci,
+    pit_bounds,
+    poisson_binomial_scan_test,
+    poisson_binomial_test,
+)
 
 __all__ = [
     "ARGMAX_TEST_MIN_P",
     "EMISSION_FIT_MAX_P",
     "FULL_ROW_TOP_K",
+    "GOF_PIT_DRAWS",
     "TAIL_TOP_P",
     "SamplingView",
     "argmax_scan_thresholds",
@@ -81,6 +92,10 @@ ARGMAX_TEST_MIN_P = 0.3
 #: tail test rejects at the family-wise α after Holm, so p <= α <= this; skipping it elsewhere keeps the
 #: calibration's hundred thousand audits cheap. (At α > 0.1 rule 4b falls back to the shape ratio.)
 EMISSION_FIT_MAX_P = 0.1
+#: Randomized PITs whose Cramér–von Mises p-values ``gof_test`` aggregates (2 × their median): odd, so
+#: the median is one of them. 21 draws leave the aggregate's seed-to-seed spread small next to its data
+#: spread (docs/detectors.md) at a cost of sorting a [21, n] array.
+GOF_PIT_DRAWS = 21
 #: How many top tokens a view keeps when built from full reference rows.
 FULL_ROW_TOP_K = 64
 _T1_TOL = 1e-6
@@ -156,26 +171,66 @@ def reference_view(batch: EvidenceBatch) -> SamplingView:
 
 
 # --------------------------------------------------------------------------- core tests
-def gof_test(view: SamplingView, rng: RngLike = 0) -> dict[str, Any]:
-    """Randomized-PIT Cramér–von Mises test of a view.
+def gof_test(view: SamplingView, rng: RngLike = 0, draws: int = GOF_PIT_DRAWS) -> dict[str, Any]:
+    """Derandomized randomized-PIT Cramér–von Mises test of a view.
+
+    A single randomized PIT makes the verdict depend on the auditor's random numbers: with
+    LLM sampling most of U's spread is the randomization V (a token with p = 0.9 fills 90% of
+    [0, 1] by itself), so another seed can turn a rejection into a pass on the same responses. The
+    test therefore draws ``draws`` (odd) independent randomizations, computes each one's W² and exact
+    CvM p-value p_k (each exactly Uniform(0, 1) under H0), and reports the quantile aggregate
+    p = min(1, 2 · median_k p_k) (Meinshausen, Meier & Bühlmann 2009, JASA 104:1671, Thm 3.1 with
+    γ = ½: valid under any dependence among the p_k; by Markov, P(median ≤ α/2) ≤ α). The median
+    is the p-value of the median W², so one scipy call gives it. The aggregate is conservative
+    (on the simulator its Holm rejection share in honest `verification` audits fell from 2.4% to 0.3%,
+    docs/calibration.md)
+    and nearly seed-free: its p-value moves far less between seeds than a single draw's.
+
+    The effect and evidence use the mid-PIT E_V[U] = F(x−) + p(x)/2 (deterministic); the fractions of U
+    below 0.1 / above 0.9 are their expectations over V.
+
+    Args:
+        view: SamplingView ([n, K] float64 probabilities sorted descending, [n] int64 ranks).
+        rng: seed or generator of the randomizations.
+        draws: number of randomized PITs aggregated (odd, >= 1; 1 = the plain randomized test).
 
     Returns:
-        dict with u [n], statistic (W²), p_value, mean_u_minus_half, ci (±1.96 sqrt(1/(12 n))),
-        frac_low (fraction of U < 0.1), frac_high (fraction of U > 0.9).
+        dict with u [n] (mid-PITs), statistic (the median W²), p_value (the aggregate),
+        p_single (the first draw's CvM p-value, exactly Uniform(0, 1) under H0), p_median (median p_k),
+        effect (mean mid-PIT − 0.5) with ci (±1.96 sqrt(1/(12 n))), frac_low, frac_high, draws.
+
+    Raises:
+        ValueError: ``draws`` even or < 1.
     """
-    u = randomized_pit(view.top_probs, view.token_rank, rng)
-    res = stats.cramervonmises(u, "uniform")
-    n = u.size
+    if draws < 1 or draws % 2 == 0:
+        raise ValueError(f"draws must be an odd number >= 1, got {draws}")
+    low, width = pit_bounds(view.top_probs, view.token_rank)
+    g = as_rng(rng)
+    v = g.random((draws, low.size))
+    u_k = np.clip(low[None, :] + v * width[None, :], 0.0, 1.0)  # [draws, n]
+    w2 = cramervonmises_uniform_statistics(u_k)
+    med = int(np.argsort(w2, kind="stable")[draws // 2])  # median W² = median p_k
+    p_med = float(min(1.0, max(0.0, stats.cramervonmises(u_k[med], "uniform").pvalue)))
+    p_first = p_med if med == 0 else float(min(1.0, max(0.0, stats.cramervonmises(u_k[0], "uniform").pvalue)))
+    p_agg = min(1.0, 2.0 * p_med) if draws > 1 else p_med
+    mid = np.clip(low + 0.5 * width, 0.0, 1.0)
+    safe = np.where(width > 0, width, 1.0)
+    below = np.where(width > 0, np.clip((0.1 - low) / safe, 0.0, 1.0), (low < 0.1).astype(float))
+    above = np.where(width > 0, np.clip((low + width - 0.9) / safe, 0.0, 1.0), (low > 0.9).astype(float))
+    n = low.size
     half = 1.96 * np.sqrt(1.0 / (12.0 * n))
-    d = float(u.mean() - 0.5)
+    d = float(mid.mean() - 0.5)
     return {
-        "u": u,
-        "statistic": float(res.statistic),
-        "p_value": float(min(1.0, max(0.0, res.pvalue))),
+        "u": mid,
+        "statistic": float(w2[med]),
+        "p_value": float(p_agg),
+        "p_single": p_first,
+        "p_median": p_med,
         "effect": d,
         "ci": (d - half, d + half),
-        "frac_low": float((u < 0.1).mean()),
-        "frac_high": float((u > 0.9).mean()),
+        "frac_low": float(below.mean()),
+        "frac_high": float(above.mean()),
+        "draws": int(draws),
     }
 
 
@@ -350,6 +405,9 @@ def gof_result(
             "mean_u": float(u.mean()),
             "frac_u_below_0.1": t["frac_low"],
             "frac_u_above_0.9": t["frac_high"],
+            "pit_draws": t["draws"],
+            "p_single_draw": t["p_single"],
+            "p_median_draw": t["p_median"],
             "source": view.source,
             "n_prompts": _n_prompts(batch, view),
         },
@@ -643,7 +701,7 @@ def combined_sampling_test(
     from .stats import as_rng
 
     g = as_rng(rng)
-    gof = gof_test(view, g)
+    gof = gof_test(view, g, draws=1)  # one exactly uniform p-value per component
     arg = argmax_test(view, g, min_p)
     tail = tail_test(view, top_p, g)
     if discrete == "randomized":

@@ -24,10 +24,12 @@ __all__ = [
     "binom_sf",
     "bucketed_kl",
     "chi2_ppf",
+    "cramervonmises_uniform_statistics",
     "garwood_ci",
     "holm",
     "mean_variance_under",
     "norm_sf",
+    "pit_bounds",
     "poisson_binomial_pmf",
     "poisson_binomial_scan_test",
     "poisson_binomial_test",
@@ -530,6 +532,34 @@ def bucketed_kl(
     return kl, mad, n_known.astype(np.int64)
 
 
+def pit_bounds(top_probs: np.ndarray, token_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The interval [F(x−), F(x−) + p(x)] that the randomized PIT of each emitted token fills.
+
+    Tokens are ordered by p descending; a token outside the listed top-K gets the unlisted tail
+    [S_K, 1] (S_K = listed mass), see :func:`randomized_pit`.
+
+    Args:
+        top_probs: [N, K] float probabilities of the top-K tokens, sorted descending (0 padding).
+        token_rank: [N] int rank of the emitted token in that list, -1 when not listed.
+
+    Returns:
+        (low [N] float64, width [N] float64): U = low + V · width with V ~ Uniform(0, 1).
+    """
+    top_probs = np.asarray(top_probs, dtype=np.float64)
+    token_rank = np.asarray(token_rank).astype(np.int64).reshape(-1)
+    n, k = top_probs.shape
+    cum = np.concatenate(
+        [np.zeros((n, 1)), np.cumsum(top_probs, axis=1)], axis=1
+    )  # [N, K+1]
+    s_k = np.minimum(cum[:, -1], 1.0)
+    listed = token_rank >= 0
+    r = np.clip(token_rank, 0, max(k - 1, 0))
+    rows = np.arange(n)
+    f_below = cum[rows, r]
+    px = top_probs[rows, r] if k > 0 else np.zeros(n)
+    return np.where(listed, f_below, s_k), np.where(listed, px, 1.0 - s_k)
+
+
 def randomized_pit(
     top_probs: np.ndarray,
     token_rank: np.ndarray,
@@ -553,19 +583,26 @@ def randomized_pit(
     Returns:
         [N] float64 U values in [0, 1].
     """
-    top_probs = np.asarray(top_probs, dtype=np.float64)
-    token_rank = np.asarray(token_rank).astype(np.int64).reshape(-1)
-    n, k = top_probs.shape
-    v = as_rng(rng).random(n)
-    cum = np.concatenate(
-        [np.zeros((n, 1)), np.cumsum(top_probs, axis=1)], axis=1
-    )  # [N, K+1]
-    s_k = np.minimum(cum[:, -1], 1.0)
-    listed = token_rank >= 0
-    r = np.clip(token_rank, 0, max(k - 1, 0))
-    rows = np.arange(n)
-    f_below = cum[rows, r]
-    px = top_probs[rows, r] if k > 0 else np.zeros(n)
-    u_listed = f_below + v * px
-    u_tail = s_k + v * (1.0 - s_k)
-    return np.clip(np.where(listed, u_listed, u_tail), 0.0, 1.0)
+    low, width = pit_bounds(top_probs, token_rank)
+    v = as_rng(rng).random(low.size)
+    u: np.ndarray = np.clip(low + v * width, 0.0, 1.0)
+    return u
+
+
+def cramervonmises_uniform_statistics(u: np.ndarray) -> np.ndarray:
+    """Cramér–von Mises W² of each row of ``u`` against Uniform(0, 1), vectorised over rows.
+
+    W² = 1/(12 n) + Σ_i ((2i − 1)/(2n) − u_(i))², the statistic ``scipy.stats.cramervonmises(row,
+    "uniform")`` computes (Anderson 1962; its p-value is a decreasing function of W² for a given n).
+
+    Args:
+        u: [R, n] float values in [0, 1] (n >= 1).
+
+    Returns:
+        [R] float64 W² statistics.
+    """
+    us = np.sort(np.asarray(u, dtype=np.float64), axis=1)
+    n = us.shape[1]
+    grid = (2.0 * np.arange(1, n + 1) - 1.0) / (2.0 * n)
+    w2: np.ndarray = 1.0 / (12.0 * n) + ((grid - us) ** 2).sum(axis=1)
+    return w2
