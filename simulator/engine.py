@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from simulator.profiles import Profile, resolve_substitute_layers
+from simulator.profiles import Profile, recorded_of, resolve_substitute_layers
 
 MAX_TOP_LOGPROBS = 20
 
@@ -237,6 +237,9 @@ def build_served_model(profile: Profile, lm: Any, copy_model: bool = True) -> tu
     """
     from reference.models import LoadedModel
 
+    if recorded_of(profile) is not None:
+        raise ValueError(f"profile {profile.name!r} replays outputs a real engine recorded (calibration only); "
+                         "there is no model to serve: choose a simulator profile (auditor serve --list-profiles)")
     if profile.mix_with is not None:  # issue 14: mix-PROFILE:F (simulator.mixture)
         from simulator.mixture import build_mixture_served_model
 

@@ -19,6 +19,7 @@ reveal it.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -366,6 +367,17 @@ def _float_param(name: str, text: str, lo: float, hi: float) -> float:
     return v
 
 
+#: Name prefix of a recorded provider (``recorded:NAME``, :func:`parameterized_profile`).
+RECORDED_PREFIX = "recorded:"
+_RECORDED_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
+def recorded_of(profile: Profile) -> str | None:
+    """NAME of a ``recorded:NAME`` profile (its outputs come from a recording, not from a served model), else None."""
+    rec = profile.extra.get("recorded")
+    return str(rec) if rec is not None else None
+
+
 def parameterized_profile(name: str) -> Profile | None:
     """Resolve a parameterized profile name, or None when ``name`` has no parameter.
 
@@ -373,7 +385,9 @@ def parameterized_profile(name: str) -> Profile | None:
     ``typical-acceptance:EPS`` (epsilon in [0, 1]), ``greedy-relaxed:M`` (margin in nats >= 0),
     ``substituted:K`` (K >= 1 decoder layers dropped, :func:`spread_substitute_keep`),
     ``mix-PROFILE:F`` (the honest-fp32 model, except a fraction F in [0, 1] of requests served by
-    PROFILE, itself possibly parameterized; family and expected verdict are PROFILE's).
+    PROFILE, itself possibly parameterized; family and expected verdict are PROFILE's),
+    ``recorded:NAME`` (an honest provider whose outputs a real engine recorded,
+    ``auditor.calibration.recorded``; ``extra["recorded"]`` = NAME; calibration only, never served).
 
     Raises:
         KeyError: unknown base profile or a parameter that is not a number.
@@ -408,12 +422,28 @@ def parameterized_profile(name: str) -> Profile | None:
         return dataclasses.replace(PROFILES[head], name=name, substitute_drop=int(k),
                                    summary=f"A different model behind the same name: the target with {int(k)} "
                                    "decoder layer(s) evenly spaced over its middle removed.")
+    if head + ":" == RECORDED_PREFIX:
+        if not _RECORDED_NAME.fullmatch(arg):
+            raise ValueError(f"profile {name!r}: a recording's name is 1-64 of a-z, 0-9, '.', '_', '-'")
+        return dataclasses.replace(
+            PROFILES["honest-fp32"], name=name, extra={"recorded": arg},
+            summary=f"Honest outputs recorded from a real engine (auditor/calibration/recorded/{arg}.npz); "
+                    "calibration replays them, `auditor serve` cannot serve them.",
+        )
     if head == "greedy-relaxed":
         m = _float_param(name, arg, 0.0, 1e9)
         return dataclasses.replace(PROFILES[head], name=name, greedy_relaxed_margin=m,
                                    summary=f"Greedy drafts accepted in the top-2 within {m:g} nats of the argmax.")
     raise KeyError(f"unknown profile {name!r}; parameterized forms: relaxed-threshold:S, typical-acceptance:EPS, "
-                   "greedy-relaxed:M, substituted:K, mix-PROFILE:F")
+                   "greedy-relaxed:M, substituted:K, mix-PROFILE:F, recorded:NAME")
+
+
+def find_profile(name: str) -> Profile | None:
+    """:func:`get_profile`, or None where it raises (an unknown or invalid name)."""
+    try:
+        return get_profile(name)
+    except (KeyError, ValueError):
+        return None
 
 
 def list_profiles() -> list[Profile]:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from reference.models import LoadedModel
 
 __all__ = [
-    "CalibrationRun", "CellSpec", "ProfileCells", "get_noise_floor", "load_reference_models", "mix_budgets", "pool_cells", "profile_cells",
+    "CalibrationRun", "CellSpec", "ProfileCells", "default_profiles", "get_noise_floor", "load_reference_models", "mix_budgets", "pool_cells", "profile_cells",
     "run_calibration",
 ]
 
@@ -50,6 +50,16 @@ DEFAULT_PROFILES: tuple[str, ...] = (
     "decode-noncompliant",
     "truncated-sampling", "mix-int4:0.1", "mix-int4:0.05",
 )
+
+
+def default_profiles(cfg: PoolConfig | None = None) -> list[str]:
+    """The profiles a plain ``auditor calibrate`` runs: :data:`DEFAULT_PROFILES`, then every committed recording
+    of a real engine (``recorded:NAME``, :mod:`auditor.calibration.recorded`) when ``cfg`` (default
+    ``PoolConfig()``) asks for the requests the recordings hold (``recorded.replays_with``; a miniature run with
+    ``--max-prompts`` or other budgets leaves them out)."""
+    from auditor.calibration.recorded import recorded_profiles, replays_with
+
+    return [*DEFAULT_PROFILES, *(recorded_profiles() if replays_with(cfg or PoolConfig()) else [])]
 
 
 def get_noise_floor(
@@ -301,7 +311,7 @@ def run_calibration(
         ValueError: empty budgets, audits < 1, or ``workers`` > 1 with ``ref_lms`` given.
     """
     say = progress or (lambda _m: None)
-    profiles = list(profiles or DEFAULT_PROFILES)
+    profiles = list(profiles or default_profiles(pool_cfg))
     for p in profiles:
         get_profile(p)
     budgets = sorted({int(b) for b in budgets})

@@ -34,7 +34,7 @@ from auditor.calibration.pool import (
     short_sha,
     suite_fingerprint,
 )
-from simulator.profiles import Profile, get_profile
+from simulator.profiles import Profile, get_profile, recorded_of
 
 if TYPE_CHECKING:
     from reference.models import LoadedModel
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIX_BASE_PROFILE", "as_refs", "backend_for", "collect_pool", "load_or_collect_pool", "mix_components", "mix_pools",
-    "pool_path",
+    "pool_path", "score_reference",
 ]
 
 
@@ -108,7 +108,8 @@ def collect_pool(
     """Collect one profile's pool in-process (see the module docstring for the two backends).
 
     Args:
-        profile_name: a simulator profile (``simulator.profiles.PROFILES``).
+        profile_name: a simulator profile (``simulator.profiles.PROFILES``), or ``recorded:NAME`` (a real engine's
+            recorded outputs, :func:`auditor.calibration.recorded.collect_recorded_pool`).
         ref_lms: reference dtype → ``LoadedModel`` of the reference weights in that precision
             (``float32`` required; ``bfloat16`` too when the audit compares with the nearest honest
             reference, ``auditor.noise``), or one float32 ``LoadedModel``. The served model is
@@ -130,6 +131,10 @@ def collect_pool(
     ref_lm = ref_lms["float32"]
     say = progress or (lambda _m: None)
     profile = get_profile(profile_name)
+    if recorded_of(profile) is not None:  # a real engine's recorded outputs (auditor.calibration.recorded)
+        from auditor.calibration.recorded import collect_recorded_pool
+
+        return collect_recorded_pool(profile_name, ref_lms, cfg, progress=progress)
     t_start = time.perf_counter()
     served_lm, info = build_served_model(profile, ref_lm, copy_model=True)
     eos = list(ref_lm.eos_token_ids)
@@ -253,48 +258,10 @@ def collect_pool(
     # --- reference at the provider's prefixes
     t_ref = time.perf_counter()
     same = _served_is_reference(profile)
-    by_prompt: dict[tuple[int, ...], list[PoolRequest]] = {}
-    for r in reqs:
-        by_prompt.setdefault(r.prompt_ids, []).append(r)
-    ref: dict[str, dict[str, dict]] = {}
-    for dt, lm in ref_lms.items():
-        rd: dict[str, dict] = {}
-        todo: list[tuple[tuple[int, ...], list[PoolRequest]]] = []
-        for prompt, group in by_prompt.items():
-            need = []
-            for r in group:
-                if dt == "float32" and same and be[r.temperature] == "batched":
-                    # the served model IS the float32 reference: its rows are the reference rows
-                    o = results[r.key]
-                    rd[r.key] = {"top_ids": o["top_ids"][:, :REF_TOP_K], "top_lp": o["top_lp"][:, :REF_TOP_K],
-                                 "token_lp": o["logprob"]}
-                else:
-                    need.append(r)
-            if need:
-                todo.append((prompt, need))
-        # temperature-0 items (where logprob-divergence and greedy-match look) through the
-        # pipeline's own scorer and batching (auditor.audit.score_observations uses
-        # reference.scoring.score_continuations, batch 8), so low-precision references see the
-        # same numerics as in `auditor check`; sampled items share their prompt's prefill.
-        t0_need = [r for _, need in todo for r in need if r.temperature == 0]
-        if t0_need:
-            from reference.scoring import score_continuations
-
-            sc0 = score_continuations(lm, [list(r.prompt_ids) for r in t0_need],
-                                      [results[r.key]["token_ids"].tolist() for r in t0_need],
-                                      top_k=REF_TOP_K, batch_size=SCORE_BATCH_SIZE)
-            for r, x in zip(t0_need, sc0, strict=True):
-                rd[r.key] = {"top_ids": x.top_ids, "top_lp": x.top_logprobs, "token_lp": x.logprobs}
-        groups1 = [(pr, [r for r in need if r.temperature > 0]) for pr, need in todo]
-        groups1 = [(pr, need) for pr, need in groups1 if need]
-        scored = score_prompt_groups(
-            lm, [(list(pr), [results[r.key]["token_ids"].tolist() for r in need]) for pr, need in groups1]
-        )
-        for (_, need), sc in zip(groups1, scored, strict=True):
-            for r, row in zip(need, sc, strict=True):
-                rd[r.key] = row
-        ref[dt] = rd
-        say(f"{profile_name}: reference {dt} scored")
+    ref = score_reference(
+        profile_name, reqs, results, ref_lms,
+        reuse=lambda r: same and be[r.temperature] == "batched", progress=say,
+    )
     ref_s = time.perf_counter() - t_ref
     pool = _assemble(profile_name, ref_lm, reqs, results, ref)
     pool.meta.update(
@@ -315,6 +282,76 @@ def collect_pool(
     )
     say(f"{profile_name}: pool {pool.summary()} in {pool.meta['total_s']:.0f}s")
     return pool
+
+
+def score_reference(
+    profile_name: str,
+    reqs: list[PoolRequest],
+    results: Mapping[str, dict],
+    ref_lms: RefModels,
+    *,
+    reuse: Callable[[PoolRequest], bool] = lambda _r: False,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, dict[str, dict]]:
+    """The reference side of a pool: every honest reference precision teacher-forced at the provider's prefixes.
+
+    Temperature-0 items go through the pipeline's own scorer and batching
+    (``reference.scoring.score_continuations``, batch ``SCORE_BATCH_SIZE``, as ``auditor check`` scores them), so
+    low-precision references see the same numerics as in an audit; sampled items share their prompt's prefill
+    (``decoding.score_prompt_groups``).
+
+    Args:
+        profile_name: for progress messages.
+        reqs: the pool's requests.
+        results: request key → provider outputs {token_ids [T] int64, logprob [T] float64, top_ids [T, 20],
+            top_lp [T, 20]}.
+        ref_lms: reference dtype → LoadedModel (``float32`` required).
+        reuse: requests whose float32 reference rows ARE the provider's rows (the served model is the float32
+            reference, decoded in batches): their top-20 is copied instead of recomputed.
+        progress: optional one-line status callback.
+
+    Returns:
+        reference dtype → request key → {top_ids [T, 20] int64, top_lp [T, 20] float64 (nats), token_lp [T]}.
+    """
+    say = progress or (lambda _m: None)
+    by_prompt: dict[tuple[int, ...], list[PoolRequest]] = {}
+    for r in reqs:
+        by_prompt.setdefault(r.prompt_ids, []).append(r)
+    ref: dict[str, dict[str, dict]] = {}
+    for dt, lm in as_refs(ref_lms).items():
+        rd: dict[str, dict] = {}
+        todo: list[tuple[tuple[int, ...], list[PoolRequest]]] = []
+        for prompt, group in by_prompt.items():
+            need = []
+            for r in group:
+                if dt == "float32" and reuse(r):
+                    o = results[r.key]
+                    rd[r.key] = {"top_ids": o["top_ids"][:, :REF_TOP_K], "top_lp": o["top_lp"][:, :REF_TOP_K],
+                                 "token_lp": o["logprob"]}
+                else:
+                    need.append(r)
+            if need:
+                todo.append((prompt, need))
+        t0_need = [r for _, need in todo for r in need if r.temperature == 0]
+        if t0_need:
+            from reference.scoring import score_continuations
+
+            sc0 = score_continuations(lm, [list(r.prompt_ids) for r in t0_need],
+                                      [results[r.key]["token_ids"].tolist() for r in t0_need],
+                                      top_k=REF_TOP_K, batch_size=SCORE_BATCH_SIZE)
+            for r, x in zip(t0_need, sc0, strict=True):
+                rd[r.key] = {"top_ids": x.top_ids, "top_lp": x.top_logprobs, "token_lp": x.logprobs}
+        groups1 = [(pr, [r for r in need if r.temperature > 0]) for pr, need in todo]
+        groups1 = [(pr, need) for pr, need in groups1 if need]
+        scored = score_prompt_groups(
+            lm, [(list(pr), [results[r.key]["token_ids"].tolist() for r in need]) for pr, need in groups1]
+        )
+        for (_, need), sc in zip(groups1, scored, strict=True):
+            for r, row in zip(need, sc, strict=True):
+                rd[r.key] = row
+        ref[dt] = rd
+        say(f"{profile_name}: reference {dt} scored")
+    return ref
 
 
 def as_refs(ref_lms: RefModels) -> dict[str, LoadedModel]:
@@ -384,6 +421,11 @@ def pool_path(profile_name: str, ref_lms: RefModels, cfg: PoolConfig, cache_dir:
         key_src["backends"] = backends
     if prof.honest and cfg.honest_sampling_samples is not None:
         key_src["honest_samples"] = cfg.honest_sampling_samples
+    rec = recorded_of(prof)
+    if rec is not None:
+        from auditor.calibration.recorded import recording_sha256
+
+        key_src["recording"] = recording_sha256(rec)
     key = short_sha(key_src)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(ref_lm.revision))[:12]
     return (cache_dir or calibration_cache_dir()) / "pools" / f"{profile_name}-{safe}-{key}.npz"

@@ -22,7 +22,7 @@ from auditor.calibration.draws import MODES, AuditMix, AuditOutcome
 from auditor.calibration.pool import Pool
 from auditor.util import json_safe
 from auditor.verdict import VerdictKind
-from simulator.profiles import PROFILES, Profile, get_profile
+from simulator.profiles import Profile, find_profile, get_profile
 
 __all__ = [
     "ACCEPTED_CAUSES",
@@ -263,7 +263,7 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
     rows = []
     mix_names = list(dict.fromkeys(record_suite(r) for r in fixed))
     for p, rs_all in by.items():
-        prof = PROFILES.get(p)
+        prof = find_profile(p)
         if prof is not None and prof.honest:
             for mname in mix_names:  # one row per suite: each is a way to audit, each must hold
                 rs = [r for r in rs_all if record_suite(r) == mname]
@@ -314,7 +314,7 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
                 })
     for mname in mix_names:
         rej = [r for r in fixed if record_suite(r) == mname
-               and not (PROFILES.get(r["profile"]) and PROFILES[r["profile"]].honest)]
+               and not ((q := find_profile(r["profile"])) is not None and q.honest)]
         n_ok, n_und, n_rej = _cause_counts(rej)
         if n_rej:
             rows.append({

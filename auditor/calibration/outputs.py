@@ -15,7 +15,7 @@ import numpy as np
 
 from auditor.calibration.metrics import TARGET_POWER, check_targets, record_grid, record_suite
 from auditor.util import json_safe
-from simulator.profiles import PROFILES
+from simulator.profiles import find_profile
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -39,8 +39,10 @@ METHOD_MD = """## Method
   `decode-noncompliant` (greedy) by batched decoding with their verifier's per-position rule;
   `relaxed-threshold`, `typical-acceptance` (sampling) and `greedy-relaxed` (greedy), whose law depends on the drafts, through
   the simulator engine itself (n-gram drafter, ideal-draft fallback, seeds; 32 requests in lock step,
-  each with its own drafts, verifier and draws: `reference.speculative_batch`). Pools are cached on disk
-  keyed by model revision, profile recipe, suite versions/digests and pool configuration.
+  each with its own drafts, verifier and draws: `reference.speculative_batch`). `recorded:NAME` profiles
+  replay a real engine's recorded outputs (`auditor/calibration/recorded/NAME.npz`, `scripts/gpu_pool.py`);
+  their reference side is teacher-forced here like every pool's. Pools are cached on disk
+  keyed by model revision, profile recipe (a recording's sha256), suite versions/digests and pool configuration.
 - **Audits**: each audit draws requests without replacement in the default suite's proportions,
   charging each request its `max_tokens` exactly like `auditor check --budget-tokens`
   (`auditor.audit.plan_budget`), and decides with the pipeline's own functions
@@ -113,7 +115,8 @@ def _rate_table(fixed: Sequence[dict], mname: str, mmeta: dict, *, primary: bool
     L.append(hdr)
     L.append("|" + "---|" * (2 + len(budgets)))
     for p, recs in grid.items():
-        exp = PROFILES[p].expected_verdict if p in PROFILES else ""
+        prof = find_profile(p)
+        exp = prof.expected_verdict if prof is not None else ""
         L.append(f"| `{p}` | {exp} | " + " | ".join("" if r is None else _rate_cell(r) for r in recs) + " |")
     L.append("")
     return L
@@ -230,7 +233,8 @@ def _plot_mix(ax: Axes, fixed: Sequence[dict], profiles: Sequence[str], cmap: Co
         y = [r["rejection_rate"] for r in rs]
         lo = [r["rejection_rate"] - r["ci_low"] for r in rs]
         hi = [r["ci_high"] - r["rejection_rate"] for r in rs]
-        honest = PROFILES[p].honest if p in PROFILES else False
+        prof = find_profile(p)
+        honest = prof.honest if prof is not None else False
         ax.errorbar(x, y, yerr=[lo, hi], label=p + (" (honest)" if honest else ""), color=cmap(i % 20),
                     linestyle="--" if honest else "-", marker="o", ms=4, capsize=2, lw=1.4)
     ax.axhline(alpha, color="red", lw=1, ls=":", label=f"α = {alpha}")

@@ -90,6 +90,11 @@ def register(app: typer.Typer) -> None:
             None, "--merge",
             help="Comma-separated directories of earlier `calibrate --out DIR` runs (e.g. profile subsets run in "
                  "parallel): join their records (later ones win) and write them to --out; runs nothing."),
+        export_requests: Path | None = typer.Option(
+            None, "--export-requests",
+            help="Write requests.json (an honest pool's requests: prompt token ids, budgets, seeds) and manifest.json "
+                 "(sha256 of the reference's float32 tensors) into DIR for scripts/gpu_pool.py, which records a real "
+                 "engine's outputs as a recorded:NAME profile (auditor/calibration/recorded.py); runs nothing else."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache root for pools (default: the user cache dir)."),
         threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice; 1 per worker with --workers)."),
         workers: int = typer.Option(
@@ -119,7 +124,7 @@ def register(app: typer.Typer) -> None:
             else:
                 _print_table(recs, meta)
             return
-        from auditor.calibration.benchmark import DEFAULT_PROFILES
+        from auditor.calibration.benchmark import default_profiles
         from simulator.profiles import PROFILES, get_profile
 
         def _known(name: str) -> bool:
@@ -129,7 +134,15 @@ def register(app: typer.Typer) -> None:
                 return False
             return True
 
-        names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else list(DEFAULT_PROFILES)
+        cfg = cal.PoolConfig(
+            sampling_samples=samples,
+            honest_sampling_samples=honest_samples,
+            engine_sampling_samples=engine_samples,
+            max_prompts=max_prompts,
+            t0_max_tokens=t0_max_tokens,
+            sampling_max_tokens=sampling_max_tokens,
+        )
+        names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else default_profiles(cfg)
         bad = [p for p in names if not _known(p)]
         if bad:
             fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join(PROFILES)}")
@@ -155,14 +168,16 @@ def register(app: typer.Typer) -> None:
             if sequential and max(bl) > min(bl)
             else None
         )
-        cfg = cal.PoolConfig(
-            sampling_samples=samples,
-            honest_sampling_samples=honest_samples,
-            engine_sampling_samples=engine_samples,
-            max_prompts=max_prompts,
-            t0_max_tokens=t0_max_tokens,
-            sampling_max_tokens=sampling_max_tokens,
-        )
+        if export_requests is not None:
+            from auditor.calibration.recorded import export_requests as _export
+            from reference.models import DEFAULT_MODEL, ModelNotAvailableError, load_model
+
+            try:
+                written = _export(export_requests, load_model(model or DEFAULT_MODEL, dtype="float32"), cfg)
+            except (ModelNotAvailableError, OSError) as exc:
+                fail(f"--export-requests: {exc}")
+            typer.echo("wrote " + ", ".join(str(p) for p in written), err=True)
+            return
         t0 = time.perf_counter()
 
         def say(msg: str) -> None:

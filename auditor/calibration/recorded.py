@@ -1,0 +1,331 @@
+"""Recorded providers: calibration pools whose provider side was served by a real engine elsewhere.
+
+The simulator's honest profiles emulate other numerics on the CPU (bfloat16, float16 with float32
+accumulation, injected kernel noise). A *recorded* profile ``recorded:NAME`` is an honest provider the
+developers did not build: ``scripts/gpu_pool.py`` served the reference weights on a real engine (for the
+committed recordings: HuggingFace transformers on one NVIDIA H200 — cuBLAS GEMMs, PyTorch's
+scaled-dot-product attention, left-padded batches with a KV cache) and recorded, for exactly the requests of
+a calibration pool, every emitted token with the provider's own top-20 logprobs. The file
+``auditor/calibration/recorded/NAME.npz`` (with ``NAME.json``, the engine's environment) is committed, so a
+calibration run on a CPU-only machine replays it; the reference side is teacher-forced here by the same code
+as every other pool (:func:`auditor.calibration.collect.score_reference`). Recorded profiles are honest
+(expected verdict PASS) and are calibrated like the simulator's honest profiles; they cannot be served.
+
+Round trip: ``auditor calibrate --export-requests DIR`` writes ``requests.json`` (the pool's requests with
+their exact prompt token ids, temperatures, budgets and seeds) and ``manifest.json`` (sha256 of every float32
+reference tensor, which the script checks before serving); the script's output files are copied here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from auditor.calibration.pool import (
+    POOL_FORMAT,
+    PROVIDER_TOP_N,
+    Pool,
+    PoolConfig,
+    PoolRequest,
+    build_requests,
+    suite_fingerprint,
+)
+from simulator.profiles import RECORDED_PREFIX, get_profile, recorded_of
+
+if TYPE_CHECKING:
+    from auditor.calibration.collect import RefModels
+    from reference.models import LoadedModel
+
+__all__ = [
+    "RECORDED_DIR",
+    "collect_recorded_pool",
+    "export_requests",
+    "pool_requests",
+    "prompt_digest",
+    "recorded_name",
+    "recorded_profiles",
+    "recording_path",
+    "recording_sha256",
+    "replays_with",
+    "requests_bytes",
+    "requests_spec",
+]
+
+#: Where the committed recordings live (``NAME.npz`` + ``NAME.json``).
+RECORDED_DIR = Path(__file__).with_name("recorded")
+
+
+def recorded_name(profile_name: str) -> str | None:
+    """NAME of a ``recorded:NAME`` profile name (``simulator.profiles``), None for any other name.
+
+    Raises:
+        ValueError: a ``recorded:`` name whose NAME is not lower-case letters, digits, '.', '_' or '-'.
+    """
+    if not profile_name.startswith(RECORDED_PREFIX):
+        return None
+    return recorded_of(get_profile(profile_name))
+
+
+def recording_path(name: str, directory: Path | None = None) -> Path:
+    """``<directory or RECORDED_DIR>/NAME.npz``."""
+    return (directory or RECORDED_DIR) / f"{name}.npz"
+
+
+def recorded_profiles(directory: Path | None = None) -> list[str]:
+    """``recorded:NAME`` for every recording present (sorted); empty when none is."""
+    d = directory or RECORDED_DIR
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.glob("*.npz")):
+        try:
+            out.append(get_profile(RECORDED_PREFIX + p.stem).name)
+        except ValueError:
+            continue  # not a valid recording name: ignored, as any other stray file
+    return out
+
+
+def recording_sha256(name: str, directory: Path | None = None) -> str:
+    """sha256 (hex) of a recording's npz: part of its pool's cache key.
+
+    Raises:
+        FileNotFoundError: no such recording (the message lists the ones present).
+    """
+    path = recording_path(name, directory)
+    if not path.is_file():
+        have = ", ".join(recorded_profiles(directory)) or "none"
+        raise FileNotFoundError(f"no recording {path}; recordings present: {have}")
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def pool_requests(tokenizer: object, cfg: PoolConfig | None = None) -> list[PoolRequest]:
+    """The requests of an honest profile's pool (``cfg.honest_sampling_samples`` samples per prompt): what a
+    recording must hold."""
+    cfg = cfg or PoolConfig()
+    n = cfg.honest_sampling_samples if cfg.honest_sampling_samples is not None else cfg.sampling_samples
+    return build_requests(tokenizer, cfg, n_samples=n)
+
+
+def replays_with(cfg: PoolConfig) -> bool:
+    """Whether ``cfg``'s honest pools hold the requests the committed recordings were made from: those of the
+    default ``PoolConfig()`` (same suites, budgets, seed, prompt count and honest samples per prompt)."""
+    d = PoolConfig()
+
+    def honest_n(c: PoolConfig) -> int:
+        return c.honest_sampling_samples if c.honest_sampling_samples is not None else c.sampling_samples
+
+    return ((cfg.suites, cfg.t0_max_tokens, cfg.sampling_max_tokens, cfg.max_prompts, cfg.seed, honest_n(cfg))
+            == (d.suites, d.t0_max_tokens, d.sampling_max_tokens, d.max_prompts, d.seed, honest_n(d)))
+
+
+def prompt_digest(prompt_ids: list[int] | tuple[int, ...]) -> str:
+    """First 16 hex of sha256 of the prompt's token ids written ``"1,2,3"``: how a recording names a prompt.
+
+    ``scripts/gpu_pool.py`` has its own copy (it imports nothing from this project); the tests check both agree.
+    """
+    return hashlib.sha256(",".join(str(int(t)) for t in prompt_ids).encode()).hexdigest()[:16]
+
+
+def requests_spec(ref_lm: LoadedModel, cfg: PoolConfig | None = None) -> dict:
+    """The content of ``requests.json``: {model, revision, eos_ids, pad_id, pool_config, requests: [{key,
+    prompt_ids, max_tokens, temperature, seed}]} (the honest pool's requests, :func:`pool_requests`)."""
+    cfg = cfg or PoolConfig()
+    reqs = pool_requests(ref_lm.tokenizer, cfg)
+    eos = [int(e) for e in ref_lm.eos_token_ids]
+    pad = getattr(ref_lm.tokenizer, "pad_token_id", None)
+    return {
+        "model": str(ref_lm.name), "revision": str(ref_lm.revision), "eos_ids": eos,
+        "pad_id": int(pad) if pad is not None else eos[0], "pool_config": cfg.key_dict(),
+        "requests": [{"key": r.key, "prompt_ids": list(r.prompt_ids), "max_tokens": r.max_tokens,
+                      "temperature": r.temperature, "seed": r.seed} for r in reqs],
+    }
+
+
+def requests_bytes(spec: dict) -> bytes:
+    """``requests.json``'s bytes for a :func:`requests_spec` (their sha256 is the recording's ``requests_sha256``)."""
+    return json.dumps(spec).encode()
+
+
+def export_requests(out: Path, ref_lm: LoadedModel, cfg: PoolConfig | None = None) -> tuple[Path, Path]:
+    """Write ``requests.json`` and ``manifest.json`` for ``scripts/gpu_pool.py`` into ``out``.
+
+    ``requests.json``: :func:`requests_spec`. ``manifest.json``: {model, revision, tensors: {name: sha256 of the
+    float32 tensor's bytes}} over the reference's state dict (the tied ``lm_head`` included under its own name).
+
+    Returns:
+        (requests path, manifest path).
+    """
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    rp = out / "requests.json"
+    rp.write_bytes(requests_bytes(requests_spec(ref_lm, cfg)))
+    tensors = {k: hashlib.sha256(v.detach().to(torch.float32).contiguous().cpu().numpy().tobytes()).hexdigest()
+               for k, v in ref_lm.model.state_dict().items()}
+    mp = out / "manifest.json"
+    mp.write_text(json.dumps({"model": str(ref_lm.name), "revision": str(ref_lm.revision), "tensors": tensors},
+                             indent=1, sort_keys=True))
+    return rp, mp
+
+
+#: Per-request fields a recording holds since ``scripts/gpu_pool.py`` writes them (npz key → request field).
+_REQUEST_FIELDS = {"prompt_sha": "prompt ids", "seeds": "seed", "temperatures": "temperature",
+                   "max_tokens": "max_tokens"}
+
+
+def _load_recording(name: str, directory: Path | None) -> tuple[dict[str, dict], dict, dict[str, dict] | None]:
+    """Request key → outputs of a recording, its environment JSON ({} when absent), and request key → the request
+    it recorded ({prompt_sha, seeds, temperatures, max_tokens}; None for a recording that predates those fields).
+
+    Raises:
+        FileNotFoundError: no such recording.
+        ValueError: malformed arrays (offsets, shapes) — the message names the file and the field.
+    """
+    path = recording_path(name, directory)
+    recording_sha256(name, directory)  # the clear error when it is missing
+    with np.load(path, allow_pickle=False) as z:
+        keys = [str(k) for k in z["keys"]]
+        off = z["offsets"].astype(np.int64)
+        tok, lp = z["token_ids"].astype(np.int64), z["logprob"].astype(np.float64)
+        tid, tlp = z["top_ids"].astype(np.int64), z["top_lp"].astype(np.float64)
+        fields = {f: z[f] for f in _REQUEST_FIELDS if f in z.files}
+    n = tok.shape[0]
+    if off.shape != (len(keys) + 1,) or off[0] != 0 or off[-1] != n or np.any(np.diff(off) < 0):
+        raise ValueError(f"{path}: offsets must be [keys + 1] non-decreasing from 0 to {n}")
+    if lp.shape != (n,) or tid.shape != (n, PROVIDER_TOP_N) or tlp.shape != (n, PROVIDER_TOP_N):
+        raise ValueError(f"{path}: logprob [N], top_ids and top_lp [N, {PROVIDER_TOP_N}] expected, got "
+                         f"{lp.shape}, {tid.shape}, {tlp.shape}")
+    out = {k: {"token_ids": tok[a:b], "logprob": lp[a:b], "top_ids": tid[a:b], "top_lp": tlp[a:b]}
+           for k, a, b in zip(keys, off[:-1], off[1:], strict=True)}
+    recorded: dict[str, dict] | None = None
+    if len(fields) == len(_REQUEST_FIELDS):
+        bad = [f for f, v in fields.items() if v.shape != (len(keys),)]
+        if bad:
+            raise ValueError(f"{path}: {bad} must have one entry per key ([{len(keys)}])")
+        recorded = {k: {f: fields[f][i].item() for f in fields} for i, k in enumerate(keys)}
+    env_path = path.with_suffix(".json")
+    env = json.loads(env_path.read_text()) if env_path.is_file() else {}
+    return out, env, recorded
+
+
+def _check_requests(
+    name: str, reqs: list[PoolRequest], recorded: dict[str, dict] | None, env: dict, ref_lm: LoadedModel,
+    cfg: PoolConfig,
+) -> None:
+    """Raise ValueError unless the recording served exactly ``reqs`` (same prompt ids, seed, temperature, budget).
+
+    A recording with per-request fields is compared request by request (the message names each request and
+    field that differ); an older one through the sha256 of the ``requests.json`` it was made from.
+    """
+    if recorded is not None:
+        diffs = []
+        for r in reqs:
+            got = recorded[r.key]
+            want = {"prompt_sha": prompt_digest(r.prompt_ids), "seeds": int(r.seed),
+                    "temperatures": float(r.temperature), "max_tokens": int(r.max_tokens)}
+            for f, v in want.items():
+                g = got[f]
+                same = (float(g) == v) if f == "temperatures" else (str(g) == str(v))
+                if not same:
+                    diffs.append(f"{r.key}: {_REQUEST_FIELDS[f]} recorded {g}, pool {v}")
+        if diffs:
+            raise ValueError(f"recording {name!r} was made for other requests ({len(diffs)} differences: "
+                             + "; ".join(diffs[:4]) + "); record it again from `auditor calibrate --export-requests`")
+        return
+    sha = env.get("requests_sha256")
+    if sha is not None:
+        # requests.json also holds the pool configuration: try it as given and with the fields that do not enter
+        # an honest pool's requests at their defaults (a recording exported by a default run serves any such cfg)
+        d = PoolConfig()
+        n = cfg.honest_sampling_samples if cfg.honest_sampling_samples is not None else cfg.sampling_samples
+        plain = dataclasses.replace(cfg, sampling_samples=d.sampling_samples, honest_sampling_samples=n,
+                                    engine_sampling_samples=d.engine_sampling_samples,
+                                    noisy_batch_size=d.noisy_batch_size)
+        shas = []
+        for c in (cfg, plain):
+            spec = requests_spec(ref_lm, c)
+            spec["model"] = str(env.get("model", spec["model"]))  # the name the reference was loaded by
+            shas.append(hashlib.sha256(requests_bytes(spec)).hexdigest())
+        mine = shas[0]
+        if sha not in shas:
+            raise ValueError(f"recording {name!r} was made from a requests.json with sha256 {sha}; this pool's requests "
+                             f"export to {mine}: their prompt ids, seeds, temperatures or budgets differ; record it "
+                             "again from `auditor calibrate --export-requests`")
+
+
+def collect_recorded_pool(
+    profile_name: str,
+    ref_lms: RefModels,
+    cfg: PoolConfig | None = None,
+    *,
+    directory: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Pool:
+    """The pool of ``recorded:NAME``: the recording's provider side, the reference teacher-forced here.
+
+    Args:
+        profile_name: ``recorded:NAME``.
+        ref_lms: reference dtype → LoadedModel (``float32`` required), as for every pool.
+        cfg: pool configuration; the recording must hold exactly its honest requests (:func:`pool_requests`).
+        directory: where the recordings are (default :data:`RECORDED_DIR`).
+        progress: optional one-line status callback.
+
+    Raises:
+        ValueError: not a recorded profile name, or the recording does not match the pool's requests (a missing
+            or extra request key, or outputs longer than a request's ``max_tokens``; the message names it).
+        FileNotFoundError: no such recording.
+    """
+    from auditor.calibration.collect import _assemble, as_refs, score_reference
+
+    name = recorded_name(profile_name)
+    if name is None:
+        raise ValueError(f"{profile_name!r} is not a recorded profile (recorded:NAME)")
+    cfg = cfg or PoolConfig()
+    say = progress or (lambda _m: None)
+    t0 = time.perf_counter()
+    refs = as_refs(ref_lms)
+    ref_lm = refs["float32"]
+    reqs = pool_requests(ref_lm.tokenizer, cfg)
+    results, env, recorded = _load_recording(name, directory)
+    want = {r.key for r in reqs}
+    missing, extra = sorted(want - set(results)), sorted(set(results) - want)
+    if missing or extra:
+        raise ValueError(
+            f"recording {name!r} does not hold this pool's requests: missing {missing[:3]} ({len(missing)}), "
+            f"unexpected {extra[:3]} ({len(extra)}); record it again from `auditor calibrate --export-requests`"
+        )
+    for r in reqs:
+        if len(results[r.key]["token_ids"]) > r.max_tokens:
+            raise ValueError(f"recording {name!r}: request {r.key} has {len(results[r.key]['token_ids'])} tokens, "
+                             f"more than its max_tokens {r.max_tokens}")
+    if env.get("revision") not in (None, str(ref_lm.revision)):
+        raise ValueError(f"recording {name!r} was served from revision {env.get('revision')}, the reference is "
+                         f"{ref_lm.revision}")
+    _check_requests(name, reqs, recorded, env, ref_lm, cfg)
+    results = {r.key: results[r.key] for r in reqs}
+    ref = score_reference(profile_name, reqs, results, refs, progress=say)
+    pool = _assemble(profile_name, ref_lm, reqs, results, ref)
+    pool.meta.update({
+        "pool_format": POOL_FORMAT,
+        "pool_config": cfg.key_dict(),
+        "suites": suite_fingerprint(cfg),
+        "profile": {"name": profile_name, "recorded": name},
+        "recording": {"sha256": recording_sha256(name, directory), "environment": env},
+        "backends": {"recorded": len(reqs)},
+        "backend_t0": "recorded",
+        "backend_t1": "recorded",
+        "served": {"dtype": env.get("dtype"), "layers": None, "quant": None},
+        "generate_s": env.get("decode_s"),
+        "reference_s": round(time.perf_counter() - t0, 2),
+        "total_s": round(time.perf_counter() - t0, 2),
+        **pool.summary(),
+    })
+    say(f"{profile_name}: pool {pool.summary()} from the recording in {pool.meta['total_s']:.0f}s")
+    return pool
