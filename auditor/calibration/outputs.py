@@ -32,8 +32,8 @@ METHOD_MD = """## Method
 
 - **Pools** (`auditor/calibration/`): per simulator profile, one temperature-0 continuation of every
   distinct prompt of the shipped suites and several temperature-1 samples per prompt, with the
-  provider's top-20 logprobs and the reference's top-20 at the provider's own prefix, in both honest
-  reference precisions (float32, bfloat16). Profiles whose verification is lossless at a temperature
+  provider's top-20 logprobs and the reference's top-20 at the provider's own prefix, in every reference
+  precision of `auditor.noise.REFERENCE_DTYPES` (float32 by default). Profiles whose verification is lossless at a temperature
   are decoded in batches from the simulator's own served model (`build_served_model`: lossless
   speculative decoding has the output law of plain decoding); `greedy-verify` (sampling) and
   `decode-noncompliant` (greedy) by batched decoding with their verifier's per-position rule;
@@ -46,8 +46,8 @@ METHOD_MD = """## Method
 - **Audits**: each audit draws requests without replacement in the default suite's proportions,
   charging each request its `max_tokens` exactly like `auditor check --budget-tokens`
   (`auditor.audit.plan_budget`), and decides with the pipeline's own functions
-  (`auditor.audit.run_reference_detectors`: every detector against both honest references with
-  their noise floors, intersection–union; then Holm and the rules of `auditor.verdict`).
+  (`auditor.audit.run_reference_detectors`: every detector against the reference with its noise
+  floor — intersection–union when several precisions are configured; then Holm and the rules of `auditor.verdict`).
 - **Intervals**: Clopper–Pearson 95% for the rejection rate. Audits resample one finite pool per
   profile; at large budgets they share requests, so the interval understates pool-to-pool spread.
 - **Sequential** (`auditor/sequential.py`): group-sequential looks at 100, 200, 400, … tokens,

@@ -146,6 +146,15 @@ def register(app: typer.Typer) -> None:
         bad = [p for p in names if not _known(p)]
         if bad:
             fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join(PROFILES)}")
+        from auditor.calibration.recorded import recorded_name, recording_sha256
+
+        for p in names:
+            rec = recorded_name(p)
+            if rec is not None:
+                try:
+                    recording_sha256(rec)  # before the models load and the floor is measured
+                except FileNotFoundError as exc:
+                    fail(f"--profiles: {p}: {exc}")
         from auditor.errors import AuditError
         from auditor.reference_setup import check_device
 

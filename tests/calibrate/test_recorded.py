@@ -215,3 +215,17 @@ def test_default_profiles_hold_recordings_only_for_the_pool_they_were_made_from(
     assert default_profiles(PoolConfig(max_prompts=4)) == list(DEFAULT_PROFILES)
     assert default_profiles() == [*DEFAULT_PROFILES, *recorded_profiles()]
     assert {"recorded:h200-bf16", "recorded:h200-fp16", "recorded:h200-fp32"} <= set(recorded_profiles())
+
+
+def test_cli_refuses_a_missing_recording_before_any_work(tmp_path):
+    from typer.testing import CliRunner
+
+    from auditor.cli import app
+
+    res = CliRunner().invoke(app, ["calibrate", "--profiles", "recorded:nope", "--out", "", "--no-store",
+                                   "--cache-dir", str(tmp_path)])
+    assert res.exit_code == 3
+    assert "recorded:nope" in res.output and "recordings present: recorded:h200-bf16" in res.output
+    assert not (tmp_path / "pools").exists() and not (tmp_path / "noise").exists()
+    res = CliRunner().invoke(app, ["calibrate", "--profiles", "recorded:Bad Name", "--out", "", "--no-store"])
+    assert res.exit_code == 3 and "unknown profile" in res.output
