@@ -40,7 +40,9 @@ def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate_cmd(
         profiles: str | None = typer.Option(
-            None, "--profiles", help="Comma-separated simulator profiles (default: all; see `auditor serve --list-profiles`)."
+            None, "--profiles",
+            help="Comma-separated simulator profiles (see `auditor serve --list-profiles`) and recorded real-engine "
+                 "providers recorded:NAME (auditor/calibration/recorded/NAME.npz); default: all of both."
         ),
         budgets: str = typer.Option("100,300,1000,3000", "--budgets", help="Completion-token budgets per audit."),
         audits: int = typer.Option(200, "--audits", min=1, help="Resampled audits per profile and budget."),
@@ -95,7 +97,7 @@ def register(app: typer.Typer) -> None:
             help="Write requests.json (an honest pool's requests: prompt token ids, budgets, seeds) and manifest.json "
                  "(sha256 of the reference's float32 tensors) into DIR for scripts/gpu_pool.py, which records a real "
                  "engine's outputs as a recorded:NAME profile (auditor/calibration/recorded.py); runs nothing else."),
-        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache root for pools (default: the user cache dir)."),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache root for pools and the noise floor (default: the user cache dir; a new root measures the floor again)."),
         threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice; 1 per worker with --workers)."),
         workers: int = typer.Option(
             1, "--workers", min=1, help="Processes for the noise floor, the pools and the audits (a cold run on 2 cores: --workers 2)."
@@ -143,10 +145,11 @@ def register(app: typer.Typer) -> None:
             sampling_max_tokens=sampling_max_tokens,
         )
         names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else default_profiles(cfg)
+        from auditor.calibration.recorded import recorded_name, recorded_profiles, recording_sha256
+
         bad = [p for p in names if not _known(p)]
         if bad:
-            fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join(PROFILES)}")
-        from auditor.calibration.recorded import recorded_name, recording_sha256
+            fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join([*PROFILES, *recorded_profiles()])}")
 
         for p in names:
             rec = recorded_name(p)

@@ -228,4 +228,4 @@ def test_cli_refuses_a_missing_recording_before_any_work(tmp_path):
     assert "recorded:nope" in res.output and "recordings present: recorded:h200-bf16" in res.output
     assert not (tmp_path / "pools").exists() and not (tmp_path / "noise").exists()
     res = CliRunner().invoke(app, ["calibrate", "--profiles", "recorded:Bad Name", "--out", "", "--no-store"])
-    assert res.exit_code == 3 and "unknown profile" in res.output
+    assert res.exit_code == 3 and "unknown profile" in res.output and "recorded:h200-fp16" in res.output
