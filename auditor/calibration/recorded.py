@@ -18,7 +18,6 @@ reference tensor, which the script checks before serving); the script's output f
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
@@ -54,7 +53,6 @@ __all__ = [
     "recording_path",
     "recording_sha256",
     "replays_with",
-    "requests_bytes",
     "requests_spec",
 ]
 
@@ -92,8 +90,8 @@ def recorded_profiles(directory: Path | None = None) -> list[str]:
     return out
 
 
-def recording_sha256(name: str, directory: Path | None = None) -> str:
-    """sha256 (hex) of a recording's npz: part of its pool's cache key.
+def _existing_recording(name: str, directory: Path | None) -> Path:
+    """A recording's npz path.
 
     Raises:
         FileNotFoundError: no such recording (the message lists the ones present).
@@ -102,7 +100,16 @@ def recording_sha256(name: str, directory: Path | None = None) -> str:
     if not path.is_file():
         have = ", ".join(recorded_profiles(directory)) or "none"
         raise FileNotFoundError(f"no recording {path}; recordings present: {have}")
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return path
+
+
+def recording_sha256(name: str, directory: Path | None = None) -> str:
+    """sha256 (hex) of a recording's npz: part of its pool's cache key.
+
+    Raises:
+        FileNotFoundError: no such recording (the message lists the ones present).
+    """
+    return hashlib.sha256(_existing_recording(name, directory).read_bytes()).hexdigest()
 
 
 def pool_requests(tokenizer: object, cfg: PoolConfig | None = None) -> list[PoolRequest]:
@@ -148,11 +155,6 @@ def requests_spec(ref_lm: LoadedModel, cfg: PoolConfig | None = None) -> dict:
     }
 
 
-def requests_bytes(spec: dict) -> bytes:
-    """``requests.json``'s bytes for a :func:`requests_spec` (their sha256 is the recording's ``requests_sha256``)."""
-    return json.dumps(spec).encode()
-
-
 def export_requests(out: Path, ref_lm: LoadedModel, cfg: PoolConfig | None = None) -> tuple[Path, Path]:
     """Write ``requests.json`` and ``manifest.json`` for ``scripts/gpu_pool.py`` into ``out``.
 
@@ -166,7 +168,7 @@ def export_requests(out: Path, ref_lm: LoadedModel, cfg: PoolConfig | None = Non
 
     out.mkdir(parents=True, exist_ok=True)
     rp = out / "requests.json"
-    rp.write_bytes(requests_bytes(requests_spec(ref_lm, cfg)))
+    rp.write_text(json.dumps(requests_spec(ref_lm, cfg)))
     tensors = {k: hashlib.sha256(v.detach().to(torch.float32).contiguous().cpu().numpy().tobytes()).hexdigest()
                for k, v in ref_lm.model.state_dict().items()}
     mp = out / "manifest.json"
@@ -175,89 +177,64 @@ def export_requests(out: Path, ref_lm: LoadedModel, cfg: PoolConfig | None = Non
     return rp, mp
 
 
-#: Per-request fields a recording holds since ``scripts/gpu_pool.py`` writes them (npz key → request field).
+#: Per-request fields a recording holds besides its outputs (npz key → request field): what it was made for.
 _REQUEST_FIELDS = {"prompt_sha": "prompt ids", "seeds": "seed", "temperatures": "temperature",
                    "max_tokens": "max_tokens"}
 
 
-def _load_recording(name: str, directory: Path | None) -> tuple[dict[str, dict], dict, dict[str, dict] | None]:
+def _load_recording(name: str, directory: Path | None) -> tuple[dict[str, dict], dict, dict[str, dict]]:
     """Request key → outputs of a recording, its environment JSON ({} when absent), and request key → the request
-    it recorded ({prompt_sha, seeds, temperatures, max_tokens}; None for a recording that predates those fields).
+    it recorded ({prompt_sha, seeds, temperatures, max_tokens}).
 
     Raises:
         FileNotFoundError: no such recording.
-        ValueError: malformed arrays (offsets, shapes) — the message names the file and the field.
+        ValueError: malformed arrays (offsets, shapes, a missing request field) — the message names the file and
+            the field.
     """
-    path = recording_path(name, directory)
-    recording_sha256(name, directory)  # the clear error when it is missing
+    path = _existing_recording(name, directory)
     with np.load(path, allow_pickle=False) as z:
+        missing = [f for f in ("keys", "offsets", "token_ids", "logprob", "top_ids", "top_lp", *_REQUEST_FIELDS)
+                   if f not in z.files]
+        if missing:
+            raise ValueError(f"{path}: no {missing} (record it with scripts/gpu_pool.py)")
         keys = [str(k) for k in z["keys"]]
         off = z["offsets"].astype(np.int64)
         tok, lp = z["token_ids"].astype(np.int64), z["logprob"].astype(np.float64)
         tid, tlp = z["top_ids"].astype(np.int64), z["top_lp"].astype(np.float64)
-        fields = {f: z[f] for f in _REQUEST_FIELDS if f in z.files}
+        fields = {f: z[f] for f in _REQUEST_FIELDS}
     n = tok.shape[0]
     if off.shape != (len(keys) + 1,) or off[0] != 0 or off[-1] != n or np.any(np.diff(off) < 0):
         raise ValueError(f"{path}: offsets must be [keys + 1] non-decreasing from 0 to {n}")
     if lp.shape != (n,) or tid.shape != (n, PROVIDER_TOP_N) or tlp.shape != (n, PROVIDER_TOP_N):
         raise ValueError(f"{path}: logprob [N], top_ids and top_lp [N, {PROVIDER_TOP_N}] expected, got "
                          f"{lp.shape}, {tid.shape}, {tlp.shape}")
+    bad = [f for f, v in fields.items() if v.shape != (len(keys),)]
+    if bad:
+        raise ValueError(f"{path}: {bad} must have one entry per key ([{len(keys)}])")
     out = {k: {"token_ids": tok[a:b], "logprob": lp[a:b], "top_ids": tid[a:b], "top_lp": tlp[a:b]}
            for k, a, b in zip(keys, off[:-1], off[1:], strict=True)}
-    recorded: dict[str, dict] | None = None
-    if len(fields) == len(_REQUEST_FIELDS):
-        bad = [f for f, v in fields.items() if v.shape != (len(keys),)]
-        if bad:
-            raise ValueError(f"{path}: {bad} must have one entry per key ([{len(keys)}])")
-        recorded = {k: {f: fields[f][i].item() for f in fields} for i, k in enumerate(keys)}
+    recorded = {k: {f: fields[f][i].item() for f in fields} for i, k in enumerate(keys)}
     env_path = path.with_suffix(".json")
     env = json.loads(env_path.read_text()) if env_path.is_file() else {}
     return out, env, recorded
 
 
-def _check_requests(
-    name: str, reqs: list[PoolRequest], recorded: dict[str, dict] | None, env: dict, ref_lm: LoadedModel,
-    cfg: PoolConfig,
-) -> None:
-    """Raise ValueError unless the recording served exactly ``reqs`` (same prompt ids, seed, temperature, budget).
-
-    A recording with per-request fields is compared request by request (the message names each request and
-    field that differ); an older one through the sha256 of the ``requests.json`` it was made from.
-    """
-    if recorded is not None:
-        diffs = []
-        for r in reqs:
-            got = recorded[r.key]
-            want = {"prompt_sha": prompt_digest(r.prompt_ids), "seeds": int(r.seed),
-                    "temperatures": float(r.temperature), "max_tokens": int(r.max_tokens)}
-            for f, v in want.items():
-                g = got[f]
-                same = (float(g) == v) if f == "temperatures" else (str(g) == str(v))
-                if not same:
-                    diffs.append(f"{r.key}: {_REQUEST_FIELDS[f]} recorded {g}, pool {v}")
-        if diffs:
-            raise ValueError(f"recording {name!r} was made for other requests ({len(diffs)} differences: "
-                             + "; ".join(diffs[:4]) + "); record it again from `auditor calibrate --export-requests`")
-        return
-    sha = env.get("requests_sha256")
-    if sha is not None:
-        # requests.json also holds the pool configuration: try it as given and with the fields that do not enter
-        # an honest pool's requests at their defaults (a recording exported by a default run serves any such cfg)
-        d = PoolConfig()
-        n = cfg.honest_sampling_samples if cfg.honest_sampling_samples is not None else cfg.sampling_samples
-        plain = dataclasses.replace(cfg, sampling_samples=d.sampling_samples, honest_sampling_samples=n,
-                                    engine_sampling_samples=d.engine_sampling_samples,
-                                    noisy_batch_size=d.noisy_batch_size)
-        shas = []
-        for c in (cfg, plain):
-            spec = requests_spec(ref_lm, c)
-            spec["model"] = str(env.get("model", spec["model"]))  # the name the reference was loaded by
-            shas.append(hashlib.sha256(requests_bytes(spec)).hexdigest())
-        mine = shas[0]
-        if sha not in shas:
-            raise ValueError(f"recording {name!r} was made from a requests.json with sha256 {sha}; this pool's requests "
-                             f"export to {mine}: their prompt ids, seeds, temperatures or budgets differ; record it "
-                             "again from `auditor calibrate --export-requests`")
+def _check_requests(name: str, reqs: list[PoolRequest], recorded: dict[str, dict]) -> None:
+    """Raise ValueError unless the recording served exactly ``reqs`` (same prompt ids, seed, temperature, budget);
+    the message names each request and field that differ."""
+    diffs = []
+    for r in reqs:
+        got = recorded[r.key]
+        want = {"prompt_sha": prompt_digest(r.prompt_ids), "seeds": int(r.seed),
+                "temperatures": float(r.temperature), "max_tokens": int(r.max_tokens)}
+        for f, v in want.items():
+            g = got[f]
+            same = (float(g) == v) if f == "temperatures" else (str(g) == str(v))
+            if not same:
+                diffs.append(f"{r.key}: {_REQUEST_FIELDS[f]} recorded {g}, pool {v}")
+    if diffs:
+        raise ValueError(f"recording {name!r} was made for other requests ({len(diffs)} differences: "
+                         + "; ".join(diffs[:4]) + "); record it again from `auditor calibrate --export-requests`")
 
 
 def collect_recorded_pool(
@@ -308,7 +285,7 @@ def collect_recorded_pool(
     if env.get("revision") not in (None, str(ref_lm.revision)):
         raise ValueError(f"recording {name!r} was served from revision {env.get('revision')}, the reference is "
                          f"{ref_lm.revision}")
-    _check_requests(name, reqs, recorded, env, ref_lm, cfg)
+    _check_requests(name, reqs, recorded)
     results = {r.key: results[r.key] for r in reqs}
     ref = score_reference(profile_name, reqs, results, refs, progress=say)
     pool = _assemble(profile_name, ref_lm, reqs, results, ref)

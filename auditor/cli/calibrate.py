@@ -127,14 +127,7 @@ def register(app: typer.Typer) -> None:
                 _print_table(recs, meta)
             return
         from auditor.calibration.benchmark import default_profiles
-        from simulator.profiles import PROFILES, get_profile
-
-        def _known(name: str) -> bool:
-            try:
-                get_profile(name)  # also resolves parameterized names (relaxed-threshold:0.7, mix-int4:0.1)
-            except (KeyError, ValueError):
-                return False
-            return True
+        from simulator.profiles import PROFILES, find_profile
 
         cfg = cal.PoolConfig(
             sampling_samples=samples,
@@ -147,7 +140,7 @@ def register(app: typer.Typer) -> None:
         names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else default_profiles(cfg)
         from auditor.calibration.recorded import recorded_name, recorded_profiles, recording_sha256
 
-        bad = [p for p in names if not _known(p)]
+        bad = [p for p in names if find_profile(p) is None]  # parameterized names resolve too
         if bad:
             fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join([*PROFILES, *recorded_profiles()])}")
 

@@ -8,7 +8,6 @@ precision), and the pool built from it must be an ordinary honest pool.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -95,12 +94,14 @@ def test_a_recording_of_other_requests_is_refused(recording, tiny_refs, tmp_path
         arrays = {k: z[k] for k in z.files}
     keys = [str(k) for k in arrays["keys"]]
     cut = int(arrays["offsets"][-2])  # drop the last request
+    req = ("prompt_sha", "seeds", "temperatures", "max_tokens")
     np.savez_compressed(tmp_path / "short.npz", keys=np.asarray(keys[:-1]), offsets=arrays["offsets"][:-1],
-                        **{k: arrays[k][:cut] for k in ("token_ids", "logprob", "top_ids", "top_lp")})
+                        **{k: arrays[k][:cut] for k in ("token_ids", "logprob", "top_ids", "top_lp")},
+                        **{k: arrays[k][:-1] for k in req})
     with pytest.raises(ValueError, match=r"missing \['" + keys[-1].replace("#", "\\#")):
         collect_recorded_pool("recorded:short", tiny_refs, CFG, directory=tmp_path)
     np.savez_compressed(tmp_path / "broken.npz", keys=np.asarray(keys), offsets=arrays["offsets"][::-1],
-                        **{k: arrays[k] for k in ("token_ids", "logprob", "top_ids", "top_lp")})
+                        **{k: arrays[k] for k in ("token_ids", "logprob", "top_ids", "top_lp", *req)})
     with pytest.raises(ValueError, match="offsets"):
         collect_recorded_pool("recorded:broken", tiny_refs, CFG, directory=tmp_path)
     with pytest.raises(FileNotFoundError, match="recordings present"):
@@ -159,31 +160,19 @@ def test_a_recording_of_other_prompts_or_seeds_is_refused_by_name(recording, tin
         collect_recorded_pool("recorded:prompt", tiny_refs, CFG, directory=tmp_path)
 
 
-def test_an_older_recording_is_checked_through_its_requests_sha256(recording, tiny_refs, tmp_path):
-    from auditor.calibration.recorded import requests_bytes, requests_spec
-
+def test_a_recording_serves_any_pool_with_its_requests_and_needs_its_request_fields(recording, tiny_refs, tmp_path):
     _, d, _, _ = recording
+    # the fields that do not enter an honest pool's requests may differ from the exporting run's
+    for samples in (2, 5):
+        pool = collect_recorded_pool("recorded:tiny-f32", tiny_refs, dataclasses.replace(CFG, sampling_samples=samples),
+                                     directory=d)
+        assert pool.summary()["t1_items"] == 3 * 3
     old = {"prompt_sha": None, "seeds": None, "temperatures": None, "max_tokens": None}
     _rewrite(d / "tiny-f32.npz", tmp_path / "old.npz", **old)
-    env = json.loads((tmp_path / "old.json").read_text())
-    sha = hashlib.sha256(requests_bytes(requests_spec(tiny_refs["float32"], CFG))).hexdigest()
-    (tmp_path / "old.json").write_text(json.dumps({**env, "requests_sha256": sha}))
-    pool = collect_recorded_pool("recorded:old", tiny_refs, CFG, directory=tmp_path)
-    assert pool.summary()["t0_items"] == 3
-    # exported by a run whose non-honest fields were the defaults: it serves other values of those fields
-    plain = dataclasses.replace(CFG, sampling_samples=PoolConfig().sampling_samples)
-    sha = hashlib.sha256(requests_bytes(requests_spec(tiny_refs["float32"], plain))).hexdigest()
-    (tmp_path / "old.json").write_text(json.dumps({**env, "requests_sha256": sha}))
-    for samples in (2, 5):
-        pool = collect_recorded_pool("recorded:old", tiny_refs, dataclasses.replace(CFG, sampling_samples=samples),
-                                     directory=tmp_path)
-        assert pool.summary()["t1_items"] == 3 * 3
-    (tmp_path / "old.json").write_text(json.dumps({**env, "requests_sha256": "0" * 64}))
-    with pytest.raises(ValueError, match="prompt ids, seeds, temperatures or budgets differ"):
+    with pytest.raises(ValueError, match=r"no \['prompt_sha', 'seeds', 'temperatures', 'max_tokens'\]"):
         collect_recorded_pool("recorded:old", tiny_refs, CFG, directory=tmp_path)
 
 
-@pytest.mark.real_model
 def test_the_script_refuses_weights_other_than_the_reference(real_lm, tmp_path, capsys):
     """The real GGUF through the script's loader: one altered manifest entry and nothing is recorded."""
     from auditor.calibration.recorded import export_requests
