@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from auditor.detection import LOGPROB_TEST_MAX_TEMPERATURE, detect, run_reference_detectors
-from auditor.errors import AuditError, AuditInterrupted, NothingToAuditError
+from auditor.errors import AuditError, AuditInterrupted, NothingToAuditError, failure_reason
 from auditor.evidence import build_evidence, evidence_stage
 from auditor.observations import Observation, aligned_ids, excluded_summary, load_observations, read_observations
 from auditor.planning import load_suite_spec, plan_budget, provider_config
@@ -222,6 +222,10 @@ def run_check(provider_name: str, options: CheckOptions | None = None, /, **over
         AuditInterrupted: Ctrl-C (a KeyboardInterrupt; the run is marked ``interrupted``; continue with
             ``resume=exc.run_id``).
         TypeError: an unknown option name in ``overrides``.
+
+    Any error once the run exists (these and unexpected ones) leaves the run ``failed`` with the reason
+    stored (``audit_runs.failure_reason``, :func:`auditor.errors.failure_reason`); an unexpected error
+    propagates unchanged, carrying the failed run's id as ``exc.run_id`` when it did not have one.
     """
     from auditor.preflight import preflight_stage
     from auditor.reference_path import reference_path_stage
@@ -248,8 +252,8 @@ def run_check(provider_name: str, options: CheckOptions | None = None, /, **over
             except KeyboardInterrupt:
                 _set_status(store, rid, "interrupted")
                 raise AuditInterrupted(rid) from None
-            except BaseException:
-                _set_status(store, rid, "failed")
+            except BaseException as exc:
+                _fail_run(store, rid, exc)
                 raise
         finally:
             store.close()
@@ -467,6 +471,10 @@ def _probe(store: Store, cfg: ProviderConfig, plan: Any, opts: CheckOptions) -> 
         raise AuditError(str(exc), parameter="resume" if opts.resume else None, provider=cfg.name) from None
     except KeyboardInterrupt:
         raise AuditInterrupted(started.get("run_id")) from None
+    except Exception as exc:  # an unexpected error inside the runner: the run it started fails with the reason
+        if "run_id" in started:
+            _fail_run(store, started["run_id"], exc)
+        raise
     with store.session() as s:
         run = q.get_run(s, rid)
         status = run.status if run is not None else "failed"
@@ -479,15 +487,26 @@ def _probe(store: Store, cfg: ProviderConfig, plan: Any, opts: CheckOptions) -> 
             errs = Counter(str(a.error).split(":", 1)[0] for p in q.list_probes(s, rid)
                            for a in q.attempts_for_probe(s, p.id) if a.error)
         what = ", ".join(f"{k}={v}" for k, v in errs.most_common()) or "no response"
-        raise NothingToAuditError(
+        err = NothingToAuditError(
             f"provider {cfg.name!r} at {cfg.base_url}: no probe succeeded ({what}). Fix: check that the server is "
             f"running and its base_url/model/api_key_env, then resume the run.", run_id=rid, provider=cfg.name)
+        _fail_run(store, rid, err)
+        raise err
     _set_status(store, rid, "running")
     return rid
 
 
-def _set_status(store: Store, run_id: str, status: str) -> None:
+def _set_status(store: Store, run_id: str, status: str, reason: str | None = None) -> None:
     from auditor.store import queries as q
 
     with contextlib.suppress(Exception), store.session() as s:
-        q.set_run_status(s, run_id, status)
+        q.set_run_status(s, run_id, status, reason=reason)
+
+
+def _fail_run(store: Store, run_id: str, exc: BaseException) -> None:
+    """Mark ``run_id`` ``failed`` with ``exc``'s reason (:func:`auditor.errors.failure_reason`); an exception
+    without a ``run_id`` gets this one, so the command line can name the failed run."""
+    _set_status(store, run_id, "failed", failure_reason(exc))
+    if getattr(exc, "run_id", None) is None:
+        with contextlib.suppress(AttributeError, TypeError):
+            exc.run_id = run_id  # type: ignore[attr-defined]  # read back with getattr by the command line

@@ -9,7 +9,29 @@ interrupted audit.
 
 from __future__ import annotations
 
-__all__ = ["AuditError", "AuditInterrupted", "NothingToAuditError"]
+import datetime as dt
+import os
+import traceback
+from pathlib import Path
+
+__all__ = [
+    "ENV_LOG_DIR",
+    "INTERNAL_ERROR_EXIT",
+    "AuditError",
+    "AuditInterrupted",
+    "NothingToAuditError",
+    "error_log_dir",
+    "failure_reason",
+    "write_error_log",
+]
+
+#: Exit code of a command that ended in an unexpected error (a bug, not a finding about the provider):
+#: never 0-3, so CI cannot read a crash as PASS (0), a deviation (1), INCONCLUSIVE (2) or a usage error (3).
+INTERNAL_ERROR_EXIT = 4
+#: Environment variable naming the directory of error logs (overrides ``$SPEC_AUDITOR_HOME/logs``).
+ENV_LOG_DIR = "SPEC_AUDITOR_LOG_DIR"
+#: Longest failure reason stored with a run (characters).
+_MAX_REASON = 500
 
 
 class AuditError(RuntimeError):
@@ -52,3 +74,41 @@ class AuditInterrupted(KeyboardInterrupt):
     def __init__(self, run_id: str | None):
         super().__init__(run_id)
         self.run_id = run_id
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line saying why a run failed, stored as ``audit_runs.failure_reason``: an :class:`AuditError`'s own
+    message, else ``"internal error: <type>: <message>"`` (first line, at most 500 characters)."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    text = first if isinstance(exc, AuditError) else f"internal error: {type(exc).__name__}: {first}".rstrip(": ")
+    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 1] + "…"
+
+
+def error_log_dir() -> Path:
+    """Where error logs go: ``$SPEC_AUDITOR_LOG_DIR``, else ``$SPEC_AUDITOR_HOME/logs``, else the platformdirs
+    user log directory of ``spec-auditor``."""
+    if os.environ.get(ENV_LOG_DIR):
+        return Path(os.environ[ENV_LOG_DIR])
+    if os.environ.get("SPEC_AUDITOR_HOME"):
+        return Path(os.environ["SPEC_AUDITOR_HOME"]) / "logs"
+    import platformdirs
+
+    return Path(platformdirs.user_log_dir("spec-auditor"))
+
+
+def write_error_log(exc: BaseException, command: str) -> Path | None:
+    """Write ``exc``'s traceback (with the command and the time, UTC) to a new file in :func:`error_log_dir`.
+
+    Returns:
+        The file, or None when it could not be written (the caller then says so and suggests ``--debug``).
+    """
+    now = dt.datetime.now(dt.UTC)
+    try:
+        d = error_log_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"internal-error-{now:%Y%m%dT%H%M%S.%f}-{os.getpid()}.log"
+        text = "".join(traceback.format_exception(exc))
+        path.write_text(f"spec-auditor internal error in `{command}` at {now.isoformat()}\n\n{text}", encoding="utf-8")
+    except OSError:
+        return None
+    return path

@@ -70,6 +70,7 @@ from scipy import stats
 
 from auditor.detectors import PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorResult, not_run
+from auditor.util import finite
 from probes.config import ProviderConfig
 from probes.normalize import NormalizedResponse, normalize_response
 
@@ -167,7 +168,10 @@ class PreflightReport:
                 out.append(not_run(dname, c.summary if c is not None else "pre-flight not run"))
                 continue
             ev = c.evidence
-            eff = float(ev.get("rate", ev.get("ratio", float("nan"))))
+            # the effect is the check's rate or observed/expected ratio; a ratio with nothing expected is
+            # stored as None (JSON), and stays undefined (NaN) here
+            eff = finite(ev.get("rate", ev.get("ratio")))
+            eff = float("nan") if eff is None else eff
             out.append(DetectorResult(
                 dname, float(c.statistic or 0.0), float(c.p_value), eff, (eff, eff), int(c.n),
                 list(ev.get("examples", []))[:5], details={k: v for k, v in ev.items() if k != "examples"},
@@ -392,7 +396,11 @@ def _top_p_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
                f"region {obs_l} times ({exp_l:.1f} expected) and its unlisted tokens {obs_u} times ({exp_u:.1f} "
                "expected)" + ("" if ok else
                ": the server truncates sampling (its own top-k / top-p / min-p) although the request asked for none"))
-    obs, exp = (obs_u, exp_u) if p_u <= p_l else (obs_l, exp_l)
+    if exp_u == 0.0:  # a known provider bug: the listed alternatives sum to 1 or more
+        summary += ("; the listed alternatives carry all the probability mass at every sampled position, so no "
+                    "unlisted token could be expected")
+    # the region that decides (the smaller p; on a tie the one with something expected: a ratio needs it)
+    obs, exp = (obs_u, exp_u) if (p_u, exp_u == 0.0) <= (p_l, exp_l == 0.0) else (obs_l, exp_l)
     return PreflightCheck("top-p", "decoding", ok, summary, p, float(obs), len(taus),
                           {"observed": obs, "expected": exp, "ratio": obs / exp if exp > 0 else None,
                            "observed_low": obs_l, "expected_low": exp_l, "p_low": p_l,

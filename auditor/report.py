@@ -524,7 +524,8 @@ def report_from_store(session: Any, run_id: str) -> AuditReport:
         run_id: the RUN_ID or a unique prefix of it.
 
     Raises:
-        ReportError: unknown/ambiguous id, or the run has no verdict yet (not finished or not an audit).
+        ReportError: unknown/ambiguous id, or the run has no verdict yet (not finished or not an audit; a
+            ``failed`` run's message carries its stored failure reason).
     """
     from auditor.store import queries as q
 
@@ -537,6 +538,13 @@ def report_from_store(session: Any, run_id: str) -> AuditReport:
     det = q.run_detail(session, run.id)
     assert det is not None  # the run exists (found above)
     vrow = det.verdict
+    if vrow is None and run.status == "failed":
+        why = run.failure_reason or "no reason was stored (runs from before reasons were kept)"
+        raise ReportError(
+            f"run {run.id} ({run.kind}) failed and has no verdict: {why}. Fix: remove the cause (an internal error "
+            f"is a bug: report it with its log file), then continue the run with "
+            f"`auditor check --provider {run.provider_name} --resume {run.id}`."
+        )
     if vrow is None:
         raise ReportError(
             f"run {run.id} ({run.kind}, {run.status}) has no verdict yet. Fix: finish it with "

@@ -191,7 +191,8 @@ def remove_schedule(session: Session, schedule_id: int) -> bool:
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """What one scheduled run did (``error`` set when the runner raised)."""
+    """What one scheduled run did (``error`` set when the runner raised; ``internal`` when that was an
+    unexpected error, a bug, whose traceback is in the log file ``log``, :func:`auditor.errors.write_error_log`)."""
 
     schedule_id: int
     provider_name: str
@@ -202,6 +203,8 @@ class JobOutcome:
     error: str | None
     alert_id: int | None
     next_run_at: dt.datetime
+    internal: bool = False
+    log: str | None = None
 
 
 def _field(result: Any, name: str) -> Any:
@@ -306,15 +309,26 @@ class AuditScheduler:
     ) -> JobOutcome:
         started = self._now()
         self._say(f"schedule {sched_id}: auditing {provider} (due {due_at:%Y-%m-%d %H:%M} UTC)")
-        run_id = verdict = error = None
+        run_id = verdict = error = log = None
         alert_id = None
+        internal = False
         try:
             result = self.runner(provider, suite=suite, budget_tokens=budget, db_url=self.store.url)
             run_id = _field(result, "run_id")
             verdict = _field(result, "verdict")
         except Exception as exc:
+            from auditor.errors import AuditError, write_error_log
+
             error = f"{type(exc).__name__}: {exc}"
-            self._say(f"schedule {sched_id}: audit of {provider} failed: {error}")
+            internal = not isinstance(exc, AuditError)
+            where = ""
+            if internal:  # a bug, not a finding: keep the traceback, say where (the run is stored failed)
+                path = write_error_log(exc, f"auditor schedule run (schedule {sched_id}, provider {provider})")
+                log = str(path) if path is not None else None
+                where = f" (internal error; traceback in {log})" if log else " (internal error; traceback not saved)"
+            failed = getattr(exc, "run_id", None)
+            self._say(f"schedule {sched_id}: audit of {provider} failed: {error}{where}"
+                      + (f"; run {failed} is stored as failed with this reason" if failed else ""))
         if run_id:
             from auditor.alerts import record_verdict_change
 
@@ -343,6 +357,8 @@ class AuditScheduler:
             error=error,
             alert_id=alert_id,
             next_run_at=nxt,
+            internal=internal,
+            log=log,
         )
 
     def run_forever(

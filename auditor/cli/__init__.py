@@ -7,7 +7,7 @@ holds the helpers they share. Heavy imports (torch, transformers, streamlit) hap
 command functions so that ``auditor --help`` stays fast and audits can run without a GPU stack.
 
 Exit codes (see ``auditor check``): 0 PASS, 1 deviation found,
-2 INCONCLUSIVE, 3 usage/config/connection error.
+2 INCONCLUSIVE, 3 usage/config/connection error, 4 internal error (``auditor.errors.INTERNAL_ERROR_EXIT``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import typer
 
 app = typer.Typer(
     name="auditor",
-    help="Audit LLM inference providers: original precision? strict speculative verification?",
+    help="Audit LLM inference providers: original precision? strict speculative verification?\n\n"
+    "Exit codes: 0 PASS, 1 deviation found, 2 INCONCLUSIVE, 3 usage/config/connection error, "
+    "4 internal error (a bug: one line, the traceback in a log file; --debug prints it).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,

@@ -9,7 +9,8 @@
 
 Exit codes of ``check``: 0 PASS, 1 a deviation (QUANTIZATION / RELAXED_VERIFICATION / SUBSTITUTION /
 QUANTIZATION_OR_SUBSTITUTION / DECODING_NONCOMPLIANT), 2 INCONCLUSIVE, 3 usage/config/connection error (one line on stderr, no
-traceback), 130 interrupted. ``report``: 0, or 3 for an unknown run or provider, or for both or
+traceback), 4 internal error (an unexpected exception: one line on stderr, the traceback in a log file or with
+``--debug``; the run is stored ``failed`` with the reason), 130 interrupted. ``report``: 0, or 3 for an unknown run or provider, or for both or
 neither of RUN_ID and --provider. ``demo``: 0 when every
 simulator's cause was named, 1 otherwise, 3 when a simulator did not start.
 """
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+
+from auditor.cli.common import DEBUG_HELP, internal_error, internal_errors
 
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.errors import AuditError
@@ -91,8 +94,14 @@ def register(app: typer.Typer) -> None:
         device: str | None = typer.Option(None, "--device", help="Where a local reference runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: the reference table's, else cpu)."),
         dtype: str | None = typer.Option(None, "--dtype", help="Reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16, or the reference table's)."),
         resolve_cause: bool = typer.Option(False, "--resolve-cause/--stop-at-rejection", help="With --budget-tokens auto: after a rejection whose cause is not established (QUANTIZATION_OR_SUBSTITUTION, or a QUANTIZATION named as the milder cause), keep probing up to the cap to tell quantization from another model (default: stop at the first rejection; the precision answer is 'no' either way)."),
+        debug: bool = typer.Option(False, "--debug", help=DEBUG_HELP),
     ) -> None:
-        """Audit a provider: probe it, compare with the reference, print the verdict and the evidence."""
+        """Audit a provider: probe it, compare with the reference, print the verdict and the evidence.
+
+        Exit codes: 0 PASS, 1 a deviation, 2 INCONCLUSIVE, 3 usage/config/connection error, 4 internal
+        error (a bug, never a finding: one line on stderr, the traceback in a log file or with --debug;
+        the run is stored as failed with the reason), 130 interrupted.
+        """
         from rich.console import Console
 
         from auditor.audit import CheckOptions, run_check
@@ -141,15 +150,20 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt as exc:
             rid = getattr(exc, "run_id", None) or "<RUN_ID>"
             raise _fail(f"interrupted; continue with: auditor check --provider {provider} --resume {rid}", 130) from None
-        if json_path is not None:
-            _emit(render_json(rep) + "\n", json_path)
-        if fmt == "text":
-            render(rep, "text", Console())
-            err.print(f"re-render: auditor report {rep.run_id} --format markdown", highlight=False)
-        else:
-            out = render(rep, fmt)
-            assert out is not None  # only fmt "text" prints instead of returning a string
-            _emit(out, None)
+        except typer.Exit:
+            raise
+        except Exception as exc:
+            raise internal_error(exc, "auditor check", debug=debug) from None
+        with internal_errors("auditor check", debug=debug):
+            if json_path is not None:
+                _emit(render_json(rep) + "\n", json_path)
+            if fmt == "text":
+                render(rep, "text", Console())
+                err.print(f"re-render: auditor report {rep.run_id} --format markdown", highlight=False)
+            else:
+                out = render(rep, fmt)
+                assert out is not None  # only fmt "text" prints instead of returning a string
+                _emit(out, None)
         raise typer.Exit(rep.exit_code)
 
     @app.command("report")

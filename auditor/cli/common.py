@@ -1,7 +1,9 @@
-"""Helpers shared by the command modules: the usage-error exit and the rich console."""
+"""Helpers shared by the command modules: the usage-error exit, the internal-error exit and the rich console."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
@@ -9,10 +11,55 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["CONFIG_HELP", "DB_HELP", "console", "fail", "positive_ints"]
+__all__ = ["CONFIG_HELP", "DB_HELP", "DEBUG_HELP", "console", "fail", "internal_error", "internal_errors",
+           "positive_ints"]
 
 CONFIG_HELP = "Providers file (default: ./providers.toml, then the user config dir)."
 DB_HELP = "Database URL (SQLAlchemy) or SQLite path; default $AUDITOR_DB_URL or the user data dir file."
+DEBUG_HELP = ("On an internal error (exit 4) print the traceback on stderr instead of writing it to a log file "
+              "($SPEC_AUDITOR_LOG_DIR, $SPEC_AUDITOR_HOME/logs or the user log dir).")
+
+
+def internal_error(exc: BaseException, command: str, *, debug: bool = False) -> typer.Exit:
+    """Report an unexpected error of ``command`` and return the Exit (code 4,
+    :data:`auditor.errors.INTERNAL_ERROR_EXIT`) to raise.
+
+    One line on stderr: ``error: internal error in auditor CMD: <type>: <message>``, the failed run when the
+    exception names one (``exc.run_id``, set by ``auditor.audit.run_check``), and where the traceback is: a new
+    log file (:func:`auditor.errors.write_error_log`), or on stderr after the line with ``debug``.
+    """
+    import traceback
+
+    from auditor.errors import INTERNAL_ERROR_EXIT, failure_reason, write_error_log
+
+    what = failure_reason(exc).removeprefix("internal error: ")
+    rid = getattr(exc, "run_id", None)
+    run = f"; run {rid} is stored as failed with this reason" if isinstance(rid, str) and rid else ""
+    if debug:
+        where = "traceback below"
+    else:
+        path = write_error_log(exc, command)
+        where = (f"traceback in {path}" if path is not None else "the traceback could not be written to a log file")
+        where += "; rerun with --debug to print it"
+    typer.echo(f"error: internal error in {command} (a bug in spec-auditor, not a finding about the provider): "
+               f"{what}{run}; {where}", err=True)
+    if debug:
+        typer.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
+    return typer.Exit(INTERNAL_ERROR_EXIT)
+
+
+@contextlib.contextmanager
+def internal_errors(command: str, *, debug: bool = False) -> Iterator[None]:
+    """Turn any unexpected exception raised inside the block into :func:`internal_error`'s one line and
+    exit 4; the command's own exits (``typer.Exit``, usage errors) and Ctrl-C pass through."""
+    import click
+
+    try:
+        yield
+    except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise internal_error(exc, command, debug=debug) from None
 
 
 def fail(message: str) -> NoReturn:

@@ -4,7 +4,7 @@ Schedules live in the audit database (``schedules`` table), so a restarted ``sch
 none and never runs a slot twice (see :mod:`auditor.scheduler`). ``schedule run --once`` performs
 one pass and exits: safe to call from cron, a systemd timer or CI.
 
-Exit codes: 0 success, 3 usage/config/database error.
+Exit codes: 0 success, 3 usage/config/database error, 4 internal error (`schedule run`: see its help).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from auditor.cli.common import DB_HELP, fail
+from auditor.cli.common import DB_HELP, DEBUG_HELP, fail, internal_errors
 
 
 def _open(db: str | None) -> Any:
@@ -185,12 +185,20 @@ def register(app: typer.Typer) -> None:
         ),
         poll: float = typer.Option(60.0, "--poll", min=1.0, help="Longest sleep between passes, seconds."),
         db: str | None = typer.Option(None, "--db", help=DB_HELP),
+        debug: bool = typer.Option(False, "--debug", help=DEBUG_HELP),
     ) -> None:
-        """Run due audits: a long-running scheduler (Ctrl+C to stop) or one pass with --once."""
+        """Run due audits: a long-running scheduler (Ctrl+C to stop) or one pass with --once.
+
+        Exit codes: 0 done, 3 usage/config/database error, 4 internal error (an unexpected error of the
+        scheduler, or with --once of an audit it ran: one line each, the traceback in a log file; the
+        audit's run is stored as failed with the reason). The long-running scheduler reports a failed
+        audit and goes on with the next.
+        """
         import signal
         import threading
 
         from auditor.alerts import WEBHOOK_ENV
+        from auditor.errors import INTERNAL_ERROR_EXIT
         from auditor.scheduler import AuditScheduler
 
         store = _open(db)
@@ -198,10 +206,13 @@ def register(app: typer.Typer) -> None:
         sched = AuditScheduler(store, webhook_url=hook, echo=lambda m: typer.echo(m))
         try:
             if once:
-                outcomes = sched.run_due()
+                with internal_errors("auditor schedule run", debug=debug):
+                    outcomes = sched.run_due()
                 if not outcomes:
                     nxt = sched.next_due_at()
                     typer.echo(f"nothing due; next run {_fmt(nxt)}" if nxt else "no schedules")
+                if any(o.internal for o in outcomes):
+                    raise typer.Exit(INTERNAL_ERROR_EXIT)
                 return
             stop = threading.Event()
             previous = {}
@@ -209,7 +220,8 @@ def register(app: typer.Typer) -> None:
                 previous[sig] = signal.signal(sig, lambda *_: stop.set())
             typer.echo(f"scheduler running on {store.display_url} (Ctrl+C to stop)")
             try:
-                sched.run_forever(stop=stop, poll_s=poll)
+                with internal_errors("auditor schedule run", debug=debug):
+                    sched.run_forever(stop=stop, poll_s=poll)
             finally:
                 for sig, h in previous.items():
                     signal.signal(sig, h)

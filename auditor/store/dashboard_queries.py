@@ -480,6 +480,7 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
 
     Returns the run row (see :func:`list_runs`) plus ``config_snapshot``, ``reference_model``,
     ``reference_revision``, ``reference_dtype``, ``code_version``, ``summary`` (raw JSON),
+    ``failure_reason`` (why a ``failed`` run failed, None otherwise or for runs stored before reasons were kept),
     ``detectors`` (every stored detector result with ``statistic``, ``p_value``, ``p_adjusted``,
     ``effect`` and CI, ``n``, ``ran``, ``reason`` and ``evidence``), ``verdict_details`` (the
     ``verdicts.details`` JSON), ``questions`` (the buyer's two questions answered from the verdict,
@@ -509,6 +510,7 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
             "reference_dtype": run.reference_dtype,
             "code_version": run.code_version,
             "summary": run.summary or {},
+            "failure_reason": run.failure_reason,
         }
     )
     detectors = _detectors_by_run(session, [run_id])[run_id]

@@ -146,6 +146,8 @@ class AuditRun(Base):
     status: Mapped[str] = mapped_column(String(32), default="running")  # RUN_STATUSES
     verdict: Mapped[str | None] = mapped_column(String(64), nullable=True)
     verdict_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: why a ``failed`` run failed (one line: the error, or "internal error: <type>: <message>"); None otherwise
+    failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     alpha: Mapped[float | None] = mapped_column(Float, nullable=True)
     budget_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)

@@ -208,10 +208,16 @@ def update_run(s: Session, run_id: str, **fields: Any) -> AuditRun:
     return run
 
 
-def set_run_status(s: Session, run_id: str, status: str, *, finished: bool | None = None) -> AuditRun:
+def set_run_status(s: Session, run_id: str, status: str, *, finished: bool | None = None,
+                   reason: str | None = None) -> AuditRun:
     """Set ``status``; ``finished_at`` is set for completed/failed/interrupted (or when
-    ``finished=True``) and cleared for ``running``."""
+    ``finished=True``) and cleared for ``running``. ``failure_reason`` is set to ``reason`` for a
+    ``failed`` run (kept when ``reason`` is None) and cleared for every other status."""
     run = update_run(s, run_id, status=status)
+    if status != "failed":
+        run.failure_reason = None
+    elif reason is not None:
+        run.failure_reason = reason
     done = status != "running" if finished is None else finished
     run.finished_at = utcnow() if done else None
     s.flush()

@@ -291,6 +291,16 @@ def preflight_md(checks: list[dict[str, Any]]) -> str:
                                      align=["l", "l", "c", "r", "l"])
 
 
+def status_md(d: dict[str, Any]) -> str:
+    """The status line of a run without a verdict ("" for a completed run): ``Run status: **failed** — no
+    verdict: <the stored failure reason>`` (escaped), or ``— no verdict.`` when none is stored."""
+    if d.get("status") == "completed" or d.get("verdict_reason"):
+        return ""
+    line = f"Run status: **{escape_md(d.get('status') or '?')}** — no verdict"
+    reason = d.get("failure_reason")
+    return line + (f": {escape_md(reason, max_len=2000)}" if reason else ".")
+
+
 def render(db_url: str, filters: Filters) -> None:
     """Draw the Run detail page."""
     st.header("Run detail")
@@ -316,8 +326,8 @@ def render(db_url: str, filters: Filters) -> None:
         st.markdown(questions)
     if d["verdict_reason"]:
         st.markdown(escape_md(d["verdict_reason"], max_len=2000))
-    elif d["status"] != "completed":
-        st.markdown(f"Run status: **{escape_md(d['status'])}** — no verdict.")
+    elif status := status_md(d):
+        st.markdown(status)
     rules = rules_out_table(d.get("rules_out"))
     if rules:
         st.markdown("**What this audit rules out** (95% power against the effect sizes measured in calibration)")
