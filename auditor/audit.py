@@ -57,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -457,7 +456,7 @@ def _probe(store: Store, cfg: ProviderConfig, plan: Any, opts: CheckOptions) -> 
         NothingToAuditError: no probe succeeded (names the errors seen).
         AuditInterrupted: Ctrl-C while probing.
     """
-    from auditor.runner import RunnerError, run_probes
+    from auditor.runner import RunnerError, describe_errors, run_probes, summarize_run
     from auditor.store import queries as q
 
     started: dict[str, str] = {}
@@ -483,10 +482,8 @@ def _probe(store: Store, cfg: ProviderConfig, plan: Any, opts: CheckOptions) -> 
             q.update_run(s, rid, budget_tokens=int(opts.budget_tokens))
         q.update_run(s, rid, alpha=opts.alpha)
     if status == "failed" or not counts.get("done"):
-        with store.session() as s:
-            errs = Counter(str(a.error).split(":", 1)[0] for p in q.list_probes(s, rid)
-                           for a in q.attempts_for_probe(s, p.id) if a.error)
-        what = ", ".join(f"{k}={v}" for k, v in errs.most_common()) or "no response"
+        summ = summarize_run(store, rid)
+        what = describe_errors(summ.error_kinds, summ.error_examples)
         err = NothingToAuditError(
             f"provider {cfg.name!r} at {cfg.base_url}: no probe succeeded ({what}). Fix: check that the server is "
             f"running and its base_url/model/api_key_env, then resume the run.", run_id=rid, provider=cfg.name)

@@ -51,6 +51,7 @@ __all__ = [
     "RunSummary",
     "RunnerError",
     "code_version",
+    "describe_errors",
     "plan_suite",
     "render_summary",
     "run_probes",
@@ -125,6 +126,7 @@ class RunSummary:
     cost_usd: float
     http_status_counts: dict[str, int] = field(default_factory=dict)
     error_kinds: dict[str, int] = field(default_factory=dict)
+    error_examples: dict[str, str] = field(default_factory=dict)  # kind → its most frequent detail (the server's words)
     elapsed_s: float | None = None  # this session's wall time
     resumed: bool = False
     latency_median_s: float | None = None
@@ -226,6 +228,16 @@ def _median(xs: list[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
 
+def describe_errors(error_kinds: dict[str, int], error_examples: dict[str, str] | None = None) -> str:
+    """The failed attempts of a run for a message, most frequent kind first, each with the server's words:
+    ``http_error=16 attempts: HTTP 401: Incorrect API key provided (code=invalid_api_key)``; ``"no response"``
+    when there is none (:attr:`RunSummary.error_kinds` / :attr:`RunSummary.error_examples`)."""
+    ex = error_examples or {}
+    parts = [f"{k}={n} attempt{'s' if n != 1 else ''}" + (f": {ex[k]}" if ex.get(k) else "")
+             for k, n in sorted(error_kinds.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return "; ".join(parts) or "no response"
+
+
 # ---------------------------------------------------------------------------------------------
 # Summary
 # ---------------------------------------------------------------------------------------------
@@ -241,19 +253,23 @@ def summarize_run(store: Store, run_id: str, *, elapsed_s: float | None = None, 
 
     from auditor.report import concurrency_line, usage_note
     from auditor.store.models import ProbeAttempt
+    from probes.wire import describe_error
 
     with store.session() as s:
         det = q.run_detail(s, run_id)
         if det is None:
             raise RunnerError(f"no run {run_id!r} in {store.display_url}")
         kinds: dict[str, int] = {}
+        examples: dict[str, tuple[int, str]] = {}
         for err, n in s.execute(
             select(ProbeAttempt.error, func.count())
             .where(ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_not(None))
             .group_by(ProbeAttempt.error)
         ):
-            kind = str(err).split(":", 1)[0]
+            kind, _, detail = str(err).partition(":")
             kinds[kind] = kinds.get(kind, 0) + int(n)
+            if int(n) > examples.get(kind, (0, ""))[0]:
+                examples[kind] = (int(n), detail.strip())
         lat = [
             float(x)
             for x in s.scalars(
@@ -292,6 +308,7 @@ def summarize_run(store: Store, run_id: str, *, elapsed_s: float | None = None, 
             cost_usd=float(run.cost_usd or 0.0),
             http_status_counts=det.http_status_counts,
             error_kinds=kinds,
+            error_examples={k: describe_error(v) for k, (_n, v) in examples.items()},
             elapsed_s=elapsed_s,
             resumed=resumed,
             latency_median_s=_median(lat),
@@ -320,7 +337,7 @@ def render_summary(summary: RunSummary, console: Any | None = None) -> None:
     )
     t.add_row("attempts", f"{summary.attempts} ({summary.retries} retries, {summary.failed_attempts} failed attempts)")
     if summary.error_kinds:
-        t.add_row("errors", ", ".join(f"{k}={v}" for k, v in sorted(summary.error_kinds.items())))
+        t.add_row("errors", describe_errors(summary.error_kinds, summary.error_examples))
     t.add_row("http status", ", ".join(f"{k}={v}" for k, v in sorted(summary.http_status_counts.items())) or "-")
     t.add_row(
         "tokens", f"{summary.tokens} normalized; usage {summary.prompt_tokens} in / {summary.completion_tokens} out"
@@ -634,6 +651,7 @@ async def run_probes_async(
             callback(state)
 
     status = "failed"
+    unreachable: str | None = None
     conc: Any = None  # the client's adaptive concurrency limit (its width changes go in the summary)
     loop = asyncio.get_running_loop()
     me = asyncio.current_task()
@@ -650,7 +668,7 @@ async def run_probes_async(
                 queue.put_nowait(key)
 
             async def work() -> None:
-                while True:
+                while client.unreachable is None:  # a first connection refused: the rest would fail the same way
                     try:
                         key = queue.get_nowait()
                     except asyncio.QueueEmpty:
@@ -678,7 +696,8 @@ async def run_probes_async(
                     w.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
                 raise
-        status = "completed"
+            unreachable = client.unreachable
+        status = "completed" if unreachable is None else "failed"
     except (asyncio.CancelledError, KeyboardInterrupt, _WorkerInterrupt):
         status = "interrupted"
         raise
@@ -696,6 +715,8 @@ async def run_probes_async(
                 status = "failed"  # nothing succeeded: wrong URL, key or model; fix and --retry-failed
             run = q.get_run(s, rid)
             assert run is not None  # _prepare_run made it (a failure is suppressed like any other here)
+            if unreachable is not None:  # stopped at the first connection refused: the pending probes can resume
+                run.failure_reason = unreachable
             summary = dict(run.summary or {})
             summary.pop("runner", None)
             summary["last_session_s"] = time.perf_counter() - t_start
@@ -734,7 +755,8 @@ def run_probes(
             ``retry_failed`` (when resuming, put ``failed`` probes back to ``pending``).
 
     Run status at the end: ``completed`` (no probe pending), ``failed`` (every probe failed,
-    e.g. a wrong URL or key), ``interrupted`` (cancelled; resumable).
+    e.g. a wrong URL or key; or the endpoint refused the first connection before ever answering: the run
+    stops at once, its other probes stay pending for a resume), ``interrupted`` (cancelled; resumable).
 
     Raises:
         probes.config.ConfigError: the API key env var is missing.

@@ -69,6 +69,7 @@ from probes.wire import (
     parse_retry_after,
     parse_sse,
     stream_token_cap,
+    suggest_base_url,
 )
 
 __all__ = ["AttemptRecord", "ProbeClient", "ProbeResult", "RateLimiter"]
@@ -276,6 +277,11 @@ class ProbeClient:
         self._max_attempts = max_attempts or config.retry.max_attempts
         #: set once the provider rejects ``stream_options`` with a 400; later requests omit it
         self._stream_options_rejected = not config.capabilities.stream_usage
+        #: whether any attempt reached the server (an HTTP status, or a timeout / read error after connecting)
+        self._reached = False
+        #: the error of a connection refused before the endpoint ever answered (then not retried; a runner
+        #: stops sending, :attr:`unreachable`)
+        self.unreachable: str | None = None
         # httpcore's pool scans every connection on each request (O(connections) socket polls;
         # encode/httpx#3215, encode/httpcore#1035), so the connections are sharded over small
         # pools. A slot queue bounds total concurrency and keeps each shard within its own
@@ -370,11 +376,15 @@ class ProbeClient:
             n_events = 0
             limit_error: tuple[str, str] | None = None
             transport_error: tuple[str, str] | None = None
+            content_type: str | None = None
+            location: str | None = None
             try:
                 async with asyncio.timeout(budget):
                     async with http.stream("POST", self.url, content=payload) as resp:
                         status = resp.status_code
                         retry_after = parse_retry_after(resp.headers.get("retry-after"))
+                        content_type = resp.headers.get("content-type")
+                        location = resp.headers.get("location")
                         ok = 200 <= status < 300
                         sse = SSELineDecoder() if stream and ok else None
                         body_cap = cap if ok else min(cap, _ERROR_BODY_BYTES)
@@ -416,15 +426,23 @@ class ProbeClient:
                                 )
                                 break
             except (TimeoutError, httpx.TimeoutException) as exc:
+                self._reached = self._reached or not isinstance(exc, httpx.ConnectTimeout)
                 if deadline_bound:
                     transport_error = ("deadline_exceeded", f"deadline_exceeded: the request's {self._deadline_s:g}s deadline ran out during attempt {attempt_no} ({type(exc).__name__})")
                 else:
                     transport_error = ("timeout", f"timeout: no complete response within {self.config.timeout_s:g}s ({type(exc).__name__})")
             except httpx.ConnectError as exc:
-                transport_error = ("connect_error", f"connect_error: {exc}")
+                transport_error = ("connect_error", f"connect_error: cannot connect to {self.url}: {exc}")
+                if not self._reached:  # never answered: the endpoint is down or base_url is wrong; fail fast
+                    self.unreachable = transport_error[1] + (
+                        " (no answer from this endpoint yet, so not retried: is the server running, and is base_url right?)")
+                    transport_error = ("connect_error", self.unreachable)
             except httpx.TransportError as exc:
+                self._reached = True
                 transport_error = ("read_error", f"read_error: {type(exc).__name__}: {exc}")
             latency = time.perf_counter() - t0
+            if status is not None:
+                self._reached = True
         finally:
             self._slots.put_nowait(shard)
 
@@ -445,9 +463,13 @@ class ProbeClient:
             if kind != "deadline_exceeded" and stream and status is not None and 200 <= status < 300 and body:
                 kind, err = "truncated_stream", f"truncated_stream: {err}"
             retryable = kind in RETRYABLE_KINDS or (kind in MALFORMED_KINDS and self.config.retry.retry_malformed)
+            if kind == "connect_error" and self.unreachable is not None and not self._reached:
+                retryable = False
             parsed_ok = False
         else:
-            pr = parse_response(api, status, body, stream=stream)
+            pr = parse_response(api, status, body, stream=stream, content_type=content_type, location=location,
+                                suggested_base_url=suggest_base_url(self.config.base_url, self.url, location)
+                                if location else None)
             kind, err, parsed_ok = pr.error_kind, pr.error, pr.ok
             retryable = pr.retryable and (kind not in MALFORMED_KINDS or self.config.retry.retry_malformed)
         tpc0 = tuple(per_choice.get(0, ()))

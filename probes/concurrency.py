@@ -35,8 +35,9 @@ from datetime import UTC, datetime
 __all__ = ["PRESSURE_KINDS", "PRESSURE_STATUS", "AdaptiveConcurrency", "Ticket", "WidthChange", "is_pressure"]
 
 #: Error kinds (``ProbeResult.error_kind``) that mean "too many requests at once": a cut
-#: stream, a 429, a connection dropped mid-response.
-PRESSURE_KINDS = frozenset({"truncated_stream", "rate_limited", "read_error"})
+#: stream, a 429, a connection dropped mid-response, an answer ended empty (llama.cpp's server
+#: ends a running stream with a role chunk and ``[DONE]`` when another request waits).
+PRESSURE_KINDS = frozenset({"truncated_stream", "rate_limited", "read_error", "empty_stream", "empty_answer"})
 #: HTTP statuses that mean "too many requests at once" (429 rate limit, 503 unavailable,
 #: 529 overloaded as Anthropic's API uses it).
 PRESSURE_STATUS = frozenset({429, 503, 529})
@@ -45,7 +46,8 @@ PRESSURE_STATUS = frozenset({429, 503, 529})
 def is_pressure(error_kind: str | None, http_status: int | None, retryable: bool = False) -> bool:
     """True when a failed attempt looks like server overload from concurrency.
 
-    ``truncated_stream``, ``rate_limited`` and ``read_error`` always; HTTP 429/503/529; a retryable in-band
+    ``truncated_stream``, ``rate_limited``, ``read_error``, ``empty_stream`` and ``empty_answer`` always;
+    HTTP 429/503/529; a retryable in-band
     ``provider_error`` (its code is 5xx/429 or its type says overloaded / unavailable).
     ``error_kind is None`` (success) is never pressure.
     """

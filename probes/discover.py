@@ -10,13 +10,22 @@ Small requests (a few tokens each, ~9 requests in all), each answering one quest
 - ``echo`` (completions only): ``echo = true`` returns prompt-token logprobs;
 - ``streaming``: ``stream = true`` returns a well-formed SSE stream ending in ``[DONE]``;
 - ``concurrency``: the ``n = 2`` request with the other-seed request, and two streaming
-  requests, are sent at the same time; an attempt of either pair cut (truncated stream, 429/503, dropped connection) while
-  the pair's other request completed means overlapping requests do not survive. A llama.cpp
+  requests, are sent at the same time; an attempt of either pair cut (truncated stream, an answer
+  ended empty — ``empty_stream`` / ``empty_answer`` —, 429/503, dropped connection), or one answer
+  without content beside a twin with content, means overlapping requests do not survive. A llama.cpp
   server cancels a running stream whenever another request waits: 48 of 52 requests of one
-  audit at the default width 8 ended as truncated streams. Then ``concurrent_streams_ok`` is
+  audit at the default width 8 ended as truncated streams (and, in another version, 51 of 52 as a
+  role chunk then ``[DONE]``). Then ``concurrent_streams_ok`` is
   false and :attr:`DiscoveryReport.safe_concurrency` is 1, which ``providers probe --write``
   stores as ``rate_limits.concurrency`` (the widths above 2 are not tried, to keep the probe at
-  ~10 tiny requests; the client's adaptive limit finds the width at run time).
+  ~10 tiny requests; the client's adaptive limit finds the width at run time). A request of a pair
+  cut that way is sent again alone, so its own capability is still observed.
+
+Only what was observed is reported (issue 37, item 3): a request that fails for any reason other than
+the server refusing the option asked about (HTTP 400 / 422) — a 401, an unknown model, a 5xx, a refused
+connection, an HTML page, a redirect — ends the probe there, with :attr:`DiscoveryReport.error` quoting
+the status and the server's message and no capabilities (``providers probe`` then exits 3 and writes
+nothing).
 """
 
 from __future__ import annotations
@@ -31,11 +40,14 @@ from probes.client import ProbeClient, ProbeResult
 from probes.concurrency import is_pressure
 from probes.config import Capabilities, ProviderConfig
 from probes.normalize import normalize_response
+from probes.wire import describe_error
 
 __all__ = ["CapabilityCheck", "DiscoveryReport", "discover_capabilities"]
 
 _PROMPT = "Count from one to ten: one, two,"
 _RANDOM_PROMPT = "Write a list of ten random, unrelated words."
+#: Statuses with which a server refuses an option it does not support (an observation, not a failure).
+_REFUSAL_STATUS = frozenset({400, 422})
 
 
 @dataclass(frozen=True)
@@ -51,15 +63,24 @@ class CapabilityCheck:
 
 @dataclass
 class DiscoveryReport:
-    """Every check, and the :class:`Capabilities` they imply."""
+    """Every check, and the :class:`Capabilities` they imply (None when the probe failed: ``error``)."""
 
     provider: str
     checks: list[CapabilityCheck] = field(default_factory=list)
-    capabilities: Capabilities = field(default_factory=Capabilities)
+    capabilities: Capabilities | None = None
+    """What was observed; None when a request failed for a reason other than the server refusing the
+    option asked about (``error``): nothing may then be written, nor a capability reported."""
     requests: int = 0
     safe_concurrency: int | None = None
     """Concurrency to write into ``rate_limits``: 1 when overlapping requests were cut, ``None``
     when they survived (the configured width is kept)."""
+    error: str | None = None
+    """Why the probe failed: the failing request's status and the server's own message
+    (:func:`probes.wire.describe_error`), e.g. ``HTTP 401: Incorrect API key provided ...``."""
+
+
+class _ProbeFailed(Exception):
+    """A discovery request failed for a reason that is no answer about a capability."""
 
 
 def _base(config: ProviderConfig, **kw: Any) -> dict[str, Any]:
@@ -83,17 +104,48 @@ def _max_alts(config: ProviderConfig, res: ProbeResult) -> tuple[bool, int]:
     return True, max(len(t.top_logprobs) for t in norm.tokens)
 
 
+def _refused(res: ProbeResult) -> bool:
+    """The server answered, and refused an option of the request (HTTP 400 / 422): an observation
+    that the capability asked about is not supported."""
+    return not res.success and res.http_status in _REFUSAL_STATUS
+
+
+def _failure(res: ProbeResult, what: str) -> str | None:
+    """Why ``res`` says nothing about a capability (a failure that is not a refusal), or None."""
+    if res.success or _refused(res):
+        return None
+    return f"{what} failed: {describe_error(res.error or res.error_kind or 'no response')}"
+
+
 async def discover_capabilities(
     config: ProviderConfig,
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     api_key: str | None = None,
 ) -> DiscoveryReport:
-    """Ask ``config``'s endpoint what it supports. Network errors become unsupported checks.
+    """Ask ``config``'s endpoint what it supports.
+
+    A capability is reported only as observed: supported when a request using it succeeded,
+    unsupported when it succeeded without it or the server refused it (HTTP 400 / 422). Any other
+    failure (401, unknown model, 5xx, connection refused, an HTML page, a redirect, ...) ends the probe
+    at that request with :attr:`DiscoveryReport.error` set and ``capabilities`` None; so does a probe
+    where no request succeeded. A request of an overlap pair cut by the overlap itself is sent again
+    alone, so the capability is still observed.
 
     Raises ``ConfigError`` only when ``api_key_env`` names an unset variable.
     """
     rep = DiscoveryReport(provider=config.name)
+    try:
+        await _discover(config, rep, transport, api_key)
+    except _ProbeFailed as exc:
+        rep.error = str(exc)
+        rep.capabilities = None
+        rep.safe_concurrency = None
+    return rep
+
+
+async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: httpx.AsyncBaseTransport | None,
+                    api_key: str | None) -> None:
     cfg = config.model_copy(
         update={
             "retry": config.retry.model_copy(update={"max_attempts": 2, "backoff_max_s": 2.0}),
@@ -102,17 +154,43 @@ async def discover_capabilities(
         }
     )
     chat = config.api == "chat"
+    succeeded = [0]
+    first_error: list[str] = []
     async with ProbeClient(cfg, transport=transport, api_key=api_key) as client:
 
-        async def ask(body: dict[str, Any]) -> ProbeResult:
+        async def send(body: dict[str, Any]) -> ProbeResult:
             rep.requests += 1
-            return await client.send(body, key="discover", stream=bool(body.get("stream")))
+            res = await client.send(body, key="discover", stream=bool(body.get("stream")))
+            succeeded[0] += res.success
+            if not res.success and not first_error:
+                first_error.append(describe_error(res.error or res.error_kind or "no response"))
+            return res
+
+        async def ask(body: dict[str, Any], what: str) -> ProbeResult:
+            """One request whose failure, other than a refusal, ends the probe."""
+            res = await send(body)
+            if (why := _failure(res, what)) is not None:
+                raise _ProbeFailed(why)
+            return res
+
+        async def pair(a: dict[str, Any], b: dict[str, Any], what: tuple[str, str]) -> tuple[ProbeResult, ProbeResult, ProbeResult, ProbeResult]:
+            """Send ``a`` and ``b`` at the same time; a member that ended in a pressure failure (the overlap
+            cut it) is sent again alone. Returns (a, b as overlapped, a, b as observed)."""
+            ra, rb = await asyncio.gather(send(a), send(b))
+            out = []
+            for res, body, w in ((ra, a, what[0]), (rb, b, what[1])):
+                if not res.success and is_pressure(res.error_kind, res.http_status, bool(res.attempts and res.attempts[-1].retryable)):
+                    res = await send(body)
+                if (why := _failure(res, w)) is not None:
+                    raise _ProbeFailed(why)
+                out.append(res)
+            return ra, rb, out[0], out[1]
 
         # logprobs and the alternatives cap
         lp_ok, cap, status, note = False, 0, None, ""
         for k in (20, 5):
             body = _base(cfg, logprobs=True, top_logprobs=k) if chat else _base(cfg, logprobs=k)
-            res = await ask(body)
+            res = await ask(body, f"the first request (logprobs, {k} alternatives)" if k == 20 else "logprobs")
             status = res.http_status
             ok, n_alt = _max_alts(cfg, res)
             if ok:
@@ -120,9 +198,10 @@ async def discover_capabilities(
                 note = f"asked {k}, got up to {n_alt}"
                 break
             note = res.error or "no logprobs returned"
-        if not lp_ok:
+        if not lp_ok and not res.success:  # alternatives refused: logprobs alone? (a 200 without any logprobs
+            # already says the server ignores logprobs=true; asking again without top_logprobs would not change it)
             body = _base(cfg, logprobs=True) if chat else _base(cfg, logprobs=0)
-            res = await ask(body)
+            res = await ask(body, "logprobs")
             ok, _ = _max_alts(cfg, res)
             if ok:
                 lp_ok, cap, note = True, 0, "logprobs without alternatives only"
@@ -139,12 +218,12 @@ async def discover_capabilities(
             body["messages"] = [{"role": "user", "content": _RANDOM_PROMPT}]
         else:
             body["prompt"] = _RANDOM_PROMPT
-        a = await ask(body)
-        b = await ask(body)
-        res, c = await asyncio.gather(ask(_base(cfg, n=2, temperature=1.0, max_tokens=16)), ask({**body, "seed": 54321}))
+        a = await ask(body, "a seeded request")
+        b = await ask(body, "a seeded request")
+        n_cut, c_cut, res, c = await pair(_base(cfg, n=2, temperature=1.0, max_tokens=16), {**body, "seed": 54321},
+                                          ("the n=2 request", "a seeded request"))
 
         # n > 1
-        res_n = res
         n_choices = len(res.json.get("choices", [])) if res.success and isinstance(res.json, dict) else 0
         rep.checks.append(CapabilityCheck("n", n_choices >= 2, n_choices, res.error or f"{n_choices} choices for n=2", res.http_status))
 
@@ -167,7 +246,7 @@ async def discover_capabilities(
             echo_ok = False
         else:
             body = _base(cfg, echo=True, logprobs=1, max_tokens=1)
-            res = await ask(body)
+            res = await ask(body, "the echo request")
             norm = normalize_response("completions", body, response_text=res.response_text) if res.success else None
             echo_ok = bool(norm and norm.prompt_tokens and "echo_ignored" not in norm.anomalies)
             det = res.error or (f"{len(norm.prompt_tokens)} prompt tokens with logprobs" if echo_ok and norm is not None
@@ -175,17 +254,20 @@ async def discover_capabilities(
             rep.checks.append(CapabilityCheck("echo", echo_ok, echo_ok, det, res.http_status))
 
         # streaming, as two overlapping streams (also the stream overlap test)
-        s1, s2 = await asyncio.gather(ask(_base(cfg, stream=True, max_tokens=16)), ask(_base(cfg, stream=True, max_tokens=16)))
-        res = s1 if s1.success or not s2.success else s2
+        s1, s2, o1, o2 = await pair(_base(cfg, stream=True, max_tokens=16), _base(cfg, stream=True, max_tokens=16),
+                                    ("a streamed request", "a streamed request"))
+        res = o1 if o1.success or not o2.success else o2
         st_ok = res.success
         det = res.error or (f"TTFT {res.ttft_s:.3f}s, {len(res.tokens_per_chunk)} chunks" if res.ttft_s is not None else "stream ok")
         rep.checks.append(CapabilityCheck("streaming", st_ok, st_ok, det, res.http_status))
 
-        # concurrency: was any overlapping attempt cut while its twin completed?
-        conc_ok, det = _overlap_verdict({"streams": (s1, s2), "requests": (res_n, c)})
+        # concurrency: was any overlapping attempt cut, or an overlapping answer empty, while its twin completed?
+        conc_ok, det = _overlap_verdict({"streams": (s1, s2), "requests": (n_cut, c_cut)})
         rep.safe_concurrency = None if conc_ok else 1
         rep.checks.append(CapabilityCheck("concurrency", conc_ok, 2 if conc_ok else 1, det, res.http_status))
 
+    if not succeeded[0]:
+        raise _ProbeFailed(f"no request succeeded: {first_error[0] if first_error else 'no response'}")
     rep.capabilities = Capabilities(
         max_top_logprobs=cap,
         logprobs=lp_ok,
@@ -195,7 +277,6 @@ async def discover_capabilities(
         streaming=st_ok,
         concurrent_streams_ok=conc_ok,
     )
-    return rep
 
 
 def _overlap_verdict(pairs: dict[str, tuple[ProbeResult, ProbeResult]]) -> tuple[bool, str]:
@@ -214,7 +295,9 @@ def _overlap_verdict(pairs: dict[str, tuple[ProbeResult, ProbeResult]]) -> tuple
         kinds = sorted({str(t.error_kind) for t in tries if t.error is not None and is_pressure(t.error_kind, t.http_status, t.retryable)})
         if kinds:
             cut.append(f"overlapping {what} were cut ({', '.join(kinds)})")
+        elif sum(1 for r in pair if r.success and not r.text) == 1:  # one twin has content, the other none
+            cut.append(f"one of the overlapping {what} came back empty")
     if cut:
         return False, "; ".join(cut) + ": use rate_limits.concurrency = 1"
-    return True, "2 overlapping streams and 2 overlapping requests completed"
+    return True, "2 overlapping streams and 2 overlapping requests completed with content"
 

@@ -107,7 +107,7 @@ ANOMALY_KINDS: dict[str, str] = {
     "spm_token_strings": "SentencePiece '▁' word-boundary marks leaked into token strings",
     "replacement_char_text": "text/token strings carry U+FFFD where the tokens' bytes hold a valid character; bytes kept",
     "malformed_usage": "the usage object's token counts are not non-negative integers (dropped)",
-    **BODY_ANOMALIES,  # malformed_json, malformed_response, truncated_stream, provider_error: shared with the client
+    **BODY_ANOMALIES,  # malformed_json, malformed_response, truncated_stream, empty_stream, provider_error: shared with the client
 }
 
 
@@ -390,6 +390,8 @@ def normalize_response(
         text, raw, finish, usage, n_content = _assemble_stream(api, events, choice, acc, asked)
         if n_content == 0 and "provider_error" not in acc.anomalies:
             acc.add("malformed_response", None, f"stream has no content events for choice {choice} ({len(events)} events)")
+        elif not text and not raw and finish is None and not {"provider_error", "truncated_stream"} & set(acc.anomalies):
+            acc.add("empty_stream", None, f"choice {choice}: {n_content} events without content or finish_reason")
     elif isinstance(body, dict):
         err = find_error(body)
         if err is not None:
@@ -413,6 +415,8 @@ def normalize_response(
             else:
                 text = ch.get("text") if isinstance(ch.get("text"), str) else None
             raw = _entries(ch.get("logprobs"), acc)
+            if not text and not raw and finish is None:
+                acc.add("empty_answer", None, f"choice {choice}: no content and no finish_reason")
     elif body is not None:
         acc.add("malformed_response", None, f"body is a {type(body).__name__}, not an object")
     usage, usage_missing = _clean_usage(usage, acc)

@@ -46,6 +46,8 @@ BODY_ANOMALIES: dict[str, str] = {
     "malformed_json": "the body or an SSE event is not valid JSON",
     "malformed_response": "valid JSON but not a usable answer: no choices, or a stream with no content events",
     "truncated_stream": "an SSE stream ended without data: [DONE]",
+    "empty_stream": "an SSE stream ended (data: [DONE]) with no content and no finish_reason",
+    "empty_answer": "a plain (non-streamed) answer with no content and no finish_reason",
     "provider_error": "an error object inside an HTTP 200 body or an SSE error event",
 }
 

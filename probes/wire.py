@@ -15,17 +15,22 @@ events, ``data: {...}`` lines ending with ``data: [DONE]``) and ``stream_options
 from __future__ import annotations
 
 import email.utils
+import html
 import math
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
+from urllib.parse import urljoin
 
 from probes.config import ProviderConfig
 from probes.sse import JSONTooDense, find_error, loads_json, looks_like_plain_json
 from probes.sse import parse_sse as _parse_sse_body
 
 __all__ = [
+    "EMPTY_KINDS",
+    "ENDPOINT_KINDS",
     "LIMIT_KINDS",
     "MALFORMED_KINDS",
     "RETRYABLE_KINDS",
@@ -34,16 +39,31 @@ __all__ = [
     "build_payload",
     "chunk_tokens_by_choice",
     "count_chunk_tokens",
+    "describe_error",
     "parse_response",
     "parse_retry_after",
     "parse_sse",
     "stream_token_cap",
+    "suggest_base_url",
 ]
 
 #: HTTP statuses worth retrying: timeouts, conflicts, rate limits and server errors.
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 529})
-#: Error kinds (``ProbeResult.error_kind``) that a retry may fix.
-RETRYABLE_KINDS = frozenset({"timeout", "connect_error", "read_error", "rate_limited", "server_error"})
+#: Error kinds (``ProbeResult.error_kind``) that a retry may fix (``connect_error`` only once the endpoint has
+#: answered: :class:`probes.client.ProbeClient` fails fast on a first connection refused).
+RETRYABLE_KINDS = frozenset({"timeout", "connect_error", "read_error", "rate_limited", "server_error", "empty_stream",
+                             "empty_answer"})
+#: Failure kinds of an endpoint that is not the API at all (never retried; the message says what to change):
+ENDPOINT_KINDS: dict[str, str] = {
+    "html_response": "a 2xx answer that is an HTML page (a sign-in, proxy or docs page): base_url is not the API",
+    "redirect": "a 3xx answer: the API moved; redirects are not followed, base_url should change to where it points",
+}
+#: Answers that end without content and without a finish reason (retried; a pressure failure, since a server
+#: ends a running answer this way when another request waits, as llama.cpp's does):
+EMPTY_KINDS: dict[str, str] = {
+    "empty_stream": "an SSE stream that ended ([DONE]) after a role chunk with no content and no finish_reason",
+    "empty_answer": "a plain answer with empty content and no finish_reason",
+}
 #: Error kinds that are retried only when ``RetryPolicy.retry_malformed`` is set.
 MALFORMED_KINDS = frozenset({"malformed_json", "truncated_stream", "malformed_response"})
 #: Failure kinds of the resource bounds (``ProviderConfig.response_limits``); never retried.
@@ -211,27 +231,75 @@ def _error_message(body: Any) -> str | None:
     return err.describe() if err is not None else None
 
 
-def parse_response(api: str, status: int | None, body: str | bytes | None, *, stream: bool = False) -> ParsedResponse:
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def _is_html(content_type: str | None, body: str) -> bool:
+    if content_type is not None and content_type.split(";", 1)[0].strip().lower() in ("text/html", "application/xhtml+xml"):
+        return True
+    head = body.lstrip()[:64].lower()
+    return head.startswith(("<!doctype html", "<html"))
+
+
+def _html_title(body: str) -> str:
+    m = _TITLE.search(body[:65536])
+    title = " ".join(html.unescape(m.group(1)).split())[:120] if m else ""
+    return f"title {title!r}" if title else "no title"
+
+
+def suggest_base_url(base_url: str, endpoint_url: str, location: str) -> str | None:
+    """The ``base_url`` that would reach the endpoint a redirect points at: ``location`` (made absolute
+    against ``endpoint_url``) without the endpoint's path below ``base_url`` (``/chat/completions``);
+    None when ``location`` does not end with that path. Pure."""
+    target = urljoin(endpoint_url, location)
+    suffix = endpoint_url[len(base_url.rstrip("/")):] if endpoint_url.startswith(base_url.rstrip("/")) else ""
+    if suffix and target.split("?", 1)[0].endswith(suffix):
+        return target.split("?", 1)[0][: -len(suffix)]
+    return None
+
+
+def parse_response(
+    api: str,
+    status: int | None,
+    body: str | bytes | None,
+    *,
+    stream: bool = False,
+    content_type: str | None = None,
+    location: str | None = None,
+    suggested_base_url: str | None = None,
+) -> ParsedResponse:
     """Classify and decode one HTTP response. Pure; never raises on bad input.
 
     ``status`` is the HTTP status (``None`` when no response arrived), ``body`` the raw body
-    (for ``stream=True`` the whole SSE text). A stream without ``data: [DONE]`` is
+    (for ``stream=True`` the whole SSE text), ``content_type`` and ``location`` the response's headers
+    (None when absent), ``suggested_base_url`` the base_url that reaches ``location``
+    (:func:`suggest_base_url`). A stream without ``data: [DONE]`` is
     ``truncated_stream``; a body that is not JSON is ``malformed_json``; a 2xx with an error
     object (or an SSE error event) is ``provider_error``, retryable when the error says so
     (:attr:`probes.sse.ProviderError.retryable`); a 2xx without ``choices``, or a stream with no
-    content events (e.g. only ``data: [DONE]``), is ``malformed_response``.
+    content events (e.g. only ``data: [DONE]``), is ``malformed_response``. A 2xx HTML page is
+    ``html_response`` and a 3xx ``redirect`` (:data:`ENDPOINT_KINDS`, never retried); an answer with no
+    content and no ``finish_reason`` is ``empty_stream`` / ``empty_answer`` (:data:`EMPTY_KINDS`, retried).
+    An error status quotes the server: its error object's message, else the title of an HTML page, else
+    the body's first 200 characters.
     """
     if isinstance(body, (bytes, bytearray)):
         body = body.decode("utf-8", errors="replace")
     body = body or ""
     if status is None:
         return ParsedResponse(False, None, "read_error", "read_error: no response", True)
+    if 300 <= status < 400:
+        where = f"redirects to {location}" if location else "redirects (no Location header)"
+        fix = (f"set base_url = \"{suggested_base_url}\"" if suggested_base_url else "point base_url at the new address")
+        return ParsedResponse(False, None, "redirect", f"redirect: http_{status}: the server {where}; redirects are "
+                              f"not followed (a request's body and key must not go elsewhere unasked): {fix}", False)
+    html_page = _is_html(content_type, body)
     if not 200 <= status < 300:
         try:
-            decoded = loads_json(body) if body.strip() else None
+            decoded = loads_json(body) if body.strip() and not html_page else None
         except ValueError:
             decoded = None
-        msg = _error_message(decoded) or body.strip()[:200]
+        msg = _error_message(decoded) or (f"an HTML page ({_html_title(body)})" if html_page else body.strip()[:200])
         if status == 429:
             kind = "rate_limited"
         elif status >= 500 or status in RETRYABLE_STATUS:
@@ -239,6 +307,11 @@ def parse_response(api: str, status: int | None, body: str | bytes | None, *, st
         else:
             kind = "http_error"
         return ParsedResponse(False, decoded, kind, f"http_{status}: {msg}", status in RETRYABLE_STATUS)
+    if html_page:
+        return ParsedResponse(False, None, "html_response", f"html_response: HTTP {status} with an HTML page "
+                              f"({_html_title(body)}) instead of an API answer: base_url points at a web page (a "
+                              "sign-in, proxy or docs page), not the OpenAI-compatible API (which usually ends in /v1)",
+                              False)
 
     if stream and looks_like_plain_json(body):
         # the server ignored stream=true and answered with a plain JSON body
@@ -273,7 +346,13 @@ def parse_response(api: str, status: int | None, body: str | bytes | None, *, st
         if not seen_choice:
             # e.g. only data: [DONE]: generation failed before its first token (vllm#40978)
             return ParsedResponse(False, events, "malformed_response", f"malformed_response: stream has no content events ({len(events)} events)", True)
-        return ParsedResponse(True, events, text="".join(text_parts), finish_reason=finish, usage=usage)
+        text = "".join(text_parts)
+        if not text and finish is None and not sum(count_chunk_tokens(api, ev) for ev in events):
+            # llama.cpp's server ends a running stream this way when another request waits
+            return ParsedResponse(False, events, "empty_stream", f"empty_stream: the stream ended ([DONE], {len(events)} "
+                                  "events) without content and without a finish_reason (a server ending a running "
+                                  "answer, e.g. because another request waits)", True)
+        return ParsedResponse(True, events, text=text, finish_reason=finish, usage=usage)
 
     try:
         decoded = loads_json(body)
@@ -292,7 +371,21 @@ def parse_response(api: str, status: int | None, body: str | bytes | None, *, st
         return ParsedResponse(False, decoded, "malformed_response", "malformed_response: choice is not an object", False)
     u = decoded.get("usage")
     usage = u if isinstance(u, dict) else None
-    return ParsedResponse(True, decoded, text=_choice_text(api, ch0, False), finish_reason=ch0.get("finish_reason"), usage=usage)
+    text, finish = _choice_text(api, ch0, False), ch0.get("finish_reason")
+    if not text and finish is None and not _choice_tokens(api, ch0):
+        return ParsedResponse(False, decoded, "empty_answer", "empty_answer: the answer has no content and no "
+                              "finish_reason (a server ending a running answer, e.g. because another request waits)", True)
+    return ParsedResponse(True, decoded, text=text, finish_reason=finish, usage=usage)
+
+
+_HTTP_PREFIX = re.compile(r"^(?:[a-z_]+: )?http_(\d{3}):\s*")
+
+
+def describe_error(error: str, limit: int = 300) -> str:
+    """An attempt's error string for a person: the kind prefix dropped where the status says it
+    (``http_error: http_401: msg`` and ``http_401: msg`` → ``HTTP 401: msg``), at most ``limit`` characters."""
+    text = _HTTP_PREFIX.sub(lambda m: f"HTTP {m.group(1)}: ", error.strip())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

@@ -47,11 +47,11 @@ def register(app: typer.Typer) -> None:
 
         from auditor.errors import AuditError
         from auditor.planning import load_suite_spec
-        from auditor.runner import RunnerError, render_summary, run_probes, summarize_run
+        from auditor.runner import RunnerError, describe_errors, render_summary, run_probes, summarize_run
         from auditor.store import StoreError, open_store
         from probes.config import ConfigError, get_provider
 
-        err = Console(stderr=True)
+        err = Console(stderr=True, soft_wrap=True)  # one message, one line
         if resume and new:
             err.print("error: --resume and --new exclude each other")
             raise typer.Exit(3)
@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
             render_summary(summary, Console())
         if summary.status == "failed":
             err.print(
-                f"error: no probe succeeded ({', '.join(f'{k}={v}' for k, v in sorted(summary.error_kinds.items()))}). "
+                f"error: no probe succeeded ({describe_errors(summary.error_kinds, summary.error_examples)}). "
                 f"Fix the provider's base_url/model/key, then: auditor probe --provider {cfg.name} --suite {suite} "
                 f"--resume {run_id} --retry-failed",
                 markup=False,

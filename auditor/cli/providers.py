@@ -4,7 +4,8 @@
     auditor providers show NAME [--config F] [--json]
     auditor providers probe NAME [--config F] [--write] [--json]
 
-Exit codes: 0 ok, 3 usage/config/connection error (as for ``auditor check``).
+Exit codes: 0 ok, 3 usage/config/connection error (as for ``auditor check``; ``probe``: also any request that
+failed other than by the server refusing an option, with its status and the server's message; nothing is written).
 """
 
 from __future__ import annotations
@@ -132,13 +133,19 @@ def register(app: typer.Typer) -> None:
                     {
                         "provider": name,
                         "requests": rep.requests,
-                        "capabilities": rep.capabilities.model_dump(),
+                        "capabilities": rep.capabilities.model_dump() if rep.capabilities is not None else None,
                         "checks": [c.__dict__ for c in rep.checks],
+                        "error": rep.error,
                     },
                     indent=2,
                 )
             )
-        else:
+        if rep.capabilities is None:  # a request failed: report nothing unobserved, write nothing
+            fail(f"probe of {name!r} at {p.endpoint_url()} failed after {rep.requests} request"
+                 f"{'' if rep.requests == 1 else 's'}: {rep.error}; nothing written and no capability reported. "
+                 "Fix: check base_url, model and api_key_env (`auditor providers show " + name + "`), then probe again.")
+            return
+        if not as_json:
             from rich.table import Table
 
             t = Table(title=f"capabilities of {name} ({p.endpoint_url()}, {rep.requests} requests)")
@@ -147,8 +154,6 @@ def register(app: typer.Typer) -> None:
             for c in rep.checks:
                 t.add_row(c.name, "yes" if c.supported else "no", str(c.value), str(c.http_status or "-"), c.detail[:80])
             console().print(t)
-            if not any(c.http_status for c in rep.checks):
-                typer.echo("warning: no HTTP response at all; is the endpoint up?", err=True)
         if write:
             try:
                 path = write_capabilities(name, rep.capabilities, config, concurrency=rep.safe_concurrency)
@@ -158,8 +163,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"wrote [providers.{name}.capabilities] to {path}")
             if rep.safe_concurrency is not None:
                 typer.echo(f"wrote [providers.{name}.rate_limits] concurrency = {rep.safe_concurrency} (overlapping requests were cut)")
-        if not any(c.http_status for c in rep.checks):
-            raise typer.Exit(3)
 
 
 __all__ = ["register"]

@@ -4,6 +4,11 @@ whenever another request arrives while one is being answered, the running one is
 ``Connection: close``, 127.0.0.1 only, bounded (request bodies ≤ 64 KiB, ``n_tokens`` chunks).
 
 ``tolerant=True`` serves every request to completion (a server that takes concurrency).
+
+``cancel_mode="empty"`` cancels as llama.cpp's server does in its own words (issue 37 item 7): a stream
+starts with a role chunk and sends its tokens only once the answer is complete; a cancelled one ends with
+``data: [DONE]`` and nothing else (no content, ``finish_reason`` null), and a cancelled plain request
+gets HTTP 200 with empty content and ``finish_reason`` null.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ class OneSlotServer:
     n_tokens: int = 6
     token_delay_s: float = 0.01
     tolerant: bool = False
+    cancel_mode: str = "truncate"
     port: int = 0
     served: int = 0
     cancelled: int = 0
@@ -70,12 +76,28 @@ class OneSlotServer:
         try:
             stream = bool(body.get("stream"))
             toks: list[str] = []
+            empty = self.cancel_mode == "empty"
             if stream:
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+                if empty:
+                    role = {"id": "x", "object": "chat.completion.chunk",
+                            "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
+                    writer.write(f"data: {json.dumps(role)}\n\n".encode())
+                    await writer.drain()
             for i in range(self.n_tokens):
                 await asyncio.sleep(self.token_delay_s)
                 if cancel.is_set():
                     self.cancelled += 1
+                    if empty:  # llama.cpp: the running answer ends empty, without a finish reason
+                        if stream:
+                            writer.write(b"data: [DONE]\n\n")
+                        else:
+                            out = json.dumps({"id": "x", "object": "chat.completion", "choices": [
+                                {"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": None}]}).encode()
+                            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                                         + f"Content-Length: {len(out)}\r\n\r\n".encode() + out)
+                        await writer.drain()
+                        return
                     if not stream:
                         err = json.dumps({"error": {"message": "request cancelled", "type": "unavailable_error", "code": 503}}).encode()
                         writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
@@ -84,12 +106,17 @@ class OneSlotServer:
                     return  # stream closed without [DONE]
                 tok = f" w{i}"
                 toks.append(tok)
-                if stream:
+                if stream and not empty:
                     ev = {"id": "x", "object": "chat.completion.chunk",
                           "choices": [{"index": 0, "delta": {"content": tok}, "finish_reason": None}]}
                     writer.write(f"data: {json.dumps(ev)}\n\n".encode())
                     await writer.drain()
             self.served += 1
+            if stream and empty:  # the whole answer at once, now that it is complete
+                for tok in toks:
+                    ev = {"id": "x", "object": "chat.completion.chunk",
+                          "choices": [{"index": 0, "delta": {"content": tok}, "finish_reason": None}]}
+                    writer.write(f"data: {json.dumps(ev)}\n\n".encode())
             if stream:
                 ev = {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
                 writer.write(f"data: {json.dumps(ev)}\n\ndata: [DONE]\n\n".encode())
