@@ -1,9 +1,10 @@
 """The buyer's two questions, answered from one audit's verdict (issue 14, item 2).
 
-Every report and the dashboard open with them, each answered ``"yes"``, ``"no"`` or
-``"not tested"`` with one sentence of evidence (the deciding detector and its Holm-adjusted
-p-value for "no"; the positions, the power requirement and the target effect for "yes"; why not
-for "not tested"):
+Every report and the dashboard open with them, each answered ``"yes"``, ``"no"``,
+``"not tested"`` or ``"not established"`` with one sentence of evidence (the deciding detector and its
+Holm-adjusted p-value for "no"; the positions, the power requirement and the target effect for "yes"; why
+not for "not tested"; for "not established", the deviation found, the two causes it may be — one per
+question — and what a decisive audit needs):
 
 - :data:`PRECISION_QUESTION` (key ``precision``): "Is the model served at its original precision?"
 - :data:`VERIFICATION_QUESTION` (key ``verification``): "Is speculative verification strict (lossless)?"
@@ -12,6 +13,11 @@ for "not tested"):
 (``auditor.verdict.decide_verdict``: ``rule``, ``secondary_causes``, ``detectors``, ``findings``,
 ``not_run``, ``power``, ``power_families``, ``provider_failures``, ``template_mismatch``,
 ``tokenizer_mismatch``, ``not_tested``). Rules, in order:
+
+Both questions
+    0. **not established** (after rule 1 of each) when QUANTIZATION_OR_RELAXED_VERIFICATION is the verdict
+       or a secondary cause: a deviation was found that is either quantized weights or relaxed greedy
+       verification, and the evidence cannot tell which (issue 37, item 2).
 
 Precision
     1. **no** when QUANTIZATION, SUBSTITUTION or QUANTIZATION_OR_SUBSTITUTION is the verdict or one of
@@ -55,8 +61,8 @@ Verification
 Missing or malformed keys never raise (old stored audits lack ``power_families``): the answer
 is then "not tested" with a reason. :func:`combine_answers` merges the answers of several audits
 (a provider's standing, ``auditor.standing``): any "no" wins (the standing is the worst of its
-audits, so a "yes" beside an established cause would contradict it), else the newest "yes", else
-"not tested".
+audits, so a "yes" beside an established cause would contradict it), then any "not established", else
+the newest "yes", else "not tested".
 
 The detector families, sampling tests and target effects are the registry's
 (``auditor.detectors``: ``POWER_FAMILIES``, ``DetectorSpec.power_target``) and the verdict kinds
@@ -73,7 +79,8 @@ from typing import Literal
 from auditor.detectors import DETECTORS, POWER_FAMILIES, Mode, PowerFamily, detectors_where
 from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
 from auditor.util import finite, fmt_p
-from auditor.verdict import DEFAULT_POWER, VerdictKind
+from auditor.verdict import DEFAULT_POWER, UNDETERMINED_CAUSES, VerdictKind
+from auditor.verdict_cause import DECISIVE_WITHOUT_LOGPROBS
 
 __all__ = [
     "ACCEPTANCE_DETECTORS",
@@ -92,7 +99,7 @@ VERIFICATION_QUESTION = "Is speculative verification strict (lossless)?"
 #: key → question, in the order every report shows them.
 QUESTIONS: Mapping[str, str] = {"precision": PRECISION_QUESTION, "verification": VERIFICATION_QUESTION}
 
-Answer = Literal["yes", "no", "not tested"]
+Answer = Literal["yes", "no", "not tested", "not established"]
 
 #: The ``model`` and ``acceptance`` power families (the registry's ``POWER_FAMILIES``).
 MODEL_DETECTORS: tuple[str, ...] = tuple(str(n) for n in POWER_FAMILIES[str(PowerFamily.MODEL)])
@@ -111,6 +118,13 @@ _POWER = f"the audit's target power ({DEFAULT_POWER:.0%} by default)"
 _PRECISION_KINDS = (str(VerdictKind.QUANTIZATION), str(VerdictKind.SUBSTITUTION),
                     str(VerdictKind.QUANTIZATION_OR_SUBSTITUTION))
 _VERIFICATION_KINDS = (str(VerdictKind.RELAXED_VERIFICATION),)
+#: Undetermined verdicts whose two causes answer different questions: each question is then "not established".
+_SPLIT = tuple(str(k) for k, pair in UNDETERMINED_CAUSES.items()
+               if {str(pair[0]), str(pair[1])} & set(_PRECISION_KINDS) and {str(pair[0]), str(pair[1])} & set(_VERIFICATION_KINDS))
+#: What each cause of an undetermined pair means, in the evidence of "not established".
+_MEANS = {str(VerdictKind.QUANTIZATION): "quantized weights (the precision question)",
+          str(VerdictKind.RELAXED_VERIFICATION): "relaxed greedy verification (the verification question)",
+          str(VerdictKind.SUBSTITUTION): "another model"}
 _ACCUSATIONS = tuple(str(k) for k in VerdictKind if k not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE))
 #: rule prefix → the detectors that decide a primary cause of that rule (``auditor.verdict``).
 _RULE_DETECTORS = (
@@ -304,6 +318,19 @@ def _no(verdict: str, d: Mapping[str, object], kinds: Sequence[str]) -> str | No
     return None
 
 
+def _not_established(verdict: str, d: Mapping[str, object]) -> str | None:
+    """The evidence of "not established" when the verdict or a secondary cause is an undetermined pair whose
+    two causes answer different questions (QUANTIZATION_OR_RELAXED_VERIFICATION), else None."""
+    for kind, primary, cause in _causes(verdict, d):
+        if kind in _SPLIT:
+            a, b = (_MEANS.get(str(c), str(c)) for c in UNDETERMINED_CAUSES[VerdictKind(kind)])
+            rule = str(d.get("rule") if primary else cause.get("rule"))
+            need = f"; {DECISIVE_WITHOUT_LOGPROBS}" if rule == "3n-model-or-verification" else ""
+            return (f"a deviation was found, but not established which: {a} or {b} — "
+                    + _cause_evidence(kind, d, primary, cause) + need)
+    return None
+
+
 def _failures(d: Mapping[str, object]) -> str | None:
     if str(d.get("rule")) != "0-provider-failures":
         return None
@@ -344,6 +371,8 @@ def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
     no = _no(verdict, d, _PRECISION_KINDS)
     if no is not None:
         return _answer("precision", "no", no)
+    if (which := _not_established(verdict, d)) is not None:
+        return _answer("precision", "not established", which)
     if (fail := _failures(d)) is not None:
         return _answer("precision", "not tested", fail)
     if not any(_ran(d, m) for m in MODEL_DETECTORS):
@@ -372,6 +401,8 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
     no = _no(verdict, d, _VERIFICATION_KINDS)
     if no is not None:
         return _answer("verification", "no", no)
+    if (which := _not_established(verdict, d)) is not None:
+        return _answer("verification", "not established", which)
     if (fail := _failures(d)) is not None:
         return _answer("verification", "not tested", fail)
     fam = _family(d, "acceptance", ACCEPTANCE_DETECTORS)
@@ -451,13 +482,15 @@ def combine_answers(
 
     Returns:
         ``[(answer, index of the audit it came from, or None)]`` for precision and verification: the
-        newest "no" (any established cause wins, as in the standing), else the newest "yes", else
-        "not tested" (with the newest audit's reason, or "no completed audit").
+        newest "no" (any established cause wins, as in the standing), else the newest "not established"
+        (a deviation that may be this question's is not cleared by another audit's "yes"), else the newest
+        "yes", else "not tested" (with the newest audit's reason, or "no completed audit").
     """
     out: list[tuple[QuestionAnswer, int | None]] = []
     for key in QUESTIONS:
         mine = [(i, label, a) for i, (label, answers) in enumerate(audits) for a in answers if a.key == key]
         pick = (next(((i, lb, a) for i, lb, a in mine if a.answer == "no"), None)
+                or next(((i, lb, a) for i, lb, a in mine if a.answer == "not established"), None)
                 or next(((i, lb, a) for i, lb, a in mine if a.answer == "yes"), None))
         if pick is not None:
             i, label, a = pick

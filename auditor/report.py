@@ -395,7 +395,7 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         highlight=False,
     )
     for q in report.questions:
-        qc = {"yes": "green", "no": "red"}.get(q.answer, "yellow")
+        qc = {"yes": "green", "no": "red", "not established": "magenta"}.get(q.answer, "yellow")
         console.print(f"{q.question} [bold {qc}]{q.answer}[/bold {qc}] — {escape(q.evidence)}", highlight=False)
     t = Table(title=f"detectors (Holm, family-wise α = {report.alpha:g})", title_justify="left")
     cols: tuple[tuple[str, Literal["left", "right"]], ...] = (

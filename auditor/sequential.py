@@ -13,10 +13,11 @@ At look k the whole audit decision — every detector, Holm across them, the dec
 (``auditor.verdict.decide_verdict``) — is taken at level α_k, on all tokens seen so far:
 
 - a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, QUANTIZATION_OR_SUBSTITUTION,
-  DECODING_NONCOMPLIANT)
+  QUANTIZATION_OR_RELAXED_VERIFICATION, DECODING_NONCOMPLIANT)
   stops the audit: **reject** — except that with ``resolve_cause`` (``--resolve-cause``) a deviation whose
   cause is not established — QUANTIZATION_OR_SUBSTITUTION ("not the declared weights at their precision;
-  heavy quantization or another model"), or a QUANTIZATION whose verdict records
+  heavy quantization or another model"), QUANTIZATION_OR_RELAXED_VERIFICATION (quantized weights or a lossy
+  greedy verifier: more sampled tokens can tell them apart), or a QUANTIZATION whose verdict records
   ``details["cause_established"] = False`` (named as the milder cause: its flips do not rule out another
   model) — does not stop it before the last look: the rejection stands
   (action ``reject-resolve``) and the audit goes on probing to tell the two causes apart. A later
@@ -66,6 +67,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scipy import stats
 
 from auditor.rules_out import RULE_OUT_POWER, RuleOut, as_rule_outs, not_ruled_out, tokens_to_rule_out
+from auditor.verdict import UNDETERMINED_CAUSES, VerdictKind
 
 if TYPE_CHECKING:
     from auditor.report import AuditReport
@@ -86,12 +88,11 @@ __all__ = [
 ]
 
 SPENDING_FUNCTIONS = ("obrien-fleming", "pocock", "linear")
-_DEVIATIONS = frozenset({"QUANTIZATION", "RELAXED_VERIFICATION", "SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION",
-                         "DECODING_NONCOMPLIANT"})
-#: The deviation verdict whose cause is undetermined (``auditor.verdict.VerdictKind``): with
-#: ``SequentialDesign.resolve_cause`` it does not stop the audit before the last look, nor does a deviation
+_DEVIATIONS = frozenset(str(v) for v in VerdictKind if v not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE))
+#: The deviation verdicts whose cause is undetermined (``auditor.verdict.UNDETERMINED_CAUSES``): with
+#: ``SequentialDesign.resolve_cause`` they do not stop the audit before the last look, nor does a deviation
 #: whose verdict records ``details["cause_established"] = False`` (a QUANTIZATION named as the milder cause).
-_UNDETERMINED = frozenset({"QUANTIZATION_OR_SUBSTITUTION"})
+_UNDETERMINED = frozenset(str(v) for v in UNDETERMINED_CAUSES)
 
 
 def _details_of(v: object) -> dict:

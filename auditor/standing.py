@@ -18,7 +18,9 @@ Which audits count ("recent"):
 The overall standing (:data:`SEVERITY`, worst first):
     SUBSTITUTION (another model) > QUANTIZATION_OR_SUBSTITUTION (not the declared weights at their
     precision; which of the two undetermined) > QUANTIZATION (the weights or their arithmetic changed) >
-    RELAXED_VERIFICATION (lossy speculative decoding) > DECODING_NONCOMPLIANT (the request's decoding
+    QUANTIZATION_OR_RELAXED_VERIFICATION (one of the two; which undetermined: each undetermined pair sits just
+    below the worse of its two causes) > RELAXED_VERIFICATION (lossy speculative decoding) >
+    DECODING_NONCOMPLIANT (the request's decoding
     parameters are not followed) > INCONCLUSIVE > PASS. The standing is the worst of the recent
     audits' verdicts: any accusation wins over PASS and INCONCLUSIVE; INCONCLUSIVE when no audit
     accuses but one did not decide; PASS only when every recent suite passed. Exit codes as for one
@@ -33,7 +35,8 @@ the standing, as that audit itself did not accuse.
 The buyer's two questions (issue 14, :mod:`auditor.questions`): "Is the model served at its original
 precision?" and "Is speculative verification strict (lossless)?", answered per recent audit and
 merged by :func:`auditor.questions.combine_answers` (newest first): a "no" from any recent audit
-wins (as any accusation wins the standing), else the newest "yes", else "not tested". Each answer
+wins (as any accusation wins the standing), then a "not established", else the newest "yes", else
+"not tested". Each answer
 names the audit it came from (``run_id``, ``suite``); every renderer opens with them.
 
 Never tested: detectors that no recent audit ran (with the newest stored reason, e.g. no sampling
@@ -77,8 +80,8 @@ __all__ = [
 #: Days before the anchor (the newest audit, or ``as_of``) within which an audit is recent.
 DEFAULT_WINDOW_DAYS = 7.0
 #: Verdicts, worst first: the standing is the first of these that a recent audit reached.
-SEVERITY = ("SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION", "QUANTIZATION", "RELAXED_VERIFICATION",
-            "DECODING_NONCOMPLIANT", "INCONCLUSIVE", "PASS")
+SEVERITY = ("SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION", "QUANTIZATION", "QUANTIZATION_OR_RELAXED_VERIFICATION",
+            "RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT", "INCONCLUSIVE", "PASS")
 #: The verdicts that accuse the provider (exit code 1).
 ACCUSATIONS = SEVERITY[:-2]  # every verdict but INCONCLUSIVE and PASS
 _EXIT = {v: (1 if v in ACCUSATIONS else 2 if v == "INCONCLUSIVE" else 0) for v in SEVERITY}

@@ -1,7 +1,8 @@
 """Verdict: Holm across one audit's detectors, then decision rules that name the cause.
 
 ``decide_verdict(results, alpha)`` returns a :class:`Verdict` — one of PASS, QUANTIZATION,
-RELAXED_VERIFICATION, SUBSTITUTION, QUANTIZATION_OR_SUBSTITUTION, DECODING_NONCOMPLIANT, INCONCLUSIVE —
+RELAXED_VERIFICATION, SUBSTITUTION, QUANTIZATION_OR_SUBSTITUTION, QUANTIZATION_OR_RELAXED_VERIFICATION,
+DECODING_NONCOMPLIANT, INCONCLUSIVE —
 with a one-line reason and JSON-able details. The rules (also in docs/detectors.md), applied in order, where "rejects"
 means the detector ran and its Holm-adjusted p-value is <= alpha:
 
@@ -34,7 +35,10 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
 3n. ``greedy-near-tie`` rejects (greedy-match does not): at T=0 the reference's runner-up is emitted at
    near-ties (margin within the band) more often than honest numeric noise can flip them →
    RELAXED_VERIFICATION (greedy speculative verification accepts non-argmax drafts), unless most flips
-   are the provider's own reported top-1 (``3n-model``: its logits differ → QUANTIZATION). Rules 1-3h
+   are the provider's own reported top-1 (``3n-model``: its logits differ → QUANTIZATION), or none of the
+   flips came with the provider's own top_logprobs (``3n-model-or-verification``: a quantized model moves
+   near-ties too, and only its own list tells the two apart → QUANTIZATION_OR_RELAXED_VERIFICATION, the
+   undetermined pair; a decisive audit needs the provider's logprobs, or the sampling suite). Rules 1-3h
    come first (a decode-path difference, a quantized or mixed model also moves near-ties), so 3n is
    never a secondary cause of them; it becomes one only under provider failures or rule 2t.
 4. A sampling test rejects (reference ``sampling-*`` or, without a reference, ``self-*``):
@@ -125,12 +129,14 @@ from auditor.detectors.stats import holm
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
 from auditor.verdict_cause import (
     SAMPLED_FLIP_MAX_SIGMA,
+    blind_near_tie_note,
     emission_cause,
     explained_by_decode_path,
     failure_summary,
     flip_cause,
     implication,
     milder_cause_clause,
+    near_tie_blind,
     near_tie_reason,
     p_adjusted_text,
     sampled_flip_cause,
@@ -153,7 +159,7 @@ __all__ = [
     "LOGPROBS_CONSISTENT_MAX_RATIO", "MAX_PROVIDER_FAILURE_SHARE", "MILD_DIVERGENCE_MAX_RATIO",
     "POWER_FAMILIES", "POWER_TARGETS", "REFERENCE_DETECTORS", "SUBSTITUTION_MAX_TOP1_AGREEMENT",
     "SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE", "SUBSTITUTION_MIN_FLIP_RATIO", "SUBSTITUTION_MIN_MEAN_KL",
-    "TAIL_MISSING_MAX_RATIO", "TRUNCATION_SHAPE_RATIO", "Verdict", "VerdictKind", "apply_holm",
+    "TAIL_MISSING_MAX_RATIO", "TRUNCATION_SHAPE_RATIO", "UNDETERMINED_CAUSES", "Verdict", "VerdictKind", "apply_holm",
     "decide_verdict", "holm", "power_at", "power_effect", "required_positions",
 ]
 
@@ -167,8 +173,19 @@ class VerdictKind(StrEnum):
     #: tell a heavily degraded quantized copy from another model (issue 14 item 5: a third answer rather
     #: than a forced, possibly false, choice between the two).
     QUANTIZATION_OR_SUBSTITUTION = "QUANTIZATION_OR_SUBSTITUTION"
+    #: A deviation that is either quantized weights or a lossy greedy verifier, and the evidence cannot tell
+    #: which (issue 37 item 2: near-tie flips without the provider's own top_logprobs; rule 3n).
+    QUANTIZATION_OR_RELAXED_VERIFICATION = "QUANTIZATION_OR_RELAXED_VERIFICATION"
     DECODING_NONCOMPLIANT = "DECODING_NONCOMPLIANT"
     INCONCLUSIVE = "INCONCLUSIVE"
+
+
+#: The undetermined verdicts → the two causes each stands for (a deviation was found; which of the two is
+#: not established). The one home of this fact: questions, standing, sequential stopping and calibration read it.
+UNDETERMINED_CAUSES: Mapping[VerdictKind, tuple[VerdictKind, VerdictKind]] = {
+    VerdictKind.QUANTIZATION_OR_SUBSTITUTION: (VerdictKind.QUANTIZATION, VerdictKind.SUBSTITUTION),
+    VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION: (VerdictKind.QUANTIZATION, VerdictKind.RELAXED_VERIFICATION),
+}
 
 
 #: CLI exit codes (issue 5): 0 PASS, 1 a deviation, 2 INCONCLUSIVE (3 = usage errors, CLI's own).
@@ -178,6 +195,7 @@ EXIT_CODES = {
     VerdictKind.RELAXED_VERIFICATION: 1,
     VerdictKind.SUBSTITUTION: 1,
     VerdictKind.QUANTIZATION_OR_SUBSTITUTION: 1,
+    VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION: 1,
     VerdictKind.DECODING_NONCOMPLIANT: 1,
     VerdictKind.INCONCLUSIVE: 2,
 }
@@ -361,7 +379,7 @@ def decide_verdict(
     }
     details["findings"] = [
         {"detector": r.name, "p_adjusted": r.p_adjusted,
-         "implication": implication(r.name) + explained_by_decode_path(r.name, rejects)}
+         "implication": implication(r.name) + explained_by_decode_path(r.name, rejects) + blind_near_tie_note(r)}
         for r in ran
         if rejects(r.name)
     ]
@@ -407,7 +425,7 @@ def decide_verdict(
     details["secondary_causes"] = [c.to_dict() for c in secondary]
     details["rule"] = cause.rule
     if cause.kind not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE):
-        details["cause_established"] = cause.established and cause.kind != VerdictKind.QUANTIZATION_OR_SUBSTITUTION
+        details["cause_established"] = cause.established and cause.kind not in UNDETERMINED_CAUSES
     reason = cause.reason
     if secondary:
         reason += "; also " + "; ".join(f"{c.kind} ({c.short})" for c in secondary)
@@ -536,6 +554,11 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
         if 2 * int((d := r.details or {}).get("flips_own_top1") or 0) > int(d.get("flips_with_provider_list") or 0) > 0:
             return c.cause(VerdictKind.QUANTIZATION, near_tie_reason(r, own=True), "3n-model", ["greedy-near-tie"],
                            f"near-ties flipped by the served model, greedy-near-tie p_adj={r.p_adjusted:.3g}")
+        if near_tie_blind(r):
+            return c.cause(VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION, near_tie_reason(r, blind=True),
+                           "3n-model-or-verification", ["greedy-near-tie"],
+                           f"near-ties flipped, quantization or lossy verification, greedy-near-tie "
+                           f"p_adj={r.p_adjusted:.3g}", established=False)
         return c.cause(VerdictKind.RELAXED_VERIFICATION, near_tie_reason(r), "3n-greedy-near-tie",
                        ["greedy-near-tie"], f"near-ties flipped, greedy-near-tie p_adj={r.p_adjusted:.3g}")
     s = _sampling_cause(c, reference=True, record_shape=True)

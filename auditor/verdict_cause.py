@@ -44,9 +44,10 @@ from scipy import stats
 from auditor.detectors import IMPLICATIONS, PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorName, DetectorResult
 
-__all__ = ["SAMPLED_FLIP_MAX_SIGMA", "SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause", "emission_cause", "explained_by_decode_path",
+__all__ = ["DECISIVE_WITHOUT_LOGPROBS", "SAMPLED_FLIP_MAX_SIGMA", "SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause",
+           "blind_near_tie_note", "emission_cause", "explained_by_decode_path",
            "failure_summary", "finite_or_none", "flip_cause", "flip_rate_interval", "implication", "milder_cause_clause",
-           "near_tie_reason", "p_adjusted_text", "sampled_flip_cause", "set_aside", "template_note"]
+           "near_tie_blind", "near_tie_reason", "p_adjusted_text", "sampled_flip_cause", "set_aside", "template_note"]
 
 #: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
 _DECODE_PATH_EXPLAINS = (DetectorName.GREEDY_MATCH, DetectorName.GREEDY_HETEROGENEITY, DetectorName.GREEDY_NEAR_TIE)
@@ -258,10 +259,42 @@ def emission_cause(tail: DetectorResult | None) -> EmissionCause | None:
     return EmissionCause(lr > 0, text, conf)
 
 
-def near_tie_reason(r: DetectorResult, *, own: bool = False) -> str:
+#: What an audit of a provider without top_logprobs needs to tell quantization from lossy greedy verification.
+DECISIVE_WITHOUT_LOGPROBS = ("a decisive audit needs the provider's top_logprobs (capabilities.logprobs = true, if it "
+                             "offers them) or the sampling suite (--suite verification: lossy acceptance over-emits "
+                             "the argmax at temperature 1, quantized weights do not)")
+
+
+def near_tie_blind(r: DetectorResult) -> bool:
+    """``r`` (a ``greedy-near-tie`` result) counted its flips without any of the provider's own top_logprobs
+    (``flips_with_provider_list`` recorded and 0): the flips cannot tell a model whose argmax moved from a
+    lossy greedy verifier (rule ``3n-model-or-verification``). Results without the count (stored before it
+    existed) are not called blind."""
+    listed = (r.details or {}).get("flips_with_provider_list")
+    return listed is not None and int(listed) == 0
+
+
+def blind_near_tie_note(r: DetectorResult) -> str:
+    """The note beside a rejecting ``greedy-near-tie`` finding whose flips came without the provider's top_logprobs
+    (:func:`near_tie_blind`); "" for any other result."""
+    if r.name != DetectorName.GREEDY_NEAR_TIE or not near_tie_blind(r):
+        return ""
+    return ("; without the provider's own top_logprobs this cannot tell a lossy greedy verifier from quantized "
+            "weights, which move near-ties too")
+
+
+def near_tie_reason(r: DetectorResult, *, own: bool = False, blind: bool = False) -> str:
     """Rule 3n's reason from a rejecting ``greedy-near-tie`` result ``r`` (p_adjusted set); ``own``: most flips
-    are the provider's own reported top-1 (rule ``3n-model``: a model whose logits differ)."""
+    are the provider's own reported top-1 (rule ``3n-model``: a model whose logits differ); ``blind``: no flip
+    came with the provider's top_logprobs (rule ``3n-model-or-verification``: not established which)."""
     d = r.details or {}
+    if blind:
+        return (f"at temperature 0 the provider emits the reference's runner-up at near-ties {int(r.statistic)} times "
+                f"in {r.n} positions where honest numeric noise allows at most {float(d.get('expected', math.nan)):.2g} "
+                f"(margins within the {float(d.get('band', math.nan)):.3g}-nat band): the served model or its "
+                "verification deviates — quantized weights (whose argmax moves at near-ties) or a greedy verifier "
+                "accepting non-argmax drafts — but not established which: the provider returned no top_logprobs, "
+                f"which alone tell the two apart; {DECISIVE_WITHOUT_LOGPROBS} (greedy-near-tie p_adj={r.p_adjusted:.3g})")
     if own:
         return (f"at temperature 0 the provider emits the reference's runner-up at near-ties {int(r.statistic)} times "
                 f"in {r.n} positions where honest numeric noise allows at most {float(d.get('expected', math.nan)):.2g}, "

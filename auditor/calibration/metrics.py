@@ -21,7 +21,7 @@ from scipy import stats
 from auditor.calibration.draws import MODES, AuditMix, AuditOutcome
 from auditor.calibration.pool import Pool
 from auditor.util import json_safe
-from auditor.verdict import VerdictKind
+from auditor.verdict import UNDETERMINED_CAUSES, VerdictKind
 from simulator.profiles import Profile, find_profile, get_profile
 
 __all__ = [
@@ -327,31 +327,35 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
     return rows
 
 
-#: The undetermined answer (``auditor.verdict``): not the declared weights at their precision, which of the two
-#: causes undetermined. It is neither right nor wrong for a quantized or substituted profile, and counted apart.
-_UNDETERMINED = str(VerdictKind.QUANTIZATION_OR_SUBSTITUTION)
-_MODEL_CAUSES = (str(VerdictKind.QUANTIZATION), str(VerdictKind.SUBSTITUTION))
+#: The undetermined answers (``auditor.verdict.UNDETERMINED_CAUSES``): a deviation whose cause is one of two, which
+#: one undetermined. Neither right nor wrong for a profile whose expected verdict is one of its two causes, and
+#: counted apart.
+_UNDETERMINED = {str(v): {str(c) for c in pair} for v, pair in UNDETERMINED_CAUSES.items()}
 
 
-def _cause_counts(records: Sequence[dict]) -> tuple[int, int, int]:
-    """(cause named right, undetermined, rejections) summed over ``records``; undetermined counts the
-    QUANTIZATION_OR_SUBSTITUTION verdicts of profiles whose expected verdict is one of those two causes."""
-    ok = und = n = 0
+def _cause_counts(records: Sequence[dict]) -> tuple[int, dict[str, int], int]:
+    """(cause named right, undetermined per undetermined verdict, rejections) summed over ``records``; the
+    undetermined verdicts (QUANTIZATION_OR_SUBSTITUTION, QUANTIZATION_OR_RELAXED_VERIFICATION) are counted for
+    profiles whose expected verdict is one of that verdict's two causes."""
+    ok = n = 0
+    und: dict[str, int] = {}
     for r in records:
         k = int(r.get("rejections") or 0)
         if not k:
             continue
         n += k
         ok += round(k * (r.get("cause_correct_rate") or 0.0))
-        if r.get("expected_verdict") in _MODEL_CAUSES:
-            und += int((r.get("verdicts") or {}).get(_UNDETERMINED, 0))
+        verdicts = r.get("verdicts") or {}
+        for v, pair in _UNDETERMINED.items():
+            if r.get("expected_verdict") in pair and verdicts.get(v):
+                und[v] = und.get(v, 0) + int(verdicts[v])
     return ok, und, n
 
 
-def _cause_text(ok: int, und: int, n: int) -> str:
-    wrong = n - ok - und
-    return (f"{ok / n:.3f} ({ok}/{n})" + (f"; undetermined quantization-or-substitution {und / n:.3f} ({und})"
-                                         if und else "") + f"; wrong cause {wrong / n:.3f} ({wrong})")
+def _cause_text(ok: int, und: dict[str, int], n: int) -> str:
+    wrong = n - ok - sum(und.values())
+    return (f"{ok / n:.3f} ({ok}/{n})" + "".join(f"; undetermined {v.lower().replace('_', '-')} {u / n:.3f} ({u})"
+                                                for v, u in und.items()) + f"; wrong cause {wrong / n:.3f} ({wrong})")
 
 
 def record_suite(r: dict) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 
 from auditor.calibration.metrics import TARGET_POWER, check_targets, record_grid, record_suite
 from auditor.util import json_safe
+from auditor.verdict import VerdictKind
 from simulator.profiles import find_profile
 
 if TYPE_CHECKING:
@@ -85,10 +86,11 @@ def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
            f"`auditor calibrate --merge`)" if meta.get("parts") else "") + ".\n"
     )
     L.append("Rejection = the audit names a deviation (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, "
-             "QUANTIZATION_OR_SUBSTITUTION, DECODING_NONCOMPLIANT). On honest profiles it is the **false-accusation "
-             "rate**, on the others the **power**. Brackets: Clopper–Pearson 95% interval; *cause* = share of "
-             "rejections that name the profile's cause (QUANTIZATION_OR_SUBSTITUTION, the undetermined answer, is "
-             "not counted as right; the targets table counts it apart from the wrong causes).\n")
+             "QUANTIZATION_OR_SUBSTITUTION, QUANTIZATION_OR_RELAXED_VERIFICATION, DECODING_NONCOMPLIANT). On honest "
+             "profiles it is the **false-accusation rate**, on the others the **power**. Brackets: Clopper–Pearson 95% "
+             "interval; *cause* = share of rejections that name the profile's cause (the undetermined pairs "
+             "QUANTIZATION_OR_SUBSTITUTION and QUANTIZATION_OR_RELAXED_VERIFICATION are not counted as right; the "
+             "targets table counts them apart from the wrong causes).\n")
     L.append("## Rejection rate by profile and budget (completion tokens per audit)\n")
     mixes_meta = {m.get("name"): m for m in (meta.get("mixes") or [meta.get("mix") or {}])}
     for mname in mix_names:
@@ -166,8 +168,7 @@ def _rest_of_markdown(run_list: Sequence[dict], meta: dict, fixed: Sequence[dict
     if fixed:
         bmax = budgets[-1]
         L.append(f"## Verdicts and deciding detectors at {bmax:,} tokens\n")
-        verdict_names = ["PASS", "QUANTIZATION", "RELAXED_VERIFICATION", "SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION",
-                         "DECODING_NONCOMPLIANT", "INCONCLUSIVE"]
+        verdict_names = [str(v) for v in VerdictKind]
         L.append("| profile | " + " | ".join(verdict_names) + " |")
         L.append("|" + "---|" * (1 + len(verdict_names)))
         for p in profiles:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditor.calibration.metrics import TARGET_POWER, record_suite, tokens_for_power
+from auditor.verdict_cause import DECISIVE_WITHOUT_LOGPROBS
 
 if TYPE_CHECKING:
     from probes.config import Capabilities, Pricing
@@ -140,6 +141,11 @@ def _capability_notes(plan: dict, capabilities: Capabilities | None) -> dict:
             plan["notes"].append(
                 "this provider returns no logprobs: the calibration assumes top_logprobs 5; "
                 "without them only greedy-match and the sampling tests run, so more tokens are needed than shown"
+            )
+            plan["notes"].append(
+                "without the provider's own top_logprobs, greedy near-tie flips cannot tell quantized weights from "
+                "a lossy greedy verifier: such an audit may end QUANTIZATION_OR_RELAXED_VERIFICATION (a deviation, "
+                f"not established which); {DECISIVE_WITHOUT_LOGPROBS}"
             )
         elif capabilities.max_top_logprobs < 5:
             plan["notes"].append(

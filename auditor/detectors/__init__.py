@@ -169,6 +169,7 @@ DetectorFn = Callable[..., DetectorResult]
 # verdict names a rejection can lead to (auditor.verdict.VerdictKind values; tests check them)
 _Q, _S, _R, _D = "QUANTIZATION", "SUBSTITUTION", "RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT"
 _QS = "QUANTIZATION_OR_SUBSTITUTION"
+_QR = "QUANTIZATION_OR_RELAXED_VERIFICATION"
 
 
 @dataclass(frozen=True)
@@ -361,7 +362,7 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                 mode=Mode.GREEDY,
                 test=TestKind.NEAR_TIE,
                 positions="T = 0, aligned token, reference row; reference margin in [q_0.9 of |Δ margin|, band]",
-                causes=(_R, _Q),
+                causes=(_R, _Q, _QR),
                 implication="greedy tokens take the reference's runner-up at near-ties more often than numeric noise "
                             "allows (greedy verification accepts non-argmax drafts)",
                 finding="at temperature 0 the provider emits the reference's runner-up at near-ties more often than "

@@ -53,6 +53,7 @@ from auditor.store.models import (
 )
 from auditor.store.standing_queries import standing_of_runs
 from auditor.util import finite as _num
+from auditor.verdict import VerdictKind
 
 __all__ = [
     "SUMMARY_KEYS",
@@ -73,16 +74,8 @@ __all__ = [
     "verdict_changes",
 ]
 
-#: The verdict vocabulary (docs/ARCHITECTURE.md, "detectors"), in display order.
-VERDICTS = (
-    "PASS",
-    "QUANTIZATION",
-    "RELAXED_VERIFICATION",
-    "SUBSTITUTION",
-    "QUANTIZATION_OR_SUBSTITUTION",
-    "DECODING_NONCOMPLIANT",
-    "INCONCLUSIVE",
-)
+#: The verdict vocabulary (``auditor.verdict.VerdictKind``), in display order.
+VERDICTS = tuple(str(v) for v in VerdictKind)
 
 #: Summary keys copied into overview/history/scatter rows (None when absent or not a number).
 SUMMARY_KEYS = (

@@ -78,7 +78,7 @@ def answers(verdict: str, d: Any) -> tuple[QuestionAnswer, QuestionAnswer]:
     assert [a.key for a in got] == ["precision", "verification"]
     assert [a.question for a in got] == [PRECISION_QUESTION, VERIFICATION_QUESTION]
     for a in got:
-        assert a.answer in ("yes", "no", "not tested") and a.evidence and "\n" not in a.evidence
+        assert a.answer in ("yes", "no", "not tested", "not established") and a.evidence and "\n" not in a.evidence
     return got[0], got[1]
 
 
@@ -404,3 +404,67 @@ def test_quantized_audit_answers_verification_only_from_the_provider_s_own_distr
     assert v.answer == "yes" and "self-argmax on 2,000 positions" in v.evidence
     d["detectors"]["self-argmax"] = det(1e-6, rejects=True)
     assert answers("QUANTIZATION", d)[1].answer == "not tested"
+
+
+# ------------------------------------------------------------------------------------------ issue 37 item 2
+def _blind_near_tie() -> list[DetectorResult]:
+    def mk(name: str, p: float, n: int = 2000, **kw: Any) -> DetectorResult:
+        return DetectorResult(name, float(kw.get("k", 0)), p, kw.pop("effect", 0.0), (0.0, 0.0), n, [], details=kw)
+
+    return [mk("greedy-match", 0.7, n=60, r0=1e-3, band=0.44),
+            mk("greedy-near-tie", 1e-6, n=5, k=3, effect=0.6, expected=0.1, n_positions=5, band=0.44,
+               flips_with_provider_list=0, flips_own_top1=0),
+            mk("sampling-argmax", 0.5, n=40, expected_rate=0.6, excess_per_position=0.0, argmax_rate=0.6)]
+
+
+def test_undetermined_pair_answers_both_questions_not_established() -> None:
+    """An int4 provider without logprobs whose near-tie flips reject: neither question is answered "no" (that
+    would accuse the wrong mechanism half the time) nor "yes": both say a deviation was found, not which."""
+    v = decide_verdict(_blind_near_tie())
+    assert v.verdict == "QUANTIZATION_OR_RELAXED_VERIFICATION"
+    p, ver = answer_questions(v.verdict, v.details)
+    for a, other in ((p, "relaxed"), (ver, "quantiz")):
+        assert a.answer == "not established", a
+        assert "not established which" in a.evidence and other in a.evidence and "greedy-near-tie" in a.evidence
+        assert "logprobs" in a.evidence and "\n" not in a.evidence
+    # a "no" of a secondary cause still wins; the standing keeps "not established" over a newer "yes"
+    yes = answer_questions("PASS", details())
+    (cp, ip), (cv, iv) = combine_answers([("new", yes), ("old", [p, ver])])
+    assert (cp.answer, ip) == ("not established", 1) and (cv.answer, iv) == ("not established", 1)
+    q = answer_questions("QUANTIZATION", reject(details(rule="2-logprob-quantization"), "logprob-divergence", 1e-9))
+    (cp, ip), _ = combine_answers([("new", [p, ver]), ("old", q)])
+    assert (cp.answer, ip) == ("no", 1)
+
+
+def test_undetermined_pair_in_every_format_and_the_standing() -> None:
+    v = decide_verdict(_blind_near_tie())
+    rep = AuditReport(
+        run_id="abc123", provider="acme", model="m", verdict=v.verdict, verdict_reason=v.reason, alpha=0.05,
+        detectors=[], tokens={"prompt": 10, "completion": 20, "total": 30}, suite="smoke", suite_version="1",
+        reference={"model": "ref", "revision": "r", "dtype": "float32"}, verdict_details=v.details)
+    assert rep.exit_code == 1
+    md = render_markdown(rep)
+    assert f"| {PRECISION_QUESTION} | **not established** |" in md
+    assert f"| {VERIFICATION_QUESTION} | **not established** |" in md
+    assert [q["answer"] for q in json.loads(render_json(rep))["questions"]] == ["not established"] * 2
+    from rich.console import Console
+
+    con = Console(width=400, record=True)
+    render_text(rep, con)
+    out = con.export_text()
+    assert f"{PRECISION_QUESTION} not established" in out and "QUANTIZATION_OR_RELAXED_VERIFICATION" in out
+    root = ET.fromstring(render_junit(rep).split("\n", 1)[1])
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert props["question.precision"] == props["question.verification"] == "not established"
+    assert root.find(".//failure") is not None  # a deviation was found: CI fails
+    t0 = dt.datetime(2026, 5, 4, 12, tzinfo=dt.UTC)
+    from auditor.standing import SEVERITY
+
+    assert SEVERITY.index("QUANTIZATION") < SEVERITY.index("QUANTIZATION_OR_RELAXED_VERIFICATION") \
+        < SEVERITY.index("RELAXED_VERIFICATION")
+    st = combine_standing("acme", [
+        AuditRecord("run-a", "smoke", "m", t0, v.verdict, v.reason, 0.05, v.details),
+        AuditRecord("run-b", "verification", "m", t0 + dt.timedelta(hours=1), "RELAXED_VERIFICATION", "r", 0.05,
+                    reject(details(rule="4c-relaxed"), "sampling-argmax", 1e-6))])
+    assert st.standing == "QUANTIZATION_OR_RELAXED_VERIFICATION" and st.exit_code == 1
+    assert {x["key"]: x["answer"] for x in st.questions} == {"precision": "not established", "verification": "no"}

@@ -33,3 +33,17 @@ def test_undetermined_is_neither_right_nor_wrong_and_per_target_rows_use_the_bes
     sub = next(r for r in rows if r["profile"] == "substituted" and r["target"].startswith("cause"))
     assert sub["suite"] == "default" and sub["measured"].startswith("0.550 (110/200)")
     assert sub["measured"].endswith("wrong cause 0.000 (0)")
+
+
+def test_quantization_or_relaxed_verification_is_undetermined_for_its_two_causes_only():
+    """Issue 37 item 2: the second undetermined pair counts apart for quantized and relaxed profiles, and as a wrong
+    cause for a substituted one."""
+    recs = [
+        _rec("int4", "QUANTIZATION", 300, {"QUANTIZATION": 80, "QUANTIZATION_OR_RELAXED_VERIFICATION": 20}, 80),
+        _rec("greedy-relaxed", "RELAXED_VERIFICATION", 300,
+             {"RELAXED_VERIFICATION": 70, "QUANTIZATION_OR_RELAXED_VERIFICATION": 30}, 70),
+        _rec("substituted", "SUBSTITUTION", 300, {"SUBSTITUTION": 90, "QUANTIZATION_OR_RELAXED_VERIFICATION": 10}, 90),
+    ]
+    suite = next(r for r in check_targets(recs) if r["profile"] == "all deviating profiles")
+    assert suite["measured"] == ("0.800 (240/300); undetermined quantization-or-relaxed-verification 0.167 (50); "
+                                 "wrong cause 0.033 (10)"), suite["measured"]

@@ -136,3 +136,19 @@ def test_make_plan_any_combines_suites_when_none_covers_everything():
     assert by["default"]["budget_tokens"] == 1000 and set(by["default"]["profiles"]) == {"int8", "int4"}
     assert by["verification"]["budget_tokens"] == 300 and by["verification"]["profiles"] == ["relaxed-threshold"]
     assert plan["budget_tokens"] == 1300 and plan["command"].count("auditor check") == 2
+
+
+def test_plan_without_logprobs_says_what_a_decisive_audit_needs(cal_file, tmp_path):
+    """Issue 37 item 2: without the provider's top_logprobs, a near-tie rejection cannot tell quantized weights
+    from a lossy greedy verifier (QUANTIZATION_OR_RELAXED_VERIFICATION); the plan says so and what decides it."""
+    cfg = tmp_path / "providers.toml"
+    cfg.write_text('[providers.x]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "mm"\nreference = "m"\n\n'
+                   "[providers.x.capabilities]\nlogprobs = false\n")
+    r = CliRunner().invoke(app, ["plan", "--provider", "x", "--config", str(cfg), "--target", "int4",
+                                 "--calibration", str(cal_file)])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "QUANTIZATION_OR_RELAXED_VERIFICATION" in out
+    assert "capabilities.logprobs = true" in out and "--suite verification" in out
+    r = CliRunner().invoke(app, ["plan", "--model", "m", "--target", "int4", "--calibration", str(cal_file)])
+    assert "QUANTIZATION_OR_RELAXED_VERIFICATION" not in r.output  # no provider named: nothing to warn about

@@ -61,16 +61,20 @@ def _margins(rng, n: int, near_share: float = 0.15) -> np.ndarray:
     return np.where(near, rng.uniform(0, 0.5, n), 0.5 + rng.exponential(3.0, n))
 
 
-def _batch(rng, margin: np.ndarray, runner_up: np.ndarray, length: int = 30) -> EvidenceBatch:
+def _batch(rng, margin: np.ndarray, runner_up: np.ndarray, length: int = 30, provider_lists: bool = False) -> EvidenceBatch:
     """Greedy batch: reference rows with top-1/top-2 margin ``margin``; the provider emits the runner-up where
-    ``runner_up``, else the argmax."""
+    ``runner_up``, else the argmax. ``provider_lists``: the provider also reports top_logprobs, the reference's
+    own (a lossy greedy verifier over the declared model: its list ranks the emitted runner-up second)."""
     n = margin.size
     lp = np.column_stack([np.zeros(n), -margin] + [-margin - 1.0 - j for j in range(K - 2)])
     lp = lp - np.log(np.exp(lp).sum(1, keepdims=True))
     tok = runner_up.astype(np.int64)
+    top_ids = np.tile(np.arange(K), (n, 1))
+    prov = {"provider_top_ids": top_ids, "provider_top_logprobs": lp,
+            "provider_token_logprobs": lp[np.arange(n), tok]} if provider_lists else {}
     return EvidenceBatch.from_arrays(
         prompt_ids=[f"p{i // length}" for i in range(n)], token_ids=tok, temperatures=0.0,
-        ref_top_ids=np.tile(np.arange(K), (n, 1)), ref_top_logprobs=lp, ref_token_logprobs=lp[np.arange(n), tok])
+        ref_top_ids=top_ids, ref_top_logprobs=lp, ref_token_logprobs=lp[np.arange(n), tok], **prov)
 
 
 def _honest(rng, n: int = 300) -> EvidenceBatch:
@@ -79,11 +83,12 @@ def _honest(rng, n: int = 300) -> EvidenceBatch:
     return _batch(rng, m, np.abs(rng.normal(0, SIGMA, n)) > m)
 
 
-def _relaxed(rng, n: int = 300, accept: float = 0.3, threshold: float = 0.5) -> EvidenceBatch:
+def _relaxed(rng, n: int = 300, accept: float = 0.3, threshold: float = 0.5, provider_lists: bool = False) -> EvidenceBatch:
     """greedy-relaxed: at margins <= ``threshold`` the runner-up is emitted with probability ``accept`` (plus
     honest flips)."""
     m = _margins(rng, n)
-    return _batch(rng, m, (np.abs(rng.normal(0, SIGMA, n)) > m) | ((m <= threshold) & (rng.random(n) < accept)))
+    return _batch(rng, m, (np.abs(rng.normal(0, SIGMA, n)) > m) | ((m <= threshold) & (rng.random(n) < accept)),
+                  provider_lists=provider_lists)
 
 
 def test_step_bound_lies_above_the_survival_function():
@@ -157,10 +162,18 @@ def test_registry_entry_and_run_detectors():
     assert s.causes[0] == "RELAXED_VERIFICATION"
     rng = np.random.default_rng(15)
     f = replace(make_floor(rng), margin_delta_quantiles=dict(QUANTILES), margin_band=BAND)
-    out = {r.name: r for r in run_detectors(_relaxed(rng, n=600), f)}
+    out = {r.name: r for r in run_detectors(_relaxed(rng, n=600, provider_lists=True), f)}
     assert out["greedy-near-tie"].ran and out["greedy-near-tie"].p_value < 1e-3
+    assert out["greedy-near-tie"].details["flips_with_provider_list"] > 0
     v = decide_verdict(list(out.values()), floor=f)
     assert v.verdict == "RELAXED_VERIFICATION" and v.details["rule"] == "3n-greedy-near-tie", v.reason
+    # the same flips without the provider's top_logprobs (issue 37 item 2): a quantized model's argmax moves at
+    # near-ties too, so the verdict names the undetermined pair, not relaxed verification
+    rng = np.random.default_rng(15)
+    f = replace(make_floor(rng), margin_delta_quantiles=dict(QUANTILES), margin_band=BAND)
+    out = {r.name: r for r in run_detectors(_relaxed(rng, n=600), f)}
+    v = decide_verdict(list(out.values()), floor=f)
+    assert v.verdict == "QUANTIZATION_OR_RELAXED_VERIFICATION" and v.details["rule"] == "3n-model-or-verification"
 
 
 def test_gain_bound_reads_the_grid_point_at_or_below_the_margin():

@@ -715,3 +715,39 @@ def test_rule3n_becomes_a_secondary_cause_under_provider_failures():
     assert v.verdict == VerdictKind.INCONCLUSIVE
     assert [c["rule"] for c in v.details["secondary_causes"]] == ["3n-greedy-near-tie"]
     assert v.details["secondary_causes"][0]["evidence"][0]["detector"] == "greedy-near-tie"
+
+
+def test_rule3n_without_the_provider_s_top_logprobs_names_the_undetermined_pair():
+    """Issue 37 item 2: an int4 provider audited with logprobs = false was accused of RELAXED_VERIFICATION by
+    greedy-near-tie (3 flips in 5 near-tie positions). Without the provider's own top_logprobs the flips cannot
+    tell a quantized model (its own argmax moved) from a lossy greedy verifier: the verdict names the pair."""
+    blind = mk("greedy-near-tie", 1e-6, n=5, statistic=3, effect=0.6, k=3, expected=0.1, n_positions=5, band=0.44,
+               flips_with_provider_list=0, flips_own_top1=0)
+    v = decide_verdict([*quiet(), blind])
+    assert v.verdict == VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION, (v.verdict, v.reason)
+    assert v.exit_code == 1 and v.details["rule"] == "3n-model-or-verification"
+    assert v.details["cause_established"] is False
+    assert "not established which" in v.reason and "top_logprobs" in v.reason
+    assert "logprobs" in v.reason and "--suite verification" in v.reason  # what a decisive audit needs
+    f = {x["detector"]: x["implication"] for x in v.details["findings"]}
+    assert "cannot tell" in f["greedy-near-tie"]  # the finding does not claim lossy verification alone
+    # with the provider's list the rule is unchanged: lossy verification, or the served model's own argmax
+    seen = replace([blind], mk("greedy-near-tie", 1e-6, n=5, statistic=3, effect=0.6, k=3, expected=0.1,
+                               n_positions=5, band=0.44, flips_with_provider_list=3, flips_own_top1=0))
+    assert decide_verdict([*quiet(), *seen]).verdict == VerdictKind.RELAXED_VERIFICATION
+    # the pair's exit code and its place among the undetermined answers
+    from auditor.verdict import EXIT_CODES, UNDETERMINED_CAUSES
+
+    assert EXIT_CODES[VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION] == 1
+    assert UNDETERMINED_CAUSES[VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION] == (
+        VerdictKind.QUANTIZATION, VerdictKind.RELAXED_VERIFICATION)
+    assert UNDETERMINED_CAUSES[VerdictKind.QUANTIZATION_OR_SUBSTITUTION] == (
+        VerdictKind.QUANTIZATION, VerdictKind.SUBSTITUTION)
+
+
+def test_undetermined_pair_stays_a_secondary_cause_under_provider_failures():
+    blind = mk("greedy-near-tie", 1e-9, n=30, statistic=9, effect=0.3, k=9, expected=0.8, n_positions=30, band=0.44,
+               flips_with_provider_list=0, flips_own_top1=0)
+    v = decide_verdict([*quiet(), blind], provider_failures={"failed": 10, "total": 20, "kinds": {"timeout": 10}})
+    assert v.verdict == VerdictKind.INCONCLUSIVE
+    assert [c["verdict"] for c in v.details["secondary_causes"]] == ["QUANTIZATION_OR_RELAXED_VERIFICATION"]
