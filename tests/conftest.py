@@ -12,7 +12,9 @@
   directory of this test session (inherited by subprocesses), so no test reads or writes the
   user's floor cache (``~/.cache/spec-auditor/noise`` or ``$SPEC_AUDITOR_HOME/noise``); a floor
   is measured at most once per session (``auditor.noise`` is deterministic, so every session on
-  the same machine measures the same numbers). Models stay shared.
+  the same machine measures the same numbers). Models stay shared. For local development only,
+  ``$SPEC_AUDITOR_TEST_NOISE_DIR`` names a persistent directory to use instead (so repeated targeted
+  runs measure the floor once); CI and ``make test`` never set it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ def noise_dir(tmp_path_factory) -> Iterator[Path]:
     """This session's noise-floor cache directory (``$SPEC_AUDITOR_NOISE_DIR``, see module docstring)."""
     from auditor.noise import ENV_NOISE_DIR
 
-    d = tmp_path_factory.mktemp("noise-floors")
+    shared = os.environ.get("SPEC_AUDITOR_TEST_NOISE_DIR")
+    if shared:
+        d = Path(shared)
+        d.mkdir(parents=True, exist_ok=True)
+    else:
+        d = tmp_path_factory.mktemp("noise-floors")
     old = os.environ.get(ENV_NOISE_DIR)
     os.environ[ENV_NOISE_DIR] = str(d)
     yield d
