@@ -420,7 +420,7 @@ def compute_floors(
     """
     import torch
 
-    from reference.drafters import make_drafter
+    from reference.drafter_specs import make_drafter
     from reference.scoring import score_continuations
     from reference.speculative import speculative_generate
     from reference.verify import StrictVerifier

@@ -380,7 +380,7 @@ class SimulatorEngine:
         copy_model: bool | None = None,
         adaptive_k: bool = True,
     ):
-        from reference.drafters import make_drafter
+        from reference.drafter_specs import make_drafter
         from reference.models import DEFAULT_MODEL, load_model
 
         self.profile = profile

@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Generate with (speculative) decoding; prints tokens and speed statistics."""
-        from reference.drafters import make_drafter
+        from reference.drafter_specs import make_drafter
         from reference.scoring import encode_prompt
         from reference.speculative import speculative_generate
 

@@ -15,7 +15,6 @@ from reference.backends.base import (
     ReferenceBackend,
     ReferenceError,
     ReferenceSpec,
-    check_score_args,
 )
 
 if TYPE_CHECKING:
@@ -27,7 +26,6 @@ __all__ = [
     "ReferenceBackend",
     "ReferenceError",
     "ReferenceSpec",
-    "check_score_args",
     "load_tokenizer",
     "make_backend",
 ]

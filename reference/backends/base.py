@@ -148,28 +148,3 @@ class ReferenceBackend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release held resources (HTTP clients); the default does nothing."""
-
-
-def check_score_args(prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], top_k: int,
-                     vocab_size: int | None) -> list[tuple[list[int], list[int]]]:
-    """Validate scoring inputs shared by every backend; return them as lists of ints.
-
-    Raises:
-        ValueError: length mismatch, an empty prompt, ids outside ``0..vocab_size-1``, bad top_k.
-    """
-    if len(prompts) != len(continuations):
-        raise ValueError(f"prompts ({len(prompts)}) and continuations ({len(continuations)}) differ in length")
-    if top_k < 0 or (vocab_size is not None and top_k > vocab_size):
-        raise ValueError(f"top_k={top_k} must be in 0..{vocab_size if vocab_size is not None else 'V'}")
-    out = []
-    for i, (pr, co) in enumerate(zip(prompts, continuations, strict=True)):
-        pr = [int(t) for t in pr]
-        co = [int(t) for t in co]
-        if not pr:
-            raise ValueError(f"prompts[{i}] is empty; scoring needs at least one prompt token")
-        if vocab_size is not None:
-            bad = [t for t in pr + co if not 0 <= t < vocab_size]
-            if bad:
-                raise ValueError(f"item {i}: token ids {bad[:5]} are outside the vocabulary 0..{vocab_size - 1}")
-        out.append((pr, co))
-    return out

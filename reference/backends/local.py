@@ -16,9 +16,15 @@ from typing import Any
 
 import torch
 
-from reference.backends.base import ReferenceBackend, check_score_args
+from reference.backends.base import ReferenceBackend
 from reference.models import LoadedModel, MaxMemory, load_model
-from reference.scoring import DEFAULT_TOKEN_BUDGET, ScoredContinuation, input_device, score_continuations
+from reference.scoring import (
+    DEFAULT_TOKEN_BUDGET,
+    ScoredContinuation,
+    check_score_args,
+    input_device,
+    score_continuations,
+)
 
 
 class LocalBackend(ReferenceBackend):

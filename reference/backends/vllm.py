@@ -40,8 +40,8 @@ import httpx
 import numpy as np
 import tenacity
 
-from reference.backends.base import ReferenceBackend, ReferenceError, check_score_args
-from reference.scoring import ScoredContinuation
+from reference.backends.base import ReferenceBackend, ReferenceError
+from reference.scoring import ScoredContinuation, check_score_args
 
 #: vLLM's default ``--max-logprobs``: the largest ``prompt_logprobs`` a stock server accepts.
 VLLM_DEFAULT_MAX_LOGPROBS = 20

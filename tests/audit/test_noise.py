@@ -87,13 +87,13 @@ def test_floor_measurement_is_deterministic(tiny_lm, tmp_path, monkeypatch) -> N
     import random
     import time
 
-    import reference.drafters
+    import reference.drafter_specs
     import reference.speculative
 
     # the honest profiles' n-gram drafter never fires on the tiny random model's text; a self-drafter
     # (the model's first layer) drafts every round, so the split into verify forwards matters
-    make = reference.drafters.make_drafter
-    monkeypatch.setattr(reference.drafters, "make_drafter", lambda spec, lm=None, **kw: make("self:1", lm))
+    make = reference.drafter_specs.make_drafter
+    monkeypatch.setattr(reference.drafter_specs, "make_drafter", lambda spec, lm=None, **kw: make("self:1", lm))
     generate = reference.speculative.speculative_generate
     rounds: list[list[list[int]]] = []
 

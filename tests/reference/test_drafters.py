@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from reference.drafter_specs import make_drafter
 from reference.drafters import (
     Drafter,
     DraftModelDrafter,
@@ -13,7 +14,6 @@ from reference.drafters import (
     SelfDrafter,
     SequenceDrafter,
     early_exit_forward,
-    make_drafter,
 )
 from reference.sampling import SamplingParams
 

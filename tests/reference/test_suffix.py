@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reference.drafters import make_drafter
+from reference.drafter_specs import make_drafter
 from reference.speculative import autoregressive_generate, speculative_generate
 from reference.suffix import OutputCache, SuffixDrafter
 
