@@ -45,7 +45,7 @@ calls back into one already left; tests/audit/test_pipeline.py traces this at ru
 11. **Summary** (:mod:`auditor.summary`): speed and headline figures of the run.
 12. **Store → report**: detector results, verdict, the run summary and the aligned reference ids
     (``normalized_tokens.ref_token_id``) written in one final transaction (``auditor.store.queries``)
-    → :class:`auditor.report.AuditReport`. Closing the reference is the teardown.
+    → :class:`auditor.report_base.AuditReport`. Closing the reference is the teardown.
 
 Errors a user can fix (bad config, unknown suite, unreachable database or provider, too small a
 budget) raise :class:`auditor.errors.AuditError` (``exit_code`` 3) naming the parameter and the
@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from auditor.detection import LOGPROB_TEST_MAX_TEMPERATURE, detect, run_reference_detectors
+from auditor.detectors import DetectorName
 from auditor.errors import AuditError, AuditInterrupted, NothingToAuditError, failure_reason
 from auditor.evidence import build_evidence, evidence_stage
 from auditor.observations import Observation, aligned_ids, excluded_summary, load_observations, read_observations
@@ -73,7 +74,8 @@ from auditor.reference_setup import (
     get_reference_models,
     resolve_reference,
 )
-from auditor.report import AuditReport, report_from_store
+from auditor.report import report_from_store
+from auditor.report_base import AuditReport
 from auditor.scoring import REFERENCE_TOP_K, SCORE_BATCH_SIZE, score_observations
 from auditor.summary import speed_summary, summary_stage
 
@@ -388,7 +390,7 @@ def _with_reference_path(results: Sequence[Any], rp: ReferencePath) -> list[Any]
     details (``reference_path_*`` keys, :attr:`auditor.reference_path.ReferencePath.details`) when it
     ran; the feature is no test of its own and never enters the Holm family."""
     return [dataclasses.replace(r, details={**(r.details or {}), **rp.details})
-            if r.name == "logprob-divergence" and r.ran else r for r in results]
+            if r.name == DetectorName.LOGPROB_DIVERGENCE and r.ran else r for r in results]
 
 
 def _with_excluded(verdict_kwargs: Mapping[str, Any], excluded: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -422,7 +424,7 @@ def _mark_not_tested(verdict: Any, ref: ReferenceSetup) -> Any:
 def _deciding_floor(results: Sequence[Any], floors: FloorSet, ref0: str) -> Any:
     """The floor the verdict's power calculation uses: logprob-divergence's nearest reference's,
     else the first reference's."""
-    lp = next((r for r in results if r.name == "logprob-divergence" and r.ran), None)
+    lp = next((r for r in results if r.name == DetectorName.LOGPROB_DIVERGENCE and r.ran), None)
     fl = floors.floors.get(lp.details.get("nearest_reference")) if lp is not None else None
     return fl or floors.floors.get(ref0)
 

@@ -5,7 +5,7 @@
 - :func:`resolve_reference` builds a :class:`ReferenceSetup` from a provider's ``reference``: local
   weights (:func:`get_reference_models`, loaded once per process in ``_MODELS``), a trusted vLLM
   server, or none (reference-free tests only). Its scorers are used by the scoring stage
-  (:mod:`auditor.scoring`, which re-exports these names); ``ReferenceSetup.close`` is the teardown.
+  (:mod:`auditor.scoring`); ``ReferenceSetup.close`` is the teardown.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""JUnit XML rendering of an :class:`~auditor.report.AuditReport` (moved out of ``auditor.report``).
+"""JUnit XML rendering of an :class:`~auditor.report_base.AuditReport` (:func:`auditor.report.render` dispatches here).
 
-Re-exported as ``auditor.report.render_junit``; import it from there. The buyer's two questions
+The buyer's two questions
 (:mod:`auditor.questions`) are ``question.<key>`` (the answer) and ``question.<key>.evidence``
 properties, and the suite's ``system-out`` (after the test cases, as the JUnit schema orders it);
 estimated token figures and a concurrency the client narrowed are ``usage_estimated`` /
@@ -12,28 +12,25 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from auditor.report import AuditReport
+from auditor.report_base import (
+    IMPLICATIONS,
+    AuditReport,
+    concurrency_line,
+    evidence_rows,
+    excluded_line,
+    failure_line,
+    fmt_effect,
+    usage_note,
+)
+from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
+from auditor.util import fmt_p as _fmt_p
 
 __all__ = ["render_junit"]
 
 
 def render_junit(report: AuditReport) -> str:
     """JUnit XML: a ``testsuite`` per audit, a ``testcase`` per detector and one for the verdict."""
-    from auditor.report import (
-        IMPLICATIONS,
-        _evidence_rows,
-        _failure_line,
-        _fmt_effect,
-        concurrency_line,
-        excluded_line,
-        usage_note,
-    )
-    from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
-    from auditor.util import fmt_p as _fmt_p
-
     r = report
     ran = [d for d in r.detectors if d.get("ran")]
     checks = r.preflight_checks
@@ -85,13 +82,13 @@ def render_junit(report: AuditReport) -> str:
             )
             f.text = json.dumps(
                 {"statistic": d.get("statistic"), "effect": d.get("effect"), "effect_ci": d.get("effect_ci"),
-                 "n": d.get("n"), "evidence": _evidence_rows(d, 3)},
+                 "n": d.get("n"), "evidence": evidence_rows(d, 3)},
                 ensure_ascii=False,
                 default=str,
             )
         else:
             so = ET.SubElement(tc, "system-out")
-            so.text = f"p={_fmt_p(d.get('p_value'))} p_adjusted={_fmt_p(d.get('p_adjusted'))} effect={_fmt_effect(d)} n={d.get('n')}"
+            so.text = f"p={_fmt_p(d.get('p_value'))} p_adjusted={_fmt_p(d.get('p_adjusted'))} effect={fmt_effect(d)} n={d.get('n')}"
     tc = ET.SubElement(ts, "testcase", classname=cls, name="verdict", time=f"{(r.wall_s or 0.0):.3f}")
     if r.exit_code == 1:
         ET.SubElement(tc, "failure", type=r.verdict, message=r.verdict_reason)
@@ -114,7 +111,7 @@ def render_junit(report: AuditReport) -> str:
                                 default=str)
         else:
             ET.SubElement(tc, "system-out").text = str(c.get("summary"))
-    fl = _failure_line(r.provider_failures)
+    fl = failure_line(r.provider_failures)
     if fl:
         ET.SubElement(props, "property", name="provider_failures", value=fl)
     if (xl := excluded_line(r.excluded_responses)) is not None:

@@ -1,6 +1,6 @@
-"""Markdown rendering of an :class:`~auditor.report.AuditReport` (moved out of ``auditor.report``).
+"""Markdown rendering of an :class:`~auditor.report_base.AuditReport` (:func:`auditor.report.render` dispatches here).
 
-Re-exported as ``auditor.report.render_markdown``; import it from there. Layout: the buyer's two
+Layout: the buyer's two
 questions, the verdict with every cause, what a PASS / INCONCLUSIVE rules out
 (:mod:`auditor.rules_out`), the detectors with their Holm-adjusted p-values and evidence rows,
 usage, speed and the pre-flight checks.
@@ -10,23 +10,35 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from auditor.detectors.speculation import speculation_line
+from auditor.report_base import (
+    IMPLICATIONS,
+    AuditReport,
+    cause_flip_line,
+    check_mark,
+    concurrency_line,
+    detector_outcome,
+    evidence_rows,
+    evidence_str,
+    excluded_line,
+    failure_line,
+    fmt_effect,
+    fmt_num,
+    tok,
+    usage_note,
+    usd,
+)
 from auditor.rules_out import RULE_OUT_POWER, rules_out_rows, rules_out_sentence
 from auditor.util import fmt_p as _fmt_p
 from auditor.util import md_cell as _md
-
-if TYPE_CHECKING:
-    from auditor.report import AuditReport
 
 __all__ = ["render_markdown"]
 
 
 def _top5_cell(e: dict, key: str = "ref_top5", texts_key: str = "ref_top5_tokens") -> str:
     """A Markdown cell with an evidence row's top-5 tokens (text and probability)."""
-    from auditor.report import _tok
-
     tops = e.get(key) or []
     texts = e.get(texts_key) or []
     parts = []
@@ -37,7 +49,7 @@ def _top5_cell(e: dict, key: str = "ref_top5", texts_key: str = "ref_top5_tokens
             continue
         txt = texts[j] if j < len(texts) else f"#{tid}"
         p = math.exp(lp) if isinstance(lp, (int, float)) and lp is not None else None
-        parts.append(f"`{_md(_tok(txt, 16))}` {p:.3f}" if p is not None else f"`{_md(_tok(txt, 16))}`")
+        parts.append(f"`{_md(tok(txt, 16))}` {p:.3f}" if p is not None else f"`{_md(tok(txt, 16))}`")
     return ", ".join(parts) or "—"
 
 
@@ -52,23 +64,6 @@ def _p_adjusted_or_2(d: dict[str, Any]) -> float:
 
 def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> str:
     """A Markdown document for a procurement file (see the module docstring for its sections)."""
-    from auditor.report import (
-        IMPLICATIONS,
-        _check_mark,
-        _evidence_rows,
-        _evidence_str,
-        _failure_line,
-        _fmt_effect,
-        _fmt_num,
-        _outcome,
-        _tok,
-        _usd,
-        cause_flip_line,
-        concurrency_line,
-        excluded_line,
-        usage_note,
-    )
-
     r = report
     ref = r.reference or {}
     tk = r.tokens or {}
@@ -98,8 +93,8 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
          + (" (estimated)" if usage_note(s) else "")
          + (f" (budget {tk['budget']} completion tokens)" if tk.get("budget") else "")
          + f"; {tk.get('scored_positions', 0)} positions scored"),
-        ("Cost", _usd(r.cost_usd) + (f" ({usage_note(s)})" if usage_note(s) else "")),  # issue 13: never silent
-        ("Provider failures", _failure_line(r.provider_failures) or "none"),
+        ("Cost", usd(r.cost_usd) + (f" ({usage_note(s)})" if usage_note(s) else "")),  # issue 13: never silent
+        ("Provider failures", failure_line(r.provider_failures) or "none"),
         ("Excluded responses", _md(excluded_line(r.excluded_responses) or "none")),
         *([("Concurrency", concurrency_line(s))] if concurrency_line(s) else []),
         ("Started / finished", f"{r.started_at} / {r.finished_at}"),
@@ -117,7 +112,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         out.append(f"- No primary cause: **{r.verdict}** (rule `{vd.get('rule', '—')}`).")
     for c in r.secondary_causes:
         out.append(f"- **{c.get('verdict')}** (also, rule `{c.get('rule')}`): {_md(c.get('reason') or '')} "
-                   f"— deciding evidence: {_md(_evidence_str(c))}")
+                   f"— deciding evidence: {_md(evidence_str(c))}")
     if not r.secondary_causes:
         out.append(f"- No other cause is established at family-wise α = {r.alpha:g}.")
     if fl_cause := cause_flip_line(r):
@@ -136,7 +131,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         out.append("| check | kind | outcome | p | what was seen |")
         out.append("|---|---|---|---:|---|")
         for c in checks:
-            out.append(f"| {c.get('name')} | {c.get('kind')} | {_check_mark(c)} | {_fmt_p(c.get('p_value'))} | "
+            out.append(f"| {c.get('name')} | {c.get('kind')} | {check_mark(c)} | {_fmt_p(c.get('p_value'))} | "
                        f"{_md(c.get('summary') or '')} |")
         out.append("")
     findings = vd.get("findings") or []
@@ -161,8 +156,8 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
     for d in r.detectors:
         if d.get("ran"):
             out.append(
-                f"| {d['name']} | {_fmt_num(d.get('statistic'))} | {_fmt_p(d.get('p_value'))} | "
-                f"{_fmt_p(d.get('p_adjusted'))} | {_md(_fmt_effect(d))} | {d.get('n')} | {_outcome(d, r.alpha)} |"
+                f"| {d['name']} | {fmt_num(d.get('statistic'))} | {_fmt_p(d.get('p_value'))} | "
+                f"{_fmt_p(d.get('p_adjusted'))} | {_md(fmt_effect(d))} | {d.get('n')} | {detector_outcome(d, r.alpha)} |"
             )
         else:
             out.append(f"| {d['name']} | | | | | {d.get('n') or 0} | not run: {_md(d.get('reason') or '')} |")
@@ -179,12 +174,12 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("TTFT median", f"{s['ttft_median_s']:.3f} s" if s.get("ttft_median_s") is not None else "—"),
         ("TPOT median", f"{s['tpot_median_s'] * 1000:.1f} ms" if s.get("tpot_median_s") is not None else "—"),
         ("Throughput", f"{s['tokens_per_s']:.1f} tokens/s" if s.get("tokens_per_s") is not None else "—"),
-        ("Tokens per stream chunk", _fmt_num(s.get("mean_tokens_per_chunk"), 3)
+        ("Tokens per stream chunk", fmt_num(s.get("mean_tokens_per_chunk"), 3)
          + (f" (histogram {json.dumps(s.get('tokens_per_chunk'))})" if s.get("tokens_per_chunk") else "")),
         ("Speculation (evidence)", speculation_line(s.get("speculation")) or "—"),
-        ("Mean KL vs reference", f"{_fmt_num(s.get('mean_kl'))} nats" if s.get("mean_kl") is not None else "—"),
-        ("Honest noise floor (mean KL)", f"{_fmt_num(s.get('noise_floor'))} nats" if s.get("noise_floor") is not None else "—"),
-        ("Greedy clear-mismatch rate", _fmt_num(s.get("clear_mismatch_rate")) if s.get("clear_mismatch_rate") is not None else "—"),
+        ("Mean KL vs reference", f"{fmt_num(s.get('mean_kl'))} nats" if s.get("mean_kl") is not None else "—"),
+        ("Honest noise floor (mean KL)", f"{fmt_num(s.get('noise_floor'))} nats" if s.get("noise_floor") is not None else "—"),
+        ("Greedy clear-mismatch rate", fmt_num(s.get("clear_mismatch_rate")) if s.get("clear_mismatch_rate") is not None else "—"),
         ("Probes", (f"{r.probes.get('ok', 0)} ok, {r.probes.get('failed', 0)} failed of {r.probes.get('total', 0)}; "
                     f"{r.probes.get('attempts', 0)} attempts ({r.probes.get('retries', 0)} retries)")),
     ]
@@ -201,8 +196,8 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         out.append(
             "Measured, not assumed: the detectors' own statistics between the reference and its honest variants "
             f"({', '.join(nf.get('variants') or [])}) on {nf.get('n_positions', '—')} positions of "
-            f"{nf.get('n_prompts', '—')} prompts. Greedy near-tie band {_fmt_num(nf.get('margin_band'))} nats; "
-            f"honest clear-mismatch rate {_fmt_num(nf.get('clear_mismatch_rate'))}."
+            f"{nf.get('n_prompts', '—')} prompts. Greedy near-tie band {fmt_num(nf.get('margin_band'))} nats; "
+            f"honest clear-mismatch rate {fmt_num(nf.get('clear_mismatch_rate'))}."
         )
         if nf.get("references"):
             out.append("")
@@ -227,18 +222,18 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         out.append("")
         out.append("| prompt | position | provider token | reference top-5 (p) | margin (nats) | detail |")
         out.append("|---|---:|---|---|---:|---|")
-        for e in _evidence_rows(d, evidence_per_detector):
+        for e in evidence_rows(d, evidence_per_detector):
             key = str(e.get("prompt_id"))
             prompt = r.prompts.get(key) or r.prompts.get(key.split("#")[0]) or ""
-            pcell = f"`{_md(key)}`" + (f": {_md(_tok(prompt, 60))}" if prompt else "")
+            pcell = f"`{_md(key)}`" + (f": {_md(tok(prompt, 60))}" if prompt else "")
             ctx = e.get("context")
-            tcell = f"`{_md(_tok(e.get('token'), 20))}`" + (f" after …{_md(_tok(ctx, 30))}" if ctx else "")
+            tcell = f"`{_md(tok(e.get('token'), 20))}`" + (f" after …{_md(tok(ctx, 30))}" if ctx else "")
             margin = e.get("margin", e.get("ref_margin"))
-            extra = ", ".join(f"{k}={_fmt_num(e[k], 3)}" for k in _EXTRA_KEYS if k in e and k != "clear")
+            extra = ", ".join(f"{k}={fmt_num(e[k], 3)}" for k in _EXTRA_KEYS if k in e and k != "clear")
             if e.get("clear") is not None:
                 extra = (extra + ", " if extra else "") + ("clear" if e["clear"] else "near-tie")
             out.append(
-                f"| {pcell} | {e.get('position')} | {tcell} | {_top5_cell(e)} | {_fmt_num(margin, 3)} | {_md(extra)} |"
+                f"| {pcell} | {e.get('position')} | {tcell} | {_top5_cell(e)} | {fmt_num(margin, 3)} | {_md(extra)} |"
             )
         out.append("")
     out.append("## How to read this")

@@ -42,6 +42,7 @@ from typing import Any
 
 from auditor.store import queries as q
 from auditor.store.db import Store
+from auditor.util import json_safe
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,8 @@ class RunSummary:
     resumed: bool = False
     latency_median_s: float | None = None
     ttft_median_s: float | None = None
-    usage_note: str | None = None  # token/cost figures estimated (auditor.report.usage_note), None = as billed
-    concurrency: str | None = None  # the client narrowed its concurrency (auditor.report.concurrency_line)
+    usage_note: str | None = None  # token/cost figures estimated (auditor.report_base.usage_note), None = as billed
+    concurrency: str | None = None  # the client narrowed its concurrency (auditor.report_base.concurrency_line)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -251,7 +252,7 @@ def summarize_run(store: Store, run_id: str, *, elapsed_s: float | None = None, 
     """
     from sqlalchemy import func, select
 
-    from auditor.report import concurrency_line, usage_note
+    from auditor.report_base import concurrency_line, usage_note
     from auditor.store.models import ProbeAttempt
     from probes.wire import describe_error
 
@@ -430,7 +431,7 @@ def _prepare_run(
             if run.suite is None:
                 run.suite, run.suite_version = suite.name, suite.version
             if not run.config_snapshot:
-                run.config_snapshot = q.json_safe(q.redact_secrets(snapshot))
+                run.config_snapshot = json_safe(q.redact_secrets(snapshot))
         if retry_failed and resumed:
             q.reset_failed_probes(s, run.id)
         # Refuse to mix configurations: stored requests must equal the rebuilt ones.
@@ -440,7 +441,7 @@ def _prepare_run(
                 raise RunnerError(
                     f"run {run.id} has probe {key!r} that suite {suite.name} v{suite.version} does not plan. Fix: start a new run."
                 )
-            if req != q.json_safe(q.redact_secrets(payloads[key])):
+            if req != json_safe(q.redact_secrets(payloads[key])):
                 raise RunnerError(
                     f"run {run.id}: the request for {key!r} differs from the stored one (provider config or suite changed). "
                     "Fix: restore the old config, or start a new run (--new)."
@@ -460,7 +461,7 @@ def _prepare_run(
         )
         summary = dict(run.summary or {})
         summary["runner"] = _owner()
-        run.summary = q.json_safe(summary)
+        run.summary = json_safe(summary)
         run.status = "running"
         run.finished_at = None
         return run.id, resumed
@@ -723,7 +724,7 @@ async def run_probes_async(
             usage_est.record(summary)
             if conc is not None and conc.changes:
                 summary["concurrency"] = conc.stats()
-            run.summary = q.json_safe(summary)
+            run.summary = json_safe(summary)
             q.set_run_status(s, rid, status)
     return rid
 

@@ -24,17 +24,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-# the reference stage (auditor/reference_setup.py), re-exported: callers and tests import these from here
-from auditor.reference_setup import (
-    _MODELS,  # noqa: F401  # re-exported: tests share loaded models through it
-    NOT_TESTED_WITHOUT_REFERENCE,
-    ReferenceSetup,
-    check_device,
-    check_reference_api,
-    get_reference_models,
-    resolve_reference,
-)
-
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.observations import Observation
     from auditor.store import Store
@@ -42,17 +31,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from reference.scoring import ScoredContinuation
 
 __all__ = [
-    "NOT_TESTED_WITHOUT_REFERENCE",
     "REFERENCE_TOP_K",
     "SCORE_BATCH_SIZE",
     "LocalScorer",
-    "ReferenceSetup",
     "Scorer",
-    "check_device",
-    "check_reference_api",
-    "get_reference_models",
     "local_scorers",
-    "resolve_reference",
     "score_observations",
 ]
 

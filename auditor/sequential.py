@@ -70,7 +70,7 @@ from auditor.rules_out import RULE_OUT_POWER, RuleOut, as_rule_outs, not_ruled_o
 from auditor.verdict import UNDETERMINED_CAUSES, VerdictKind
 
 if TYPE_CHECKING:
-    from auditor.report import AuditReport
+    from auditor.report_base import AuditReport
     from probes.suites import Suite
 
 __all__ = [
@@ -253,7 +253,7 @@ class LookDecision:
 
 class Decided(Protocol):
     """What a look's callback returns: anything with a ``verdict`` (``auditor.verdict.Verdict``
-    in simulations, ``auditor.report.AuditReport`` in ``run_sequential_check``)."""
+    in simulations, ``auditor.report_base.AuditReport`` in ``run_sequential_check``)."""
 
     @property
     def verdict(self) -> str: ...
@@ -569,7 +569,7 @@ def run_sequential_check(
 
     from auditor.audit import run_check
     from auditor.planning import load_suite_spec, plan_budget
-    from auditor.report import AuditReport
+    from auditor.report_base import AuditReport
 
     full = load_suite_spec(suite)
     if design is None:

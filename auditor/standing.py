@@ -24,7 +24,7 @@ The overall standing (:data:`SEVERITY`, worst first):
     parameters are not followed) > INCONCLUSIVE > PASS. The standing is the worst of the recent
     audits' verdicts: any accusation wins over PASS and INCONCLUSIVE; INCONCLUSIVE when no audit
     accuses but one did not decide; PASS only when every recent suite passed. Exit codes as for one
-    audit (``auditor.report.exit_code_for``).
+    audit (``auditor.report_base.exit_code_for``).
 
 Causes: every primary accusation and every ``secondary_causes`` entry (``auditor.verdict``) of the
 recent audits, each with its suite, run id, start time, rule, reason and deciding evidence
@@ -45,7 +45,7 @@ probes in a ``precision`` audit) and causes that every recent audit names in ``n
 
 This module is pure (standard library, the leaf :mod:`auditor.util` and the stdlib-only
 :mod:`auditor.questions`); :mod:`auditor.store.standing_queries` reads the store
-and calls :func:`combine_standing`; :func:`load_standing` opens a database for the CLI. Renderers:
+(:class:`~auditor.store.standing_queries.AuditRecord`) and :func:`provider_standing` calls :func:`combine_standing` on it; :func:`load_standing` opens a database for the CLI. Renderers:
 :func:`render_standing` (text, markdown, json, junit). Times are ISO 8601 UTC strings in outputs.
 """
 
@@ -57,24 +57,31 @@ import math
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from auditor.questions import answer_questions, combine_answers
 from auditor.util import fmt_p as _fmt_p
 from auditor.util import json_safe
 from auditor.util import md_cell as _md
 
+if TYPE_CHECKING:  # pragma: no cover
+    from sqlalchemy.orm import Session
+
+    from auditor.store.models import AuditRun
+    from auditor.store.standing_queries import AuditRecord
+
 __all__ = [
     "ACCUSATIONS",
     "DEFAULT_WINDOW_DAYS",
     "SEVERITY",
-    "AuditRecord",
     "Cause",
     "Standing",
     "check_window_days",
     "combine_standing",
     "load_standing",
+    "provider_standing",
     "render_standing",
+    "standing_of_runs",
 ]
 
 #: Days before the anchor (the newest audit, or ``as_of``) within which an audit is recent.
@@ -85,30 +92,6 @@ SEVERITY = ("SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION", "QUANTIZATION", "QUA
 #: The verdicts that accuse the provider (exit code 1).
 ACCUSATIONS = SEVERITY[:-2]  # every verdict but INCONCLUSIVE and PASS
 _EXIT = {v: (1 if v in ACCUSATIONS else 2 if v == "INCONCLUSIVE" else 0) for v in SEVERITY}
-
-
-@dataclass
-class AuditRecord:
-    """One stored, completed audit as :func:`combine_standing` reads it.
-
-    Attributes:
-        run_id: ``audit_runs.id``. suite: suite name (None when not recorded). model: model id.
-        started_at: start (aware UTC datetime). verdict: the run's verdict (:data:`SEVERITY`).
-        reason: the verdict's sentence. alpha: family-wise level of the audit.
-        details: the verdict details (``rule``, ``findings``, ``detectors``, ``secondary_causes``,
-            ``not_tested`` ... see ``auditor.verdict``).
-        detectors: stored detector results as ``{"name", "ran", "reason", "p_adjusted"}``.
-    """
-
-    run_id: str
-    suite: str | None
-    model: str | None
-    started_at: dt.datetime
-    verdict: str
-    reason: str = ""
-    alpha: float | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    detectors: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -330,6 +313,52 @@ def _reason(standing: str | None, recent: Sequence[AuditRecord], causes: Sequenc
     return head + "; causes found: " + "; ".join(f"{v} ({', '.join(s)})" for v, s in names.items())
 
 
+def standing_of_runs(
+    session: Session,
+    provider: str,
+    runs: Sequence[AuditRun],
+    *,
+    model: str | None = None,
+    window_days: float = DEFAULT_WINDOW_DAYS,
+    as_of: dt.datetime | None = None,
+) -> Standing:
+    """The standing of ``provider`` over the given runs (e.g. the dashboard's filtered runs): their
+    completed audits read by :func:`auditor.store.standing_queries.audit_records`, then
+    :func:`combine_standing`.
+
+    Raises:
+        ValueError: ``window_days`` not a positive number of days.
+    """
+    from auditor.store.standing_queries import audit_records
+
+    return combine_standing(provider, audit_records(session, runs), model=model, window_days=window_days, as_of=as_of)
+
+
+def provider_standing(
+    session: Session,
+    provider: str,
+    *,
+    model: str | None = None,
+    window_days: float = DEFAULT_WINDOW_DAYS,
+    as_of: dt.datetime | None = None,
+) -> Standing | None:
+    """The standing of ``provider`` (its newest audit's model unless ``model`` is given) from its
+    completed audits started within ``window_days`` before the anchor (``as_of``, else its newest
+    completed audit); None when it has no completed audit (of ``model``).
+
+    Raises:
+        ValueError: ``window_days`` not a positive number of days.
+    """
+    from auditor.store.standing_queries import recent_audit_runs
+
+    check_window_days(window_days)
+    found = recent_audit_runs(session, provider, model=model, window_days=window_days, as_of=as_of)
+    if found is None:
+        return None
+    runs, newest_model = found
+    return standing_of_runs(session, provider, runs, model=model or newest_model, window_days=window_days, as_of=as_of)
+
+
 def load_standing(
     provider: str,
     db_url: str | None = None,
@@ -346,7 +375,6 @@ def load_standing(
         ValueError: bad ``window_days``. auditor.store.StoreError: the database cannot be opened.
     """
     from auditor.store import open_store
-    from auditor.store.standing_queries import provider_standing
 
     store = open_store(db_url)
     try:

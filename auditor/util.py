@@ -12,7 +12,7 @@ import dataclasses
 import datetime as dt
 import math
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal, overload
 
 __all__ = ["JSONValue", "finite", "fmt_p", "json_safe", "md_cell"]
 
@@ -35,8 +35,16 @@ def finite(x: object) -> float | None:
     return f if math.isfinite(f) else None
 
 
+@overload
+def json_safe(obj: Mapping[Any, Any], *, bytes_encoding: Literal["latin-1", "utf-8"] = ...) -> dict[str, JSONValue]: ...
+@overload
+def json_safe(obj: list[Any] | tuple[Any, ...] | set[Any] | frozenset[Any], *,
+              bytes_encoding: Literal["latin-1", "utf-8"] = ...) -> list[JSONValue]: ...
+@overload
+def json_safe(obj: object, *, bytes_encoding: Literal["latin-1", "utf-8"] = ...) -> JSONValue: ...
 def json_safe(obj: object, *, bytes_encoding: Literal["latin-1", "utf-8"] = "latin-1") -> JSONValue:
-    """Convert ``obj`` to strict JSON data (``json.dumps(..., allow_nan=False)`` accepts the result).
+    """Convert ``obj`` to strict JSON data (``json.dumps(..., allow_nan=False)`` accepts the result); a mapping
+    gives a ``dict[str, JSONValue]``, a list/tuple/set a ``list[JSONValue]`` (the overloads say so to callers).
 
     Rules: NaN/±inf → None; mappings → dicts with ``str`` keys; lists, tuples and sets → lists;
     numpy arrays and scalars (anything with ``tolist``, torch tensors too) → Python numbers/lists;
@@ -74,15 +82,18 @@ def json_safe(obj: object, *, bytes_encoding: Literal["latin-1", "utf-8"] = "lat
                 items.append(json_safe(v, bytes_encoding=bytes_encoding))
         return items
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return json_safe(dataclasses.asdict(obj), bytes_encoding=bytes_encoding)
+        fields: dict[str, object] = dataclasses.asdict(obj)
+        return json_safe(fields, bytes_encoding=bytes_encoding)
     if isinstance(obj, dt.datetime | dt.date):
         return obj.isoformat()
     dump = getattr(obj, "model_dump", None)
     if callable(dump):  # pydantic models
-        return json_safe(dump(mode="json"), bytes_encoding=bytes_encoding)
+        dumped: object = dump(mode="json")
+        return json_safe(dumped, bytes_encoding=bytes_encoding)
     tolist = getattr(obj, "tolist", None)
     if callable(tolist):  # numpy arrays and scalars, torch tensors
-        return json_safe(tolist(), bytes_encoding=bytes_encoding)
+        listed: object = tolist()
+        return json_safe(listed, bytes_encoding=bytes_encoding)
     return str(obj)
 
 

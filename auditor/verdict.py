@@ -123,10 +123,12 @@ from auditor.detectors import (
     TestKind,
     detectors_where,
 )
-from auditor.detectors.base import DetectorResult, _json_safe
+from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
+from auditor.util import finite as _f
+from auditor.util import json_safe
 from auditor.verdict_cause import (
     SAMPLED_FLIP_MAX_SIGMA,
     blind_near_tie_note,
@@ -143,7 +145,6 @@ from auditor.verdict_cause import (
     set_aside,
     template_note,
 )
-from auditor.verdict_cause import finite_or_none as _f
 from auditor.verdict_power import (
     DEFAULT_POWER,
     POWER_FAMILIES,
@@ -429,7 +430,7 @@ def decide_verdict(
     reason = cause.reason
     if secondary:
         reason += "; also " + "; ".join(f"{c.kind} ({c.short})" for c in secondary)
-    verdict = Verdict(str(cause.kind), reason, cast(dict, _json_safe(details)), adj)
+    verdict = Verdict(str(cause.kind), reason, cast(dict, json_safe(details)), adj)
     return _tokenizer_substitution(verdict, tokenizer_mismatch) if tokenizer_mismatch else verdict
 
 
@@ -533,7 +534,7 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
                 f"greedy tokens differ clearly from the reference argmax at {rate:.1%} of positions while the "
                 f"provider's reported logprobs match the reference ({c.lp_ratio:.3g}x the floor): the served tokens "
                 f"are not the argmax of the distribution it reports (greedy-match p_adj={g.p_adjusted:.3g})",
-                "3-greedy-decode-path", ["greedy-match"], f"greedy-match p_adj={g.p_adjusted:.3g}",
+                "3-greedy-decode-path", [DetectorName.GREEDY_MATCH], f"greedy-match p_adj={g.p_adjusted:.3g}",
             )
         far = rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE
         kind = VerdictKind.QUANTIZATION_OR_SUBSTITUTION if far else VerdictKind.QUANTIZATION
@@ -544,7 +545,7 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
             + (f"; a rate this high ({SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE:.0%} or more) is beyond production "
                "quantization: heavily degraded weights or another model, which greedy tokens alone cannot tell"
                if far else ""),
-            "3-greedy-" + ("model-deviation" if far else "quantization"), ["greedy-match"],
+            "3-greedy-" + ("model-deviation" if far else "quantization"), [DetectorName.GREEDY_MATCH],
             f"greedy-match p_adj={g.p_adjusted:.3g}",
         )
     if rejects(DetectorName.GREEDY_HETEROGENEITY):
@@ -552,15 +553,15 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
     if rejects(DetectorName.GREEDY_NEAR_TIE):
         r = c.by[DetectorName.GREEDY_NEAR_TIE]
         if 2 * int((d := r.details or {}).get("flips_own_top1") or 0) > int(d.get("flips_with_provider_list") or 0) > 0:
-            return c.cause(VerdictKind.QUANTIZATION, near_tie_reason(r, own=True), "3n-model", ["greedy-near-tie"],
+            return c.cause(VerdictKind.QUANTIZATION, near_tie_reason(r, own=True), "3n-model", [DetectorName.GREEDY_NEAR_TIE],
                            f"near-ties flipped by the served model, greedy-near-tie p_adj={r.p_adjusted:.3g}")
         if near_tie_blind(r):
             return c.cause(VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION, near_tie_reason(r, blind=True),
-                           "3n-model-or-verification", ["greedy-near-tie"],
+                           "3n-model-or-verification", [DetectorName.GREEDY_NEAR_TIE],
                            f"near-ties flipped, quantization or lossy verification, greedy-near-tie "
                            f"p_adj={r.p_adjusted:.3g}", established=False)
         return c.cause(VerdictKind.RELAXED_VERIFICATION, near_tie_reason(r), "3n-greedy-near-tie",
-                       ["greedy-near-tie"], f"near-ties flipped, greedy-near-tie p_adj={r.p_adjusted:.3g}")
+                       [DetectorName.GREEDY_NEAR_TIE], f"near-ties flipped, greedy-near-tie p_adj={r.p_adjusted:.3g}")
     s = _sampling_cause(c, reference=True, record_shape=True)
     if s is not None:
         return s
@@ -587,13 +588,13 @@ def _mixture_cause(c: _Ctx) -> _Cause:
     if c.lp_consistent:
         return c.cause(VerdictKind.DECODING_NONCOMPLIANT,
                        what + "; the reported logprobs match the reference, so those requests' tokens are not the "
-                       "argmax of the distribution reported", "3h-mixture-decode-path", ["greedy-heterogeneity"], short)
+                       "argmax of the distribution reported", "3h-mixture-decode-path", [DetectorName.GREEDY_HETEROGENEITY], short)
     far = rate >= SUBSTITUTION_MIN_CLEAR_MISMATCH_RATE
     return c.cause(VerdictKind.QUANTIZATION_OR_SUBSTITUTION if far else VerdictKind.QUANTIZATION,
                    what + ("; a rate this high in those requests is beyond production quantization: a heavily "
                            "degraded replica or another model, which greedy tokens alone cannot tell" if far
                            else "; a degraded (e.g. quantized) replica for those requests"),
-                   "3h-mixture-" + ("model-deviation" if far else "quantization"), ["greedy-heterogeneity"], short)
+                   "3h-mixture-" + ("model-deviation" if far else "quantization"), [DetectorName.GREEDY_HETEROGENEITY], short)
 
 
 def _self_greedy(c: _Ctx) -> _Cause:
@@ -604,7 +605,7 @@ def _self_greedy(c: _Ctx) -> _Cause:
         f"{int(r.statistic)} of {r.n} positions by more than the {r.details.get('band', float('nan')):.3g}-nat "
         f"noise band: the greedy path does not follow the request (e.g. a default repetition penalty applied "
         f"before the pick) (self-greedy p_adj={r.p_adjusted:.3g})",
-        "1-self-greedy", ["self-greedy"], f"greedy tokens are not its own top-1, self-greedy p_adj={r.p_adjusted:.3g}",
+        "1-self-greedy", [DetectorName.SELF_GREEDY], f"greedy tokens are not its own top-1, self-greedy p_adj={r.p_adjusted:.3g}",
     )
 
 
@@ -625,7 +626,7 @@ def _logprob_cause(c: _Ctx) -> _Cause:
             f"reported logprobs diverge from the reference (mean KL {kl:.3g} nats, {ratio:.3g}x the honest floor, "
             f"top-1 agreement {top1:.0%}) in a way quantization does not explain: {flips}, "
             f"{fc.value / SUBSTITUTION_MIN_FLIP_RATIO:.2g}x the threshold — a different model {tail}",
-            "2-logprob-substitution", ["logprob-divergence"], short,
+            "2-logprob-substitution", [DetectorName.LOGPROB_DIVERGENCE], short,
         )
     if kl >= SUBSTITUTION_MIN_MEAN_KL and top1 <= SUBSTITUTION_MAX_TOP1_AGREEMENT:
         return c.cause(
@@ -635,7 +636,7 @@ def _logprob_cause(c: _Ctx) -> _Cause:
             f"served model is not the declared one at its original precision, but heavily degraded weights (3-bit "
             f"class) and another model both diverge this far, and the flip test does not single out another model: "
             f"{flips} {tail}",
-            "2-logprob-model-deviation", ["logprob-divergence"], short,
+            "2-logprob-model-deviation", [DetectorName.LOGPROB_DIVERGENCE], short,
         )
     mild = math.isfinite(ratio) and ratio <= MILD_DIVERGENCE_MAX_RATIO and top1 >= MILD_DIVERGENCE_MIN_TOP1
     what = (
@@ -650,7 +651,7 @@ def _logprob_cause(c: _Ctx) -> _Cause:
         VerdictKind.QUANTIZATION,
         f"reported logprobs diverge from the reference beyond the honest noise floor: mean KL {kl:.3g} nats, "
         f"{ratio:.3g}x the floor, top-1 agreement {top1:.0%} — {what}; {flips}{milder} {tail}",
-        "2-logprob-quantization", ["logprob-divergence"], short, established=not milder,
+        "2-logprob-quantization", [DetectorName.LOGPROB_DIVERGENCE], short, established=not milder,
     )
 
 

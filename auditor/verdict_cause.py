@@ -4,8 +4,8 @@ Rule 2: which margin-conditioned flip statistic decides, and its words (:func:`f
 the reason sentence of a ``greedy-near-tie`` rejection (:func:`near_tie_reason`). Findings: the note
 beside a greedy-vs-reference finding that the provider's own decode path explains
 (:func:`explained_by_decode_path`). The verdict's small formatting helpers (:func:`set_aside`,
-:func:`template_note`, :func:`failure_summary`, :func:`implication`, :func:`p_adjusted_text`,
-:func:`finite_or_none`).
+:func:`template_note`, :func:`failure_summary`, :func:`implication`, :func:`p_adjusted_text`; finite
+numbers through :func:`auditor.util.finite`).
 
 Rule 2 in detail.
 
@@ -43,10 +43,11 @@ from scipy import stats
 
 from auditor.detectors import IMPLICATIONS, PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorName, DetectorResult
+from auditor.util import finite
 
 __all__ = ["DECISIVE_WITHOUT_LOGPROBS", "SAMPLED_FLIP_MAX_SIGMA", "SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause",
            "blind_near_tie_note", "emission_cause", "explained_by_decode_path",
-           "failure_summary", "finite_or_none", "flip_cause", "flip_rate_interval", "implication", "milder_cause_clause",
+           "failure_summary", "flip_cause", "flip_rate_interval", "implication", "milder_cause_clause",
            "near_tie_blind", "near_tie_reason", "p_adjusted_text", "sampled_flip_cause", "set_aside", "template_note"]
 
 #: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
@@ -323,7 +324,7 @@ def set_aside(r: DetectorResult, template: Mapping[str, object]) -> DetectorResu
     return replace(r, ran=False, p_adjusted=None, reason=(
         "set aside: the provider's prompt differs from the reference rendering "
         f"({template.get('provider_prompt_tokens')} vs {template.get('reference_prompt_tokens')} prompt tokens)"),
-        details={**(r.details or {}), "set_aside_p_value": finite_or_none(r.p_value)})
+        details={**(r.details or {}), "set_aside_p_value": finite(r.p_value)})
 
 
 def template_note(t: Mapping[str, object]) -> str:
@@ -362,9 +363,3 @@ def p_adjusted_text(by: Mapping[str, DetectorResult], names: Sequence[str]) -> s
     return ", ".join(parts)
 
 
-def finite_or_none(x: float | None) -> float | None:
-    """``float(x)`` when finite, else None (JSON has no NaN or infinity)."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None

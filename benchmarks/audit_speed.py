@@ -81,7 +81,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from auditor.calibration import PoolConfig
-    from auditor.calibration.benchmark import get_noise_floor, load_reference_models
+    from auditor.calibration.benchmark import load_reference_models
+    from auditor.calibration.cells import get_noise_floor
     from auditor.calibration.collect import load_or_collect_pool
 
     refs = load_reference_models()

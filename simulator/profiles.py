@@ -19,6 +19,7 @@ reveal it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +85,7 @@ class Profile:
         greedy_relaxed_margin: greedy-relaxed: a draft in the target's top-2 within this many nats of
             the argmax is accepted at temperature 0.
         mix_with: ``mix-PROFILE:F``: name of the profile that serves a fraction ``mix_fraction`` of
-            requests (chosen per request from the seed, ``simulator.mixture``); None = no mixture.
+            requests (chosen per request from the seed, :func:`mix_selects`); None = no mixture.
         mix_fraction: that fraction in [0, 1].
     """
 
@@ -498,3 +499,14 @@ def resolve_substitute_layers(profile: Profile, n_total: int) -> tuple[int, ...]
     if bad:
         raise ValueError(f"substitute_layers {bad} outside 0..{n_total - 1}")
     return tuple(sorted(set(profile.substitute_layers)))
+
+
+def mix_uniform(seed: int) -> float:
+    """The request's routing uniform in [0, 1) (BLAKE2b of ``mix:{seed}``, 53 bits)."""
+    h = hashlib.blake2b(f"mix:{int(seed)}".encode(), digest_size=8).digest()
+    return (int.from_bytes(h, "little") >> 11) / float(1 << 53)
+
+
+def mix_selects(seed: int, fraction: float) -> bool:
+    """True when the request with this seed is served by the other profile (probability ``fraction``)."""
+    return mix_uniform(seed) < float(fraction)

@@ -316,7 +316,7 @@ def make_verifier(profile: Profile, request_seed: int | None = None) -> Verifier
     Args:
         profile: a ``simulator.profiles.Profile``.
         request_seed: the request's (choice) seed; for a mixture profile (``mix_with``) it decides
-            whether this request gets the other profile's verifier (``simulator.mixture.mix_selects``).
+            whether this request gets the other profile's verifier (``simulator.profiles.mix_selects``).
 
     Raises:
         ValueError: unknown verifier name.
@@ -325,8 +325,7 @@ def make_verifier(profile: Profile, request_seed: int | None = None) -> Verifier
 
     mix_with = getattr(profile, "mix_with", None)
     if mix_with is not None and request_seed is not None:
-        from simulator.mixture import mix_selects
-        from simulator.profiles import get_profile
+        from simulator.profiles import get_profile, mix_selects
 
         if mix_selects(request_seed, profile.mix_fraction):
             return make_verifier(get_profile(mix_with))

@@ -51,11 +51,10 @@ from __future__ import annotations
 
 from auditor.calibration.benchmark import (
     CalibrationRun,
-    get_noise_floor,
     load_reference_models,
-    mix_budgets,
     run_calibration,
 )
+from auditor.calibration.cells import get_noise_floor, mix_budgets
 from auditor.calibration.collect import (
     backend_for,
     collect_pool,

@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from auditor.calibration.decoding import decode_rows, score_prompt_groups
+from auditor.calibration.decoding import decode_rows
 from auditor.calibration.pool import (
     POOL_FORMAT,
     PROVIDER_TOP_N,
-    REF_TOP_K,
-    SCORE_BATCH_SIZE,
     Pool,
     PoolConfig,
     PoolRequest,
@@ -34,18 +32,16 @@ from auditor.calibration.pool import (
     short_sha,
     suite_fingerprint,
 )
+from auditor.calibration.reference_side import as_refs, assemble_pool, score_reference
 from simulator.profiles import Profile, get_profile, recorded_of
 
 if TYPE_CHECKING:
-    from reference.models import LoadedModel
+    from auditor.calibration.reference_side import RefModels
     from simulator.engine import ChoiceResult
 
-    #: The reference: one float32 ``LoadedModel``, or reference dtype → ``LoadedModel``.
-    RefModels = LoadedModel | Mapping[str, LoadedModel]
-
 __all__ = [
-    "MIX_BASE_PROFILE", "as_refs", "backend_for", "collect_pool", "load_or_collect_pool", "mix_components", "mix_pools",
-    "pool_path", "score_reference",
+    "MIX_BASE_PROFILE", "backend_for", "collect_pool", "load_or_collect_pool", "mix_components", "mix_pools",
+    "pool_path",
 ]
 
 
@@ -263,7 +259,7 @@ def collect_pool(
         reuse=lambda r: same and be[r.temperature] == "batched", progress=say,
     )
     ref_s = time.perf_counter() - t_ref
-    pool = _assemble(profile_name, ref_lm, reqs, results, ref)
+    pool = assemble_pool(profile_name, ref_lm, reqs, results, ref)
     pool.meta.update(
         {
             "pool_format": POOL_FORMAT,
@@ -284,121 +280,9 @@ def collect_pool(
     return pool
 
 
-def score_reference(
-    profile_name: str,
-    reqs: list[PoolRequest],
-    results: Mapping[str, dict],
-    ref_lms: RefModels,
-    *,
-    reuse: Callable[[PoolRequest], bool] = lambda _r: False,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, dict[str, dict]]:
-    """The reference side of a pool: every honest reference precision teacher-forced at the provider's prefixes.
-
-    Temperature-0 items go through the pipeline's own scorer and batching
-    (``reference.scoring.score_continuations``, batch ``SCORE_BATCH_SIZE``, as ``auditor check`` scores them), so
-    low-precision references see the same numerics as in an audit; sampled items share their prompt's prefill
-    (``decoding.score_prompt_groups``).
-
-    Args:
-        profile_name: for progress messages.
-        reqs: the pool's requests.
-        results: request key → provider outputs {token_ids [T] int64, logprob [T] float64, top_ids [T, 20],
-            top_lp [T, 20]}.
-        ref_lms: reference dtype → LoadedModel (``float32`` required).
-        reuse: requests whose float32 reference rows ARE the provider's rows (the served model is the float32
-            reference, decoded in batches): their top-20 is copied instead of recomputed.
-        progress: optional one-line status callback.
-
-    Returns:
-        reference dtype → request key → {top_ids [T, 20] int64, top_lp [T, 20] float64 (nats), token_lp [T]}.
-    """
-    say = progress or (lambda _m: None)
-    by_prompt: dict[tuple[int, ...], list[PoolRequest]] = {}
-    for r in reqs:
-        by_prompt.setdefault(r.prompt_ids, []).append(r)
-    ref: dict[str, dict[str, dict]] = {}
-    for dt, lm in as_refs(ref_lms).items():
-        rd: dict[str, dict] = {}
-        todo: list[tuple[tuple[int, ...], list[PoolRequest]]] = []
-        for prompt, group in by_prompt.items():
-            need = []
-            for r in group:
-                if dt == "float32" and reuse(r):
-                    o = results[r.key]
-                    rd[r.key] = {"top_ids": o["top_ids"][:, :REF_TOP_K], "top_lp": o["top_lp"][:, :REF_TOP_K],
-                                 "token_lp": o["logprob"]}
-                else:
-                    need.append(r)
-            if need:
-                todo.append((prompt, need))
-        t0_need = [r for _, need in todo for r in need if r.temperature == 0]
-        if t0_need:
-            from reference.scoring import score_continuations
-
-            sc0 = score_continuations(lm, [list(r.prompt_ids) for r in t0_need],
-                                      [results[r.key]["token_ids"].tolist() for r in t0_need],
-                                      top_k=REF_TOP_K, batch_size=SCORE_BATCH_SIZE)
-            for r, x in zip(t0_need, sc0, strict=True):
-                rd[r.key] = {"top_ids": x.top_ids, "top_lp": x.top_logprobs, "token_lp": x.logprobs}
-        groups1 = [(pr, [r for r in need if r.temperature > 0]) for pr, need in todo]
-        groups1 = [(pr, need) for pr, need in groups1 if need]
-        scored = score_prompt_groups(
-            lm, [(list(pr), [results[r.key]["token_ids"].tolist() for r in need]) for pr, need in groups1]
-        )
-        for (_, need), sc in zip(groups1, scored, strict=True):
-            for r, row in zip(need, sc, strict=True):
-                rd[r.key] = row
-        ref[dt] = rd
-        say(f"{profile_name}: reference {dt} scored")
-    return ref
-
-
-def as_refs(ref_lms: RefModels) -> dict[str, LoadedModel]:
-    """Normalise ``ref_lms`` to {dtype: LoadedModel} with ``float32`` present.
-
-    Raises:
-        ValueError: no float32 reference.
-    """
-    if not isinstance(ref_lms, Mapping):
-        return {"float32": ref_lms}
-    if "float32" not in ref_lms:
-        raise ValueError(f"ref_lms needs a 'float32' reference (got {sorted(ref_lms)})")
-    return dict(ref_lms)
-
-
 def _cut(o: dict, n: int) -> dict:
     """Every per-position array of a decoded row cut to its first ``n`` positions."""
     return {k: v[:n] for k, v in o.items()}
-
-
-def _assemble(profile_name: str, ref_lm: LoadedModel, reqs: list[PoolRequest], results: dict, ref: dict) -> Pool:
-    lens = [len(results[r.key]["token_ids"]) for r in reqs]
-    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-
-    def cat(src: dict, k: str, shape_tail: tuple, dtype: type) -> np.ndarray:
-        parts = [np.asarray(src[r.key][k], dtype).reshape((-1, *shape_tail)) for r in reqs]
-        return np.concatenate(parts) if parts else np.zeros((0, *shape_tail), dtype)
-
-    return Pool(
-        profile=profile_name,
-        model=str(ref_lm.name),
-        revision=str(ref_lm.revision),
-        meta={},
-        item_keys=np.asarray([r.key for r in reqs], dtype=str),
-        item_prompt=np.asarray([r.prompt_id for r in reqs], dtype=str),
-        item_workload=np.asarray([r.workload for r in reqs], dtype=str),
-        item_temperature=np.asarray([r.temperature for r in reqs], np.float64),
-        item_offsets=offsets,
-        item_prompt_tokens=np.asarray([len(r.prompt_ids) for r in reqs], np.int64),
-        token_ids=cat(results, "token_ids", (), np.int64),
-        prov_logprob=cat(results, "logprob", (), np.float64),
-        prov_top_ids=cat(results, "top_ids", (PROVIDER_TOP_N,), np.int64),
-        prov_top_lp=cat(results, "top_lp", (PROVIDER_TOP_N,), np.float64),
-        ref_top_ids={dt: cat(rd, "top_ids", (REF_TOP_K,), np.int64) for dt, rd in ref.items()},
-        ref_top_lp={dt: cat(rd, "top_lp", (REF_TOP_K,), np.float64) for dt, rd in ref.items()},
-        ref_token_lp={dt: cat(rd, "token_lp", (), np.float64) for dt, rd in ref.items()},
-    )
 
 
 def pool_path(profile_name: str, ref_lms: RefModels, cfg: PoolConfig, cache_dir: Path | None = None) -> Path:
@@ -487,7 +371,7 @@ def _cat(parts: list[tuple[Pool, int]], field: str, ref: str | None = None) -> n
 def mix_pools(profile_name: str, base: Pool, other: Pool, fraction: float, *, seed: int = 0) -> Pool:
     """The pool of ``mix-OTHER:F``: each request served by ``other``'s model with probability F, else by the base's.
 
-    A mixing provider routes whole requests (``simulator.mixture``: the choice depends on the request's
+    A mixing provider routes whole requests (``simulator.engine.MixtureServedModel``: the choice depends on the request's
     seed, not its content), so its output law is, request by request, that of one component; a pool
     built by routing each request key of the two component pools (the honest-fp32 pool and
     OTHER's, collected with the same prompts, seeds and references) has exactly that law. Only keys

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from simulator.profiles import get_profile
 
 if TYPE_CHECKING:
-    from auditor.calibration.benchmark import CellSpec, ProfileCells
-    from auditor.calibration.collect import RefModels
+    from auditor.calibration.cells import CellSpec, ProfileCells
     from auditor.calibration.pool import PoolConfig
+    from auditor.calibration.reference_side import RefModels
     from auditor.noise import FloorSet
 
 __all__ = ["FLOOR_TASK", "audit_in_workers", "prebuild_in_workers", "prebuild_tasks"]
@@ -45,7 +45,7 @@ def _init(load_refs: Callable[[], RefModels], threads: int) -> None:
     """Worker initializer: torch threads, then the reference models (kept for every task of the process)."""
     import torch
 
-    from auditor.calibration.collect import as_refs
+    from auditor.calibration.reference_side import as_refs
 
     torch.set_num_threads(threads)
     _REFS.update(as_refs(load_refs()))
@@ -59,7 +59,7 @@ def _say(msg: str) -> None:
 def _collect(task: str, cfg: PoolConfig, cache_dir: Path | None, refresh: bool,
              floor_kwargs: Mapping[str, Any] | None) -> float:
     """One prebuild task in a worker: the floor or one pool, written to the cache. Returns seconds."""
-    from auditor.calibration.benchmark import get_noise_floor
+    from auditor.calibration.cells import get_noise_floor
     from auditor.calibration.collect import load_or_collect_pool
 
     t = time.perf_counter()
@@ -73,7 +73,7 @@ def _collect(task: str, cfg: PoolConfig, cache_dir: Path | None, refresh: bool,
 def _audit(profile: str, cfg: PoolConfig, spec: CellSpec, n_audits: int, cache_dir: Path | None,
            floor_kwargs: Mapping[str, Any] | None) -> ProfileCells:
     """One profile's cells in a worker (pool and floor from the cache; a mixture built from its components)."""
-    from auditor.calibration.benchmark import get_noise_floor, pool_cells
+    from auditor.calibration.cells import get_noise_floor, pool_cells
 
     if "floors" not in _FLOORS:  # one read of the cached floor per worker
         _FLOORS["floors"] = get_noise_floor(_REFS, cache_dir=cache_dir, **dict(floor_kwargs or {}))
@@ -167,7 +167,7 @@ def audit_in_workers(
     floor_kwargs: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, ProfileCells]:
-    """Every profile's cells (:func:`auditor.calibration.benchmark.profile_cells`) in ``workers`` processes,
+    """Every profile's cells (:func:`auditor.calibration.cells.profile_cells`) in ``workers`` processes,
     the profiles with the most audits first. Pools and the floor must be cached (:func:`prebuild_in_workers`;
     ``load_refs`` as there).
 

@@ -8,7 +8,7 @@ scaled-dot-product attention, left-padded batches with a KV cache) and recorded,
 a calibration pool, every emitted token with the provider's own top-20 logprobs. The file
 ``auditor/calibration/recorded/NAME.npz`` (with ``NAME.json``, the engine's environment) is committed, so a
 calibration run on a CPU-only machine replays it; the reference side is teacher-forced here by the same code
-as every other pool (:func:`auditor.calibration.collect.score_reference`). Recorded profiles are honest
+as every other pool (:func:`auditor.calibration.reference_side.score_reference`). Recorded profiles are honest
 (expected verdict PASS) and are calibrated like the simulator's honest profiles; they cannot be served.
 
 Round trip: ``auditor calibrate --export-requests DIR`` writes ``requests.json`` (the pool's requests with
@@ -36,10 +36,11 @@ from auditor.calibration.pool import (
     build_requests,
     suite_fingerprint,
 )
+from auditor.calibration.reference_side import as_refs, assemble_pool, score_reference
 from simulator.profiles import RECORDED_PREFIX, get_profile, recorded_of
 
 if TYPE_CHECKING:
-    from auditor.calibration.collect import RefModels
+    from auditor.calibration.reference_side import RefModels
     from reference.models import LoadedModel
 
 __all__ = [
@@ -259,8 +260,6 @@ def collect_recorded_pool(
             or extra request key, or outputs longer than a request's ``max_tokens``; the message names it).
         FileNotFoundError: no such recording.
     """
-    from auditor.calibration.collect import _assemble, as_refs, score_reference
-
     name = recorded_name(profile_name)
     if name is None:
         raise ValueError(f"{profile_name!r} is not a recorded profile (recorded:NAME)")
@@ -288,7 +287,7 @@ def collect_recorded_pool(
     _check_requests(name, reqs, recorded)
     results = {r.key: results[r.key] for r in reqs}
     ref = score_reference(profile_name, reqs, results, refs, progress=say)
-    pool = _assemble(profile_name, ref_lm, reqs, results, ref)
+    pool = assemble_pool(profile_name, ref_lm, reqs, results, ref)
     pool.meta.update({
         "pool_format": POOL_FORMAT,
         "pool_config": cfg.key_dict(),

@@ -184,11 +184,6 @@ def not_run(name: str, reason: str, n: int = 0, **details: Any) -> DetectorResul
     )
 
 
-#: Deprecated alias kept for callers outside auditor/detectors (auditor/verdict.py,
-#: auditor/calibrate.py) until they import ``auditor.util.json_safe``; remove then.
-_json_safe = json_safe
-
-
 @dataclass
 class PositionEvidence:
     """Everything the detectors know about one generated position (one trial).

@@ -40,6 +40,7 @@ from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
 from auditor.questions import answer_questions
+from auditor.standing import standing_of_runs
 from auditor.store.models import (
     Alert,
     AuditRun,
@@ -51,13 +52,10 @@ from auditor.store.models import (
     Schedule,
     VerdictRow,
 )
-from auditor.store.standing_queries import standing_of_runs
 from auditor.util import finite as _num
-from auditor.verdict import VerdictKind
 
 __all__ = [
     "SUMMARY_KEYS",
-    "VERDICTS",
     "calibration_table",
     "count_runs",
     "filter_options",
@@ -74,8 +72,6 @@ __all__ = [
     "verdict_changes",
 ]
 
-#: The verdict vocabulary (``auditor.verdict.VerdictKind``), in display order.
-VERDICTS = tuple(str(v) for v in VerdictKind)
 
 #: Summary keys copied into overview/history/scatter rows (None when absent or not a number).
 SUMMARY_KEYS = (

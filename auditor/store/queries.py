@@ -40,7 +40,6 @@ from auditor.store.result_queries import (  # noqa: F401
     add_calibration_result,
     detector_results_for_run,
     get_verdict,
-    json_safe,
     list_calibration_results,
     redact_secrets,
     reference_cache_get,
@@ -52,6 +51,7 @@ from auditor.store.result_queries import (  # noqa: F401
     store_verdict,
 )
 from auditor.util import finite as _finite
+from auditor.util import json_safe
 
 # ---------------------------------------------------------------------------------------------
 # Providers

@@ -8,11 +8,8 @@ keep importing from there). Same conventions: plain functions taking a
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -29,6 +26,7 @@ from auditor.store.models import (
     utcnow,
 )
 from auditor.util import finite as _finite
+from auditor.util import json_safe
 
 # ---------------------------------------------------------------------------------------------
 # Sanitizing helpers
@@ -70,30 +68,6 @@ def scrub(text: str | None, secrets: Iterable[str | None]) -> str | None:
         if sec:
             text = text.replace(sec, REDACTED)
     return text
-
-
-def json_safe(obj: Any) -> Any:
-    """Convert ``obj`` to strict JSON data: NaN/±inf → None, tuples → lists, bytes → latin-1 str,
-    numpy scalars/arrays → Python numbers/lists, dataclasses/pydantic models → dicts."""
-    if obj is None or isinstance(obj, bool | int | str):
-        return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, bytes | bytearray):
-        return bytes(obj).decode("latin-1")
-    if isinstance(obj, Mapping):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple | set | frozenset):
-        return [json_safe(v) for v in obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return json_safe(dataclasses.asdict(obj))
-    if hasattr(obj, "model_dump"):
-        return json_safe(obj.model_dump(mode="json"))
-    if hasattr(obj, "tolist"):  # numpy arrays and scalars, torch tensors
-        return json_safe(obj.tolist())
-    if isinstance(obj, dt.datetime | dt.date):
-        return obj.isoformat()
-    return str(obj)
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:

@@ -1,29 +1,54 @@
 """Read-only queries behind a provider's combined standing (:mod:`auditor.standing`).
 
 Reads the completed audits of a provider (``audit_runs`` with their ``verdicts`` rows and
-``detector_results``) and hands them to :func:`auditor.standing.combine_standing`, which holds the
-rules (window, severity order, causes, never tested). Used by ``auditor report --provider NAME``
-(through :func:`auditor.standing.load_standing`) and by the dashboard's provider row
-(:func:`auditor.store.dashboard_queries.provider_overview`). Never writes.
+``detector_results``) as :class:`AuditRecord` data; the rules (window, severity order, causes,
+never tested) stay in :mod:`auditor.standing`, which calls these (``provider_standing``,
+``standing_of_runs``). The store imports no rule module: it is a leaf below them. Never writes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from auditor.standing import DEFAULT_WINDOW_DAYS, AuditRecord, Standing, check_window_days, combine_standing
 from auditor.store.models import AuditRun, DetectorResultRow, VerdictRow
 from auditor.store.queries import list_runs
 
-__all__ = ["audit_records", "provider_standing", "standing_of_runs"]
+__all__ = ["AuditRecord", "audit_records", "recent_audit_runs"]
+
+
+@dataclass
+class AuditRecord:
+    """One stored, completed audit as :func:`auditor.standing.combine_standing` reads it.
+
+    Attributes:
+        run_id: ``audit_runs.id``. suite: suite name (None when not recorded). model: model id.
+        started_at: start (aware UTC datetime). verdict: the run's verdict (``auditor.standing.SEVERITY``).
+        reason: the verdict's sentence. alpha: family-wise level of the audit.
+        details: the verdict details (``rule``, ``findings``, ``detectors``, ``secondary_causes``,
+            ``not_tested`` ... see ``auditor.verdict``).
+        detectors: stored detector results as ``{"name", "ran", "reason", "p_adjusted"}``.
+    """
+
+    run_id: str
+    suite: str | None
+    model: str | None
+    started_at: dt.datetime
+    verdict: str
+    reason: str = ""
+    alpha: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    detectors: list[dict[str, Any]] = field(default_factory=list)
+
 
 
 def audit_records(session: Session, runs: Sequence[AuditRun]) -> list[AuditRecord]:
-    """:class:`~auditor.standing.AuditRecord` of each completed audit in ``runs`` that has a verdict
+    """:class:`AuditRecord` of each completed audit in ``runs`` that has a verdict
     (other runs are skipped), with its verdict details and detector results (two queries)."""
     done = [r for r in runs if r.kind == "audit" and r.status == "completed" and r.verdict]
     ids = [r.id for r in done]
@@ -54,35 +79,17 @@ def audit_records(session: Session, runs: Sequence[AuditRun]) -> list[AuditRecor
     return out
 
 
-def standing_of_runs(
-    session: Session,
-    provider: str,
-    runs: Sequence[AuditRun],
-    *,
-    model: str | None = None,
-    window_days: float = DEFAULT_WINDOW_DAYS,
-    as_of: dt.datetime | None = None,
-) -> Standing:
-    """The standing of ``provider`` over the given runs (e.g. the dashboard's filtered runs)."""
-    return combine_standing(provider, audit_records(session, runs), model=model, window_days=window_days, as_of=as_of)
-
-
-def provider_standing(
+def recent_audit_runs(
     session: Session,
     provider: str,
     *,
-    model: str | None = None,
-    window_days: float = DEFAULT_WINDOW_DAYS,
+    model: str | None,
+    window_days: float,
     as_of: dt.datetime | None = None,
-) -> Standing | None:
-    """The standing of ``provider`` (its newest audit's model unless ``model`` is given) from its
-    completed audits started within ``window_days`` before the anchor (``as_of``, else its newest
-    completed audit); None when it has no completed audit (of ``model``).
-
-    Raises:
-        ValueError: ``window_days`` not a positive number of days.
-    """
-    check_window_days(window_days)
+) -> tuple[list[AuditRun], str | None] | None:
+    """The completed audits of ``provider`` started within ``window_days`` (> 0, days) before the
+    anchor (``as_of``, else its newest completed audit of ``model``, any model when None), and that
+    newest audit's model; None when it has no completed audit (of ``model``)."""
     q = select(AuditRun).where(AuditRun.provider_name == provider, AuditRun.kind == "audit",
                                AuditRun.status == "completed", AuditRun.verdict.is_not(None))
     if model is not None:
@@ -95,5 +102,4 @@ def provider_standing(
         return None
     anchor = as_of or newest.started_at
     since = anchor - dt.timedelta(days=window_days)
-    runs = list_runs(session, provider=provider, kind="audit", status="completed", since=since, limit=None)
-    return standing_of_runs(session, provider, runs, model=model or newest.model, window_days=window_days, as_of=as_of)
+    return list_runs(session, provider=provider, kind="audit", status="completed", since=since, limit=None), newest.model

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from auditor.audit import run_check
 from auditor.cli import app
 from auditor.errors import AuditError
-from auditor.scoring import check_device
+from auditor.reference_setup import check_device
 
 from .conftest import providers_toml
 
@@ -103,7 +103,7 @@ def test_cli_bad_dtype_exits_3(env) -> None:
 
 def test_device_and_dtype_reach_the_loader(env, monkeypatch, tiny_lm) -> None:
     """The CUDA path of the reference loading, run on CPU: GPU visibility patched, the loader recorded."""
-    from auditor import scoring
+    from auditor import reference_setup
 
     _gpus(monkeypatch, 1)
     seen = []
@@ -116,11 +116,11 @@ def test_device_and_dtype_reach_the_loader(env, monkeypatch, tiny_lm) -> None:
 
     monkeypatch.setattr(reference.models, "load_model", fake_load)
     try:
-        lms = scoring.get_reference_models("tiny-cuda", ["float32"], device="cuda:0")
+        lms = reference_setup.get_reference_models("tiny-cuda", ["float32"], device="cuda:0")
         assert lms == {"float32": tiny_lm} and seen == [("tiny-cuda", "float32", "cuda:0")]
-        assert ("tiny-cuda", "float32", "cuda:0") in scoring._MODELS
+        assert ("tiny-cuda", "float32", "cuda:0") in reference_setup._MODELS
     finally:
-        scoring._MODELS.pop(("tiny-cuda", "float32", "cuda:0"), None)
+        reference_setup._MODELS.pop(("tiny-cuda", "float32", "cuda:0"), None)
 
 
 @pytest.mark.parametrize("device", ["auto", "cpu"])

@@ -19,7 +19,10 @@ from auditor.observations import (
     read_observations,
     untrusted_response_reasons,
 )
-from auditor.report import AuditReport, excluded_line, render_json, render_junit, render_markdown, render_text
+from auditor.report import render_json, render_text
+from auditor.report_base import AuditReport, excluded_line
+from auditor.report_junit import render_junit
+from auditor.report_markdown import render_markdown
 from auditor.store import open_store
 from auditor.store import queries as q
 from probes.normalize import normalize_response

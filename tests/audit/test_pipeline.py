@@ -12,7 +12,9 @@ from typer.testing import CliRunner
 
 from auditor.audit import AuditError, CheckOptions, run_check
 from auditor.cli import app
-from auditor.report import load_report, render_json, render_junit, render_markdown
+from auditor.report import load_report, render_json
+from auditor.report_junit import render_junit
+from auditor.report_markdown import render_markdown
 from auditor.store import open_store
 from auditor.store import queries as q
 

@@ -14,7 +14,9 @@ import pytest
 from rich.console import Console
 
 from auditor.audit import run_check
-from auditor.report import load_report, render_json, render_junit, render_markdown, render_text
+from auditor.report import load_report, render_json, render_text
+from auditor.report_junit import render_junit
+from auditor.report_markdown import render_markdown
 from auditor.store import open_store
 from auditor.store import queries as q
 

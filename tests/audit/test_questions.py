@@ -21,8 +21,12 @@ from auditor.questions import (
     answer_questions,
     combine_answers,
 )
-from auditor.report import JSON_FIELDS, AuditReport, render_json, render_junit, render_markdown, render_text
-from auditor.standing import AuditRecord, combine_standing, render_standing
+from auditor.report import render_json, render_text
+from auditor.report_base import JSON_FIELDS, AuditReport
+from auditor.report_junit import render_junit
+from auditor.report_markdown import render_markdown
+from auditor.standing import combine_standing, render_standing
+from auditor.store.standing_queries import AuditRecord
 from auditor.verdict import decide_verdict
 
 

@@ -88,7 +88,7 @@ def test_echo_sent_only_for_completions_with_echo_and_resume_rereads(env, monkey
     d = _lp_details(rep)
     assert d["reference_path_available"] is True and d["reference_path_n_positions"] == res.counts["positions"]
     assert d["reference_path_flip_ratio"] == pytest.approx(res.stats["confident_flip_ratio"])
-    from auditor.report import render_markdown
+    from auditor.report_markdown import render_markdown
 
     assert "reference's continuations via echo " in render_markdown(rep)  # both paths' figures in the report
     # resume: the stored echoes are re-read, nothing is sent or generated again
@@ -127,7 +127,7 @@ def test_provider_ignoring_echo_leaves_the_test_unavailable(env, monkeypatch) ->
     assert rep.detector("logprob-divergence")["ran"]
     d = _lp_details(rep)
     assert d["reference_path_available"] is False and rpath.ECHO_UNAVAILABLE in d["reference_path_reason"]
-    from auditor.report import render_markdown
+    from auditor.report_markdown import render_markdown
 
     assert "reference's continuations via echo: not available" in render_markdown(rep)
 

@@ -8,16 +8,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from auditor.report import (
-    FORMATS,
-    JSON_FIELDS,
-    AuditReport,
-    exit_code_for,
-    render,
-    render_json,
-    render_junit,
-    render_markdown,
-)
+from auditor.report import FORMATS, render, render_json
+from auditor.report_base import JSON_FIELDS, AuditReport, exit_code_for
+from auditor.report_junit import render_junit
+from auditor.report_markdown import render_markdown
 
 
 def make_report(verdict: str = "QUANTIZATION") -> AuditReport:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from auditor.report import concurrency_line, render_junit, render_markdown, render_text, usage_note
+from auditor.report import render_text
+from auditor.report_base import concurrency_line, usage_note
+from auditor.report_junit import render_junit
+from auditor.report_markdown import render_markdown
 from auditor.runner import RunSummary, render_summary
 from tests.audit.test_report import make_report
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from auditor.errors import AuditError
-from auditor.scoring import _MODELS, check_reference_api, get_reference_models
+from auditor.reference_setup import _MODELS, check_reference_api, get_reference_models
 
 from ..conftest import make_tiny_model
 
@@ -66,7 +66,7 @@ def test_vllm_reference_floor_from_local_weights(tmp_path, base_dir, tiny_lm, sm
     """A vllm reference whose tokenizer names a directory with the served model's weights gets a noise
     floor from those weights (scorer keyed float32, report dtype still "server"); a tokenizer-only
     directory gives no floor (logprob-divergence cannot run), as the reference notes say."""
-    from auditor.scoring import resolve_reference
+    from auditor.reference_setup import resolve_reference
     from simulator.server import ServerThread, create_app
 
     tok_only = tmp_path / "tok"

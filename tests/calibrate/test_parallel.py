@@ -19,7 +19,7 @@ def test_prebuild_queue_puts_the_floor_and_honest_pools_first(tiny_refs, mini_cf
 @pytest.mark.slow
 def test_workers_reproduce_the_one_process_cells(tiny_refs, mini_cfg, tmp_path):
     from auditor.calibration import default_mix
-    from auditor.calibration.benchmark import CellSpec, get_noise_floor, profile_cells
+    from auditor.calibration.cells import CellSpec, get_noise_floor, profile_cells
     from auditor.calibration.collect import load_or_collect_pool, pool_path
     from auditor.calibration.parallel import audit_in_workers, prebuild_in_workers
 

@@ -81,7 +81,7 @@ def test_sequential_check_returns_the_decided_report_not_the_last_looks(tmp_path
     """The report returned (and stored) is the sequential decision: here the look that rejected with an
     undetermined cause, when the last look does not reject at its own α_k."""
     from auditor import audit
-    from auditor.report import AuditReport
+    from auditor.report_base import AuditReport
     from auditor.sequential import SequentialDesign, run_sequential_check
 
     script = iter([("QUANTIZATION_OR_SUBSTITUTION", "heavy quantization or another model"), ("PASS", "nothing rejects")])
@@ -106,7 +106,7 @@ def test_cli_check_auto_passes_resolve_cause(tmp_path, monkeypatch, flag, want):
 
     import auditor.sequential as sq
     from auditor.cli import app
-    from auditor.report import AuditReport
+    from auditor.report_base import AuditReport
 
     seen = {}
 
@@ -126,7 +126,7 @@ def test_sequential_check_returns_inconclusive_when_the_cap_leaves_a_class_not_r
     """A PASS at the last look that does not rule out a class the cap could reach is INCONCLUSIVE in the
     returned report too (it used to come back as the look's raw PASS)."""
     from auditor import audit
-    from auditor.report import AuditReport
+    from auditor.report_base import AuditReport
     from auditor.sequential import SequentialDesign, run_sequential_check
 
     rec = {"key": "int8", "label": "int8 weights", "question": "precision", "status": "not ruled out",

@@ -17,9 +17,8 @@ import torch
 from scipy import stats
 
 from reference.scoring import score_continuations
-from simulator.engine import SimulatorEngine, build_served_model
-from simulator.mixture import MixtureServedModel, mix_selects
-from simulator.profiles import PROFILES, get_profile
+from simulator.engine import MixtureServedModel, SimulatorEngine, build_served_model
+from simulator.profiles import PROFILES, get_profile, mix_selects
 from simulator.quantize import (
     FP8_E4M3_MAX,
     fp8_e4m3_fake_quant,

@@ -312,7 +312,9 @@ def test_schedules_alerts_calibration(store):
 def test_json_safe():
     import numpy as np
 
-    assert q.json_safe({"a": (1.0, float("nan")), "b": np.float32(2.5), "c": np.arange(2), "d": b"\xff"}) == {
+    from auditor.util import json_safe
+
+    assert json_safe({"a": (1.0, float("nan")), "b": np.float32(2.5), "c": np.arange(2), "d": b"\xff"}) == {
         "a": [1.0, None],
         "b": 2.5,
         "c": [0, 1],
