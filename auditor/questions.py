@@ -1,9 +1,11 @@
 """The buyer's two questions, answered from one audit's verdict (issue 14, item 2).
 
-Every report and the dashboard open with them, each answered ``"yes"``, ``"no"``,
+Every report and the dashboard open with them, each answered ``"yes"``, ``"no"``, ``"undecided"``,
 ``"not tested"`` or ``"not established"`` with one sentence of evidence (the deciding detector and its
-Holm-adjusted p-value for "no"; the positions, the power requirement and the target effect for "yes"; why
-not for "not tested"; for "not established", the deviation found, the two causes it may be — one per
+Holm-adjusted p-value for "no"; the positions, the power requirement and the target effect for "yes"; for
+"undecided", that the tests ran and found nothing but had too few positions to clear the provider, with the
+positions had and needed (issue 38, item 2: underpowered is not "not tested"); why not for "not tested" (a
+test that did not run); for "not established", the deviation found, the two causes it may be — one per
 question — and what a decisive audit needs):
 
 - :data:`PRECISION_QUESTION` (key ``precision``): "Is the model served at its original precision?"
@@ -34,8 +36,9 @@ Precision
        positions, the positions it needed and its target effect (3% clear greedy mismatches /
        a KL three times the honest noise floor), then which precision classes the audit rules out at
        95% power against their calibrated effects (``details["rules_out"]``, auditor.rules_out).
-    5. **not tested** otherwise: too few positions (with the missing positions), or no power
-       record (audits stored before the verdict recorded power on rejections lack it).
+    5. **undecided** otherwise: the model tests ran and found nothing, but with too few positions (with
+       the positions had and needed, and the missing positions), or with no power record (audits stored
+       before the verdict recorded power on rejections lack it).
 
 Verification
     1. **no** when RELAXED_VERIFICATION is the verdict or one of ``secondary_causes``.
@@ -54,15 +57,16 @@ Verification
        positions: greedy tokens match the reference argmax, which a lossy greedy verifier would
        break at clear margins; the evidence says that sampled verification was not tested, then which
        verification classes the audit rules out (``greedy-relaxed`` through greedy-near-tie's power).
-    6. **not tested** otherwise: no sampled tokens were tested (with the reasons), the served
-       model differs from the reference so its sampling could not be compared with it, too few
-       sampled positions (missing positions), or no power record.
+    6. **not tested** otherwise when no sampled tokens were tested (with the reasons) or the served
+       model differs from the reference so its sampling could not be compared with it; **undecided**
+       when the acceptance tests ran and found nothing with too few sampled positions (missing
+       positions) or no power record.
 
 Missing or malformed keys never raise (old stored audits lack ``power_families``): the answer
 is then "not tested" with a reason. :func:`combine_answers` merges the answers of several audits
 (a provider's standing, ``auditor.standing``): any "no" wins (the standing is the worst of its
 audits, so a "yes" beside an established cause would contradict it), then any "not established", else
-the newest "yes", else "not tested".
+the newest "yes", else the newest audit's "undecided" or "not tested".
 
 The detector families, sampling tests and target effects are the registry's
 (``auditor.detectors``: ``POWER_FAMILIES``, ``DetectorSpec.power_target``) and the verdict kinds
@@ -99,7 +103,7 @@ VERIFICATION_QUESTION = "Is speculative verification strict (lossless)?"
 #: key → question, in the order every report shows them.
 QUESTIONS: Mapping[str, str] = {"precision": PRECISION_QUESTION, "verification": VERIFICATION_QUESTION}
 
-Answer = Literal["yes", "no", "not tested", "not established"]
+Answer = Literal["yes", "no", "undecided", "not tested", "not established"]
 
 #: The ``model`` and ``acceptance`` power families (the registry's ``POWER_FAMILIES``).
 MODEL_DETECTORS: tuple[str, ...] = tuple(str(n) for n in POWER_FAMILIES[str(PowerFamily.MODEL)])
@@ -390,11 +394,12 @@ def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
                        "the model tests did not run (" + _why_not_run(d, MODEL_DETECTORS) + ")")
     fam = _family(d, "model", MODEL_DETECTORS)
     if fam is None:
-        return _answer("precision", "not tested", "the model tests " + _no_power(d, MODEL_DETECTORS))
+        return _answer("precision", "undecided", "the model tests " + _no_power(d, MODEL_DETECTORS))
     if fam.get("adequate"):
         return _answer("precision", "yes", "no model difference found: " + _adequate_text(d, MODEL_DETECTORS)
                        + _rules_out_note(d, "precision"))
-    return _answer("precision", "not tested", "the model tests had " + _shortfall_text(d, MODEL_DETECTORS, fam))
+    return _answer("precision", "undecided", "the model tests ran and found nothing, but had "
+                   + _shortfall_text(d, MODEL_DETECTORS, fam))
 
 
 def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnswer) -> QuestionAnswer:
@@ -442,9 +447,10 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
         return _answer("verification", "not tested",
                        "no sampled tokens were tested (" + _why_not_run(d, ACCEPTANCE_DETECTORS) + ")")
     if fam is None:
-        return _answer("verification", "not tested", "the acceptance tests " + _no_power(d, ACCEPTANCE_DETECTORS))
-    return _answer("verification", "not tested",
-                   "the acceptance tests had " + _shortfall_text(d, ACCEPTANCE_DETECTORS, fam))
+        return _answer("verification", "undecided",
+                       "the acceptance tests " + _no_power(d, ACCEPTANCE_DETECTORS))
+    return _answer("verification", "undecided",
+                   "the acceptance tests ran and found nothing, but had " + _shortfall_text(d, ACCEPTANCE_DETECTORS, fam))
 
 
 def answer_questions(verdict: str, details: Mapping[str, object] | None) -> list[QuestionAnswer]:

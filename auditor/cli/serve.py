@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import typer
 
+from auditor.cli.common import console as out_console
+
 
 def _fail(message: str, code: int = 3) -> typer.Exit:
     from rich.console import Console
@@ -53,12 +55,11 @@ def register(app: typer.Typer) -> None:
         device: str | None = typer.Option(None, "--device", help="Where the served model runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
     ) -> None:
         """Serve the reference model over the OpenAI API, honestly or with one named degradation."""
-        from rich.console import Console
 
         from simulator.profiles import get_profile
         from simulator.profiles import list_profiles as _list
 
-        console = Console()
+        console = out_console()
         if list_profiles:
             from rich.table import Table
 

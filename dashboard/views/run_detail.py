@@ -203,7 +203,7 @@ def chunk_histogram(hist: dict[int, int]) -> alt.Chart:
 
 
 #: Badge colour of each answer to the buyer's questions.
-ANSWER_COLORS = {"yes": "green", "no": "red", "not tested": "orange", "not established": "violet"}
+ANSWER_COLORS = {"yes": "green", "no": "red", "undecided": "orange", "not tested": "gray", "not established": "violet"}
 
 
 def questions_table(questions: list[dict[str, Any]]) -> str:
