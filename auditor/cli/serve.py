@@ -93,6 +93,8 @@ def register(app: typer.Typer) -> None:
                 resolve_device(device)  # CUDA asked without a GPU → exit 3 before the model loads
             except ValueError as e:
                 raise _fail(str(e).replace("device=", "--device ", 1)) from None
+        import logging
+        import sys
         import time
 
         import uvicorn
@@ -100,6 +102,12 @@ def register(app: typer.Typer) -> None:
         from reference.models import ModelNotAvailableError
         from simulator.server import create_app, free_port
 
+        sim_log = logging.getLogger("simulator")  # model build progress (quantization) on stderr
+        if not sim_log.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            sim_log.addHandler(handler)
+        sim_log.setLevel(logging.INFO)
         t0 = time.perf_counter()
         try:
             app = create_app(
@@ -126,7 +134,8 @@ def register(app: typer.Typer) -> None:
             f"serving [bold]{sim.name}[/bold] on http://{host}:{port}/v1 "
             f"(profile hidden from clients{'; exposed to operator' if expose_profile else ''}; "
             f"ready in {time.perf_counter() - t0:.1f}s"
-            + (f"; {quant['scheme']} quantization {quant['seconds']:.1f}s via {quant['backend']}" if quant else "")
+            + (f"; {quant['scheme']} quantization {quant['seconds']:.1f}s via {quant['backend']}"
+               + (" (cached weights)" if quant.get("cached") else "") if quant and "scheme" in quant else "")
             + ")",
             highlight=False,
         )
