@@ -175,6 +175,12 @@ FIRST_FLOOR_NOTE = (
     "{path}, later audits reuse it.")
 
 
+#: Said before probing with a suite too small to decide either question (``Suite.wire_check``; issue 38, item 12).
+WIRE_CHECK_NOTE = ("note: suite {suite} is a wire check, not an audit: it shows that the endpoint, logprobs and "
+                   "streaming work, but has too few positions to decide either question; for a verdict use "
+                   "--suite default, precision or verification.")
+
+
 @dataclass
 class _Stage:
     """A progress reporter: rich progress bar (console) or callback; no-op by default."""
@@ -211,6 +217,10 @@ class _Stage:
         do not render until they stop); silent when no progress was asked for."""
         if self._bar is not None:
             self._bar.console.print(message, markup=False, highlight=False)
+        elif self.progress is True:
+            from rich.console import Console
+
+            (self.console or Console(stderr=True)).print(message, markup=False, highlight=False)
         elif callable(self.progress):
             self.progress(message, 0, 0)
 
@@ -259,6 +269,8 @@ def run_check(provider_name: str, options: CheckOptions | None = None, /, **over
         except StoreError as exc:
             raise AuditError(str(exc), parameter="db_url") from None
         try:
+            if plan.wire_check:  # issue 38 item 12: said up front, before the probes
+                _Stage(opts.progress, opts.console).note(WIRE_CHECK_NOTE.format(suite=plan.name))
             rid = _probe(store, cfg, plan, opts)  # 3. probe
             try:
                 pre = preflight_stage(store, rid, cfg, ref.tokenizer)  # 4. pre-flight, sent with the probes
