@@ -508,3 +508,74 @@ def combine_answers(
             out.append((_answer(key, "not tested", "no completed audit"), None))
     return out
 
+
+
+# ------------------------------------------------------------------------------------------ the headline
+#: The verdict in plain words (issue 38, item 1): what a procurement reviewer reads first, before any statistic.
+_PLAIN: Mapping[str, str] = {
+    str(VerdictKind.PASS): "Served as declared: no sign of lower precision or relaxed verification",
+    str(VerdictKind.QUANTIZATION): "Not at its original precision",
+    str(VerdictKind.SUBSTITUTION): "Not the declared model",
+    str(VerdictKind.QUANTIZATION_OR_SUBSTITUTION): (
+        "Not the declared model at its original precision (a heavily quantized copy or another model)"),
+    str(VerdictKind.RELAXED_VERIFICATION): "Speculative verification is not strict",
+    str(VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION): (
+        "A deviation was found: quantized weights or relaxed verification, the evidence cannot tell which"),
+    str(VerdictKind.DECODING_NONCOMPLIANT): (
+        "The provider does not decode as requested, so its sampled tokens cannot show whether verification is strict"),
+    str(VerdictKind.INCONCLUSIVE): "No decision",
+}
+
+
+def _times(r: float) -> str:
+    return f"{r:.0f}" if r >= 10 else f"{r:.1f}"
+
+
+def _figure(det: Mapping[str, object]) -> str | None:
+    """The one deciding figure of a detector that ran, in plain words; None when it has none."""
+    name = det.get("name")
+    details = _map(det.get("details"))
+    effect = finite(det.get("effect"))
+    n = _n(det.get("n"))
+    if name == "logprob-divergence" and (r := finite(details.get("ratio_to_floor"))) is not None:
+        return (f"the reported probabilities differ from the original model's {_times(r)} times as much as honest "
+                f"serving varies (over {n} positions)")
+    if name == "greedy-match" and effect is not None:
+        return f"greedy tokens differ from the original model's where it is confident at {effect:.1%} of {n} positions"
+    if name in ("sampling-argmax", "self-argmax") and effect is not None:
+        return (f"the most likely token is emitted {effect:.2f} times more per sampled token than the model's own "
+                f"distribution allows (over {n} sampled tokens)")
+    if name == "greedy-near-tie" and effect is not None:
+        return f"greedy tokens flip to the runner-up at near-ties at a rate of {effect:.2f} (over {n} near-ties)"
+    return None
+
+
+def plain_headline(verdict: str, detectors: Sequence[Mapping[str, object]], reason: str = "") -> str:
+    """One plain sentence with the one deciding figure: what the report opens with after the two
+    questions (issue 38, item 1); the statistics follow it.
+
+    Args:
+        verdict: the verdict kind.
+        detectors: the report's detector dicts (``name``, ``ran``, ``rejects``, ``p_adjusted``, ``effect``,
+            ``n``, ``details``), as stored.
+        reason: the verdict's reason sentence; its first clause is the headline of an INCONCLUSIVE audit.
+
+    Returns:
+        e.g. "Not at its original precision: the reported probabilities differ from the original model's
+        161 times as much as honest serving varies (over 480 positions)." Never raises on malformed input.
+    """
+    lead = _PLAIN.get(verdict, verdict)
+    dets = [_map(d) for d in detectors if isinstance(d, Mapping) and d.get("ran")]
+    if verdict == str(VerdictKind.INCONCLUSIVE):
+        first = reason.split(";")[0].strip().rstrip(".")
+        return f"{lead}: {first[:200]}." if first else f"{lead}."
+    if verdict == str(VerdictKind.PASS):
+        fig = next((f for d in dets if d.get("name") == "logprob-divergence" and (f := _figure(d))), None)
+        return f"{lead}; {fig}." if fig else f"{lead}."
+    rejecting = sorted((d for d in dets if d.get("rejects")),
+                       key=lambda d: p if (p := finite(d.get("p_adjusted"))) is not None else 1.0)
+    fig = next((f for d in rejecting if (f := _figure(d))), None)
+    if fig is None and rejecting:
+        d = rejecting[0]
+        fig = f"{d.get('name')} found it (Holm-adjusted p = {fmt_p(d.get('p_adjusted'))})"
+    return f"{lead}: {fig}." if fig else f"{lead}."

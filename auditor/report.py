@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 from auditor.detectors import DETECTORS
 from auditor.detectors.speculation import speculation_line
-from auditor.questions import QuestionAnswer, answer_questions
+from auditor.questions import QuestionAnswer, answer_questions, plain_headline
 from auditor.report_junit import render_junit
 from auditor.report_markdown import render_markdown
 from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
@@ -206,9 +206,14 @@ class AuditReport:
         """The buyer's two questions answered from the verdict (:func:`auditor.questions.answer_questions`)."""
         return answer_questions(self.verdict, self.verdict_details)
 
+    @property
+    def headline(self) -> str:
+        """The verdict in one plain sentence with its deciding figure (:func:`auditor.questions.plain_headline`)."""
+        return plain_headline(self.verdict, self.detectors, self.verdict_reason)
+
     def to_dict(self) -> dict:
         """The JSON report (strict JSON: NaN/inf become null); ``questions`` comes first."""
-        d = {"questions": [q.to_dict() for q in self.questions], **asdict(self)}
+        d = {"questions": [q.to_dict() for q in self.questions], "headline": self.headline, **asdict(self)}
         d["schema"] = REPORT_SCHEMA
         d["exit_code"] = self.exit_code
         d["secondary_causes"] = self.secondary_causes
@@ -227,7 +232,7 @@ class AuditReport:
 
 
 #: Top-level keys every JSON report carries.
-JSON_FIELDS = ("questions",) + tuple(AuditReport.__dataclass_fields__) + (
+JSON_FIELDS = ("questions", "headline") + tuple(AuditReport.__dataclass_fields__) + (
     "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "rules_out",
     "excluded_responses", "speculation")
 
@@ -395,8 +400,9 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         highlight=False,
     )
     for q in report.questions:
-        qc = {"yes": "green", "no": "red", "not established": "magenta"}.get(q.answer, "yellow")
+        qc = {"yes": "green", "no": "red", "not established": "magenta", "not tested": "dim"}.get(q.answer, "yellow")
         console.print(f"{q.question} [bold {qc}]{q.answer}[/bold {qc}] — {escape(q.evidence)}", highlight=False)
+    console.print(f"[bold]In plain words:[/bold] {escape(report.headline)}", highlight=False)
     t = Table(title=f"detectors (Holm, family-wise α = {report.alpha:g})", title_justify="left")
     cols: tuple[tuple[str, Literal["left", "right"]], ...] = (
         ("detector", "left"), ("statistic", "right"), ("p", "right"), ("p (Holm)", "right"),

@@ -39,7 +39,7 @@ from typing import Any
 from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
-from auditor.questions import answer_questions
+from auditor.questions import answer_questions, plain_headline
 from auditor.store.models import (
     Alert,
     AuditRun,
@@ -477,7 +477,8 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     ``detectors`` (every stored detector result with ``statistic``, ``p_value``, ``p_adjusted``,
     ``effect`` and CI, ``n``, ``ran``, ``reason`` and ``evidence``), ``verdict_details`` (the
     ``verdicts.details`` JSON), ``questions`` (the buyer's two questions answered from the verdict,
-    ``auditor.questions``: ``{"key", "question", "answer", "evidence"}``; [] without a verdict),
+    ``auditor.questions``: ``{"key", "question", "answer", "evidence"}``; [] without a verdict), ``headline``
+    (the verdict in one plain sentence with its deciding figure; None without a verdict),
     ``rules_out`` (the verdict's ``details["rules_out"]``, ``auditor.rules_out``: per deviation class
     ``label``, ``question``, ``status``, ``power``, ``detector``, ``n``; [] for rejections and older runs),
     ``strongest`` (name of the detector with the smallest adjusted p-value among those that ran and
@@ -511,6 +512,7 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     vrow = session.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))
     row["verdict_details"] = (vrow.details or {}) if vrow else {}
     row["questions"] = [q.to_dict() for q in answer_questions(vrow.verdict, row["verdict_details"])] if vrow else []
+    row["headline"] = plain_headline(vrow.verdict, detectors, vrow.reason or "") if vrow else None
     ro = row["verdict_details"].get("rules_out") if isinstance(row["verdict_details"], dict) else None
     row["rules_out"] = [x for x in ro if isinstance(x, dict)] if isinstance(ro, list) else []
     if vrow and not row["verdict_reason"]:

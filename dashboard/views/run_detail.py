@@ -324,6 +324,8 @@ def render(db_url: str, filters: Filters) -> None:
     questions = questions_table(d.get("questions") or [])
     if questions:
         st.markdown(questions)
+    if d.get("headline"):
+        st.markdown("**In plain words:** " + escape_md(d["headline"], max_len=600))
     if d["verdict_reason"]:
         st.markdown(escape_md(d["verdict_reason"], max_len=2000))
     elif status := status_md(d):
