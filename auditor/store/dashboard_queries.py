@@ -34,6 +34,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, inspect, select
@@ -52,6 +53,7 @@ from auditor.store.models import (
     VerdictRow,
 )
 from auditor.store.standing_queries import standing_of_runs
+from auditor.util import committed_calibration_path
 from auditor.util import finite as _num
 from auditor.verdict import VerdictKind
 
@@ -722,6 +724,48 @@ def calibration_table(session: Session) -> list[dict[str, Any]]:
         }
         for c in rows
     ]
+
+
+def shipped_calibration_table(path: Path | None = None) -> list[dict[str, Any]]:
+    """The calibration shipped with this release (``docs/calibration.json``, the records ``auditor plan``
+    reads), as rows shaped like :func:`calibration_table`'s; sequential records are named
+    ``"<profile> (sequential)"`` as in the database. ``created_at`` is the file's modification time.
+
+    Args:
+        path: the JSON file (default :func:`auditor.util.committed_calibration_path`).
+
+    Returns:
+        Rows sorted by model, profile, budget; [] when the file is absent or not a list of records
+        (a malformed file never breaks the page).
+    """
+    import json
+
+    p = path or committed_calibration_path()
+    try:
+        records = json.loads(p.read_text(encoding="utf-8"))
+        mtime = dt.datetime.fromtimestamp(p.stat().st_mtime, tz=dt.UTC)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(records, list):
+        return []
+    rows = []
+    for r in records:
+        if not isinstance(r, dict) or "profile" not in r or "budget_tokens" not in r:
+            continue
+        seq = r.get("design") == "sequential"
+        rows.append({
+            "model": str(r.get("model")),
+            "profile": f"{r['profile']} (sequential)" if seq else str(r["profile"]),
+            "budget_tokens": r.get("budget_tokens"),
+            "audits": r.get("audits"),
+            "rejection_rate": _num(r.get("rejection_rate")),
+            "ci_low": _num(r.get("ci_low")),
+            "ci_high": _num(r.get("ci_high")),
+            "cause_correct_rate": _num(r.get("cause_correct_rate")),
+            "created_at": mtime,
+            "suite": str(r.get("mix") or "default"),
+        })
+    return sorted(rows, key=lambda r: (r["model"], r["profile"], r["suite"], _num(r["budget_tokens"]) or 0.0))
 
 
 def recent_alerts(session: Session, *, limit: int = 50) -> list[dict[str, Any]]:
