@@ -49,8 +49,12 @@ def test_providers_table_is_text_with_verdicts(app_test, seeded):
     for name, verdict in summary["latest_verdicts"].items():
         row = next(r for r in rows if name.replace("-", "\\-") in r)
         assert verdict.replace("_", "\\_") in row  # each provider's own latest verdict, in its row
-    # one p-value column per stored detector
-    assert "p greedy\\-match" in table and "p logprob\\-kl" in table
+    # issue 38 item 4: the provider, the two answers, the standing and KL x floor lead; p-values are on the run page
+    head = table.splitlines()[0]
+    assert head.startswith("| Provider | Original precision? | Strict verification? | Standing (recent suites) | "
+                           "KL × noise floor |")
+    assert "p greedy" not in table and "p logprob" not in table and head.count("|") == 12
+    assert "-badge[yes]" in table or "-badge[no]" in table or "-badge[undecided]" in table
 
 
 @pytest.mark.parametrize("page", PAGES)
