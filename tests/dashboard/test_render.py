@@ -91,3 +91,22 @@ def test_formatters():
     import datetime as dt
 
     assert fmt_dt(dt.datetime(2026, 3, 1, 5, 7, tzinfo=dt.UTC)) == "2026-03-01 05:07 UTC"
+
+
+def test_strongest_evidence_shows_the_providers_probabilities_beside_the_references() -> None:
+    """Issue 38 item 5: what diverges is the comparison, so each position shows both sides."""
+    from dashboard.views.run_detail import token_evidence_md
+
+    item = {"prompt_id": "p#0", "position": 3, "token_id": 7, "token": "7", "ref_top5": [[8, -0.04], [7, -3.3]],
+            "ref_top5_tokens": ["8", "7"], "ref_margin": 3.26, "provider_top5": [[7, -0.2], [8, -1.8], [99, -4.0]],
+            "provider_token_logprob": -0.2}
+    md = token_evidence_md(item)
+    assert md is not None
+    rows = [r for r in md.splitlines() if r.startswith("|")]
+    assert rows[0].startswith("| Rank | Token | Reference logprob (nats) | Reference prob | Provider logprob (nats) |")
+    seven = next(r for r in rows if "provider's token" in r)
+    assert "\\-3\\.3" in seven or "-3.3" in seven  # the reference's side
+    assert "\\-0\\.2" in seven or "-0.2" in seven  # the provider's own side
+    assert any("provider's list only" in r for r in rows)  # id 99: listed by the provider alone
+    bare = token_evidence_md({k: v for k, v in item.items() if not k.startswith("provider_")})
+    assert bare is not None and "reported no probabilities" in bare and "not listed" in bare
