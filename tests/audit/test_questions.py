@@ -471,3 +471,13 @@ def test_undetermined_pair_in_every_format_and_the_standing() -> None:
                     reject(details(rule="4c-relaxed"), "sampling-argmax", 1e-6))])
     assert st.standing == "QUANTIZATION_OR_RELAXED_VERIFICATION" and st.exit_code == 1
     assert {x["key"]: x["answer"] for x in st.questions} == {"precision": "not established", "verification": "no"}
+
+
+def test_standing_not_tested_section_never_reads_as_all_clear_beside_open_answers() -> None:
+    """Issue 38 item 2: "Every detector ran in some recent audit" stood on a page whose answers were
+    "not tested"; the section now says which question is still open."""
+    from auditor.standing import combine_standing, render_standing
+
+    md = render_standing(combine_standing("nobody", []), "markdown")
+    section = md.split("## Not tested", 1)[1]
+    assert f"{PRECISION_QUESTION} is still **not tested**" in section
