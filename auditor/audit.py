@@ -168,6 +168,21 @@ class CheckOptions:
 
 
 # ------------------------------------------------------------------------------------------ progress
+#: Said once, before the first audit of a reference model on this machine measures its noise floor
+#: (issue 38, item 10): what, why, how long, and that it is cached.
+FIRST_FLOOR_NOTE = (
+    "measuring the honest noise floor of {model}: how much honest serving varies (float32 vs bf16 vs fp16 "
+    "kernels), which every model test compares the provider against. First audit of this model on this "
+    "machine only: about 7 minutes on 2 CPU cores for SmolLM2-135M, longer for larger models; cached in "
+    "{path}, later audits reuse it.")
+
+
+#: Said before probing with a suite too small to decide either question (``Suite.wire_check``; issue 38, item 12).
+WIRE_CHECK_NOTE = ("note: suite {suite} is a wire check, not an audit: it shows that the endpoint, logprobs and "
+                   "streaming work, but has too few positions to decide either question; for a verdict use "
+                   "--suite default, precision or verification.")
+
+
 @dataclass
 class _Stage:
     """A progress reporter: rich progress bar (console) or callback; no-op by default."""
@@ -198,6 +213,18 @@ class _Stage:
             self._bar.update(self._tasks[stage], completed=done, total=total)
         elif callable(self.progress):
             self.progress(stage, done, total)
+
+    def note(self, message: str) -> None:
+        """One line of what the audit is doing now, printed above the bars (and into a log, where bars
+        do not render until they stop); silent when no progress was asked for."""
+        if self._bar is not None:
+            self._bar.console.print(message, markup=False, highlight=False)
+        elif self.progress is True:
+            from rich.console import Console
+
+            (self.console or Console(stderr=True)).print(message, markup=False, highlight=False)
+        elif callable(self.progress):
+            self.progress(message, 0, 0)
 
     def reporter(self, stage: str) -> Callable[[int, int], None]:
         """``progress(done, total)`` for one named stage."""
@@ -244,6 +271,8 @@ def run_check(provider_name: str, options: CheckOptions | None = None, /, **over
         except StoreError as exc:
             raise AuditError(str(exc), parameter="db_url") from None
         try:
+            if plan.wire_check:  # issue 38 item 12: said up front, before the probes
+                _Stage(opts.progress, opts.console).note(WIRE_CHECK_NOTE.format(suite=plan.name))
             rid = _probe(store, cfg, plan, opts)  # 3. probe
             try:
                 pre = preflight_stage(store, rid, cfg, ref.tokenizer)  # 4. pre-flight, sent with the probes
@@ -325,13 +354,15 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
              pre: PreflightContext, rp: ReferencePath, t0: float) -> AuditReport:
     """Stages 5–12: body of :func:`analyze_run` once the reference (``ref``) and the pre-flight
     (``pre``) are there. Each stage module is called in turn and not again."""
-    from auditor.noise import get_floors
+    from auditor.noise import floor_is_cached, get_floors
     from auditor.verdict import DEFAULT_POWER, decide_verdict
     from reference.backends import ReferenceError
 
     tokenizer = ref.tokenizer
     with _Stage(opts.progress, opts.console) as stage:
         # 5. noise floor, and its summary for the report
+        if ref.lms and not (cached := floor_is_cached(ref.lms, opts.floors_cache_dir))[0]:
+            stage.note(FIRST_FLOOR_NOTE.format(model=next(iter(ref.lms.values())).name, path=cached[1].parent))
         floors = get_floors(ref.lms, cache_dir=opts.floors_cache_dir, progress=stage.update) if ref.lms else None
         floor_summary = floors.summary() if floors is not None else None
         # 6. observations, and the aligned ids the final transaction stores

@@ -229,15 +229,17 @@ def run_demo(
         for s in servers:
             s.start()
         say(f"started {len(servers)} simulators on loopback: " + ", ".join(f"{s.profile} :{s.port}" for s in servers)
-            + " (loading the model...)")
+            + " (each loads the model; a weight-quantized one quantizes it the first time, about a minute on 2 "
+              "cores, then reads it from the cache)")
         for s in servers:
             s.wait_ready()
         t_ready = time.perf_counter() - t0
         say(f"simulators ready after {t_ready:.0f} s")
         cfg_path = tmp / "providers.toml"
         cfg_path.write_text(providers_toml(servers, reference), encoding="utf-8")
-        for s in servers:
-            say(f"auditing demo-{s.profile} ...")
+        for i, s in enumerate(servers, 1):
+            say(f"auditing demo-{s.profile} ({i} of {len(servers)}): sending the {suite} suite's probes, then scoring "
+                "every returned token against the reference model and running the detectors ...")
             rep = run_check(f"demo-{s.profile}", suite=suite, budget_tokens=budget_tokens, db_url=db_url,
                             config_path=str(cfg_path), progress=True if progress else None, console=console)
             reports.append(rep)

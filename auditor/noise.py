@@ -82,6 +82,7 @@ __all__ = [
     "FloorSet",
     "compute_floors",
     "floor_cache_key",
+    "floor_is_cached",
     "floor_prompts",
     "get_floors",
     "merge_floors",
@@ -532,6 +533,31 @@ def compute_floors(
     )
 
 
+def _floor_file(
+    ref_lms: Mapping[str, Any], n_prompts: int | None, max_new_tokens: int | None,
+    cache_dir: str | os.PathLike[str] | None,
+) -> tuple[list[str], list[list[int]], str, Path]:
+    """``(prompt names, prompt ids, cache key, cache file)`` of a floor measurement (see :func:`get_floors`)."""
+    n_prompts = FLOOR_PROMPTS if n_prompts is None else int(n_prompts)
+    max_new_tokens = FLOOR_MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
+    first = next(iter(ref_lms.values()))
+    names, prompts = floor_prompts(first.tokenizer, n_prompts)
+    key = floor_cache_key(first.revision, prompts, references=list(ref_lms), max_new_tokens=max_new_tokens)
+    d = Path(cache_dir) if cache_dir is not None else noise_cache_dir()
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(first.name))[-60:]
+    return names, prompts, key, d / f"{safe}-{first.revision}-{key}.json"
+
+
+def floor_is_cached(
+    ref_lms: Mapping[str, Any], cache_dir: str | os.PathLike[str] | None = None, *,
+    n_prompts: int | None = None, max_new_tokens: int | None = None,
+) -> tuple[bool, Path]:
+    """Whether :func:`get_floors` with the same arguments will read the floor from its cache (no
+    measurement), and the cache file it reads or writes."""
+    *_, path = _floor_file(ref_lms, n_prompts, max_new_tokens, cache_dir)
+    return path.is_file(), path
+
+
 def get_floors(
     ref_lms: Mapping[str, Any],
     *,
@@ -554,15 +580,8 @@ def get_floors(
     Returns:
         FloorSet with ``key`` set and ``meta["cached"]`` telling whether it came from the cache.
     """
-    n_prompts = FLOOR_PROMPTS if n_prompts is None else int(n_prompts)
-    max_new_tokens = FLOOR_MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
-    first = next(iter(ref_lms.values()))
-    names, prompts = floor_prompts(first.tokenizer, n_prompts)
-    refs = list(ref_lms)
-    key = floor_cache_key(first.revision, prompts, references=refs, max_new_tokens=max_new_tokens)
-    d = Path(cache_dir) if cache_dir is not None else noise_cache_dir()
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(first.name))[-60:]
-    path = d / f"{safe}-{first.revision}-{key}.json"
+    names, prompts, key, path = _floor_file(ref_lms, n_prompts, max_new_tokens, cache_dir)
+    d = path.parent
     if path.is_file() and not force:
         try:
             fs = FloorSet.from_json(path.read_text(encoding="utf-8"))
@@ -571,6 +590,7 @@ def get_floors(
             return fs
         except (ValueError, KeyError, TypeError):
             pass  # corrupt: recompute
+    max_new_tokens = FLOOR_MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
     fs = compute_floors(ref_lms, prompt_names=names, prompts=prompts, max_new_tokens=max_new_tokens, progress=progress)
     fs.key = key
     d.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,11 @@
 """The buyer's two questions, answered from one audit's verdict (issue 14, item 2).
 
-Every report and the dashboard open with them, each answered ``"yes"``, ``"no"``,
+Every report and the dashboard open with them, each answered ``"yes"``, ``"no"``, ``"undecided"``,
 ``"not tested"`` or ``"not established"`` with one sentence of evidence (the deciding detector and its
-Holm-adjusted p-value for "no"; the positions, the power requirement and the target effect for "yes"; why
-not for "not tested"; for "not established", the deviation found, the two causes it may be — one per
+Holm-adjusted p-value for "no"; the positions, the power requirement and the target effect for "yes"; for
+"undecided", that the tests ran and found nothing but had too few positions to clear the provider, with the
+positions had and needed (issue 38, item 2: underpowered is not "not tested"); why not for "not tested" (a
+test that did not run); for "not established", the deviation found, the two causes it may be — one per
 question — and what a decisive audit needs):
 
 - :data:`PRECISION_QUESTION` (key ``precision``): "Is the model served at its original precision?"
@@ -34,8 +36,9 @@ Precision
        positions, the positions it needed and its target effect (3% clear greedy mismatches /
        a KL three times the honest noise floor), then which precision classes the audit rules out at
        95% power against their calibrated effects (``details["rules_out"]``, auditor.rules_out).
-    5. **not tested** otherwise: too few positions (with the missing positions), or no power
-       record (audits stored before the verdict recorded power on rejections lack it).
+    5. **undecided** otherwise: the model tests ran and found nothing, but with too few positions (with
+       the positions had and needed, and the missing positions), or with no power record (audits stored
+       before the verdict recorded power on rejections lack it).
 
 Verification
     1. **no** when RELAXED_VERIFICATION is the verdict or one of ``secondary_causes``.
@@ -54,15 +57,16 @@ Verification
        positions: greedy tokens match the reference argmax, which a lossy greedy verifier would
        break at clear margins; the evidence says that sampled verification was not tested, then which
        verification classes the audit rules out (``greedy-relaxed`` through greedy-near-tie's power).
-    6. **not tested** otherwise: no sampled tokens were tested (with the reasons), the served
-       model differs from the reference so its sampling could not be compared with it, too few
-       sampled positions (missing positions), or no power record.
+    6. **not tested** otherwise when no sampled tokens were tested (with the reasons) or the served
+       model differs from the reference so its sampling could not be compared with it; **undecided**
+       when the acceptance tests ran and found nothing with too few sampled positions (missing
+       positions) or no power record.
 
 Missing or malformed keys never raise (old stored audits lack ``power_families``): the answer
 is then "not tested" with a reason. :func:`combine_answers` merges the answers of several audits
 (a provider's standing, ``auditor.standing``): any "no" wins (the standing is the worst of its
 audits, so a "yes" beside an established cause would contradict it), then any "not established", else
-the newest "yes", else "not tested".
+the newest "yes", else the newest audit's "undecided" or "not tested".
 
 The detector families, sampling tests and target effects are the registry's
 (``auditor.detectors``: ``POWER_FAMILIES``, ``DetectorSpec.power_target``) and the verdict kinds
@@ -99,7 +103,7 @@ VERIFICATION_QUESTION = "Is speculative verification strict (lossless)?"
 #: key → question, in the order every report shows them.
 QUESTIONS: Mapping[str, str] = {"precision": PRECISION_QUESTION, "verification": VERIFICATION_QUESTION}
 
-Answer = Literal["yes", "no", "not tested", "not established"]
+Answer = Literal["yes", "no", "undecided", "not tested", "not established"]
 
 #: The ``model`` and ``acceptance`` power families (the registry's ``POWER_FAMILIES``).
 MODEL_DETECTORS: tuple[str, ...] = tuple(str(n) for n in POWER_FAMILIES[str(PowerFamily.MODEL)])
@@ -390,11 +394,12 @@ def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
                        "the model tests did not run (" + _why_not_run(d, MODEL_DETECTORS) + ")")
     fam = _family(d, "model", MODEL_DETECTORS)
     if fam is None:
-        return _answer("precision", "not tested", "the model tests " + _no_power(d, MODEL_DETECTORS))
+        return _answer("precision", "undecided", "the model tests " + _no_power(d, MODEL_DETECTORS))
     if fam.get("adequate"):
         return _answer("precision", "yes", "no model difference found: " + _adequate_text(d, MODEL_DETECTORS)
                        + _rules_out_note(d, "precision"))
-    return _answer("precision", "not tested", "the model tests had " + _shortfall_text(d, MODEL_DETECTORS, fam))
+    return _answer("precision", "undecided", "the model tests ran and found nothing, but had "
+                   + _shortfall_text(d, MODEL_DETECTORS, fam))
 
 
 def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnswer) -> QuestionAnswer:
@@ -442,9 +447,10 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
         return _answer("verification", "not tested",
                        "no sampled tokens were tested (" + _why_not_run(d, ACCEPTANCE_DETECTORS) + ")")
     if fam is None:
-        return _answer("verification", "not tested", "the acceptance tests " + _no_power(d, ACCEPTANCE_DETECTORS))
-    return _answer("verification", "not tested",
-                   "the acceptance tests had " + _shortfall_text(d, ACCEPTANCE_DETECTORS, fam))
+        return _answer("verification", "undecided",
+                       "the acceptance tests " + _no_power(d, ACCEPTANCE_DETECTORS))
+    return _answer("verification", "undecided",
+                   "the acceptance tests ran and found nothing, but had " + _shortfall_text(d, ACCEPTANCE_DETECTORS, fam))
 
 
 def answer_questions(verdict: str, details: Mapping[str, object] | None) -> list[QuestionAnswer]:
@@ -502,3 +508,74 @@ def combine_answers(
             out.append((_answer(key, "not tested", "no completed audit"), None))
     return out
 
+
+
+# ------------------------------------------------------------------------------------------ the headline
+#: The verdict in plain words (issue 38, item 1): what a procurement reviewer reads first, before any statistic.
+_PLAIN: Mapping[str, str] = {
+    str(VerdictKind.PASS): "Served as declared: no sign of lower precision or relaxed verification",
+    str(VerdictKind.QUANTIZATION): "Not at its original precision",
+    str(VerdictKind.SUBSTITUTION): "Not the declared model",
+    str(VerdictKind.QUANTIZATION_OR_SUBSTITUTION): (
+        "Not the declared model at its original precision (a heavily quantized copy or another model)"),
+    str(VerdictKind.RELAXED_VERIFICATION): "Speculative verification is not strict",
+    str(VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION): (
+        "A deviation was found: quantized weights or relaxed verification, the evidence cannot tell which"),
+    str(VerdictKind.DECODING_NONCOMPLIANT): (
+        "The provider does not decode as requested, so its sampled tokens cannot show whether verification is strict"),
+    str(VerdictKind.INCONCLUSIVE): "No decision",
+}
+
+
+def _times(r: float) -> str:
+    return f"{r:.0f}" if r >= 10 else f"{r:.1f}"
+
+
+def _figure(det: Mapping[str, object]) -> str | None:
+    """The one deciding figure of a detector that ran, in plain words; None when it has none."""
+    name = det.get("name")
+    details = _map(det.get("details"))
+    effect = finite(det.get("effect"))
+    n = _n(det.get("n"))
+    if name == "logprob-divergence" and (r := finite(details.get("ratio_to_floor"))) is not None:
+        return (f"the reported probabilities differ from the original model's {_times(r)} times as much as honest "
+                f"serving varies (over {n} positions)")
+    if name == "greedy-match" and effect is not None:
+        return f"greedy tokens differ from the original model's where it is confident at {effect:.1%} of {n} positions"
+    if name in ("sampling-argmax", "self-argmax") and effect is not None:
+        return (f"the most likely token is emitted {effect:.2f} times more per sampled token than the model's own "
+                f"distribution allows (over {n} sampled tokens)")
+    if name == "greedy-near-tie" and effect is not None:
+        return f"greedy tokens flip to the runner-up at near-ties at a rate of {effect:.2f} (over {n} near-ties)"
+    return None
+
+
+def plain_headline(verdict: str, detectors: Sequence[Mapping[str, object]], reason: str = "") -> str:
+    """One plain sentence with the one deciding figure: what the report opens with after the two
+    questions (issue 38, item 1); the statistics follow it.
+
+    Args:
+        verdict: the verdict kind.
+        detectors: the report's detector dicts (``name``, ``ran``, ``rejects``, ``p_adjusted``, ``effect``,
+            ``n``, ``details``), as stored.
+        reason: the verdict's reason sentence; its first clause is the headline of an INCONCLUSIVE audit.
+
+    Returns:
+        e.g. "Not at its original precision: the reported probabilities differ from the original model's
+        161 times as much as honest serving varies (over 480 positions)." Never raises on malformed input.
+    """
+    lead = _PLAIN.get(verdict, verdict)
+    dets = [_map(d) for d in detectors if isinstance(d, Mapping) and d.get("ran")]
+    if verdict == str(VerdictKind.INCONCLUSIVE):
+        first = reason.split(";")[0].strip().rstrip(".")
+        return f"{lead}: {first[:200]}." if first else f"{lead}."
+    if verdict == str(VerdictKind.PASS):
+        fig = next((f for d in dets if d.get("name") == "logprob-divergence" and (f := _figure(d))), None)
+        return f"{lead}; {fig}." if fig else f"{lead}."
+    rejecting = sorted((d for d in dets if d.get("rejects")),
+                       key=lambda d: p if (p := finite(d.get("p_adjusted"))) is not None else 1.0)
+    fig = next((f for d in rejecting if (f := _figure(d))), None)
+    if fig is None and rejecting:
+        d = rejecting[0]
+        fig = f"{d.get('name')} found it (Holm-adjusted p = {fmt_p(d.get('p_adjusted'))})"
+    return f"{lead}: {fig}." if fig else f"{lead}."

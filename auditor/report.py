@@ -101,8 +101,9 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         highlight=False,
     )
     for q in report.questions:
-        qc = {"yes": "green", "no": "red", "not established": "magenta"}.get(q.answer, "yellow")
+        qc = {"yes": "green", "no": "red", "not established": "magenta", "not tested": "dim"}.get(q.answer, "yellow")
         console.print(f"{q.question} [bold {qc}]{q.answer}[/bold {qc}] — {escape(q.evidence)}", highlight=False)
+    console.print(f"[bold]In plain words:[/bold] {escape(report.headline)}", highlight=False)
     t = Table(title=f"detectors (Holm, family-wise α = {report.alpha:g})", title_justify="left")
     cols: tuple[tuple[str, Literal["left", "right"]], ...] = (
         ("detector", "left"), ("statistic", "right"), ("p", "right"), ("p (Holm)", "right"),

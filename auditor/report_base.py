@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from auditor.detectors import DETECTORS, DetectorName
-from auditor.questions import QuestionAnswer, answer_questions
+from auditor.questions import QuestionAnswer, answer_questions, plain_headline
 from auditor.util import fmt_p as _fmt_p
 from auditor.util import json_safe
 from auditor.verdict import EXIT_CODES
@@ -167,9 +167,14 @@ class AuditReport:
         """The buyer's two questions answered from the verdict (:func:`auditor.questions.answer_questions`)."""
         return answer_questions(self.verdict, self.verdict_details)
 
+    @property
+    def headline(self) -> str:
+        """The verdict in one plain sentence with its deciding figure (:func:`auditor.questions.plain_headline`)."""
+        return plain_headline(self.verdict, self.detectors, self.verdict_reason)
+
     def to_dict(self) -> dict:
         """The JSON report (strict JSON: NaN/inf become null); ``questions`` comes first."""
-        d = {"questions": [q.to_dict() for q in self.questions], **asdict(self)}
+        d = {"questions": [q.to_dict() for q in self.questions], "headline": self.headline, **asdict(self)}
         d["schema"] = REPORT_SCHEMA
         d["exit_code"] = self.exit_code
         d["secondary_causes"] = self.secondary_causes
@@ -188,7 +193,7 @@ class AuditReport:
 
 
 #: Top-level keys every JSON report carries.
-JSON_FIELDS = ("questions",) + tuple(AuditReport.__dataclass_fields__) + (
+JSON_FIELDS = ("questions", "headline") + tuple(AuditReport.__dataclass_fields__) + (
     "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "rules_out",
     "excluded_responses", "speculation")
 

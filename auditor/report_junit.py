@@ -68,6 +68,7 @@ def render_junit(report: AuditReport) -> str:
     for q in questions:
         ET.SubElement(props, "property", name=f"question.{q.key}", value=q.answer)
         ET.SubElement(props, "property", name=f"question.{q.key}.evidence", value=q.evidence)
+    ET.SubElement(props, "property", name="headline", value=r.headline)
     cls = f"spec-auditor.{r.provider}"
     for d in r.detectors:
         tc = ET.SubElement(ts, "testcase", classname=cls, name=d["name"], time="0")

@@ -77,6 +77,8 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
     for q in r.questions:
         out.append(f"| {q.question} | **{q.answer}** | {_md(q.evidence)} |")
     out.append("")
+    out.append(f"**In plain words:** {_md(r.headline)}")
+    out.append("")
     out.append(f"> {r.verdict_reason}")
     out.append("")
     out.append("| | |")

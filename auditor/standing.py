@@ -224,6 +224,17 @@ def _not_tested(recent: Sequence[AuditRecord]) -> list[dict[str, str]]:
     return out
 
 
+def _all_ran_line(st: Standing) -> str:
+    """The "Not tested" section when every detector ran: it must not read as "all clear" beside answers
+    that are "undecided" or "not tested" (issue 38, item 2)."""
+    open_qs = [q for q in st.questions if q.get("answer") in ("undecided", "not tested")]
+    if not open_qs:
+        return "- Every detector ran in some recent audit."
+    return ("- Every detector ran in some recent audit, but " + "; ".join(
+        f"{_md(str(q['question']))} is still **{q['answer']}**" for q in open_qs)
+        + " (see the answers above: more positions are needed).")
+
+
 def check_window_days(window_days: float) -> float:
     """``window_days`` itself when it is a positive, finite number of days.
 
@@ -420,7 +431,7 @@ def _markdown(st: Standing) -> str:
     if not st.causes:
         out.append("- No cause established by any recent audit.")
     out += ["", "## Not tested", ""]
-    out += [f"- {_md(n['what'])}: {_md(n['why'])}" for n in st.not_tested] or ["- Every detector ran in some recent audit."]
+    out += [f"- {_md(n['what'])}: {_md(n['why'])}" for n in st.not_tested] or [_all_ran_line(st)]
     if st.ignored:
         out += ["", "## Older audits left out", ""]
         out += [f"- `{i['run_id']}` ({_md(i['suite'])}, {i['verdict']}, {i['started_at']}): {_md(i['why'])}" for i in st.ignored]

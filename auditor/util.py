@@ -12,9 +12,10 @@ import dataclasses
 import datetime as dt
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal, overload
 
-__all__ = ["JSONValue", "finite", "fmt_p", "json_safe", "md_cell"]
+__all__ = ["JSONValue", "committed_calibration_path", "finite", "fmt_p", "json_safe", "md_cell"]
 
 #: What :func:`json_safe` returns: strict JSON data (RFC 8259; no NaN/Infinity).
 JSONValue = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
@@ -117,3 +118,9 @@ def md_cell(s: object) -> str:
     """Text made safe inside a Markdown table cell (and code spans): pipes escaped, backticks → ``'``,
     newlines → spaces. Backslashes stay as they are (a token shown as ``\\n`` renders literally)."""
     return str(s).replace("|", "\\|").replace("`", "'").replace("\n", " ")
+
+
+def committed_calibration_path() -> Path:
+    """``docs/calibration.json`` of this checkout: the committed benchmark results that ``auditor plan``
+    and the dashboard's Calibration page fall back to when the database holds none."""
+    return Path(__file__).resolve().parents[1] / "docs" / "calibration.json"

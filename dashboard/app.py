@@ -6,7 +6,8 @@ Start it with ``auditor dashboard [--db URL] [--port P]`` (loopback by default),
 
 Pages (sidebar; also addressable as ``?page=<slug>``): Providers, Speed vs fidelity, History,
 Run detail (``?page=run&run=RUN_ID``) and Calibration. An empty database shows a first screen
-explaining ``auditor demo`` instead of a traceback. All provider-controlled text is escaped
+explaining ``auditor demo`` instead of a traceback. Served beyond loopback it asks for a login first
+(:mod:`dashboard.auth`). All provider-controlled text is escaped
 (``dashboard.render.escape_md``); nothing is rendered as raw HTML.
 """
 
@@ -22,7 +23,7 @@ except ImportError:  # pragma: no cover - only without the editable install
 
 import streamlit as st
 
-from dashboard import data
+from dashboard import auth, data
 from dashboard.render import escape_md
 from dashboard.views import calibration, common, history, overview, run_detail, speed
 
@@ -39,6 +40,8 @@ PAGES = {
 def main() -> None:
     """Build the page for this rerun."""
     st.set_page_config(page_title="spec-auditor", page_icon="🔎", layout="wide")
+    if not auth.require_login():  # off loopback: a login before anything is read (dashboard.auth)
+        return
     db_url = data.dashboard_db_url()
     st.sidebar.title("spec-auditor")
     common.init_from_query("page", list(PAGES), "providers")

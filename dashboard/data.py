@@ -73,6 +73,12 @@ def query(db_url: str, name: str, *args: Any, **kwargs: Any) -> Any:
         return fn(s, *args, **kwargs)
 
 
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def shipped_calibration() -> list[dict[str, Any]]:
+    """The calibration shipped with this release (``dashboard_queries.shipped_calibration_table``; cached)."""
+    return dashboard_queries.shipped_calibration_table()
+
+
 def display_url(db_url: str) -> str:
     """The URL with any password hidden."""
     return redact_url(db_url)

@@ -23,12 +23,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import logging
 import math
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -201,6 +203,16 @@ def prune_layers_(model: Any, keep: Sequence[int]) -> None:
     cfg.num_hidden_layers = len(layers)
 
 
+#: The simulator's operator log (``auditor serve`` prints its INFO records on stderr).
+log = logging.getLogger("simulator")
+
+
+def _quant_progress(done: int, total: int, elapsed_s: float) -> None:
+    """Quantization progress in the operator log, every tenth of the matrices (the port is closed meanwhile)."""
+    if done == total or done % max(1, total // 10) == 0:
+        log.info("  quantized %d/%d weight matrices (%.0f s)", done, total, elapsed_s)
+
+
 @dataclass
 class BuildInfo:
     """Operator-facing facts about how the served model was built.
@@ -221,7 +233,8 @@ class BuildInfo:
     n_params: int = 0
 
 
-def build_served_model(profile: Profile, lm: Any, copy_model: bool = True) -> tuple[Any, BuildInfo]:
+def build_served_model(profile: Profile, lm: Any, copy_model: bool = True, *,
+                       quant_cache_dir: Path | None = None) -> tuple[Any, BuildInfo]:
     """Return ``(LoadedModel with a ServedModel inside, BuildInfo)`` for ``profile``.
 
     Args:
@@ -229,6 +242,9 @@ def build_served_model(profile: Profile, lm: Any, copy_model: bool = True) -> tu
         lm: a ``reference.models.LoadedModel`` of the reference (float32) model.
         copy_model: deep-copy the model before changing dtype/weights/layers (the caller's ``lm``
             stays intact); False modifies it in place (saves memory in ``auditor serve``).
+        quant_cache_dir: cache the quantized weights of a weight-quantized profile here (the next
+            start reads them in seconds; issue 38, item 11) and print quantization progress on stderr;
+            None (tests, calibration) quantizes silently without a cache.
 
     Returns:
         (served LoadedModel, BuildInfo). The served ``LoadedModel.model`` is a :class:`ServedModel`.
@@ -260,7 +276,18 @@ def build_served_model(profile: Profile, lm: Any, copy_model: bool = True) -> tu
 
         if next(model.parameters()).dtype != torch.float32:
             model = model.float()
-        rep = quantize_model_weights(model, profile.weight_quant, group_size=profile.group_size)
+        cache_file = None
+        if quant_cache_dir is not None and profile.substitute_layers is None:
+            from simulator.quantize import quant_cache_file
+
+            cache_file = quant_cache_file(quant_cache_dir, lm.name, lm.revision, profile.weight_quant,
+                                          profile.group_size)
+            if not cache_file.is_file():
+                log.info("quantizing %s's weights to %s (first start only, a few minutes on 2 CPU cores; cached in %s)",
+                         lm.name, profile.weight_quant, cache_file)
+        rep = quantize_model_weights(model, profile.weight_quant, group_size=profile.group_size,
+                                     cache_file=cache_file,
+                                     progress=_quant_progress if quant_cache_dir is not None else None)
         info.quant = {
             "scheme": rep.scheme,
             "group_size": rep.group_size,
@@ -270,6 +297,7 @@ def build_served_model(profile: Profile, lm: Any, copy_model: bool = True) -> tu
             "mean_rel_error": rep.mean_rel_error,
             "backend": rep.backend,
             "errors": rep.errors,
+            "cached": rep.cached,
         }
     if profile.kv_cache_dtype or profile.act_quant:  # issue 14: kv-fp8, w8a8 (simulator.quantize)
         from simulator.quantize import apply_runtime_quant
@@ -381,6 +409,7 @@ class SimulatorEngine:
     ):
         from reference.drafter_specs import make_drafter
         from reference.models import DEFAULT_MODEL, load_model
+        from simulator.quantize import quant_cache_dir
 
         self.profile = profile
         owned = lm is None
@@ -388,7 +417,8 @@ class SimulatorEngine:
             lm = load_model(model or DEFAULT_MODEL)
         self.reference_name = lm.name
         self.served, self.build_info = build_served_model(
-            profile, lm, copy_model=(not owned) if copy_model is None else copy_model
+            profile, lm, copy_model=(not owned) if copy_model is None else copy_model,
+            quant_cache_dir=quant_cache_dir() if owned else None,  # the engine loaded the model itself: serve
         )
         self.tokenizer = lm.tokenizer
         self.eos_ids = list(lm.eos_token_ids)

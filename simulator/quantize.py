@@ -27,8 +27,11 @@ fp8 path casts through ``torch.float8_e4m3fn``). ``QuantReport.backend`` says wh
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,6 +53,7 @@ class QuantReport:
         mean_rel_error: mean over matrices of ||W_q - W|| / ||W|| (Frobenius).
         backend: ``optimum-quanto`` or ``torch-rtn`` (fallback), per matrix majority.
         errors: messages from quanto failures that triggered the fallback.
+        cached: the quantized weights were read from ``cache_file`` (``seconds`` is then the read time).
     """
 
     scheme: str
@@ -60,6 +64,7 @@ class QuantReport:
     mean_rel_error: float = 0.0
     backend: str = "optimum-quanto"
     errors: list[str] = field(default_factory=list)
+    cached: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,8 +198,71 @@ def iter_decoder_linears(model: Any):
             yield name, mod
 
 
+def quant_cache_dir() -> Path:
+    """``<model cache>/quantized`` (``$SPEC_AUDITOR_HOME/models/quantized`` or the user cache), beside the
+    converted models it is made from."""
+    from reference.models import model_cache_dir
+
+    return model_cache_dir() / "quantized"
+
+
+def quant_cache_file(cache_dir: Path, model_name: str, revision: str, scheme: str, group_size: int) -> Path:
+    """Where :func:`quantize_model_weights` caches one model's quantized decoder weights (issue 38, item 11):
+    ``<cache_dir>/<name>-<revision>-<scheme>[-g<group>].safetensors`` (float32, the dequantized values;
+    about 4 bytes per decoder weight, e.g. 0.4 GB for SmolLM2-135M)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)[-60:]
+    g = f"-g{group_size}" if scheme in ("int4", "int3") else ""
+    return cache_dir / f"{safe}-{revision}-{scheme}{g}.safetensors"
+
+
+def _load_cached(model: Any, rep: QuantReport, cache_file: Path) -> bool:
+    """Copy cached quantized weights into ``model``; False (nothing changed) when the file is absent,
+    unreadable, or does not match the model's decoder linears name for name and shape for shape."""
+    from safetensors import SafetensorError, safe_open
+
+    t0 = time.perf_counter()
+    lins = dict(iter_decoder_linears(model))
+    try:
+        with safe_open(str(cache_file), framework="pt") as f:
+            meta = f.metadata() or {}
+            if set(f.keys()) != set(lins) or meta.get("scheme") != rep.scheme:
+                return False
+            tensors = {k: f.get_tensor(k) for k in lins}
+    except (OSError, SafetensorError, ValueError, RuntimeError):
+        return False
+    if any(tensors[k].shape != lin.weight.shape for k, lin in lins.items()):
+        return False
+    with torch.no_grad():
+        for k, lin in lins.items():
+            lin.weight.data.copy_(tensors[k].to(lin.weight.dtype))
+    rep.n_matrices = len(lins)
+    rep.n_params = sum(lin.weight.numel() for lin in lins.values())
+    rep.mean_rel_error = float(meta.get("mean_rel_error", "nan"))
+    rep.backend = meta.get("backend", rep.backend)
+    rep.seconds = time.perf_counter() - t0
+    rep.cached = True
+    return True
+
+
+def _save_cache(model: Any, rep: QuantReport, cache_file: Path) -> None:
+    """Write the quantized decoder weights atomically (tmp file, then rename); a failure to write is
+    recorded in ``rep.errors`` and never stops serving."""
+    from safetensors.torch import save_file
+
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_name(cache_file.name + f".tmp{os.getpid()}")
+        save_file({k: lin.weight.data.float().contiguous() for k, lin in iter_decoder_linears(model)}, str(tmp),
+                  metadata={"scheme": rep.scheme, "group_size": str(rep.group_size), "backend": rep.backend,
+                            "mean_rel_error": repr(rep.mean_rel_error)})
+        tmp.replace(cache_file)
+    except (OSError, RuntimeError) as e:
+        rep.errors.append(f"quantized weights not cached in {cache_file}: {e}")
+
+
 def quantize_model_weights(
-    model: Any, scheme: str, group_size: int = 64, use_quanto: bool = True
+    model: Any, scheme: str, group_size: int = 64, use_quanto: bool = True, *,
+    cache_file: Path | None = None, progress: Callable[[int, int, float], None] | None = None,
 ) -> QuantReport:
     """Replace the decoder linears' weights of ``model`` in place by their quantize-dequantize.
 
@@ -203,6 +271,10 @@ def quantize_model_weights(
         scheme: ``int8`` | ``int4`` | ``int3`` | ``fp8`` (see module docstring).
         group_size: int4/int3 group size along the input dimension (must divide every in_features).
         use_quanto: try optimum-quanto first (default); False forces the torch fallback.
+        cache_file: read the quantized weights from this file when it matches the model (seconds
+            instead of minutes: optimum-quanto's int4 takes ~176 s for SmolLM2 on two cores), else
+            quantize and write it (:func:`quant_cache_file`). None: no cache (tests, calibration).
+        progress: ``progress(done_matrices, total_matrices, elapsed_s)`` after each matrix.
 
     Returns:
         QuantReport with timing (seconds) and the mean relative Frobenius error.
@@ -213,6 +285,8 @@ def quantize_model_weights(
     if scheme not in ("int8", "int4", "int3", "fp8"):
         raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4, int3 or fp8")
     rep = QuantReport(scheme=scheme, group_size=group_size if scheme in ("int4", "int3") else None)
+    if cache_file is not None and cache_file.is_file() and _load_cached(model, rep, cache_file):
+        return rep
     use_quanto = use_quanto and scheme != "int3"  # quanto has no 3-bit type
     t0 = time.perf_counter()
     errs: list[float] = []
@@ -222,6 +296,7 @@ def quantize_model_weights(
         use_quanto = False
         rep.errors.append(f"optimum-quanto skipped: its extension build lock {stale} is older than "
                           f"{QUANTO_STALE_LOCK_S:.0f} s (a killed build); delete it if no build is running")
+    total = sum(1 for _ in iter_decoder_linears(model))
     with torch.no_grad():
         for name, lin in iter_decoder_linears(model):
             w = lin.weight.data
@@ -241,11 +316,15 @@ def quantize_model_weights(
             lin.weight.data.copy_(dq.to(w.dtype))
             rep.n_matrices += 1
             rep.n_params += w.numel()
+            if progress is not None:
+                progress(rep.n_matrices, total, time.perf_counter() - t0)
     if rep.n_matrices == 0:
         raise ValueError("quantize_model_weights: no decoder linear layers found (expected Llama-style *_proj)")
     rep.seconds = time.perf_counter() - t0
     rep.mean_rel_error = sum(errs) / len(errs)
     rep.backend = "torch-rtn" if n_fallback * 2 > rep.n_matrices else "optimum-quanto"
+    if cache_file is not None:
+        _save_cache(model, rep, cache_file)
     return rep
 
 

@@ -31,10 +31,15 @@ from sqlalchemy.orm import Session
 
 from auditor.store import models as orm
 
-__all__ = ["DEMO_PROVIDERS", "HOSTILE_TOKEN", "seed_demo"]
+__all__ = ["DEMO_PROVIDERS", "HOSTILE_MARKUP", "HOSTILE_TOKEN", "seed_demo"]
 
 #: A provider-controlled token that must never be rendered as HTML.
 HOSTILE_TOKEN = "<img src=x onerror=alert(1)>"
+#: A second provider-controlled token carrying every other kind of active markup (issue 38, item 9): a
+#: script, a remote image (the port is closed: a fetch would show in the browser's requests), a
+#: ``javascript:`` link and raw HTML. Shown as text on every page, never executed or fetched.
+HOSTILE_MARKUP = ("<script>window.__pwned=1</script>![x](http://127.0.0.1:9/pwned.png)"
+                  "[click](javascript:window.__pwned=2)<b onmouseover=alert(3)>hi</b>")
 
 #: name → (verdict per run, oldest first; None = failed run), speed/fidelity profile.
 DEMO_PROVIDERS: dict[str, dict[str, Any]] = {
@@ -296,7 +301,9 @@ def _seed_run(
         swap_at = None
         if degraded and name == "sim-relaxed" and mode == "greedy":
             swap_at = min(3 + 6 * j, len(tokens) - 1)
-            swap = HOSTILE_TOKEN if j == 0 else rng.choice(_ALT)
+            if j:
+                rng.choice(_ALT)  # drawn as before (the second swap was an ordinary word), so later figures stay
+            swap = HOSTILE_TOKEN if j == 0 else HOSTILE_MARKUP
             ref_tok = tokens[swap_at]
             tokens = tokens[:swap_at] + [swap] + tokens[swap_at + 1 :]
             margin = round(rng.uniform(2.4, 5.0), 3)

@@ -112,7 +112,6 @@ from auditor.calibration.pool import (
 )
 from auditor.calibration.sequential import run_sequential_audits
 from auditor.calibration.store import (
-    committed_calibration_path,
     load_calibration,
     store_results,
 )
@@ -148,7 +147,6 @@ __all__ = [
     "check_targets",
     "clopper_pearson",
     "collect_pool",
-    "committed_calibration_path",
     "default_mix",
     "draw_audit",
     "evidence_for",

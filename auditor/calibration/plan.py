@@ -112,7 +112,8 @@ def make_plan(
         plan["message"] = (
             f"To detect {target} with {power:.0%} power on {model}: a budget of {worst['tokens']:,} completion tokens "
             f"per audit with the {mix!r} suite (--suite {mix} --budget-tokens {worst['tokens']})"
-            + (f" (~${worst['usd']:.4f} at the provider's prices)" if worst["usd"] is not None else "")
+            + (f" (~${worst['usd']:.4f} at the provider's prices)" if worst["usd"] is not None
+               else " (cost: no prices configured)")
             + (f"; false-accusation rate measured at that budget: at most {fa:.1%} over the honest profiles"
                + (f" (95% upper bound {fa_hi:.1%})" if fa_hi is not None else "") if fa is not None else "")
             + "."
@@ -201,7 +202,8 @@ def _combined_plan(plan: dict, audits: list[dict], target: str, power: float, mo
     plan["message"] = (
         f"No one suite detects every deviation of {target!r} with {power:.0%} power on {model} within what it can spend; "
         f"{len(audits)} audits do, {plan['budget_tokens']:,} completion tokens in all"
-        + (f" (~${plan['usd']:.4f} at the provider's prices)" if plan["usd"] is not None else "")
+        + (f" (~${plan['usd']:.4f} at the provider's prices)" if plan["usd"] is not None
+           else " (cost: no prices configured)")
         + ": " + "; ".join(parts) + "."
     )
     plan["command"] = " && ".join(f"auditor check --suite {a['suite']} --budget-tokens {a['budget_tokens']}" for a in audits)
@@ -227,7 +229,9 @@ def _plan_rows(mine: Sequence[dict], target: str, power: float, pricing: Pricing
         at = next((r for r in rs if r["budget_tokens"] == grid), rs[-1])
         prompt = float(at.get("prompt_tokens") or 0.0)
         usd = None
-        if pricing is not None and grid is not None:
+        # a provider without prices (both 0.0, the config's default) has no cost to state: "no prices configured"
+        priced = pricing is not None and (pricing.usd_per_1m_input > 0 or pricing.usd_per_1m_output > 0)
+        if pricing is not None and priced and grid is not None:
             usd = float(pricing.cost_usd(round(prompt), grid))
         at_b = [r for r in honest if r["budget_tokens"] == (grid or rs[-1]["budget_tokens"])]
         fa = [r["rejection_rate"] for r in at_b]

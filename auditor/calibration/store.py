@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING
 from sqlalchemy import delete
 
 from auditor.store import CalibrationResult, open_store, queries
+from auditor.util import committed_calibration_path
 
 if TYPE_CHECKING:
     from auditor.calibration.benchmark import CalibrationRun
 
-__all__ = ["committed_calibration_path", "load_calibration", "store_results"]
+__all__ = ["load_calibration", "store_results"]
 
 
 def store_results(run: CalibrationRun, db_url: str | None = None) -> int:
@@ -54,11 +55,6 @@ def store_results(run: CalibrationRun, db_url: str | None = None) -> int:
             )
             n += 1
     return n
-
-
-def committed_calibration_path() -> Path:
-    """``docs/calibration.json`` of this checkout (the committed benchmark results)."""
-    return Path(__file__).resolve().parents[2] / "docs" / "calibration.json"
 
 
 def load_calibration(db_url: str | None = None, *, path: Path | None = None, model: str | None = None) -> tuple[list[dict], str]:

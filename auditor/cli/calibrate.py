@@ -22,6 +22,7 @@ from pathlib import Path
 import typer
 
 from auditor.cli.common import DB_HELP, fail
+from auditor.cli.common import console as out_console
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -291,7 +292,6 @@ def _refresh_effects(records: list[dict], enabled: bool) -> None:
 
 
 def _print_table(records: list[dict], meta: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     fixed = [r for r in records if r.get("design", "fixed") == "fixed"]
@@ -306,11 +306,10 @@ def _print_table(records: list[dict], meta: dict) -> None:
             s.add_column(c)
         for r in seq:
             s.add_row(r["profile"], f"{r['rejection_rate']:.2f}", f"{r['mean_tokens']:.0f}", f"{r['tokens_saved']:.0%}")
-        Console(file=sys.stdout).print(s)
+        out_console(sys.stdout).print(s)
 
 
 def _print_mix_table(fixed: list[dict], meta: dict, mix: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from auditor.calibration import record_grid
@@ -330,7 +329,7 @@ def _print_mix_table(fixed: list[dict], meta: dict, mix: str) -> None:
         ]
         exp = next(x["expected_verdict"] for x in fixed if x["profile"] == p)
         t.add_row(p, exp, *cells)
-    Console(file=sys.stdout).print(t)
+    out_console(sys.stdout).print(t)
 
 
 def _print_plan(plan: dict) -> None:

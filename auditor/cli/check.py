@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from auditor.cli.common import DEBUG_HELP, internal_error, internal_errors
+from auditor.cli.common import console as out_console
 
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.errors import AuditError
@@ -67,8 +68,14 @@ def _fail(message: str, code: int = 3) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _emit(text: str, output: Path | None) -> None:
-    if output is None:
+def _emit(text: str, output: Path | None, fmt: str = "") -> None:
+    """Write ``text`` to ``output``, or to stdout: Markdown is rendered when stdout is a terminal (issue 38,
+    item 3), and written as source to a file or a pipe."""
+    if output is None and fmt in ("markdown", "md") and (con := out_console()).is_terminal:
+        from rich.markdown import Markdown
+
+        con.print(Markdown(text))
+    elif output is None:
         typer.echo(text, nl=not text.endswith("\n"))
     else:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +165,7 @@ def register(app: typer.Typer) -> None:
             if json_path is not None:
                 _emit(render_json(rep) + "\n", json_path)
             if fmt == "text":
-                render(rep, "text", Console())
+                render(rep, "text", out_console())
                 err.print(f"re-render: auditor report {rep.run_id} --format markdown", highlight=False)
             else:
                 out = render(rep, fmt)
@@ -177,7 +184,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Re-render a stored audit (Markdown for a procurement file, JSON, JUnit XML or text), or with
         --provider the provider's combined standing over the newest audit of each suite."""
-        from rich.console import Console
 
         from auditor.report import ReportError, load_report, render
         from auditor.store import StoreError
@@ -199,7 +205,7 @@ def register(app: typer.Typer) -> None:
             if standing is None:
                 raise _fail(f"no completed audit of provider {provider!r} in this database. Fix: check the name "
                             f"(`auditor providers list`) and --db, or audit it: `auditor check --provider {provider}`.")
-            _emit(render_standing(standing, fmt), output)
+            _emit(render_standing(standing, fmt), output, fmt)
             return
         assert run_id is not None  # exactly one of the two (checked above)
         try:
@@ -207,11 +213,11 @@ def register(app: typer.Typer) -> None:
         except (ReportError, StoreError) as exc:
             raise _fail(str(exc)) from None
         if fmt == "text":
-            render(rep, "text", Console(file=open(output, "w", encoding="utf-8")) if output else Console())  # noqa: SIM115
+            render(rep, "text", out_console(open(output, "w", encoding="utf-8")) if output else out_console())  # noqa: SIM115
             return
         out = render(rep, fmt)
         assert out is not None  # only fmt "text" prints instead of returning a string
-        _emit(out, output)
+        _emit(out, output, fmt)
 
     @app.command("demo")
     def demo_cmd(
@@ -237,5 +243,5 @@ def register(app: typer.Typer) -> None:
             raise _fail(str(exc), getattr(exc, "exit_code", 3)) from None
         except KeyboardInterrupt:
             raise _fail("interrupted; the simulators were shut down", 130) from None
-        render_demo_table(result, Console())
+        render_demo_table(result, out_console())
         raise typer.Exit(0 if result.all_expected else 1)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NoReturn
+from typing import IO, TYPE_CHECKING, NoReturn
 
 import typer
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["CONFIG_HELP", "DB_HELP", "DEBUG_HELP", "console", "fail", "internal_error", "internal_errors",
+__all__ = ["CONFIG_HELP", "DB_HELP", "DEBUG_HELP", "PIPE_WIDTH", "console", "fail", "internal_error", "internal_errors",
            "positive_ints"]
 
 CONFIG_HELP = "Providers file (default: ./providers.toml, then the user config dir)."
@@ -88,8 +88,24 @@ def positive_ints(text: str, option: str, example: str) -> list[int]:
     return vals
 
 
-def console() -> Console:
-    """A rich Console on stdout (rich is imported on first use)."""
+#: Width of a console whose output is not a terminal (a file, a pipe, a CI log): wide enough that no
+#: table cell (detector names, p-values, the speed table) is ever cut or folded (issue 38, item 3).
+#: Tables are not expanded, so they stay as wide as their content; ``$COLUMNS`` still overrides.
+PIPE_WIDTH = 1000
+
+
+def console(file: IO[str] | None = None, *, stderr: bool = False) -> Console:
+    """A rich Console on stdout (or ``file``, or stderr); rich is imported on first use.
+
+    On a terminal it takes the terminal's width. Written to a file or a pipe (``> report.txt``, a CI
+    log), rich would assume 80 columns and cut table cells (``logprob-dive…``); this console is then
+    :data:`PIPE_WIDTH` wide unless ``$COLUMNS`` is set, so names and numbers stay whole.
+    """
+    import os
+
     from rich.console import Console
 
-    return Console()
+    c = Console(file=file, stderr=stderr)
+    if c.is_terminal or os.environ.get("COLUMNS"):
+        return c
+    return Console(file=file, stderr=stderr, width=PIPE_WIDTH)

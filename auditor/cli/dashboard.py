@@ -1,7 +1,10 @@
 """CLI command ``auditor dashboard``: serve the Streamlit dashboard over the audit database.
 
-The dashboard is read-only. It binds to loopback (127.0.0.1) unless ``--host`` says otherwise:
-audit results may be sensitive, and Streamlit has no authentication of its own.
+The dashboard is read-only. It binds to loopback (127.0.0.1) unless ``--host`` says otherwise: audit
+results may be sensitive. Off loopback it requires a login (issue 38, item 8; ``dashboard.auth``): Streamlit's
+OIDC login when ``.streamlit/secrets.toml`` configures an identity provider (``[auth]``), a trusted reverse
+proxy's header with ``--auth-header``, otherwise an access token (``$SPEC_AUDITOR_DASHBOARD_TOKEN`` or one
+generated and printed here).
 """
 
 from __future__ import annotations
@@ -65,28 +68,59 @@ def register(app: typer.Typer) -> None:
         ),
         port: int = typer.Option(DEFAULT_PORT, "--port", min=1, max=65535, help="TCP port to listen on."),
         host: str = typer.Option(
-            "127.0.0.1", "--host", help="Address to bind. Loopback by default; the dashboard has no login."
+            "127.0.0.1", "--host", help="Address to bind. Loopback by default (open); any other address requires a login."
         ),
+        auth_header: str | None = typer.Option(
+            None, "--auth-header", help="Off loopback: trust this header (e.g. X-Forwarded-User) set by an "
+            "authenticating reverse proxy that is the only way in, instead of a token."),
     ) -> None:
         """Serve the read-only dashboard (providers, speed vs fidelity, history, run detail)."""
         from rich.console import Console
 
         from auditor.store.db import redact_url, resolve_db_url
+        from dashboard.auth import ENV_HEADER, ENV_MODE, ENV_TOKEN
 
         console = Console(stderr=True)
         url = resolve_db_url(db)
-        if host not in _LOOPBACK:
-            console.print(
-                f"[yellow]warning:[/] binding to {host}: anyone who can reach this address can read "
-                "the audit results (no authentication)."
-            )
         env = dict(os.environ)
         env["AUDITOR_DB_URL"] = url  # passed by environment so a password never shows in `ps`
         env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
         shown = "localhost" if host in _LOOPBACK else host
-        console.print(f"dashboard: http://{shown}:{port}/  (database {redact_url(url)}; Ctrl+C to stop)")
+        login = ""
+        if host in _LOOPBACK:
+            env[ENV_MODE] = "none"
+        elif auth_header:
+            env[ENV_MODE], env[ENV_HEADER] = "header", auth_header
+            login = f"; login: the {auth_header} header of your authenticating proxy"
+        elif oidc_configured():
+            env[ENV_MODE] = "oidc"
+            login = "; login: OpenID Connect ([auth] in .streamlit/secrets.toml)"
+        else:
+            import secrets
+
+            token = os.environ.get(ENV_TOKEN) or secrets.token_urlsafe(24)
+            env[ENV_MODE], env[ENV_TOKEN] = "token", token
+            login = (f"; login: open http://{shown}:{port}/?token={token} once"
+                     if not os.environ.get(ENV_TOKEN) else f"; login: the token in ${ENV_TOKEN}")
+        console.print(f"dashboard: http://{shown}:{port}/  (database {redact_url(url)}{login}; Ctrl+C to stop)",
+                      highlight=False, markup=False, soft_wrap=True)
         rc = run_child(streamlit_command(host=host, port=port), env=env)
         raise typer.Exit(rc)
+
+
+def oidc_configured(cwd: Path | None = None) -> bool:
+    """Whether Streamlit's OIDC login has an identity provider: an ``[auth]`` table in
+    ``.streamlit/secrets.toml`` of the working directory or of the home directory (Streamlit's own
+    secrets locations)."""
+    import tomllib
+
+    for p in ((cwd or Path.cwd()) / ".streamlit" / "secrets.toml", Path.home() / ".streamlit" / "secrets.toml"):
+        try:
+            if isinstance(tomllib.loads(p.read_text(encoding="utf-8")).get("auth"), dict):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def run_child(cmd: list[str], env: dict[str, str]) -> int:

@@ -6,6 +6,8 @@ import json
 
 import typer
 
+from auditor.cli.common import console as out_console
+
 
 def register(app: typer.Typer) -> None:
     """Attach ``models pull`` and ``models list`` to the root auditor app."""
@@ -57,7 +59,6 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rows, indent=2))
             return
-        from rich.console import Console
         from rich.table import Table
 
         table = Table(title=f"models in {model_cache_dir()}")
@@ -68,6 +69,6 @@ def register(app: typer.Typer) -> None:
             table.add_row(
                 r["name"], r["status"], str(r.get("revision", "")), f"{n / 1e6:.1f}M" if n else "", r["path"]
             )
-        Console().print(table)
+        out_console().print(table)
 
     app.add_typer(models_app, name="models")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import typer
 
+from auditor.cli.common import console as out_console
+
 
 def register(app: typer.Typer) -> None:
     """Attach ``auditor probe`` to the root ``auditor`` app."""
@@ -107,7 +109,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps(summary.to_dict(), indent=2))
         else:
-            render_summary(summary, Console())
+            render_summary(summary, out_console())
         if summary.status == "failed":
             err.print(
                 f"error: no probe succeeded ({describe_errors(summary.error_kinds, summary.error_examples)}). "

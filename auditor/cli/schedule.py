@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from auditor.cli.common import DB_HELP, DEBUG_HELP, fail, internal_errors
+from auditor.cli.common import console as out_console
 
 
 def _open(db: str | None) -> Any:
@@ -130,7 +131,6 @@ def register(app: typer.Typer) -> None:
     @schedule_app.command("list")
     def list_cmd(db: str | None = typer.Option(None, "--db", help=DB_HELP)) -> None:
         """List schedules with their last and next run."""
-        from rich.console import Console
         from rich.table import Table
 
         from auditor.scheduler import format_interval
@@ -157,7 +157,7 @@ def register(app: typer.Typer) -> None:
                 _fmt(r["last_run_at"]),
                 _fmt(r["next_run_at"]),
             )
-        Console().print(table)
+        out_console().print(table)
 
     @schedule_app.command("remove")
     def remove_cmd(

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import typer
 
+from auditor.cli.common import console as out_console
+
 
 def _fail(message: str, code: int = 3) -> typer.Exit:
     from rich.console import Console
@@ -53,12 +55,11 @@ def register(app: typer.Typer) -> None:
         device: str | None = typer.Option(None, "--device", help="Where the served model runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
     ) -> None:
         """Serve the reference model over the OpenAI API, honestly or with one named degradation."""
-        from rich.console import Console
 
         from simulator.profiles import get_profile
         from simulator.profiles import list_profiles as _list
 
-        console = Console()
+        console = out_console()
         if list_profiles:
             from rich.table import Table
 
@@ -92,6 +93,8 @@ def register(app: typer.Typer) -> None:
                 resolve_device(device)  # CUDA asked without a GPU → exit 3 before the model loads
             except ValueError as e:
                 raise _fail(str(e).replace("device=", "--device ", 1)) from None
+        import logging
+        import sys
         import time
 
         import uvicorn
@@ -99,6 +102,12 @@ def register(app: typer.Typer) -> None:
         from reference.models import ModelNotAvailableError
         from simulator.server import create_app, free_port
 
+        sim_log = logging.getLogger("simulator")  # model build progress (quantization) on stderr
+        if not sim_log.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            sim_log.addHandler(handler)
+        sim_log.setLevel(logging.INFO)
         t0 = time.perf_counter()
         try:
             app = create_app(
@@ -125,7 +134,8 @@ def register(app: typer.Typer) -> None:
             f"serving [bold]{sim.name}[/bold] on http://{host}:{port}/v1 "
             f"(profile hidden from clients{'; exposed to operator' if expose_profile else ''}; "
             f"ready in {time.perf_counter() - t0:.1f}s"
-            + (f"; {quant['scheme']} quantization {quant['seconds']:.1f}s via {quant['backend']}" if quant else "")
+            + (f"; {quant['scheme']} quantization {quant['seconds']:.1f}s via {quant['backend']}"
+               + (" (cached weights)" if quant.get("cached") else "") if quant and "scheme" in quant else "")
             + ")",
             highlight=False,
         )

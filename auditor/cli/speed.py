@@ -19,6 +19,7 @@ from pathlib import Path
 import typer
 
 from auditor.cli.common import CONFIG_HELP, DB_HELP, fail, positive_ints
+from auditor.cli.common import console as out_console
 
 
 def register(app: typer.Typer) -> None:
@@ -48,7 +49,7 @@ def register(app: typer.Typer) -> None:
         from auditor.store import StoreError
         from probes.config import ConfigError, get_provider
 
-        out = Console()
+        out = out_console()
         err = Console(stderr=True)
         try:
             cfg = get_provider(provider, config)

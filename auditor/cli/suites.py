@@ -49,8 +49,10 @@ def register(app: typer.Typer) -> None:
         t = Table(title="probe suites")
         for col in ("name", "version", "probes", "requests", "max tokens", "workloads"):
             t.add_column(col)
+        t.add_column("what it answers", overflow="fold", ratio=1)  # issue 38 item 12: smoke says it is a wire check
         for r in rows:
-            t.add_row(r["name"], r["version"], str(r["probes"]), str(r["requests"]), str(r["max_completion_tokens"]), ",".join(r["workloads"]))
+            t.add_row(r["name"], r["version"], str(r["probes"]), str(r["requests"]), str(r["max_completion_tokens"]),
+                      ",".join(r["workloads"]), r["description"])
         console().print(t)
 
     @suites_app.command("show")

@@ -34,12 +34,13 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
-from auditor.questions import answer_questions
+from auditor.questions import answer_questions, plain_headline
 from auditor.standing import standing_of_runs
 from auditor.store.models import (
     Alert,
@@ -52,6 +53,7 @@ from auditor.store.models import (
     Schedule,
     VerdictRow,
 )
+from auditor.util import committed_calibration_path
 from auditor.util import finite as _num
 
 __all__ = [
@@ -473,7 +475,8 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     ``detectors`` (every stored detector result with ``statistic``, ``p_value``, ``p_adjusted``,
     ``effect`` and CI, ``n``, ``ran``, ``reason`` and ``evidence``), ``verdict_details`` (the
     ``verdicts.details`` JSON), ``questions`` (the buyer's two questions answered from the verdict,
-    ``auditor.questions``: ``{"key", "question", "answer", "evidence"}``; [] without a verdict),
+    ``auditor.questions``: ``{"key", "question", "answer", "evidence"}``; [] without a verdict), ``headline``
+    (the verdict in one plain sentence with its deciding figure; None without a verdict),
     ``rules_out`` (the verdict's ``details["rules_out"]``, ``auditor.rules_out``: per deviation class
     ``label``, ``question``, ``status``, ``power``, ``detector``, ``n``; [] for rejections and older runs),
     ``strongest`` (name of the detector with the smallest adjusted p-value among those that ran and
@@ -507,6 +510,7 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     vrow = session.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))
     row["verdict_details"] = (vrow.details or {}) if vrow else {}
     row["questions"] = [q.to_dict() for q in answer_questions(vrow.verdict, row["verdict_details"])] if vrow else []
+    row["headline"] = plain_headline(vrow.verdict, detectors, vrow.reason or "") if vrow else None
     ro = row["verdict_details"].get("rules_out") if isinstance(row["verdict_details"], dict) else None
     row["rules_out"] = [x for x in ro if isinstance(x, dict)] if isinstance(ro, list) else []
     if vrow and not row["verdict_reason"]:
@@ -716,6 +720,48 @@ def calibration_table(session: Session) -> list[dict[str, Any]]:
         }
         for c in rows
     ]
+
+
+def shipped_calibration_table(path: Path | None = None) -> list[dict[str, Any]]:
+    """The calibration shipped with this release (``docs/calibration.json``, the records ``auditor plan``
+    reads), as rows shaped like :func:`calibration_table`'s; sequential records are named
+    ``"<profile> (sequential)"`` as in the database. ``created_at`` is the file's modification time.
+
+    Args:
+        path: the JSON file (default :func:`auditor.util.committed_calibration_path`).
+
+    Returns:
+        Rows sorted by model, profile, budget; [] when the file is absent or not a list of records
+        (a malformed file never breaks the page).
+    """
+    import json
+
+    p = path or committed_calibration_path()
+    try:
+        records = json.loads(p.read_text(encoding="utf-8"))
+        mtime = dt.datetime.fromtimestamp(p.stat().st_mtime, tz=dt.UTC)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(records, list):
+        return []
+    rows = []
+    for r in records:
+        if not isinstance(r, dict) or "profile" not in r or "budget_tokens" not in r:
+            continue
+        seq = r.get("design") == "sequential"
+        rows.append({
+            "model": str(r.get("model")),
+            "profile": f"{r['profile']} (sequential)" if seq else str(r["profile"]),
+            "budget_tokens": r.get("budget_tokens"),
+            "audits": r.get("audits"),
+            "rejection_rate": _num(r.get("rejection_rate")),
+            "ci_low": _num(r.get("ci_low")),
+            "ci_high": _num(r.get("ci_high")),
+            "cause_correct_rate": _num(r.get("cause_correct_rate")),
+            "created_at": mtime,
+            "suite": str(r.get("mix") or "default"),
+        })
+    return sorted(rows, key=lambda r: (r["model"], r["profile"], r["suite"], _num(r["budget_tokens"]) or 0.0))
 
 
 def recent_alerts(session: Session, *, limit: int = 50) -> list[dict[str, Any]]:

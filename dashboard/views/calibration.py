@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
 from dashboard import data
@@ -17,8 +19,9 @@ def render(db_url: str, filters: Filters) -> None:
         "honest profile this is the false-positive rate (should stay near alpha); on degraded "
         "profiles it is the power. Intervals are 95% binomial confidence intervals."
     )
-    rows = data.query(db_url, "calibration_table")
-    if not rows:
+    local = data.query(db_url, "calibration_table")
+    shipped = data.shipped_calibration()
+    if not local and not shipped:
         st.info(
             "No calibration results yet. Calibration audits the simulator's honest and degraded "
             "profiles many times to measure the false-positive rate and the power at each token "
@@ -26,6 +29,19 @@ def render(db_url: str, filters: Filters) -> None:
         )
         st.code("auditor calibrate", language="bash")
         return
+    if local:
+        st.subheader("Measured in this database")
+        st.caption("From `auditor calibrate` runs stored here; `auditor plan` prefers these for their models.")
+        _table(local)
+    if shipped:
+        st.subheader("Shipped with this release")
+        st.caption("`docs/calibration.json`: the committed benchmark `auditor plan` reads when this database "
+                   "has none for a model." + ("" if local else " Run `auditor calibrate` to measure your own."))
+        _table(shipped)
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    """One calibration table (rows of ``calibration_table`` / ``shipped_calibration_table``)."""
     table = [
         [
             escape_md(r["model"]),

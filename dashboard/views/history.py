@@ -31,6 +31,22 @@ STATS = {
 }
 
 
+#: Least width of the History time axis (s): one run, or runs seconds apart, still get a readable axis
+#: (issue 38 item 7: one run drew a single tick labelled ".055", a millisecond).
+MIN_SPAN_S = 2 * 3600.0
+
+
+def time_domain(rows: list[dict[str, Any]]) -> list[float]:
+    """``[start, end]`` of the time axis in epoch milliseconds (Vega-Lite's temporal domain): the runs'
+    span widened by 5% each side, and to at least :data:`MIN_SPAN_S` around its middle."""
+    ts = [r["started_at"].timestamp() for r in rows if r.get("started_at") is not None]
+    if not ts:
+        return []
+    lo, hi = min(ts), max(ts)
+    pad = max(0.05 * (hi - lo), (MIN_SPAN_S - (hi - lo)) / 2, 0.0)
+    return [(lo - pad) * 1000.0, (hi + pad) * 1000.0]
+
+
 def history_chart(rows: list[dict[str, Any]], stat: str) -> alt.LayerChart | alt.FacetChart | None:
     """Line of ``stat`` over time, points coloured by verdict, rules at verdict changes."""
     pts = [
@@ -42,7 +58,8 @@ def history_chart(rows: list[dict[str, Any]], stat: str) -> alt.LayerChart | alt
     if not pts:
         return None
     df = pd.DataFrame(pts)
-    base = alt.Chart(df).encode(x=alt.X("time:T", title="Run start (UTC)"))
+    base = alt.Chart(df).encode(x=alt.X("time:T", title="Run start (UTC)", scale=alt.Scale(domain=time_domain(rows)),
+                                       axis=alt.Axis(format="%b %d %H:%M", labelAngle=-30)))
     line = base.mark_line(color="#888").encode(y=alt.Y("value:Q", title=STATS[stat]))
     dots = base.mark_circle(size=140).encode(
         y="value:Q",

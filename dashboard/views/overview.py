@@ -17,7 +17,6 @@ from dashboard.render import (
     fmt_ms,
     fmt_num,
     fmt_p,
-    fmt_pct,
     fmt_tokens,
     fmt_usd,
     md_code,
@@ -26,44 +25,40 @@ from dashboard.render import (
 )
 from dashboard.views.common import Filters
 
-#: Fixed columns before and after the per-detector p-value columns.
-HEAD = ["Provider", "Model", "Standing (recent suites)", "Latest run", "Date (UTC)"]
-TAIL = [
-    "Greedy clear mismatch",
-    "Mean KL, nats (× noise floor)",
+#: The overview's columns (issue 38, item 4): the provider, the buyer's two answers, the standing and the
+#: KL ratio first, so they are on screen at 1,400 px; the detector p-values belong on the run page.
+HEADERS = [
+    "Provider",
+    "Original precision?",
+    "Strict verification?",
+    "Standing (recent suites)",
+    "KL × noise floor",
+    "Latest run",
+    "Date (UTC)",
+    "Model",
     "Tokens/s",
     "TTFT / TPOT p50",
     "Spent (tokens · USD)",
 ]
-
-
-def detector_names(rows: list[dict[str, Any]]) -> list[str]:
-    """Detector names present in ``rows``, in first-seen order."""
-    names: list[str] = []
-    for r in rows:
-        for d in r["detectors"]:
-            if d["name"] not in names:
-                names.append(d["name"])
-    return names
-
-
-def _p_cell(detectors: list[dict[str, Any]], name: str) -> str:
-    for d in detectors:
-        if d["name"] == name:
-            if not d["ran"]:
-                return "not run"
-            p = d["p_adjusted"] if d["p_adjusted"] is not None else d["p_value"]
-            text = fmt_p(p)
-            return f"**{text}**" if p is not None and p < 0.01 else text
-    return "—"
+#: Answer → badge colour (the run page's colours).
+_ANSWER_BADGE = {"yes": "green", "no": "red", "undecided": "orange", "not tested": "gray", "not established": "violet"}
 
 
 def _kl_cell(kl: Any, floor: Any) -> str:
     if kl is None:
         return "—"
     if floor:
-        return f"{fmt_num(kl)} ({kl / floor:.1f}×)"
-    return fmt_num(kl)
+        return f"**{kl / floor:.1f}×** ({fmt_num(kl)} nats)"
+    return f"{fmt_num(kl)} nats"
+
+
+def answer_cell(r: dict[str, Any], key: str) -> str:
+    """The standing's answer to question ``key`` (``precision`` / ``verification``) as a badge; "—" without one."""
+    for q in (r.get("standing_detail") or {}).get("questions") or []:
+        if q.get("key") == key:
+            a = str(q.get("answer"))
+            return f":{_ANSWER_BADGE.get(a, 'gray')}-badge[{escape_md(a)}]"
+    return "—"
 
 
 def standing_cell(r: dict[str, Any]) -> str:
@@ -81,11 +76,7 @@ def standing_cell(r: dict[str, Any]) -> str:
 
 
 def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Headers and markdown cells of the overview table (provider text escaped).
-
-    One p-value column per detector (Holm-adjusted, bold below 0.01)."""
-    names = detector_names(rows)
-    headers = HEAD + [f"p {escape_md(n)}" for n in names] + TAIL
+    """Headers (:data:`HEADERS`) and markdown cells of the overview table (provider text escaped)."""
     out = []
     for r in rows:
         date = fmt_dt(r["started_at"]).removesuffix(" UTC").replace(" ", "\u00a0")
@@ -94,19 +85,19 @@ def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
         out.append(
             [
                 f"**{escape_md(r['provider_name'])}**",
-                escape_md(r["model"] or "—"),
+                answer_cell(r, "precision"),
+                answer_cell(r, "verification"),
                 standing_cell(r),
+                _kl_cell(r["mean_kl"], r["noise_floor"]),
                 verdict_badge(r["verdict"]) + (f" ({escape_md(r['suite'])})" if r.get("suite") else ""),
                 date,
-                *[_p_cell(r["detectors"], n) for n in names],
-                fmt_pct(r["clear_mismatch_rate"]),
-                _kl_cell(r["mean_kl"], r["noise_floor"]),
+                escape_md(r["model"] or "—"),
                 fmt_num(r["tokens_per_s"], 4),
                 f"{fmt_ms(r['ttft_median_s'])} / {fmt_ms(r['tpot_median_s'])}",
                 f"{fmt_tokens(r['tokens'])} · {escape_md(fmt_usd(r['cost_usd']))}",
             ]
         )
-    return headers, out
+    return list(HEADERS), out
 
 
 def why_markdown(r: dict[str, Any]) -> str:
@@ -155,10 +146,9 @@ def render(db_url: str, filters: Filters) -> None:
     st.caption(
         "Standing per provider and model: the worst verdict of the newest audit of each suite within 7 days "
         "of its newest audit, with every cause any of them found; then the latest run's verdict and the "
-        "figures behind it (`auditor report --provider NAME`). p-values are "
-        "Holm-adjusted across detectors; KL is per token in nats against the reference model, "
-        "shown next to the honest-vs-honest noise floor. Tokens and USD are summed over the runs "
-        "in the selected period."
+        "figures behind it (`auditor report --provider NAME`). KL is per token in nats against the reference "
+        "model, shown as a multiple of the honest-vs-honest noise floor. Each detector's p-value is on the "
+        "run page. Tokens and USD are summed over the runs in the selected period."
     )
     rows = data.query(db_url, "provider_overview", **filters.kwargs())
     if not rows:
@@ -172,7 +162,7 @@ def render(db_url: str, filters: Filters) -> None:
         )
     )
     headers, cells = overview_table(rows)
-    st.markdown(md_table(headers, cells, align=["l"] * 5 + ["r"] * (len(headers) - 5)))
+    st.markdown(md_table(headers, cells, align=["l", "l", "l", "l", "r", "l", "l", "l", "r", "r", "r"]))
     st.markdown("**Why**")
     for r in rows:
         st.markdown(why_markdown(r))

@@ -111,23 +111,47 @@ def token_evidence_md(item: dict[str, Any]) -> str | None:
     if extra:
         lines.append("; ".join(extra))
 
+    # issue 38 item 5: the provider's own reported probabilities beside the reference's at this position
+    prov: dict[Any, Any] = {}
+    for entry in item.get("provider_top5") or [] if isinstance(item.get("provider_top5"), list) else []:
+        t, lp = _entry(entry)
+        if t is not None:
+            prov.setdefault(t, lp)
+    own = item.get("provider_token_logprob")
+    if own is not None and tok_id is not None:
+        prov.setdefault(tok_id, own)
     rows = []
     found = False
+    seen: set[Any] = set()
     for rank, entry in enumerate(top[:5], start=1):
         t, lp = _entry(entry)
+        seen.add(t)
         text = texts[rank - 1] if texts and rank - 1 < len(texts) and isinstance(texts[rank - 1], str) else None
         is_provider = (tok_id is not None and t == tok_id) or (tok_id is None and t == tok_text)
         found = found or is_provider
         note = "← provider's token" if is_provider else ("reference top-1" if rank == 1 else "")
-        try:
-            prob = fmt_pct(math.exp(float(lp))) if lp is not None else "—"
-        except (TypeError, ValueError, OverflowError):
-            prob = "—"
-        rows.append([str(rank), _token_label(t, id_text, text), fmt_num(lp), prob, note])
-    table = md_table(["Rank", "Reference token", "logprob (nats)", "prob", ""], rows, align=["r", "l", "r", "r", "l"])
+        rows.append([str(rank), _token_label(t, id_text, text), fmt_num(lp), _prob(lp),
+                     fmt_num(prov.get(t)) if t in prov else "not listed", _prob(prov.get(t)), note])
+    for t, lp in prov.items():  # listed by the provider, outside the reference top-5
+        if t not in seen:
+            is_provider = tok_id is not None and t == tok_id
+            rows.append(["—", _token_label(t, id_text), "below top-5", "—", fmt_num(lp), _prob(lp),
+                         "← provider's token" if is_provider else "provider's list only"])
+    table = md_table(["Rank", "Token", "Reference logprob (nats)", "Reference prob", "Provider logprob (nats)",
+                      "Provider prob", ""], rows, align=["r", "l", "r", "r", "r", "r", "l"])
     if not found:
         lines.append("The provider's token is **not in the reference top-5**.")
+    if not prov:
+        lines.append("The provider reported no probabilities at this position.")
     return "\n\n".join(lines) + "\n\n" + table
+
+
+def _prob(lp: Any) -> str:
+    """``exp(lp)`` as a percentage, "—" when absent or not a number."""
+    try:
+        return fmt_pct(math.exp(float(lp))) if lp is not None else "—"
+    except (TypeError, ValueError, OverflowError):
+        return "—"
 
 
 def generic_evidence_md(item: Any) -> str:
@@ -203,7 +227,7 @@ def chunk_histogram(hist: dict[int, int]) -> alt.Chart:
 
 
 #: Badge colour of each answer to the buyer's questions.
-ANSWER_COLORS = {"yes": "green", "no": "red", "not tested": "orange", "not established": "violet"}
+ANSWER_COLORS = {"yes": "green", "no": "red", "undecided": "orange", "not tested": "gray", "not established": "violet"}
 
 
 def questions_table(questions: list[dict[str, Any]]) -> str:
@@ -324,6 +348,8 @@ def render(db_url: str, filters: Filters) -> None:
     questions = questions_table(d.get("questions") or [])
     if questions:
         st.markdown(questions)
+    if d.get("headline"):
+        st.markdown("**In plain words:** " + escape_md(d["headline"], max_len=600))
     if d["verdict_reason"]:
         st.markdown(escape_md(d["verdict_reason"], max_len=2000))
     elif status := status_md(d):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import altair as alt
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -157,6 +158,18 @@ def speed_cells_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SPEED_COLUMNS)
 
 
+def padded_domain(values: Any, frac: float = 0.12) -> list[float] | alt.UndefinedType:
+    """``[lo, hi]`` around the finite ``values`` with ``frac`` of the span (at least 0.1) on each side, so
+    points at the extremes (the repetition workload's, issue 38 item 7) are drawn whole, not clipped at a
+    corner; Altair's automatic domain when there is no finite value."""
+    xs = [float(v) for v in (values if values is not None else []) if v is not None and np.isfinite(float(v))]
+    if not xs:
+        return alt.Undefined
+    lo, hi = min(xs), max(xs)
+    pad = max(frac * (hi - lo), 0.1)
+    return [lo - pad, hi + pad]
+
+
 def speed_profile_chart(df: pd.DataFrame) -> alt.HConcatChart:
     """Left: output tokens/s per request against concurrency, one line per (provider, workload).
     Right: the fingerprint (mean tokens per step) against the TPOT ratio to chat, per cell."""
@@ -171,8 +184,10 @@ def speed_profile_chart(df: pd.DataFrame) -> alt.HConcatChart:
         tooltip=tip,
     ).properties(height=320, width=380)
     spec = base.transform_filter("datum.tokens_per_step != null").mark_point(filled=True, size=120).encode(
-        x=alt.X("tokens_per_step:Q", title="Mean accepted tokens per step (fingerprint)"),
-        y=alt.Y("tpot_ratio_vs_chat:Q", title="TPOT of chat / TPOT of this workload"),
+        x=alt.X("tokens_per_step:Q", title="Mean accepted tokens per step (fingerprint)",
+                scale=alt.Scale(domain=padded_domain(df.get("tokens_per_step")), nice=False, zero=False)),
+        y=alt.Y("tpot_ratio_vs_chat:Q", title="TPOT of chat / TPOT of this workload",
+                scale=alt.Scale(domain=padded_domain(df.get("tpot_ratio_vs_chat")), nice=False, zero=False)),
         color=alt.Color("workload:N", title="Workload"),
         shape=alt.Shape("provider:N", title="Provider"),
         tooltip=tip,

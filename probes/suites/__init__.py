@@ -103,6 +103,9 @@ class Suite(BaseModel):
     name: str
     version: str
     description: str = ""
+    #: True for a suite too small to decide either question (``smoke``): ``auditor check`` says so up front
+    #: and its answers are "undecided" (issue 38, item 12).
+    wire_check: bool = False
     provenance: dict[str, Any] = Field(default_factory=dict)
     probes: list[Probe]
 

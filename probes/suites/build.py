@@ -184,6 +184,7 @@ def build_all() -> dict[str, dict[str, Any]]:
             "name": name,
             "version": SUITE_VERSION,
             "description": desc,
+            **({"wire_check": True} if name == "smoke" else {}),
             "provenance": {"generator": "probes/suites/build.py", **(prov if uses_code else {})},
             "probes": probes,
         }
@@ -220,7 +221,7 @@ def build_all() -> dict[str, dict[str, Any]]:
         verification, True,
     )
     suites["default"] = doc("default", "All four workloads (code, math, chat, repetition) × greedy, logprob and sampling; ~1.8k completion tokens.", default, True)
-    suites["smoke"] = doc("smoke", "A tiny end-to-end check: one probe per workload and mode, 8 tokens each.", smoke, True)
+    suites["smoke"] = doc("smoke", "A wire check, not an audit: one probe per workload and mode, 8 tokens each. It shows that the endpoint, logprobs and streaming work, but has too few positions to decide either question (its answers are 'undecided'); for a verdict use default, precision or verification.", smoke, True)
     return suites
 
 

@@ -60,7 +60,11 @@ def test_default_floor_is_measured_on_every_prompt_an_audit_can_send(tiny_lm) ->
 
 
 def test_get_floors_measures_then_caches(tiny_lm, tmp_path) -> None:
+    from auditor.noise import floor_is_cached
+
     calls = []
+    before, path = floor_is_cached({"float32": tiny_lm}, tmp_path, n_prompts=3, max_new_tokens=6)
+    assert before is False and path.parent == tmp_path  # the audit says "measuring ... first audit only"
     fs = get_floors({"float32": tiny_lm}, n_prompts=3, max_new_tokens=6, cache_dir=tmp_path,
                     progress=lambda stage, d, t: calls.append(stage))
     assert fs.meta["cached"] is False and list(fs.floors) == ["float32"]
@@ -72,6 +76,8 @@ def test_get_floors_measures_then_caches(tiny_lm, tmp_path) -> None:
     ck = fs.cross_kl["float32"]
     assert ck["honest-fp32"] < 1e-6 < ck["honest-noisy"] and ck["honest-bf16"] > 1e-6
     assert {s.split(": ")[1] for s in calls} == set(HONEST_BY_REFERENCE["float32"])
+    assert floor_is_cached({"float32": tiny_lm}, tmp_path, n_prompts=3, max_new_tokens=6) == (True, path)
+    assert fs.meta["path"] == str(path)
     again = get_floors({"float32": tiny_lm}, n_prompts=3, max_new_tokens=6, cache_dir=tmp_path)
     assert again.meta["cached"] is True and again.key == fs.key
     assert json.loads(again.to_json())["floors"] == json.loads(fs.to_json())["floors"]
@@ -141,3 +147,25 @@ def test_tests_never_use_the_user_floor_cache(noise_dir, monkeypatch, tmp_path) 
     assert noise_cache_dir() == noise_dir
     monkeypatch.delenv("SPEC_AUDITOR_NOISE_DIR")
     assert noise_cache_dir() == tmp_path / "noise"
+
+
+def test_first_floor_note_says_what_why_how_long_and_where() -> None:
+    """Issue 38 item 10: before the first floor measurement the audit prints one line saying what is
+    measured, why, for how long, and where it is cached (bars render nothing in a log until they stop)."""
+    import io
+
+    from rich.console import Console
+
+    from auditor.audit import FIRST_FLOOR_NOTE, _Stage
+
+    msg = FIRST_FLOOR_NOTE.format(model="smollm2-135m-instruct", path="/x/noise")
+    for word in ("noise floor", "smollm2-135m-instruct", "minutes", "cached in /x/noise", "reuse"):
+        assert word in msg
+    seen: list[tuple[str, int, int]] = []
+    _Stage(progress=lambda s, d, t: seen.append((s, d, t))).note(msg)
+    assert seen == [(msg, 0, 0)]
+    buf = io.StringIO()
+    with _Stage(progress=True, console=Console(file=buf, width=400)) as stage:
+        stage.note(msg)
+    assert "measuring the honest noise floor of smollm2-135m-instruct" in buf.getvalue()
+    _Stage().note(msg)  # no progress asked: silent, never raises

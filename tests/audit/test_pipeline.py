@@ -38,7 +38,11 @@ def tiny_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
 
 
 def test_run_check_stores_everything_and_rerenders_identically(tiny_env) -> None:
-    rep = run_check("sim", suite="smoke", budget_tokens=96, db_url=tiny_env["db"], config_path=tiny_env["config"])
+    seen: list[str] = []
+    rep = run_check("sim", suite="smoke", budget_tokens=96, db_url=tiny_env["db"], config_path=tiny_env["config"],
+                    progress=lambda stage, done, total: seen.append(stage))
+    # issue 38 item 12: a suite that cannot decide says so before it probes
+    assert seen[0].startswith("note: suite smoke is a wire check") and "--suite default" in seen[0]
     assert rep.status == "completed" and rep.verdict in ("PASS", "INCONCLUSIVE")  # tiny model: power is tiny
     assert rep.tokens["budget"] == 96 and rep.tokens["completion"] <= 96 and rep.tokens["prompt"] > 0
     assert rep.tokens["scored_positions"] > 0 and rep.cost_usd > 0

@@ -82,7 +82,7 @@ def answers(verdict: str, d: Any) -> tuple[QuestionAnswer, QuestionAnswer]:
     assert [a.key for a in got] == ["precision", "verification"]
     assert [a.question for a in got] == [PRECISION_QUESTION, VERIFICATION_QUESTION]
     for a in got:
-        assert a.answer in ("yes", "no", "not tested", "not established") and a.evidence and "\n" not in a.evidence
+        assert a.answer in ("yes", "no", "undecided", "not tested", "not established") and a.evidence and "\n" not in a.evidence
     return got[0], got[1]
 
 
@@ -123,9 +123,12 @@ def test_pass_greedy_only_verification_holds_at_temperature_zero_only() -> None:
     assert v2.answer == "yes" and "rules out greedy acceptance of near-tie runner-ups" in v2.evidence
 
 
-def test_greedy_only_with_too_few_greedy_positions_is_not_tested() -> None:
+def test_greedy_only_with_too_few_greedy_positions_is_undecided_not_untested() -> None:
+    """Issue 38 item 2: tests that ran and found nothing on too few positions are "undecided" (with
+    the positions had and needed); "not tested" stays for the sampled tests that did not run."""
     p, v = answers("INCONCLUSIVE", details(sampling=False, n=40, rule="5-underpowered"))
-    assert p.answer == "not tested" and "greedy-match 40 of 99 needed" in p.evidence and "59 more" in p.evidence
+    assert p.answer == "undecided" and "ran and found nothing" in p.evidence
+    assert "greedy-match 40 of 99 needed" in p.evidence and "59 more" in p.evidence
     assert v.answer == "not tested" and "no sampled tokens were tested" in v.evidence
     assert "no sampling probes" in v.evidence
 
@@ -133,7 +136,7 @@ def test_greedy_only_with_too_few_greedy_positions_is_not_tested() -> None:
 def test_underpowered_sampling_names_the_missing_positions() -> None:
     p, v = answers("INCONCLUSIVE", details(n=200, rule="5-underpowered"))
     assert p.answer == "yes"
-    assert v.answer == "not tested" and "sampling-argmax 200 of 393 needed" in v.evidence and "193 more" in v.evidence
+    assert v.answer == "undecided" and "sampling-argmax 200 of 393 needed" in v.evidence and "193 more" in v.evidence
 
 
 @pytest.mark.parametrize(("verdict", "rule", "name"), [
@@ -163,7 +166,7 @@ def test_relaxed_verification_answers_no_and_precision_lacks_a_power_record() ->
     d = reject(details(rule="4c-relaxed"), "sampling-argmax", 6e-8)
     p, v = answers("RELAXED_VERIFICATION", d)
     assert v.answer == "no" and "sampling-argmax (Holm-adjusted p = 6.0e-08)" in v.evidence and "4c-relaxed" in v.evidence
-    assert p.answer == "not tested" and "no power calculation" in p.evidence
+    assert p.answer == "undecided" and "no power calculation" in p.evidence
 
 
 @pytest.mark.parametrize(("rule", "name", "what"), [
@@ -175,7 +178,7 @@ def test_decoding_noncompliance_leaves_verification_not_tested_and_names_it(rule
     d = reject(details(rule=rule), name, 1e-6)
     p, v = answers("DECODING_NONCOMPLIANT", d)
     assert v.answer == "not tested" and what in v.evidence and f"{name} (Holm-adjusted p = 1.0e-06)" in v.evidence
-    assert p.answer == "not tested"
+    assert p.answer == "undecided"  # the model tests ran; no power record on a rejecting audit
 
 
 def test_decoding_noncompliance_with_adequate_acceptance_family_answers_yes() -> None:
@@ -246,7 +249,7 @@ def test_old_details_without_power_families_never_raise() -> None:
     assert p.answer == "yes" and v.answer == "yes"
     del d["power"]  # older still: no power record at all
     p, v = answers("PASS", d)
-    assert p.answer == v.answer == "not tested" and "no power calculation" in p.evidence
+    assert p.answer == v.answer == "undecided" and "no power calculation" in p.evidence
     for junk in (None, {}, {"detectors": "x", "power_families": [1], "secondary_causes": "y", "findings": 3},
                  {"detectors": {"greedy-match": 5}, "power": {"greedy-match": None}, "alpha": "nan"}):
         p, v = answers("PASS", junk)
@@ -472,3 +475,13 @@ def test_undetermined_pair_in_every_format_and_the_standing() -> None:
                     reject(details(rule="4c-relaxed"), "sampling-argmax", 1e-6))])
     assert st.standing == "QUANTIZATION_OR_RELAXED_VERIFICATION" and st.exit_code == 1
     assert {x["key"]: x["answer"] for x in st.questions} == {"precision": "not established", "verification": "no"}
+
+
+def test_standing_not_tested_section_never_reads_as_all_clear_beside_open_answers() -> None:
+    """Issue 38 item 2: "Every detector ran in some recent audit" stood on a page whose answers were
+    "not tested"; the section now says which question is still open."""
+    from auditor.standing import combine_standing, render_standing
+
+    md = render_standing(combine_standing("nobody", []), "markdown")
+    section = md.split("## Not tested", 1)[1]
+    assert f"{PRECISION_QUESTION} is still **not tested**" in section

@@ -176,3 +176,59 @@ def test_every_format_shows_what_the_audit_rules_out() -> None:
     old = make_report("PASS")
     assert old.rules_out == [] and "rules out" not in render_markdown(old)
     assert "rules_out" not in {p.get("name") for p in ET.fromstring(render_junit(old)).iter("property")}
+
+
+def test_text_report_written_to_a_file_or_pipe_keeps_every_name_and_number_whole(tmp_path, monkeypatch) -> None:
+    """Issue 38 item 3: rich assumes 80 columns off a terminal and cut ``logprob-dive…``; the CLI's
+    console is wide there, so a report piped to a file keeps every detector name and number."""
+    from auditor.cli.common import PIPE_WIDTH, console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    rep = make_report()
+    rep.detectors.append({"name": "sampling-argmax-excess-in-the-reasoning-span", "ran": True, "statistic": 123456.789,
+                          "p_value": 1.23e-45, "p_adjusted": 9.87e-44, "effect": 0.123456, "effect_ci": [0.1, 0.2],
+                          "n": 987654, "reason": None, "rejects": True, "evidence": [], "details": {}})
+    path = tmp_path / "report.txt"
+    with path.open("w", encoding="utf-8") as f:
+        con = console(f)
+        assert con.width == PIPE_WIDTH and not con.is_terminal
+        render(rep, "text", con)
+    text = path.read_text(encoding="utf-8")
+    assert "…" not in text
+    for d in rep.detectors:
+        assert d["name"] in text
+    for number in ("987654", "9.9e-44", "1.23e+05", "280"):
+        assert number in text, number
+    # the default rich console (80 columns) is what cut the names: the test can fail
+    from rich.console import Console
+
+    narrow = tmp_path / "narrow.txt"
+    with narrow.open("w", encoding="utf-8") as f:
+        render(rep, "text", Console(file=f, width=80))
+    assert "sampling-argmax-excess-in-the-reasoning-span" not in narrow.read_text(encoding="utf-8")
+
+
+def test_every_format_leads_with_one_plain_sentence_and_the_deciding_figure() -> None:
+    """Issue 38 item 1: after the two questions, one plain sentence with the one deciding figure (the
+    KL ratio to the honest floor here), before the statistics; the same sentence in every format."""
+    from auditor.questions import plain_headline
+
+    rep = make_report()
+    h = rep.headline
+    assert h.startswith("Not at its original precision: ") and "210 times as much as honest serving varies" in h
+    assert len(h) < 200
+    md = render_markdown(rep).splitlines()
+    i = md.index(f"**In plain words:** {h}")
+    assert md.index("> reported logprobs diverge from the reference") > i > 4
+    assert json.loads(render_json(rep))["headline"] == h
+    props = {p.get("name"): p.get("value") for p in ET.fromstring(render_junit(rep).split("\n", 1)[1]).iter("property")}
+    assert props["headline"] == h
+    # the greedy figure when the KL test did not decide; the reason's first clause for INCONCLUSIVE
+    dets = [dict(rep.detectors[0], rejects=True, effect=0.05, p_adjusted=1e-6), dict(rep.detectors[1], rejects=False)]
+    assert "at 5.0% of 300 positions" in plain_headline("QUANTIZATION", dets)
+    assert plain_headline("INCONCLUSIVE", [], "too few positions; more text") == "No decision: too few positions."
+    assert plain_headline("PASS", rep.detectors).startswith("Served as declared")
+    assert plain_headline("RELAXED_VERIFICATION", [{"name": "x", "ran": True, "rejects": True, "p_adjusted": 1e-9}]) \
+        == "Speculative verification is not strict: x found it (Holm-adjusted p = 1.0e-09)."
+    for junk in ([None, 3, {"ran": True, "rejects": True, "details": "x", "effect": "nan"}], []):
+        assert plain_headline("SUBSTITUTION", junk).startswith("Not the declared model")  # never raises

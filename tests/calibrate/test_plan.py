@@ -40,6 +40,8 @@ def test_make_plan_picks_the_first_calibrated_budget_reaching_the_power():
     from auditor.calibration import make_plan
     from probes.config import Pricing
 
+    free = make_plan(_records(), model="m", target="int8", power=0.95, pricing=Pricing())  # no prices configured
+    assert free["usd"] is None and "no prices configured" in free["message"] and "$0.0000" not in free["message"]
     plan = make_plan(_records(), model="m", target="int8", power=0.95, pricing=Pricing(usd_per_1m_input=1.0, usd_per_1m_output=2.0))
     assert plan["covered"] and plan["reached"]
     assert plan["budget_tokens"] == 1000
@@ -70,6 +72,7 @@ def test_cli_plan_with_model_and_provider(cal_file, tmp_path):
     r = runner.invoke(app, ["plan", "--model", "m", "--target", "int8", "--calibration", str(cal_file)])
     assert r.exit_code == 0, r.output
     assert "budget of 1,000 completion tokens" in r.output and "auditor check" in r.output
+    assert "no prices configured" in r.output and "$0.0000" not in r.output  # issue 38 item 3
     cfg = tmp_path / "providers.toml"
     cfg.write_text('[providers.x]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "mm"\nreference = "m"\n\n'
                    "[providers.x.pricing]\nusd_per_1m_input = 1.0\nusd_per_1m_output = 2.0\n\n"

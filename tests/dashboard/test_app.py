@@ -37,6 +37,7 @@ def test_page_renders_seeded(app_test, seeded, page):
             assert verdict.replace("_", "\\_") in text
     if page == "calibration":
         assert "relaxed\\-threshold\\-0\\.3" in text and "Rejection rate" in text
+        assert text.index("Measured in this database") < text.index("Shipped with this release")
 
 
 def test_providers_table_is_text_with_verdicts(app_test, seeded):
@@ -48,8 +49,12 @@ def test_providers_table_is_text_with_verdicts(app_test, seeded):
     for name, verdict in summary["latest_verdicts"].items():
         row = next(r for r in rows if name.replace("-", "\\-") in r)
         assert verdict.replace("_", "\\_") in row  # each provider's own latest verdict, in its row
-    # one p-value column per stored detector
-    assert "p greedy\\-match" in table and "p logprob\\-kl" in table
+    # issue 38 item 4: the provider, the two answers, the standing and KL x floor lead; p-values are on the run page
+    head = table.splitlines()[0]
+    assert head.startswith("| Provider | Original precision? | Strict verification? | Standing (recent suites) | "
+                           "KL × noise floor |")
+    assert "p greedy" not in table and "p logprob" not in table and head.count("|") == 12
+    assert "-badge[yes]" in table or "-badge[no]" in table or "-badge[undecided]" in table
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -58,7 +63,10 @@ def test_page_renders_empty(app_test, empty_url, page):
     assert not at.exception, [e.value for e in at.exception]
     text = _texts(at)
     if page == "calibration":
-        assert "auditor calibrate" in text
+        # issue 38 item 6: an empty database still shows the calibration shipped with the release
+        assert "Shipped with this release" in text and "docs/calibration.json" in text
+        assert "honest\\-fp32" in text and "Rejection rate" in text and "auditor calibrate" in text
+        assert "Measured in this database" not in text
     else:
         assert "auditor demo" in text and "No audits" in text
 

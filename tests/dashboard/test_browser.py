@@ -107,3 +107,85 @@ def test_provider_table_in_headless_chromium(dashboard_server, seeded):
                     shutil.copy(artifacts / name, ROOT / "docs" / name)
         finally:
             browser.close()
+
+
+PAGES = ("providers", "speed", "history", "run", "calibration")
+
+
+def test_hostile_provider_text_is_shown_as_text_on_every_page(dashboard_server, seeded):
+    """Issue 38 item 9: tokens that are HTML or Markdown (a script, a remote image, a javascript: link,
+    an onerror image, an event handler) are shown escaped on every page: nothing executes, nothing is
+    fetched, no such element or link exists in the document."""
+    _, summary = seeded
+    run_id = summary["runs"]["sim-relaxed"][-1]
+    fetched: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, timeout=60_000)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("request", lambda r: fetched.append(r.url))
+            page.on("dialog", lambda d: (fetched.append(f"dialog:{d.message}"), d.dismiss()))
+            for slug in PAGES:
+                page.goto(f"{dashboard_server}/?page={slug}" + (f"&run={run_id}" if slug == "run" else ""),
+                          timeout=60_000)
+                page.locator("[data-testid='stMain']").first.wait_for(timeout=60_000)
+                page.wait_for_timeout(2500)
+                if slug == "run":
+                    page.get_by_text("Strongest evidence", exact=True).wait_for(timeout=60_000)
+                    page.get_by_text("window.__pwned=1").first.wait_for(timeout=30_000)  # shown as text
+                    page.wait_for_timeout(1500)
+                assert page.evaluate("() => window.__pwned") is None, slug
+                assert page.locator("img[src='x'], img[src*='pwned']").count() == 0, slug
+                assert page.locator("a[href^='javascript']").count() == 0, slug
+                assert page.locator("b[onmouseover]").count() == 0, slug
+                assert page.locator("script:has-text('__pwned')").count() == 0, slug
+            assert not [u for u in fetched if "pwned" in u or u.startswith("dialog:")], fetched
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def dashboard_off_loopback(seeded, tmp_path):
+    """`auditor dashboard --host 0.0.0.0` with a known token (from the environment); yields (base URL, token)."""
+    url, _ = seeded
+    port = _free_port()
+    token = "browser-test-token-0123456789"
+    log = open(tmp_path / "streamlit.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "auditor", "dashboard", "--db", url, "--port", str(port), "--host", "0.0.0.0"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "SPEC_AUDITOR_DASHBOARD_TOKEN": token},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(proc, f"{base}/_stcore/health", timeout_s=90, log=(tmp_path / "streamlit.log").read_text)
+        yield base, token
+    finally:
+        stop_process(proc)
+        log.close()
+
+
+def test_off_loopback_the_dashboard_asks_for_a_login_first(dashboard_off_loopback, seeded):
+    """Issue 38 item 8: bound beyond loopback, no page shows data without the token; with it, all do."""
+    base, token = dashboard_off_loopback
+    _, summary = seeded
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, timeout=60_000)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            for slug in ("providers", "run", "calibration"):
+                page.goto(f"{base}/?page={slug}", timeout=60_000)
+                page.get_by_text("Access token").first.wait_for(timeout=60_000)
+                page.wait_for_timeout(1000)
+                body = page.inner_text("body")
+                assert not any(name in body for name in summary["latest_verdicts"]), slug
+            page.get_by_label("Access token").fill("wrong")
+            page.get_by_role("button", name="Open").click()
+            page.get_by_text("Wrong token.").wait_for(timeout=30_000)
+            page.goto(f"{base}/?page=providers&token={token}", timeout=60_000)
+            table = page.locator("table").filter(has_text="Provider").first
+            table.wait_for(timeout=60_000)
+            assert all(name in table.inner_text() for name in summary["latest_verdicts"])
+            assert "token=" not in page.url  # the token does not stay in the address bar
+        finally:
+            browser.close()
+

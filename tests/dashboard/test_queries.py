@@ -143,3 +143,26 @@ def test_tokens_per_chunk_falls_back_to_summary(tmp_path):
 def test_timestamps_are_aware_utc(session):
     for r in q.list_runs(session):
         assert r["started_at"].tzinfo is not None and r["started_at"].utcoffset() == dt.timedelta(0)
+
+
+def test_shipped_calibration_reads_the_committed_records_and_survives_bad_files(tmp_path):
+    """Issue 38 item 6: the Calibration page's shipped table comes from docs/calibration.json (what
+    ``auditor plan`` reads); a missing or malformed file gives no rows, never an exception."""
+    import json
+
+    from auditor.store.dashboard_queries import shipped_calibration_table
+    from auditor.util import committed_calibration_path
+
+    rows = shipped_calibration_table()
+    recs = json.loads(committed_calibration_path().read_text(encoding="utf-8"))
+    assert len(rows) == len(recs) > 0
+    assert {"honest-fp32", "int4"} <= {r["profile"] for r in rows}
+    assert all(r["created_at"] is not None and 0.0 <= (r["rejection_rate"] or 0.0) <= 1.0 for r in rows)
+    assert any(r["profile"].endswith(" (sequential)") for r in rows) == any(
+        r.get("design") == "sequential" for r in recs)
+    assert shipped_calibration_table(tmp_path / "absent.json") == []
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert shipped_calibration_table(bad) == []
+    bad.write_text(json.dumps([{"profile": "p", "budget_tokens": 100, "rejection_rate": "nan"}, 3, {"x": 1}]))
+    assert [(r["profile"], r["rejection_rate"]) for r in shipped_calibration_table(bad)] == [("p", None)]

@@ -91,3 +91,61 @@ def test_formatters():
     import datetime as dt
 
     assert fmt_dt(dt.datetime(2026, 3, 1, 5, 7, tzinfo=dt.UTC)) == "2026-03-01 05:07 UTC"
+
+
+def test_strongest_evidence_shows_the_providers_probabilities_beside_the_references() -> None:
+    """Issue 38 item 5: what diverges is the comparison, so each position shows both sides."""
+    from dashboard.views.run_detail import token_evidence_md
+
+    item = {"prompt_id": "p#0", "position": 3, "token_id": 7, "token": "7", "ref_top5": [[8, -0.04], [7, -3.3]],
+            "ref_top5_tokens": ["8", "7"], "ref_margin": 3.26, "provider_top5": [[7, -0.2], [8, -1.8], [99, -4.0]],
+            "provider_token_logprob": -0.2}
+    md = token_evidence_md(item)
+    assert md is not None
+    rows = [r for r in md.splitlines() if r.startswith("|")]
+    assert rows[0].startswith("| Rank | Token | Reference logprob (nats) | Reference prob | Provider logprob (nats) |")
+    seven = next(r for r in rows if "provider's token" in r)
+    assert "\\-3\\.3" in seven or "-3.3" in seven  # the reference's side
+    assert "\\-0\\.2" in seven or "-0.2" in seven  # the provider's own side
+    assert any("provider's list only" in r for r in rows)  # id 99: listed by the provider alone
+    bare = token_evidence_md({k: v for k, v in item.items() if not k.startswith("provider_")})
+    assert bare is not None and "reported no probabilities" in bare and "not listed" in bare
+
+
+def test_history_axis_of_a_single_run_is_readable_and_fingerprint_points_are_not_clipped() -> None:
+    """Issue 38 item 7: one run drew one tick labelled ".055" (milliseconds); the fingerprint plot's
+    extreme (repetition) points sat on the axis corner, half clipped."""
+    import datetime as dt
+
+    import pandas as pd
+
+    from dashboard.views.history import MIN_SPAN_S, history_chart, time_domain
+    from dashboard.views.speed import padded_domain, speed_profile_chart
+
+    t = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
+    one = [{"started_at": t, "mean_kl": 0.01, "verdict": "PASS", "run_id": "r1", "changed_from": None}]
+    lo, hi = time_domain(one)
+    assert hi - lo >= MIN_SPAN_S * 1000 and lo < t.timestamp() * 1000 < hi
+    spec = history_chart(one, "mean_kl").to_dict()
+    x = spec["layer"][0]["encoding"]["x"]
+    assert x["scale"]["domain"] == [lo, hi] and x["axis"]["format"] == "%b %d %H:%M"
+    many = [dict(one[0], started_at=t + dt.timedelta(days=d)) for d in range(3)]
+    lo, hi = time_domain(many)
+    assert hi - lo == pytest.approx(2 * 86400e3 * 1.1)
+    assert time_domain([]) == []
+
+    df = pd.DataFrame({"provider": ["a"] * 3, "workload": ["chat", "code", "repetition"], "concurrency": [1, 1, 1],
+                       "tokens_per_s": [10.0, 12.0, 30.0], "tpot_ms": [50.0, 40.0, 15.0],
+                       "tokens_per_step": [1.2, 1.5, 3.4], "tpot_ratio_vs_chat": [1.0, 1.25, 3.3],
+                       "speculates": [True] * 3})
+    lo, hi = padded_domain(df["tokens_per_step"])
+    assert lo < 1.2 and hi > 3.4 and hi - 3.4 >= 0.1
+    right = speed_profile_chart(df).to_dict()["hconcat"][1]["encoding"]
+    assert right["x"]["scale"]["domain"][1] > 3.4 and right["y"]["scale"]["domain"][1] > 3.3
+    assert padded_domain([None, float("nan")]) is alt_undefined()
+
+
+def alt_undefined():
+    import altair as alt
+
+    return alt.Undefined

@@ -150,7 +150,13 @@ def test_many_positions_rule_out_int4_but_not_an_effect_it_cannot_see():
     # no sampling test ran: the acceptance class is not tested
     assert ro["relaxed"].status == "not tested" and ro["relaxed"].power is None
     s = rules_out_sentence(list(ro.values()))
-    assert s.startswith("rules out int4; does not rule out tiny (power ") and s.endswith("not tested: relaxed")
+    assert s.startswith("rules out int4; does not rule out tiny (power ") and "; not tested: relaxed; " in s
+    # issue 37 item 5: a PASS states its resolution: what is within the honest floor cannot be distinguished
+    from auditor.rules_out import BELOW_RESOLUTION
+
+    assert s.endswith("; cannot be distinguished at any budget: " + BELOW_RESOLUTION) and "8-bit KV cache" in s
+    only_verification = [r for r in ro.values() if r.question != "precision"]
+    assert "cannot be distinguished" not in rules_out_sentence(only_verification)
 
 
 def test_underpowered_audit_rules_out_nothing():

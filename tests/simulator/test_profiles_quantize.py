@@ -153,3 +153,30 @@ def test_a_stale_quanto_build_lock_falls_back_instead_of_blocking(tiny_lm, tmp_p
     assert rep.backend == "torch-rtn" and "build lock" in rep.errors[0] and str(lock) in rep.errors[0]
     lock.unlink()
     assert q.quanto_stale_lock() is None
+
+
+def test_quantized_weights_are_cached_and_the_second_start_reads_them(tiny_lm, tmp_path):
+    """Issue 38 item 11: the first start quantizes and writes the cache; the second reads the same
+    weights (bit for bit) without quantizing; a cache that does not match the model is ignored."""
+    from simulator.quantize import quant_cache_file
+
+    path = quant_cache_file(tmp_path, tiny_lm.name, tiny_lm.revision, "int4", 64)
+    first = copy.deepcopy(tiny_lm.model)
+    seen = []
+    rep1 = quantize_model_weights(first, "int4", use_quanto=False, cache_file=path,
+                                  progress=lambda d, t, s: seen.append((d, t)))
+    assert not rep1.cached and path.is_file() and seen[-1][0] == seen[-1][1] == rep1.n_matrices
+    second = copy.deepcopy(tiny_lm.model)
+    rep2 = quantize_model_weights(second, "int4", use_quanto=False, cache_file=path,
+                                  progress=lambda d, t, s: pytest.fail("quantized again despite the cache"))
+    assert rep2.cached and rep2.n_matrices == rep1.n_matrices and rep2.backend == rep1.backend
+    assert rep2.mean_rel_error == pytest.approx(rep1.mean_rel_error)
+    for (n, a), (_, b) in zip(iter_decoder_linears(first), iter_decoder_linears(second), strict=True):
+        assert torch.equal(a.weight, b.weight), n
+    # another scheme's file under this name (or a corrupt file) is not read
+    other = copy.deepcopy(tiny_lm.model)
+    rep3 = quantize_model_weights(other, "int8", use_quanto=False, cache_file=path)
+    assert not rep3.cached
+    path.write_bytes(b"not a safetensors file")
+    rep4 = quantize_model_weights(copy.deepcopy(tiny_lm.model), "int4", use_quanto=False, cache_file=path)
+    assert not rep4.cached

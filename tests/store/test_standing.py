@@ -226,7 +226,8 @@ def test_dashboard_row_has_the_standing_and_every_cause(db):
     from dashboard.views.overview import overview_table, why_markdown
 
     _, cells = overview_table([row])
-    assert "QUANTIZATION" in cells[0][2] and "DECODING\\_NONCOMPLIANT" in cells[0][2]  # standing cell: both
-    assert "DECODING\\_NONCOMPLIANT" in cells[0][3]  # latest run's verdict still shown
+    assert "QUANTIZATION" in cells[0][3] and "DECODING\\_NONCOMPLIANT" in cells[0][3]  # standing cell: both
+    assert "DECODING\\_NONCOMPLIANT" in cells[0][5]  # latest run's verdict still shown
+    assert cells[0][1] == ":red-badge[no]"  # precision: QUANTIZATION is established in the standing
     why = why_markdown(row)
     assert ids["default"] in why and ids["verification"] in why and "logprob\\-divergence" in why
