@@ -216,6 +216,7 @@ class AuditReport:
         d["preflight_checks"] = self.preflight_checks
         d["rules_out"] = self.rules_out
         d["excluded_responses"] = self.excluded_responses
+        d["logprob_defects"] = (self.summary or {}).get("logprob_defects")  # auditor.summary.logprob_defects
         d["speculation"] = (self.summary or {}).get("speculation")  # auditor.detectors.speculation; evidence only
         return _json_safe(d)
 
@@ -229,7 +230,7 @@ class AuditReport:
 #: Top-level keys every JSON report carries.
 JSON_FIELDS = ("questions",) + tuple(AuditReport.__dataclass_fields__) + (
     "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "rules_out",
-    "excluded_responses", "speculation")
+    "excluded_responses", "logprob_defects", "speculation")
 
 
 # ------------------------------------------------------------------------------------------ utils
@@ -348,6 +349,24 @@ def excluded_line(excluded: dict | None) -> str | None:
             f"{why or 'untrusted'}" + (f" [{keys}]" if keys else ""))
 
 
+def logprob_defects_line(summary: dict | None) -> str | None:
+    """``"provider logprobs: 40 tokens with NaN, ±Infinity or null logprobs (nonfinite_logprob, in 8
+    responses); ..."`` from the summary's ``logprob_defects`` (:func:`auditor.summary.logprob_defects`),
+    None when the store counted none. Such positions never reach a detector as numbers."""
+    from auditor.summary import LOGPROB_DEFECT_KINDS
+
+    d = (summary or {}).get("logprob_defects")
+    if not isinstance(d, dict) or not d.get("tokens"):
+        return None
+    resp = d.get("responses") or {}
+    parts = []
+    for k, n in d["tokens"].items():
+        r = resp.get(k)
+        parts.append(f"{n} token{'s' if n != 1 else ''} with {LOGPROB_DEFECT_KINDS.get(k, k)} ({k}"
+                     + (f", in {r} response{'s' if r != 1 else ''}" if r else "") + ")")
+    return "provider logprobs: " + "; ".join(parts)
+
+
 def cause_flip_line(report: AuditReport) -> str | None:
     """Rule 2's cause feature in one line: the margin-conditioned flip ratio along the provider's own
     continuations and along the reference's (echo, ``auditor.reference_path``), and which decided;
@@ -434,6 +453,8 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         console.print(f"  [yellow]provider failures: {fl}[/yellow]", highlight=False)
     if xl := excluded_line(report.excluded_responses):
         console.print(f"  [yellow]excluded: {escape(xl)}[/yellow]", highlight=False)
+    if ld := logprob_defects_line(report.summary):
+        console.print(f"  [yellow]{escape(ld)}[/yellow]", highlight=False)
     checks = report.preflight_checks
     if checks:
         bad = [c for c in checks if c.get("passed") is False]

@@ -29,6 +29,7 @@ def render_junit(report: AuditReport) -> str:
         _fmt_effect,
         concurrency_line,
         excluded_line,
+        logprob_defects_line,
         usage_note,
     )
     from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
@@ -119,6 +120,8 @@ def render_junit(report: AuditReport) -> str:
         ET.SubElement(props, "property", name="provider_failures", value=fl)
     if (xl := excluded_line(r.excluded_responses)) is not None:
         ET.SubElement(props, "property", name="excluded_responses", value=xl)
+    if (ld := logprob_defects_line(r.summary)) is not None:
+        ET.SubElement(props, "property", name="logprob_defects", value=ld)
     # issue 13: estimated token figures and a narrowed concurrency are never silent, in any format
     notes = [n for n in (usage_note(r.summary), concurrency_line(r.summary)) if n]
     if (un := usage_note(r.summary)) is not None:

@@ -66,6 +66,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         cause_flip_line,
         concurrency_line,
         excluded_line,
+        logprob_defects_line,
         usage_note,
     )
 
@@ -101,6 +102,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Cost", _usd(r.cost_usd) + (f" ({usage_note(s)})" if usage_note(s) else "")),  # issue 13: never silent
         ("Provider failures", _failure_line(r.provider_failures) or "none"),
         ("Excluded responses", _md(excluded_line(r.excluded_responses) or "none")),
+        ("Provider logprobs", _md(logprob_defects_line(s) or "no NaN, infinite, positive or excess values counted")),
         *([("Concurrency", concurrency_line(s))] if concurrency_line(s) else []),
         ("Started / finished", f"{r.started_at} / {r.finished_at}"),
         ("Code version", f"`{r.code_version}`"),

@@ -495,7 +495,7 @@ async def run_probes_async(
     from auditor.usage_estimate import UsageEstimates
     from probes.client import ProbeClient
     from probes.normalize import normalize_response
-    from probes.wire import build_payload
+    from probes.wire import STORED_EVIDENCE_CHARS, build_payload, stored_body, stored_body_cap
 
     t_start = time.perf_counter()
     if api_key is None:
@@ -533,6 +533,12 @@ async def run_probes_async(
     api = config.api
     pricing = config.pricing
     max_top = config.capabilities.max_top_logprobs
+    # raw bodies kept in the store: per attempt what its request can bring back, per run a budget
+    # (response_limits; issue 37, item 11), counted across resumes
+    body_caps = {key: stored_body_cap(p, config) for key, p in payloads.items()}
+    with store.session() as s:
+        stored_chars = [q.stored_body_chars(s, rid)]
+    run_body_budget = config.response_limits.max_stored_bytes_per_run
     usage_est = UsageEstimates(config.reference)  # responses without usage: counted, marked estimated
 
     def finalize(s: Any, key: str, rec: Any) -> str:
@@ -571,6 +577,9 @@ async def run_probes_async(
 
     def persist(key: str, rec: Any, final: bool) -> str | None:
         """Writer thread: store one attempt (and finish the probe when ``final``) in one transaction."""
+        cap = body_caps[key] if stored_chars[0] < run_body_budget else STORED_EVIDENCE_CHARS
+        body = stored_body(q.scrub(rec.response_text, secrets), cap)
+        stored_chars[0] += len(body or "")
         with store.session() as s:
             q.add_probe_attempt(
                 s,
@@ -581,7 +590,7 @@ async def run_probes_async(
                 latency_s=rec.latency_s,
                 http_status=rec.http_status,
                 error=q.scrub(_error_text(rec), secrets),
-                response_text=q.scrub(rec.response_text, secrets),
+                response_text=body,
                 ttft_s=rec.ttft_s,
                 chunk_gaps_s=list(rec.chunk_gaps_s) if rec.ttft_s is not None or rec.chunk_gaps_s else None,
                 tokens_per_chunk=list(rec.tokens_per_chunk) if rec.tokens_per_chunk else None,

@@ -201,6 +201,16 @@ class ResponseLimits(_Strict):
     stream_token_slack: int = Field(64, ge=0, le=1_000_000)
     """Tokens allowed beyond ``stream_token_factor × max_tokens × n`` (see there)."""
 
+    max_stored_body_bytes: int = Field(8 * 1024 * 1024, ge=4096, le=1024 * 1024 * 1024)
+    """Most characters (≈ bytes) of one attempt's raw body kept in the store; the cap is lower when
+    the request asks for less (:func:`probes.wire.stored_body_cap`: what ``max_tokens``, ``n`` and
+    the asked alternatives can fill), so a provider sending 100,000 alternatives per token cannot
+    fill the database. The part beyond is dropped with a note saying how much."""
+
+    max_stored_bytes_per_run: int = Field(64 * 1024 * 1024, ge=65536, le=64 * 1024 * 1024 * 1024)
+    """Most characters of raw bodies one run keeps in the store, all attempts together; past it
+    each further body keeps only its first 4 KiB (the normalized tokens are stored in full)."""
+
     request_deadline_s: float | None = Field(None, gt=0)
     """Wall-clock bound on one request in seconds, every retry and backoff wait included
     (``timeout_s`` bounds one attempt). Past it the request ends as ``deadline_exceeded``.
