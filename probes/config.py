@@ -211,6 +211,13 @@ class ResponseLimits(_Strict):
     """Most characters of raw bodies one run keeps in the store, all attempts together; past it
     each further body keeps only its first 4 KiB (the normalized tokens are stored in full)."""
 
+    stall_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Seconds an answer may make no progress once its headers came (issue 37, item 9): a stream
+    with no ``data:`` event for this long (keep-alive comments and empty events are not progress),
+    or a plain body still incomplete this long after its first non-blank byte (a body trickling
+    bytes), ends the attempt as ``stalled`` (not retried: a stalling provider stalls again). A
+    plain body's wait for its first byte (the answer being generated) is bounded by ``timeout_s``."""
+
     request_deadline_s: float | None = Field(None, gt=0)
     """Wall-clock bound on one request in seconds, every retry and backoff wait included
     (``timeout_s`` bounds one attempt). Past it the request ends as ``deadline_exceeded``.
@@ -376,6 +383,12 @@ class ProviderConfig(_Strict):
 
     response_limits: ResponseLimits = Field(default_factory=ResponseLimits)
     """Per-response byte cap, streamed-token cap and whole-request deadline."""
+
+    audit_deadline_s: float = Field(3600.0, gt=0, le=7 * 86400)
+    """Wall-clock bound on sending one audit's probes, seconds (default 3600 = 1 h; ``auditor
+    check --deadline`` overrides it; issue 37, item 9). Past it the requests in flight are
+    cancelled, the probes not finished stay pending (a ``--resume`` sends them), and the verdict is
+    computed on what was collected, the report saying so (summary key ``deadline``)."""
 
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra JSON fields merged into every request body (e.g. ``{ top_k = -1 }``). They override

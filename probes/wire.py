@@ -71,6 +71,8 @@ LIMIT_KINDS: dict[str, str] = {
     "response_too_large": "the body exceeded response_limits.max_response_bytes and was dropped, or is JSON too dense to decode safely",
     "stream_token_overrun": "the stream carried more tokens than max_tokens allows (factor x max_tokens x n + slack)",
     "deadline_exceeded": "the request (retries and backoff included) ran past its whole-request deadline",
+    "stalled": "the answer made no progress for response_limits.stall_timeout_s (a stream of keep-alives only, or a "
+               "body trickling bytes)",
 }
 
 
