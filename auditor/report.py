@@ -217,6 +217,7 @@ class AuditReport:
         d["rules_out"] = self.rules_out
         d["excluded_responses"] = self.excluded_responses
         d["logprob_defects"] = (self.summary or {}).get("logprob_defects")  # auditor.summary.logprob_defects
+        d["deadline"] = (self.summary or {}).get("deadline")  # auditor.runner: the audit deadline and whether it cut
         d["speculation"] = (self.summary or {}).get("speculation")  # auditor.detectors.speculation; evidence only
         return _json_safe(d)
 
@@ -230,7 +231,7 @@ class AuditReport:
 #: Top-level keys every JSON report carries.
 JSON_FIELDS = ("questions",) + tuple(AuditReport.__dataclass_fields__) + (
     "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "rules_out",
-    "excluded_responses", "logprob_defects", "speculation")
+    "excluded_responses", "logprob_defects", "deadline", "speculation")
 
 
 # ------------------------------------------------------------------------------------------ utils
@@ -349,6 +350,21 @@ def excluded_line(excluded: dict | None) -> str | None:
             f"{why or 'untrusted'}" + (f" [{keys}]" if keys else ""))
 
 
+def deadline_line(summary: dict | None) -> str | None:
+    """``"audit deadline 600 s reached after 600.1 s: 7 of 16 probes finished (7 answered, 0 failed), 9
+    not sent or cut off; the verdict uses what was collected"`` from the summary's ``deadline``
+    (``auditor.runner.run_probes``, issue 37 item 9); None when the deadline was not reached."""
+    d = (summary or {}).get("deadline")
+    if not isinstance(d, dict) or not d.get("reached"):
+        return None
+    done, failed, pending = (int(d.get(k) or 0) for k in ("done", "failed", "pending"))
+    el = d.get("elapsed_s")
+    return (f"audit deadline {float(d.get('deadline_s') or 0):g} s reached"
+            + (f" after {float(el):.1f} s" if el is not None else "")
+            + f": {done + failed} of {done + failed + pending} probes finished ({done} answered, {failed} failed), "
+            f"{pending} not sent or cut off; the verdict uses what was collected")
+
+
 def logprob_defects_line(summary: dict | None) -> str | None:
     """``"provider logprobs: 40 tokens with NaN, ±Infinity or null logprobs (nonfinite_logprob, in 8
     responses); ..."`` from the summary's ``logprob_defects`` (:func:`auditor.summary.logprob_defects`),
@@ -455,6 +471,8 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         console.print(f"  [yellow]excluded: {escape(xl)}[/yellow]", highlight=False)
     if ld := logprob_defects_line(report.summary):
         console.print(f"  [yellow]{escape(ld)}[/yellow]", highlight=False)
+    if dl := deadline_line(report.summary):
+        console.print(f"  [yellow]{escape(dl)}[/yellow]", highlight=False)
     checks = report.preflight_checks
     if checks:
         bad = [c for c in checks if c.get("passed") is False]

@@ -28,6 +28,7 @@ def render_junit(report: AuditReport) -> str:
         _failure_line,
         _fmt_effect,
         concurrency_line,
+        deadline_line,
         excluded_line,
         logprob_defects_line,
         usage_note,
@@ -122,6 +123,8 @@ def render_junit(report: AuditReport) -> str:
         ET.SubElement(props, "property", name="excluded_responses", value=xl)
     if (ld := logprob_defects_line(r.summary)) is not None:
         ET.SubElement(props, "property", name="logprob_defects", value=ld)
+    if (dl := deadline_line(r.summary)) is not None:
+        ET.SubElement(props, "property", name="deadline", value=dl)
     # issue 13: estimated token figures and a narrowed concurrency are never silent, in any format
     notes = [n for n in (usage_note(r.summary), concurrency_line(r.summary)) if n]
     if (un := usage_note(r.summary)) is not None:

@@ -65,6 +65,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         _usd,
         cause_flip_line,
         concurrency_line,
+        deadline_line,
         excluded_line,
         logprob_defects_line,
         usage_note,
@@ -104,6 +105,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Excluded responses", _md(excluded_line(r.excluded_responses) or "none")),
         ("Provider logprobs", _md(logprob_defects_line(s) or "no NaN, infinite, positive or excess values counted")),
         *([("Concurrency", concurrency_line(s))] if concurrency_line(s) else []),
+        *([("Deadline", _md(deadline_line(s) or ""))] if deadline_line(s) else []),
         ("Started / finished", f"{r.started_at} / {r.finished_at}"),
         ("Code version", f"`{r.code_version}`"),
     ]

@@ -484,6 +484,7 @@ async def run_probes_async(
     console: Any | None = None,
     on_start: Callable[[str, bool], None] | None = None,
     retry_failed: bool = False,
+    deadline_s: float | None = None,
 ) -> str:
     """Async core of :func:`run_probes` (same arguments); returns the run id.
 
@@ -665,6 +666,7 @@ async def run_probes_async(
     loop = asyncio.get_running_loop()
     me = asyncio.current_task()
     sigterm = False
+    deadline_hit = False
     if me is not None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGTERM, me.cancel)  # SIGTERM = Ctrl-C: mark interrupted
@@ -698,13 +700,17 @@ async def run_probes_async(
 
             n_workers = max(1, min(config.rate_limits.concurrency, len(pending) or 1))
             workers = [asyncio.create_task(worker()) for _ in range(n_workers)]
+            deadline = asyncio.timeout(deadline_s)  # None: no deadline
             try:
-                await asyncio.gather(*workers)
-            except BaseException:
+                async with deadline:
+                    await asyncio.gather(*workers)
+            except BaseException as exc:
                 for w in workers:
                     w.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
-                raise
+                if not (isinstance(exc, TimeoutError) and deadline.expired()):
+                    raise
+                deadline_hit = True  # the requests in flight were cancelled; their probes stay pending
             unreachable = client.unreachable
         status = "completed" if unreachable is None else "failed"
     except (asyncio.CancelledError, KeyboardInterrupt, _WorkerInterrupt):
@@ -728,6 +734,12 @@ async def run_probes_async(
                 run.failure_reason = unreachable
             summary = dict(run.summary or {})
             summary.pop("runner", None)
+            if deadline_s is not None:
+                summary["deadline"] = {
+                    "deadline_s": float(deadline_s), "reached": deadline_hit,
+                    "elapsed_s": round(time.perf_counter() - t_start, 3),
+                    "done": counts.get("done", 0), "failed": counts.get("failed", 0),
+                    "pending": counts.get("pending", 0)}
             summary["last_session_s"] = time.perf_counter() - t_start
             usage_est.record(summary)
             if conc is not None and conc.changes:
@@ -761,7 +773,11 @@ def run_probes(
         **kwargs: ``kind`` ('probe'|'audit'), ``transport`` (httpx transport, tests),
             ``api_key``, ``concurrency``, ``max_attempts``, ``stream``, ``sleep``, ``console``,
             ``on_start(run_id, resumed)`` (called once the run and its probes are stored),
-            ``retry_failed`` (when resuming, put ``failed`` probes back to ``pending``).
+            ``retry_failed`` (when resuming, put ``failed`` probes back to ``pending``),
+            ``deadline_s`` (wall-clock seconds for this session's sending: past it the requests in
+            flight are cancelled, their probes stay ``pending``, the run ends ``interrupted`` and
+            its summary's ``deadline`` says so — ``{deadline_s, reached, elapsed_s, done, failed,
+            pending}``; recorded whenever given; issue 37, item 9).
 
     Run status at the end: ``completed`` (no probe pending), ``failed`` (every probe failed,
     e.g. a wrong URL or key; or the endpoint refused the first connection before ever answering: the run
