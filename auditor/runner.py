@@ -667,8 +667,10 @@ async def run_probes_async(
     me = asyncio.current_task()
     sigterm = False
     deadline_hit = False
+    prev_sigterm: Any = None
     if me is not None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            prev_sigterm = signal.getsignal(signal.SIGTERM)
             loop.add_signal_handler(signal.SIGTERM, me.cancel)  # SIGTERM = Ctrl-C: mark interrupted
             sigterm = True
     try:
@@ -719,7 +721,9 @@ async def run_probes_async(
     finally:
         writer.shutdown(wait=True)  # a write in progress completes (or fails) as one transaction
         if sigterm:
-            loop.remove_signal_handler(signal.SIGTERM)
+            loop.remove_signal_handler(signal.SIGTERM)  # leaves SIG_DFL: put the caller's handler back
+            with contextlib.suppress(TypeError, ValueError):  # (auditor schedule run's checkpoint, issue 37 item 10)
+                signal.signal(signal.SIGTERM, prev_sigterm if prev_sigterm is not None else signal.SIG_DFL)
         if bar is not None:
             bar.stop()
         with contextlib.suppress(Exception), store.session() as s:
