@@ -75,7 +75,7 @@ from auditor.reference_setup import (
     resolve_reference,
 )
 from auditor.report import report_from_store
-from auditor.report_base import AuditReport
+from auditor.report_base import AuditReport, deadline_line
 from auditor.scoring import REFERENCE_TOP_K, SCORE_BATCH_SIZE, score_observations
 from auditor.summary import speed_summary, summary_stage
 
@@ -139,6 +139,11 @@ class CheckOptions:
         floors_cache_dir: noise-floor cache directory (default ``auditor.noise.noise_cache_dir()``).
         progress: True for rich progress bars (stderr), a callback ``(stage, done, total)``, or None.
         console: rich Console for progress output.
+        deadline_s: wall-clock bound on the audit's requests, seconds from the start of the check
+            (None: the provider's ``audit_deadline_s``, default 3600). Past it the audit ends with
+            what it collected: probes in flight are cancelled and stay pending, the pre-flight and
+            reference-path requests are not sent, the verdict is computed on the finished probes
+            and the report says why (summary ``deadline``; issue 37, item 9).
     """
 
     suite: str | None = None
@@ -157,6 +162,7 @@ class CheckOptions:
     floors_cache_dir: str | None = None
     progress: Progress = None
     console: Console | None = field(default=None, compare=False)
+    deadline_s: float | None = None
 
     def validate(self) -> None:
         """Raises:
@@ -165,6 +171,9 @@ class CheckOptions:
             raise AuditError(f"alpha={self.alpha}: must be in (0, 1), e.g. 0.05", parameter="alpha")
         if self.power is not None and not 0 < self.power < 1:
             raise AuditError(f"power={self.power}: must be in (0, 1), e.g. 0.8", parameter="power")
+        if self.deadline_s is not None and not 0 < self.deadline_s < float("inf"):
+            raise AuditError(f"deadline_s={self.deadline_s}: must be a positive number of seconds, e.g. 600",
+                             parameter="deadline_s")
 
 
 # ------------------------------------------------------------------------------------------ progress
@@ -273,10 +282,21 @@ def run_check(provider_name: str, options: CheckOptions | None = None, /, **over
         try:
             if plan.wire_check:  # issue 38 item 12: said up front, before the probes
                 _Stage(opts.progress, opts.console).note(WIRE_CHECK_NOTE.format(suite=plan.name))
-            rid = _probe(store, cfg, plan, opts)  # 3. probe
+            budget_s = opts.deadline_s if opts.deadline_s is not None else cfg.audit_deadline_s
+            deadline_at = t0 + budget_s
+            src = "--deadline" if opts.deadline_s is not None else f"providers.{cfg.name}.audit_deadline_s"
+            said = (f"deadline: {budget_s:g} s for this audit's requests ({src}); past it the audit ends with what it "
+                    "has collected")
+            # stated up front (issue 37, item 9): always when set explicitly, else with the progress
+            if opts.console is not None and (opts.deadline_s is not None or "audit_deadline_s" in cfg.model_fields_set):
+                opts.console.print(said, highlight=False)
+            else:
+                _Stage(opts.progress, opts.console).note(said)
+            rid = _probe(store, cfg, plan, opts, deadline_at, budget_s)  # 3. probe
             try:
-                pre = preflight_stage(store, rid, cfg, ref.tokenizer)  # 4. pre-flight, sent with the probes
-                rp = reference_path_stage(store, rid, cfg, ref)  # 4r. echo on the reference's own continuations
+                more = time.perf_counter() < deadline_at and not _deadline_reached(store, rid)  # else: what it has
+                pre = preflight_stage(store, rid, cfg, ref.tokenizer, run_requests=more)  # 4. pre-flight, sent with the probes
+                rp = reference_path_stage(store, rid, cfg, ref, run_requests=more)  # 4r. echo on the reference's own continuations
                 return analyze_run(store, rid, cfg, opts, wall_start=t0, reference=ref, preflight=pre,
                                    reference_path=rp)  # 5.-12.
             except KeyboardInterrupt:
@@ -482,8 +502,15 @@ def _store_analysis(
         q.set_run_status(s, run_id, "completed")
 
 
-def _probe(store: Store, cfg: ProviderConfig, plan: Any, opts: CheckOptions) -> str:
-    """Stage 3: send (or resume) the planned probes; return the run id once at least one succeeded.
+def _deadline_reached(store: Store, run_id: str) -> bool:
+    """Whether the probe stage of ``run_id`` stopped at the audit deadline (summary ``deadline``)."""
+    return bool((_run_summary(store, run_id).get("deadline") or {}).get("reached"))
+
+
+def _probe(store: Store, cfg: ProviderConfig, plan: Any, opts: CheckOptions, deadline_at: float,
+           deadline_budget_s: float | None = None) -> str:
+    """Stage 3: send (or resume) the planned probes until ``deadline_at`` (``time.perf_counter()``
+    seconds); return the run id once at least one succeeded.
 
     Raises:
         NothingToAuditError: no probe succeeded (names the errors seen).
@@ -498,6 +525,7 @@ def _probe(store: Store, cfg: ProviderConfig, plan: Any, opts: CheckOptions) -> 
             store, cfg, plan, run_id=opts.resume, resume=opts.resume is not None,
             progress=True if opts.progress is True else None, kind="audit", console=opts.console,
             on_start=lambda r, _res: started.setdefault("run_id", r),
+            deadline_s=max(0.001, deadline_at - time.perf_counter()), deadline_budget_s=deadline_budget_s,
         )
     except RunnerError as exc:
         raise AuditError(str(exc), parameter="resume" if opts.resume else None, provider=cfg.name) from None
@@ -517,13 +545,25 @@ def _probe(store: Store, cfg: ProviderConfig, plan: Any, opts: CheckOptions) -> 
     if status == "failed" or not counts.get("done"):
         summ = summarize_run(store, rid)
         what = describe_errors(summ.error_kinds, summ.error_examples)
+        late = _deadline_reached(store, rid)
         err = NothingToAuditError(
-            f"provider {cfg.name!r} at {cfg.base_url}: no probe succeeded ({what}). Fix: check that the server is "
-            f"running and its base_url/model/api_key_env, then resume the run.", run_id=rid, provider=cfg.name)
+            f"provider {cfg.name!r} at {cfg.base_url}: no probe succeeded"
+            + (f" before the audit deadline ({deadline_line(_run_summary(store, rid))})" if late else "")
+            + f" ({what}). Fix: check that the server is running and its base_url/model/api_key_env"
+            + (", or give it more time (--deadline / audit_deadline_s)" if late else "")
+            + ", then resume the run.", run_id=rid, provider=cfg.name)
         _fail_run(store, rid, err)
         raise err
     _set_status(store, rid, "running")
     return rid
+
+
+def _run_summary(store: Store, run_id: str) -> dict[str, Any]:
+    from auditor.store import queries as q
+
+    with store.session() as s:
+        run = q.get_run(s, run_id)
+        return dict((run.summary if run is not None else None) or {})
 
 
 def _set_status(store: Store, run_id: str, status: str, reason: str | None = None) -> None:

@@ -53,12 +53,14 @@ from auditor.report_base import (
     AuditReport,
     cause_flip_line,
     concurrency_line,
+    deadline_line,
     detector_outcome,
     evidence_str,
     excluded_line,
     failure_line,
     fmt_effect,
     fmt_num,
+    logprob_defects_line,
     usage_note,
     usd,
 )
@@ -141,6 +143,10 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         console.print(f"  [yellow]provider failures: {fl}[/yellow]", highlight=False)
     if xl := excluded_line(report.excluded_responses):
         console.print(f"  [yellow]excluded: {escape(xl)}[/yellow]", highlight=False)
+    if ld := logprob_defects_line(report.summary):
+        console.print(f"  [yellow]{escape(ld)}[/yellow]", highlight=False)
+    if dl := deadline_line(report.summary):
+        console.print(f"  [yellow]{escape(dl)}[/yellow]", highlight=False)
     checks = report.preflight_checks
     if checks:
         bad = [c for c in checks if c.get("passed") is False]

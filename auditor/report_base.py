@@ -182,6 +182,8 @@ class AuditReport:
         d["preflight_checks"] = self.preflight_checks
         d["rules_out"] = self.rules_out
         d["excluded_responses"] = self.excluded_responses
+        d["logprob_defects"] = (self.summary or {}).get("logprob_defects")  # auditor.summary.logprob_defects
+        d["deadline"] = (self.summary or {}).get("deadline")  # auditor.runner: the audit deadline and whether it cut
         d["speculation"] = (self.summary or {}).get("speculation")  # auditor.detectors.speculation; evidence only
         return cast(dict[str, Any], json_safe(d, bytes_encoding="utf-8"))
 
@@ -195,7 +197,7 @@ class AuditReport:
 #: Top-level keys every JSON report carries.
 JSON_FIELDS = ("questions", "headline") + tuple(AuditReport.__dataclass_fields__) + (
     "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "rules_out",
-    "excluded_responses", "speculation")
+    "excluded_responses", "logprob_defects", "deadline", "speculation")
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -287,6 +289,39 @@ def excluded_line(excluded: dict | None) -> str | None:
     n = excluded["responses"]
     return (f"{n} response{'s' if n != 1 else ''} ({excluded.get('tokens', 0)} tokens) excluded from every detector: "
             f"{why or 'untrusted'}" + (f" [{keys}]" if keys else ""))
+
+
+def deadline_line(summary: dict | None) -> str | None:
+    """``"audit deadline 600 s reached after 600.1 s: 7 of 16 probes finished (7 answered, 0 failed), 9
+    not sent or cut off; the verdict uses what was collected"`` from the summary's ``deadline``
+    (``auditor.runner.run_probes``, issue 37 item 9); None when the deadline was not reached."""
+    d = (summary or {}).get("deadline")
+    if not isinstance(d, dict) or not d.get("reached"):
+        return None
+    done, failed, pending = (int(d.get(k) or 0) for k in ("done", "failed", "pending"))
+    el = d.get("elapsed_s")
+    return (f"audit deadline {float(d.get('deadline_s') or 0):g} s reached"
+            + (f" after {float(el):.1f} s" if el is not None else "")
+            + f": {done + failed} of {done + failed + pending} probes finished ({done} answered, {failed} failed), "
+            f"{pending} not sent or cut off; the verdict uses what was collected")
+
+
+def logprob_defects_line(summary: dict | None) -> str | None:
+    """``"provider logprobs: 40 tokens with NaN, ±Infinity or null logprobs (nonfinite_logprob, in 8
+    responses); ..."`` from the summary's ``logprob_defects`` (:func:`auditor.summary.logprob_defects`),
+    None when the store counted none. Such positions never reach a detector as numbers."""
+    from auditor.summary import LOGPROB_DEFECT_KINDS
+
+    d = (summary or {}).get("logprob_defects")
+    if not isinstance(d, dict) or not d.get("tokens"):
+        return None
+    resp = d.get("responses") or {}
+    parts = []
+    for k, n in d["tokens"].items():
+        r = resp.get(k)
+        parts.append(f"{n} token{'s' if n != 1 else ''} with {LOGPROB_DEFECT_KINDS.get(k, k)} ({k}"
+                     + (f", in {r} response{'s' if r != 1 else ''}" if r else "") + ")")
+    return "provider logprobs: " + "; ".join(parts)
 
 
 def cause_flip_line(report: AuditReport) -> str | None:

@@ -17,10 +17,12 @@ from auditor.report_base import (
     IMPLICATIONS,
     AuditReport,
     concurrency_line,
+    deadline_line,
     evidence_rows,
     excluded_line,
     failure_line,
     fmt_effect,
+    logprob_defects_line,
     usage_note,
 )
 from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
@@ -117,6 +119,10 @@ def render_junit(report: AuditReport) -> str:
         ET.SubElement(props, "property", name="provider_failures", value=fl)
     if (xl := excluded_line(r.excluded_responses)) is not None:
         ET.SubElement(props, "property", name="excluded_responses", value=xl)
+    if (ld := logprob_defects_line(r.summary)) is not None:
+        ET.SubElement(props, "property", name="logprob_defects", value=ld)
+    if (dl := deadline_line(r.summary)) is not None:
+        ET.SubElement(props, "property", name="deadline", value=dl)
     # issue 13: estimated token figures and a narrowed concurrency are never silent, in any format
     notes = [n for n in (usage_note(r.summary), concurrency_line(r.summary)) if n]
     if (un := usage_note(r.summary)) is not None:

@@ -19,6 +19,7 @@ from auditor.report_base import (
     cause_flip_line,
     check_mark,
     concurrency_line,
+    deadline_line,
     detector_outcome,
     evidence_rows,
     evidence_str,
@@ -26,6 +27,7 @@ from auditor.report_base import (
     failure_line,
     fmt_effect,
     fmt_num,
+    logprob_defects_line,
     tok,
     usage_note,
     usd,
@@ -98,7 +100,9 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Cost", usd(r.cost_usd) + (f" ({usage_note(s)})" if usage_note(s) else "")),  # issue 13: never silent
         ("Provider failures", failure_line(r.provider_failures) or "none"),
         ("Excluded responses", _md(excluded_line(r.excluded_responses) or "none")),
+        ("Provider logprobs", _md(logprob_defects_line(s) or "no NaN, infinite, positive or excess values counted")),
         *([("Concurrency", concurrency_line(s))] if concurrency_line(s) else []),
+        *([("Deadline", _md(deadline_line(s) or ""))] if deadline_line(s) else []),
         ("Started / finished", f"{r.started_at} / {r.finished_at}"),
         ("Code version", f"`{r.code_version}`"),
     ]

@@ -485,6 +485,8 @@ async def run_probes_async(
     console: Any | None = None,
     on_start: Callable[[str, bool], None] | None = None,
     retry_failed: bool = False,
+    deadline_s: float | None = None,
+    deadline_budget_s: float | None = None,
 ) -> str:
     """Async core of :func:`run_probes` (same arguments); returns the run id.
 
@@ -496,7 +498,7 @@ async def run_probes_async(
     from auditor.usage_estimate import UsageEstimates
     from probes.client import ProbeClient
     from probes.normalize import normalize_response
-    from probes.wire import build_payload
+    from probes.wire import STORED_EVIDENCE_CHARS, build_payload, stored_body, stored_body_cap
 
     t_start = time.perf_counter()
     if api_key is None:
@@ -534,6 +536,12 @@ async def run_probes_async(
     api = config.api
     pricing = config.pricing
     max_top = config.capabilities.max_top_logprobs
+    # raw bodies kept in the store: per attempt what its request can bring back, per run a budget
+    # (response_limits; issue 37, item 11), counted across resumes
+    body_caps = {key: stored_body_cap(p, config) for key, p in payloads.items()}
+    with store.session() as s:
+        stored_chars = [q.stored_body_chars(s, rid)]
+    run_body_budget = config.response_limits.max_stored_bytes_per_run
     usage_est = UsageEstimates(config.reference)  # responses without usage: counted, marked estimated
 
     def finalize(s: Any, key: str, rec: Any) -> str:
@@ -572,6 +580,9 @@ async def run_probes_async(
 
     def persist(key: str, rec: Any, final: bool) -> str | None:
         """Writer thread: store one attempt (and finish the probe when ``final``) in one transaction."""
+        cap = body_caps[key] if stored_chars[0] < run_body_budget else STORED_EVIDENCE_CHARS
+        body = stored_body(q.scrub(rec.response_text, secrets), cap)
+        stored_chars[0] += len(body or "")
         with store.session() as s:
             q.add_probe_attempt(
                 s,
@@ -582,7 +593,7 @@ async def run_probes_async(
                 latency_s=rec.latency_s,
                 http_status=rec.http_status,
                 error=q.scrub(_error_text(rec), secrets),
-                response_text=q.scrub(rec.response_text, secrets),
+                response_text=body,
                 ttft_s=rec.ttft_s,
                 chunk_gaps_s=list(rec.chunk_gaps_s) if rec.ttft_s is not None or rec.chunk_gaps_s else None,
                 tokens_per_chunk=list(rec.tokens_per_chunk) if rec.tokens_per_chunk else None,
@@ -657,8 +668,11 @@ async def run_probes_async(
     loop = asyncio.get_running_loop()
     me = asyncio.current_task()
     sigterm = False
+    deadline_hit = False
+    prev_sigterm: Any = None
     if me is not None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            prev_sigterm = signal.getsignal(signal.SIGTERM)
             loop.add_signal_handler(signal.SIGTERM, me.cancel)  # SIGTERM = Ctrl-C: mark interrupted
             sigterm = True
     try:
@@ -690,13 +704,17 @@ async def run_probes_async(
 
             n_workers = max(1, min(config.rate_limits.concurrency, len(pending) or 1))
             workers = [asyncio.create_task(worker()) for _ in range(n_workers)]
+            deadline = asyncio.timeout(deadline_s)  # None: no deadline
             try:
-                await asyncio.gather(*workers)
-            except BaseException:
+                async with deadline:
+                    await asyncio.gather(*workers)
+            except BaseException as exc:
                 for w in workers:
                     w.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
-                raise
+                if not (isinstance(exc, TimeoutError) and deadline.expired()):
+                    raise
+                deadline_hit = True  # the requests in flight were cancelled; their probes stay pending
             unreachable = client.unreachable
         status = "completed" if unreachable is None else "failed"
     except (asyncio.CancelledError, KeyboardInterrupt, _WorkerInterrupt):
@@ -705,7 +723,9 @@ async def run_probes_async(
     finally:
         writer.shutdown(wait=True)  # a write in progress completes (or fails) as one transaction
         if sigterm:
-            loop.remove_signal_handler(signal.SIGTERM)
+            loop.remove_signal_handler(signal.SIGTERM)  # leaves SIG_DFL: put the caller's handler back
+            with contextlib.suppress(TypeError, ValueError):  # (auditor schedule run's checkpoint, issue 37 item 10)
+                signal.signal(signal.SIGTERM, prev_sigterm if prev_sigterm is not None else signal.SIG_DFL)
         if bar is not None:
             bar.stop()
         with contextlib.suppress(Exception), store.session() as s:
@@ -720,6 +740,13 @@ async def run_probes_async(
                 run.failure_reason = unreachable
             summary = dict(run.summary or {})
             summary.pop("runner", None)
+            if deadline_s is not None:
+                summary["deadline"] = {
+                    "deadline_s": float(deadline_budget_s if deadline_budget_s is not None else deadline_s),
+                    "reached": deadline_hit,
+                    "elapsed_s": round(time.perf_counter() - t_start, 3),
+                    "done": counts.get("done", 0), "failed": counts.get("failed", 0),
+                    "pending": counts.get("pending", 0)}
             summary["last_session_s"] = time.perf_counter() - t_start
             usage_est.record(summary)
             if conc is not None and conc.changes:
@@ -753,7 +780,12 @@ def run_probes(
         **kwargs: ``kind`` ('probe'|'audit'), ``transport`` (httpx transport, tests),
             ``api_key``, ``concurrency``, ``max_attempts``, ``stream``, ``sleep``, ``console``,
             ``on_start(run_id, resumed)`` (called once the run and its probes are stored),
-            ``retry_failed`` (when resuming, put ``failed`` probes back to ``pending``).
+            ``retry_failed`` (when resuming, put ``failed`` probes back to ``pending``),
+            ``deadline_s`` (wall-clock seconds for this session's sending: past it the requests in
+            flight are cancelled, their probes stay ``pending``, the run ends ``interrupted`` and
+            its summary's ``deadline`` says so — ``{deadline_s, reached, elapsed_s, done, failed,
+            pending}``; recorded whenever given; issue 37, item 9), ``deadline_budget_s`` (the whole
+            audit's deadline to record instead, when ``deadline_s`` is what remains of it).
 
     Run status at the end: ``completed`` (no probe pending), ``failed`` (every probe failed,
     e.g. a wrong URL or key; or the endpoint refused the first connection before ever answering: the run

@@ -22,6 +22,15 @@ dict with ``run_id`` and ``verdict``. After each run :func:`auditor.alerts.recor
 writes at most one alert for it.
 
 For cron/systemd/CI, ``auditor schedule run --once`` performs one pass and exits.
+
+**Interrupted audits resume** (issue 37, item 10): a ``KeyboardInterrupt`` during an audit (Ctrl-C,
+or SIGTERM, which ``auditor schedule run`` turns into one) checkpoints it — every finished probe is
+already stored — marks its run ``interrupted`` with the reason in the run summary (``interrupted``:
+``reason``, ``schedule_id``, ``due_at``, ``at``), gives the slot back (``next_run_at`` returns to the
+claimed value, so the slot does not count as done) and re-raises. The next pass claims that slot
+again and calls the runner with ``resume=RUN_ID`` (pending probes only, then the analysis). A run
+whose resume fails for another reason is marked ``abandoned`` in that summary entry and not
+resumed again (the slot then ran, with its error).
 """
 
 from __future__ import annotations
@@ -66,10 +75,13 @@ class JobRunner(Protocol):
     """
 
     def __call__(self, provider_name: str, *, suite: str | None, budget_tokens: int | None, db_url: str) -> Any: ...
+    # a runner that resumes also accepts ``resume=RUN_ID`` (passed only when resuming an interrupted audit)
 
 
-def default_runner(provider_name: str, *, suite: str | None, budget_tokens: int | None, db_url: str) -> Any:
-    """Run a real audit through ``auditor.audit.run_check`` (imported lazily).
+def default_runner(provider_name: str, *, suite: str | None, budget_tokens: int | None, db_url: str,
+                   resume: str | None = None) -> Any:
+    """Run a real audit through ``auditor.audit.run_check`` (imported lazily); ``resume``
+    continues that interrupted run.
 
     Raises:
         RuntimeError: the check pipeline is not available in this installation.
@@ -83,6 +95,8 @@ def default_runner(provider_name: str, *, suite: str | None, budget_tokens: int 
         kwargs["suite"] = suite
     if budget_tokens is not None:
         kwargs["budget_tokens"] = budget_tokens
+    if resume is not None:
+        kwargs["resume"] = resume
     return run_check(provider_name, **kwargs)
 
 
@@ -245,6 +259,8 @@ class AuditScheduler:
         self.echo = echo
         self.http_client = http_client
         self.webhook_backoff_s = webhook_backoff_s
+        #: set when an audit was interrupted (its run id, "" when none was created yet); None otherwise
+        self.interrupted: str | None = None
 
     def _say(self, text: str) -> None:
         if self.echo is not None:
@@ -308,15 +324,25 @@ class AuditScheduler:
         nxt: dt.datetime,
     ) -> JobOutcome:
         started = self._now()
-        self._say(f"schedule {sched_id}: auditing {provider} (due {due_at:%Y-%m-%d %H:%M} UTC)")
+        resume = self._interrupted_run(sched_id, provider)
+        self._say(f"schedule {sched_id}: auditing {provider} (due {due_at:%Y-%m-%d %H:%M} UTC)"
+                  + (f", resuming interrupted run {resume}" if resume else ""))
         run_id = verdict = error = log = None
         alert_id = None
         internal = False
+        extra: dict[str, Any] = {"resume": resume} if resume else {}
         try:
-            result = self.runner(provider, suite=suite, budget_tokens=budget, db_url=self.store.url)
+            self.interrupted = None
+            result = self.runner(provider, suite=suite, budget_tokens=budget, db_url=self.store.url, **extra)
             run_id = _field(result, "run_id")
             verdict = _field(result, "verdict")
+        except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: checkpoint, give the slot back, stop
+            self.interrupted = getattr(exc, "run_id", None) or resume or ""
+            self._checkpoint(sched_id, due_at, self.interrupted or None)
+            raise
         except Exception as exc:
+            if resume:
+                self._abandon(resume, f"{type(exc).__name__}: {exc}")
             from auditor.errors import AuditError, write_error_log
 
             error = f"{type(exc).__name__}: {exc}"
@@ -360,6 +386,53 @@ class AuditScheduler:
             internal=internal,
             log=log,
         )
+
+    def _interrupted_run(self, sched_id: int, provider: str) -> str | None:
+        """The newest run of ``provider`` this schedule left ``interrupted`` and not abandoned, if any."""
+        from auditor.store import queries as q
+
+        with self.store.session() as s:
+            for run in q.list_runs(s, provider=provider, status="interrupted", limit=50):
+                mark = (run.summary or {}).get("interrupted") or {}
+                if mark.get("schedule_id") == sched_id and not mark.get("abandoned"):
+                    return str(run.id)
+        return None
+
+    def _checkpoint(self, sched_id: int, due_at: dt.datetime, run_id: str | None) -> None:
+        """After an interrupt: the run ``interrupted`` with the reason in its summary, the slot given back
+        (``next_run_at`` = ``due_at``), a line said. Never raises (it runs while the process stops)."""
+        from auditor.store import queries as q
+
+        reason = (f"interrupted (SIGTERM or Ctrl-C) during `auditor schedule run`, schedule {sched_id}; "
+                  "the next `auditor schedule run` resumes it")
+        try:
+            with self.store.session() as s:
+                s.execute(update(Schedule).where(Schedule.id == sched_id).values(next_run_at=due_at)
+                          .execution_options(synchronize_session=False))
+                run = q.get_run(s, run_id) if run_id else None
+                if run is not None and run.status in ("running", "interrupted", "pending"):
+                    summary = dict(run.summary or {})
+                    summary.pop("runner", None)
+                    summary["interrupted"] = {"reason": reason, "schedule_id": sched_id,
+                                              "due_at": _aware(due_at).isoformat(), "at": self._now().isoformat()}
+                    run.summary = q.json_safe(summary)
+                    q.set_run_status(s, run.id, "interrupted")
+        except Exception as exc:  # the database went away as the process stops: say so, nothing more
+            self._say(f"schedule {sched_id}: could not checkpoint the interrupted audit: {exc}")
+            return
+        self._say(f"schedule {sched_id}: audit interrupted; " + (f"run {run_id} stored as interrupted; " if run_id else "")
+                  + "the slot is not counted as done: the next `auditor schedule run` resumes it")
+
+    def _abandon(self, run_id: str, why: str) -> None:
+        """A resume of ``run_id`` failed: it is not resumed again (summary ``interrupted.abandoned``)."""
+        from auditor.store import queries as q
+
+        with self.store.session() as s:
+            run = q.get_run(s, run_id)
+            if run is not None:
+                summary = dict(run.summary or {})
+                summary["interrupted"] = {**(summary.get("interrupted") or {}), "abandoned": why[:300]}
+                run.summary = q.json_safe(summary)
 
     def run_forever(
         self,

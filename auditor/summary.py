@@ -25,7 +25,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from auditor.store import Store
     from auditor.store.models import ProbeAttempt
 
-__all__ = ["headline_summary", "speed_summary", "summary_stage"]
+__all__ = ["LOGPROB_DEFECT_KINDS", "headline_summary", "logprob_defects", "speed_summary", "summary_stage"]
+
+#: Per-token normalizer anomalies (``probes.normalize.ANOMALY_KINDS``) that the report names with
+#: their counts (issue 37, item 11): what the provider's logprobs were, in the report's words.
+LOGPROB_DEFECT_KINDS: dict[str, str] = {
+    "nonfinite_logprob": "NaN, ±Infinity or null logprobs",
+    "positive_logprob": "positive logprobs",
+    "sentinel_logprob": "placeholder logprobs (e.g. -9999)",
+    "masked_logit": "masked-logit logprobs (≤ -1e30)",
+    "top_logprobs_excess": "more alternatives than asked (the excess dropped)",
+}
 
 
 def _final_attempts(session: Session, run_id: str) -> dict[int, ProbeAttempt]:
@@ -178,4 +188,19 @@ def summary_stage(
     figures (:func:`speed_summary` of ``run_id``'s attempts, then :func:`headline_summary` of the
     other arguments, whose keys win) and the position counts."""
     headline, tokens_extra = headline_summary(results, floors, ref0, observations, n_positions)
-    return {**speed_summary(store, run_id), **headline}, tokens_extra
+    return {**speed_summary(store, run_id), **headline, "logprob_defects": logprob_defects(store, run_id)}, tokens_extra
+
+
+def logprob_defects(store: Store, run_id: str) -> dict[str, Any] | None:
+    """The run's provider-logprob defects counted in the store (summary key ``logprob_defects``):
+    ``{"tokens": {kind: tokens}, "responses": {kind: responses}}`` over
+    :data:`LOGPROB_DEFECT_KINDS`, None when there are none (``auditor.report.logprob_defects_line``
+    words it)."""
+    from auditor.store import queries as q
+
+    with store.session() as s:
+        tokens, responses = q.token_anomaly_counts(s, run_id, LOGPROB_DEFECT_KINDS)
+    if not tokens:
+        return None
+    order = [k for k in LOGPROB_DEFECT_KINDS if k in tokens]
+    return {"tokens": {k: tokens[k] for k in order}, "responses": {k: responses.get(k, 0) for k in order}}

@@ -13,8 +13,10 @@ runner can persist it before the next one starts.
 Bounded resources (``ProviderConfig.response_limits``): bodies are read incrementally
 (``httpx`` ``client.stream`` + ``aiter_bytes``) and dropped past ``max_response_bytes``
 (``response_too_large``); a stream carrying far more tokens than ``max_tokens`` allows is cut
-(``stream_token_overrun``); the whole request, retries and backoff included, ends at
-``request_deadline_s`` (``deadline_exceeded``). None of these is retried and none raises.
+(``stream_token_overrun``); an answer that makes no progress for ``stall_timeout_s`` (a stream
+of keep-alives only, a body trickling bytes) ends as ``stalled``; the whole request, retries and
+backoff included, ends at ``request_deadline_s`` (``deadline_exceeded``). None of these is
+retried and none raises.
 
 In-band errors (an error object inside an HTTP 200 body or an SSE ``error`` event; parsed by
 :mod:`probes.sse`, the parser the normalizer uses) are ``provider_error``: retried when the
@@ -378,56 +380,75 @@ class ProbeClient:
             transport_error: tuple[str, str] | None = None
             content_type: str | None = None
             location: str | None = None
+            stall_s = float(lim.stall_timeout_s)
+            loop = asyncio.get_running_loop()
+            stall: asyncio.Timeout | None = None
+            sse: SSELineDecoder | None = None
+            keepalives = 0
+            body_started = False
             try:
-                async with asyncio.timeout(budget):
-                    async with http.stream("POST", self.url, content=payload) as resp:
-                        status = resp.status_code
-                        retry_after = parse_retry_after(resp.headers.get("retry-after"))
-                        content_type = resp.headers.get("content-type")
-                        location = resp.headers.get("location")
-                        ok = 200 <= status < 300
-                        sse = SSELineDecoder() if stream and ok else None
-                        body_cap = cap if ok else min(cap, _ERROR_BODY_BYTES)
-                        async for chunk in resp.aiter_bytes():
-                            if len(buf) + len(chunk) > body_cap:
-                                if ok:
-                                    limit_error = (
-                                        "response_too_large",
-                                        f"response_too_large: body exceeds response_limits.max_response_bytes = {cap} "
-                                        f"bytes; reading stopped, first {_EVIDENCE_BYTES} bytes kept",
-                                    )
-                                buf += chunk[: max(0, body_cap - len(buf))]
-                                break
-                            buf += chunk
-                            if sse is None:
-                                continue
-                            for _event, data in sse.feed(chunk):
-                                if data in ("", "[DONE]"):
-                                    continue
-                                n_events += 1
-                                try:
-                                    counts = chunk_tokens_by_choice(api, loads_json(data))
-                                except ValueError:
-                                    continue
-                                if not counts:
-                                    continue
-                                now = time.perf_counter()
-                                for idx, n in counts.items():
-                                    per_choice.setdefault(idx, []).append(n)
-                                    n_tokens += n
-                                if 0 in counts:
-                                    arrivals.append(now)
-                            if token_cap is not None and (n_tokens > token_cap or n_events > 2 * token_cap + 256):
+                async with asyncio.timeout(budget), asyncio.timeout(None) as stall, \
+                        http.stream("POST", self.url, content=payload) as resp:
+                    status = resp.status_code
+                    retry_after = parse_retry_after(resp.headers.get("retry-after"))
+                    content_type = resp.headers.get("content-type")
+                    location = resp.headers.get("location")
+                    ok = 200 <= status < 300
+                    sse = SSELineDecoder() if stream and ok else None
+                    body_cap = cap if ok else min(cap, _ERROR_BODY_BYTES)
+                    if sse is not None:  # a stream must bring a data event every stall_s (keep-alives are not one)
+                        stall.reschedule(loop.time() + stall_s)
+                    async for chunk in resp.aiter_bytes():
+                        if sse is None and not body_started and chunk.strip():
+                            body_started = True  # a plain body, once begun, must end within stall_s
+                            stall.reschedule(loop.time() + stall_s)
+                        if len(buf) + len(chunk) > body_cap:
+                            if ok:
                                 limit_error = (
-                                    "stream_token_overrun",
-                                    f"stream_token_overrun: {n_tokens} tokens in {n_events} events streamed, more than the "
-                                    f"{token_cap} tokens (or {2 * token_cap + 256} events) that max_tokens allows "
-                                    "(response_limits.stream_token_factor/stream_token_slack); stream cut",
+                                    "response_too_large",
+                                    f"response_too_large: body exceeds response_limits.max_response_bytes = {cap} "
+                                    f"bytes; reading stopped, first {_EVIDENCE_BYTES} bytes kept",
                                 )
-                                break
+                            buf += chunk[: max(0, body_cap - len(buf))]
+                            break
+                        buf += chunk
+                        if sse is None:
+                            continue
+                        for _event, data in sse.feed(chunk):
+                            if data in ("", "[DONE]"):
+                                keepalives += data == ""
+                                continue
+                            stall.reschedule(loop.time() + stall_s)
+                            n_events += 1
+                            try:
+                                counts = chunk_tokens_by_choice(api, loads_json(data))
+                            except ValueError:
+                                continue
+                            if not counts:
+                                continue
+                            now = time.perf_counter()
+                            for idx, n in counts.items():
+                                per_choice.setdefault(idx, []).append(n)
+                                n_tokens += n
+                            if 0 in counts:
+                                arrivals.append(now)
+                        if token_cap is not None and (n_tokens > token_cap or n_events > 2 * token_cap + 256):
+                            limit_error = (
+                                "stream_token_overrun",
+                                f"stream_token_overrun: {n_tokens} tokens in {n_events} events streamed, more than the "
+                                f"{token_cap} tokens (or {2 * token_cap + 256} events) that max_tokens allows "
+                                "(response_limits.stream_token_factor/stream_token_slack); stream cut",
+                            )
+                            break
             except (TimeoutError, httpx.TimeoutException) as exc:
                 self._reached = self._reached or not isinstance(exc, httpx.ConnectTimeout)
-                if deadline_bound:
+                if stall is not None and stall.expired():
+                    what = (f"no data event for {stall_s:g}s after {n_events} event(s) ({keepalives} keep-alive(s) "
+                            f"and {sse.dropped_lines if sse is not None else 0} overlong line(s) do not count)"
+                            if status is not None and stream and 200 <= status < 300 else
+                            f"the body was still incomplete {stall_s:g}s after it began ({len(buf)} bytes read)")
+                    transport_error = ("stalled", f"stalled: {what}; response_limits.stall_timeout_s; not retried")
+                elif deadline_bound:
                     transport_error = ("deadline_exceeded", f"deadline_exceeded: the request's {self._deadline_s:g}s deadline ran out during attempt {attempt_no} ({type(exc).__name__})")
                 else:
                     transport_error = ("timeout", f"timeout: no complete response within {self.config.timeout_s:g}s ({type(exc).__name__})")
@@ -460,7 +481,7 @@ class ProbeClient:
             parsed_ok = False
         elif transport_error is not None:
             kind, err = transport_error
-            if kind != "deadline_exceeded" and stream and status is not None and 200 <= status < 300 and body:
+            if kind not in ("deadline_exceeded", "stalled") and stream and status is not None and 200 <= status < 300 and body:
                 kind, err = "truncated_stream", f"truncated_stream: {err}"
             retryable = kind in RETRYABLE_KINDS or (kind in MALFORMED_KINDS and self.config.retry.retry_malformed)
             if kind == "connect_error" and self.unreachable is not None and not self._reached:

@@ -201,6 +201,23 @@ class ResponseLimits(_Strict):
     stream_token_slack: int = Field(64, ge=0, le=1_000_000)
     """Tokens allowed beyond ``stream_token_factor × max_tokens × n`` (see there)."""
 
+    max_stored_body_bytes: int = Field(8 * 1024 * 1024, ge=4096, le=1024 * 1024 * 1024)
+    """Most characters (≈ bytes) of one attempt's raw body kept in the store; the cap is lower when
+    the request asks for less (:func:`probes.wire.stored_body_cap`: what ``max_tokens``, ``n`` and
+    the asked alternatives can fill), so a provider sending 100,000 alternatives per token cannot
+    fill the database. The part beyond is dropped with a note saying how much."""
+
+    max_stored_bytes_per_run: int = Field(64 * 1024 * 1024, ge=65536, le=64 * 1024 * 1024 * 1024)
+    """Most characters of raw bodies one run keeps in the store, all attempts together; past it
+    each further body keeps only its first 4 KiB (the normalized tokens are stored in full)."""
+
+    stall_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Seconds an answer may make no progress once its headers came (issue 37, item 9): a stream
+    with no ``data:`` event for this long (keep-alive comments and empty events are not progress),
+    or a plain body still incomplete this long after its first non-blank byte (a body trickling
+    bytes), ends the attempt as ``stalled`` (not retried: a stalling provider stalls again). A
+    plain body's wait for its first byte (the answer being generated) is bounded by ``timeout_s``."""
+
     request_deadline_s: float | None = Field(None, gt=0)
     """Wall-clock bound on one request in seconds, every retry and backoff wait included
     (``timeout_s`` bounds one attempt). Past it the request ends as ``deadline_exceeded``.
@@ -366,6 +383,12 @@ class ProviderConfig(_Strict):
 
     response_limits: ResponseLimits = Field(default_factory=ResponseLimits)
     """Per-response byte cap, streamed-token cap and whole-request deadline."""
+
+    audit_deadline_s: float = Field(3600.0, gt=0, le=7 * 86400)
+    """Wall-clock bound on sending one audit's probes, seconds (default 3600 = 1 h; ``auditor
+    check --deadline`` overrides it; issue 37, item 9). Past it the requests in flight are
+    cancelled, the probes not finished stay pending (a ``--resume`` sends them), and the verdict is
+    computed on what was collected, the report saying so (summary key ``deadline``)."""
 
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra JSON fields merged into every request body (e.g. ``{ top_k = -1 }``). They override

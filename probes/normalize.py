@@ -18,7 +18,9 @@ Per generated token it yields a :class:`TokenRecord` with
   of probability (``mass_exceeds_one``; two or more in a row → ``zero_logprob_run``);
 - ``top_logprobs``: ``(token, bytes, logprob)`` alternatives, in the order given; logprobs obey the
   same rule (``None`` for masked, padded, sentinel or non-finite entries), so every float in a
-  record is finite and JSON-safe.
+  record is finite and JSON-safe. At most the asked count + 1 are kept while parsing (the
+  chosen token's entry and the highest others; ``top_logprobs_excess`` counts the rest), so
+  memory and storage follow the request, not the provider (issue 37, item 11).
 
 Extra anomaly kinds (beyond the shared vocabulary): ``malformed_json`` (body or an SSE event is
 not JSON), ``truncated_stream`` (no ``data: [DONE]``), ``provider_error`` (an ``error`` object),
@@ -45,6 +47,7 @@ the figure estimated.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +88,9 @@ MASKED_THRESHOLD = -1e30
 POSITIVE_TOL = 1e-6
 #: Probability-mass slack for the listed alternatives.
 MASS_TOL = 1e-3
+#: Alternatives kept per token when the request did not say how many it asked for (no logprobs
+#: asked, or no request known): a provider's unasked list is bounded too.
+MAX_UNASKED_ALTERNATIVES = 20
 
 #: Every anomaly kind this module can report, with its meaning.
 ANOMALY_KINDS: dict[str, str] = {
@@ -106,6 +112,7 @@ ANOMALY_KINDS: dict[str, str] = {
     "missing_logprobs": "logprobs were asked, none (or not for every token) came back",
     "spm_token_strings": "SentencePiece '▁' word-boundary marks leaked into token strings",
     "replacement_char_text": "text/token strings carry U+FFFD where the tokens' bytes hold a valid character; bytes kept",
+    "top_logprobs_excess": "more alternatives than asked (+1 for the chosen token); only the asked number are kept",
     "malformed_usage": "the usage object's token counts are not non-negative integers (dropped)",
     **BODY_ANOMALIES,  # malformed_json, malformed_response, truncated_stream, empty_stream, provider_error: shared with the client
 }
@@ -151,12 +158,16 @@ class _RawTok:
     lp: Any
     top: list[tuple[str, bytes | None, Any]]
     offset: int | None = None
+    excess: int = 0
+    """Alternatives the provider listed beyond what was kept (:func:`_cap_alternatives`)."""
 
 
 @dataclass
 class _Acc:
     anomalies: dict[str, None] = field(default_factory=dict)
     details: list[dict[str, Any]] = field(default_factory=list)
+    keep_alternatives: int = MAX_UNASKED_ALTERNATIVES
+    """Alternatives kept per token while parsing (the request's count + 1, :func:`_cap_alternatives`)."""
 
     def add(self, kind: str, index: int | None = None, detail: str = "") -> None:
         self.anomalies.setdefault(kind, None)
@@ -179,17 +190,46 @@ def _entries(lp: Any, acc: _Acc) -> list[_RawTok] | None:
     return None
 
 
-def _alternatives(tl: Any) -> list[tuple[str, bytes | None, Any]]:
-    """``top_logprobs`` of one token: a list of ``{token, logprob, bytes}`` or a ``{token: logprob}`` dict."""
+def _alternatives(tl: Any, keep: int, chosen: str) -> tuple[list[tuple[str, bytes | None, Any]], int]:
+    """``top_logprobs`` of one token (a list of ``{token, logprob, bytes}`` or a ``{token: logprob}``
+    dict) → (at most ``keep`` alternatives, number dropped); see :func:`_cap_alternatives`."""
     if isinstance(tl, dict):
-        return [(k, None, v) for k, v in tl.items()]
+        pairs = _cap_alternatives(list(tl.items()), keep, chosen, dict_items=True)
+        return [(str(k), None, v) for k, v in pairs], len(tl) - len(pairs)
+    if not isinstance(tl, list):
+        return [], 0
+    listed = [a for a in tl if isinstance(a, dict)]
+    kept = _cap_alternatives(listed, keep, chosen)
     top: list[tuple[str, bytes | None, Any]] = []
-    if isinstance(tl, list):
-        for a in tl:
-            if isinstance(a, dict):
-                at = a.get("token")
-                top.append((at if isinstance(at, str) else str(at), valid_byte_list(a.get("bytes")), a.get("logprob")))
-    return top
+    for a in kept:
+        at = a.get("token")
+        top.append((at if isinstance(at, str) else str(at), valid_byte_list(a.get("bytes")), a.get("logprob")))
+    return top, len(listed) - len(kept)
+
+
+def _cap_alternatives(listed: list[Any], keep: int, chosen: str, *, dict_items: bool = False) -> list[Any]:
+    """At most ``keep`` of one token's listed alternatives (issue 37, item 11: memory and storage
+    follow the request, not the provider): unchanged when within ``keep``; otherwise the chosen
+    token's entry (when listed) and the highest-logprob others (NaN, non-numbers and -inf last), in
+    the order given (``keep - 1`` others: the last place is the chosen token's). O(len(listed)) time, O(keep) extra memory (``heapq.nlargest``); never raises.
+
+    ``listed``: alternative dicts (``{token, logprob, bytes}``), or ``(token, logprob)`` pairs when
+    ``dict_items``."""
+    if len(listed) <= keep:
+        return listed
+
+    def tok(a: Any) -> Any:
+        return a[0] if dict_items else a.get("token")
+
+    def score(ia: tuple[int, Any]) -> float:
+        f = _as_float(ia[1][1] if dict_items else ia[1].get("logprob"))
+        return f if f is not None and not math.isnan(f) else -math.inf
+
+    ci = next((i for i, a in enumerate(listed) if tok(a) == chosen), None) if keep > 0 else None
+    rest = keep - 1  # the last place is the chosen token's, listed or not
+    best = heapq.nlargest(rest, ((i, a) for i, a in enumerate(listed) if i != ci), key=score) if rest > 0 else []
+    idx = sorted([i for i, _a in best] + ([ci] if ci is not None else []))
+    return [listed[i] for i in idx]
 
 
 def _chat_entries(content: Any, acc: _Acc) -> list[_RawTok] | None:
@@ -203,7 +243,8 @@ def _chat_entries(content: Any, acc: _Acc) -> list[_RawTok] | None:
             continue
         tok = e.get("token")
         tok = tok if isinstance(tok, str) else ("" if tok is None else str(tok))
-        out.append(_RawTok(tok, valid_byte_list(e.get("bytes")), e.get("logprob"), _alternatives(e.get("top_logprobs"))))
+        top, excess = _alternatives(e.get("top_logprobs"), acc.keep_alternatives, tok)
+        out.append(_RawTok(tok, valid_byte_list(e.get("bytes")), e.get("logprob"), top, excess=excess))
     return out
 
 
@@ -224,7 +265,8 @@ def _completion_entries(lp: dict[str, Any], acc: _Acc) -> list[_RawTok] | None:
     for i, t in enumerate(toks):
         t = t if isinstance(t, str) else str(t)
         off = offs[i] if i < len(offs) and isinstance(offs[i], int) and not isinstance(offs[i], bool) else None
-        out.append(_RawTok(t, None, lps[i] if i < len(lps) else None, _alternatives(tops[i] if i < len(tops) else None), off))
+        top, excess = _alternatives(tops[i] if i < len(tops) else None, acc.keep_alternatives, t)
+        out.append(_RawTok(t, None, lps[i] if i < len(lps) else None, top, off, excess))
     return out
 
 
@@ -343,6 +385,7 @@ def normalize_response(
         acc.add("malformed_response", None, f"unknown api {api!r}")
         return NormalizedResponse(text="", n_tokens=None, tokens=[], anomalies=list(acc.anomalies), anomaly_details=acc.details)
     asked, k_req = _requested(api, request)
+    acc.keep_alternatives = k_req + 1 if asked else MAX_UNASKED_ALTERNATIVES + 1  # +1: the chosen token (vLLM lists it)
     temperature = _as_float(request.get("temperature"))
     greedy = temperature is not None and temperature == 0.0
 
@@ -621,6 +664,8 @@ def _build_tokens(
             alts.append((atok, ab if keep else None, v))
         if padded:
             flag(i, "top_logprobs_padded", f"{padded} alternative(s) at -inf")
+        if t.excess:
+            flag(i, "top_logprobs_excess", f"{len(t.top) + t.excess} alternatives listed, {k_req} asked: {t.excess} dropped")
         finite = [a for a in alts if a[2] is not None]
         if not prompt and k_req > 0:
             # listed with a finite number (a positive or sentinel value is listed but unusable;

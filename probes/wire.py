@@ -71,6 +71,8 @@ LIMIT_KINDS: dict[str, str] = {
     "response_too_large": "the body exceeded response_limits.max_response_bytes and was dropped, or is JSON too dense to decode safely",
     "stream_token_overrun": "the stream carried more tokens than max_tokens allows (factor x max_tokens x n + slack)",
     "deadline_exceeded": "the request (retries and backoff included) ran past its whole-request deadline",
+    "stalled": "the answer made no progress for response_limits.stall_timeout_s (a stream of keep-alives only, or a "
+               "body trickling bytes)",
 }
 
 
@@ -215,6 +217,41 @@ def stream_token_cap(payload: dict[str, Any], config: ProviderConfig) -> int | N
     n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
     lim = config.response_limits
     return math.ceil(lim.stream_token_factor * mt * n) + lim.stream_token_slack
+
+
+#: Stored-body allowance per token a request can bring back: the chunk/entry around it, and per alternative.
+_STORED_BYTES_PER_TOKEN = 512
+_STORED_BYTES_PER_ALTERNATIVE = 160
+#: Stored-body allowance for what does not scale with tokens (headers of the body, usage, errors).
+_STORED_BYTES_BASE = 64 * 1024
+#: What a body keeps once the run's stored-bytes budget is spent.
+STORED_EVIDENCE_CHARS = 4096
+
+
+def stored_body_cap(payload: dict[str, Any], config: ProviderConfig) -> int:
+    """Most characters of one attempt's raw body the store keeps (issue 37, item 11): what the
+    request can bring back — tokens (:func:`stream_token_cap`, plus an echoed prompt's characters)
+    × (512 + 160 × (alternatives asked + 1)) + 64 KiB — at most
+    ``response_limits.max_stored_body_bytes`` (also the cap when the request has no ``max_tokens``)."""
+    ceiling = config.response_limits.max_stored_body_bytes
+    # the stream cap is the token bound whether streamed or not (a plain body holds the same tokens)
+    tokens = stream_token_cap(payload, config)
+    if tokens is None:
+        return ceiling
+    prompt = payload.get("prompt")
+    if payload.get("echo") and isinstance(prompt, (str, list)):
+        tokens += len(prompt) if isinstance(prompt, str) else sum(len(str(p)) for p in prompt)
+    k = payload.get("top_logprobs") if "messages" in payload else payload.get("logprobs")
+    k = k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else 0
+    per = _STORED_BYTES_PER_TOKEN + _STORED_BYTES_PER_ALTERNATIVE * (k + 1)
+    return min(ceiling, _STORED_BYTES_BASE + tokens * per)
+
+
+def stored_body(text: str | None, cap: int) -> str | None:
+    """``text`` cut to ``cap`` characters, with a note naming what was dropped (``None`` stays)."""
+    if text is None or len(text) <= cap:
+        return text
+    return text[:cap] + f"\n[spec-auditor: {len(text) - cap} more characters of this body not stored (cap {cap})]"
 
 
 def _choice_text(api: str, choice: dict[str, Any], stream: bool) -> str:

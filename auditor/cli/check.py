@@ -41,6 +41,7 @@ FLAGS = {
     "config_path": "--config",
     "device": "--device",
     "dtype": "--dtype",
+    "deadline_s": "--deadline",
 }
 
 
@@ -101,6 +102,7 @@ def register(app: typer.Typer) -> None:
         device: str | None = typer.Option(None, "--device", help="Where a local reference runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: the reference table's, else cpu)."),
         dtype: str | None = typer.Option(None, "--dtype", help="Reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16, or the reference table's)."),
         resolve_cause: bool = typer.Option(False, "--resolve-cause/--stop-at-rejection", help="With --budget-tokens auto: after a rejection whose cause is not established (QUANTIZATION_OR_SUBSTITUTION, or a QUANTIZATION named as the milder cause), keep probing up to the cap to tell quantization from another model (default: stop at the first rejection; the precision answer is 'no' either way)."),
+        deadline: float | None = typer.Option(None, "--deadline", help="Seconds the audit's requests may take in all (default: the provider's audit_deadline_s, 3600); past it the audit ends with what it has collected and says so."),
         debug: bool = typer.Option(False, "--debug", help=DEBUG_HELP),
     ) -> None:
         """Audit a provider: probe it, compare with the reference, print the verdict and the evidence.
@@ -119,6 +121,8 @@ def register(app: typer.Typer) -> None:
             raise _fail(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
         if not 0 < alpha < 1:
             raise _fail(f"--alpha {alpha}: must be in (0, 1), e.g. 0.05")
+        if deadline is not None and not 0 < deadline < float("inf"):
+            raise _fail(f"--deadline {deadline}: a positive number of seconds, e.g. 600")
         err = Console(stderr=True)
         auto = budget_tokens is not None and budget_tokens.strip().lower() == "auto"
         budget: int | None = None
@@ -150,7 +154,7 @@ def register(app: typer.Typer) -> None:
                 rep = run_check(provider, CheckOptions(
                     suite=suite, budget_tokens=budget, alpha=alpha, db_url=db,
                     config_path=str(config) if config else None, resume=resume, progress=True if progress else None,
-                    console=err, seed=seed, device=device, dtype=dtype,
+                    console=err, seed=seed, device=device, dtype=dtype, deadline_s=deadline,
                 ))
         except AuditError as exc:
             raise _fail(word_audit_error(exc, provider), exc.exit_code) from None

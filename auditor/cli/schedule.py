@@ -191,8 +191,10 @@ def register(app: typer.Typer) -> None:
 
         Exit codes: 0 done, 3 usage/config/database error, 4 internal error (an unexpected error of the
         scheduler, or with --once of an audit it ran: one line each, the traceback in a log file; the
-        audit's run is stored as failed with the reason). The long-running scheduler reports a failed
-        audit and goes on with the next.
+        audit's run is stored as failed with the reason), 130 stopped by SIGTERM / Ctrl-C during an
+        audit (its run is stored interrupted with the reason, its slot is not counted as done, and the
+        next `schedule run` resumes it). The long-running scheduler reports a failed audit and goes on
+        with the next; Ctrl+C between audits stops it after the current pass.
         """
         import signal
         import threading
@@ -204,6 +206,15 @@ def register(app: typer.Typer) -> None:
         store = _open(db)
         hook = webhook or os.environ.get(WEBHOOK_ENV) or None
         sched = AuditScheduler(store, webhook_url=hook, echo=lambda m: typer.echo(m))
+        stop = threading.Event()
+
+        def on_term(*_: object) -> None:
+            # SIGTERM (systemd, docker stop, kill): checkpoint the audit in progress now — the scheduler
+            # marks its run interrupted and gives the slot back, the next `schedule run` resumes it
+            stop.set()
+            raise KeyboardInterrupt("SIGTERM")
+
+        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_term)}
         try:
             if once:
                 with internal_errors("auditor schedule run", debug=debug):
@@ -214,19 +225,22 @@ def register(app: typer.Typer) -> None:
                 if any(o.internal for o in outcomes):
                     raise typer.Exit(INTERNAL_ERROR_EXIT)
                 return
-            stop = threading.Event()
-            previous = {}
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, lambda *_: stop.set())
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: stop.set())
             typer.echo(f"scheduler running on {store.display_url} (Ctrl+C to stop)")
-            try:
-                with internal_errors("auditor schedule run", debug=debug):
-                    sched.run_forever(stop=stop, poll_s=poll)
-            finally:
-                for sig, h in previous.items():
-                    signal.signal(sig, h)
+            with internal_errors("auditor schedule run", debug=debug):
+                sched.run_forever(stop=stop, poll_s=poll)
             typer.echo("scheduler stopped")
+        except KeyboardInterrupt:
+            if sched.interrupted is None:  # between audits: nothing was cut
+                typer.echo("scheduler stopped")
+                return
+            typer.echo("scheduler stopped during an audit"
+                       + (f"; run {sched.interrupted} is stored as interrupted" if sched.interrupted else "")
+                       + "; the next `auditor schedule run` resumes it")
+            raise typer.Exit(130) from None
         finally:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
             store.close()
 
     @app.command("feed")

@@ -416,6 +416,29 @@ def next_attempt_no(s: Session, probe_id: int) -> int:
     return int(cur or 0) + 1
 
 
+def token_anomaly_counts(s: Session, run_id: str, kinds: Iterable[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """For each anomaly kind in ``kinds``: (tokens of ``run_id``'s finished probes flagged with it,
+    probes with at least one such token). Kinds never seen are absent from both dicts."""
+    wanted = set(kinds)
+    tokens: dict[str, int] = {}
+    probes: dict[str, set[int]] = {}
+    rows = s.execute(select(NormalizedToken.probe_id, NormalizedToken.anomalies)
+                     .join(Probe, Probe.id == NormalizedToken.probe_id).where(Probe.run_id == run_id))
+    for pid, anomalies in rows:
+        for k in set(anomalies or ()) & wanted:
+            tokens[k] = tokens.get(k, 0) + 1
+            probes.setdefault(k, set()).add(pid)
+    return tokens, {k: len(v) for k, v in probes.items()}
+
+
+def stored_body_chars(s: Session, run_id: str) -> int:
+    """Characters of raw response bodies stored for ``run_id`` so far (all attempts; 0 when none),
+    the figure ``response_limits.max_stored_bytes_per_run`` bounds."""
+    n = s.scalar(select(func.coalesce(func.sum(func.length(ProbeAttempt.response_text)), 0))
+                 .where(ProbeAttempt.run_id == run_id))
+    return int(n or 0)
+
+
 def add_probe_attempt(
     s: Session,
     *,
