@@ -72,7 +72,7 @@ from auditor.detectors import PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorResult, not_run
 from auditor.util import finite
 from probes.config import ProviderConfig
-from probes.conventions import RANKED, LogprobConvention, certified_top, learn_convention
+from probes.conventions import RANKED, LogprobConvention, certified_top, learn_convention, requested_top_logprobs
 from probes.normalize import NormalizedResponse, normalize_response
 
 __all__ = [
@@ -472,19 +472,12 @@ def evaluate_preflight(api: str, exchanges: Sequence[dict], tokenizer: Any = Non
     sa, sb = nz.get("seed-a"), nz.get("seed-b")
     if sb is not None and sa is not None and _ids(sb) != _ids(sa):  # an ignored seed: an independent draw
         sampled.append(sb)
-    conv = learn_convention([r for r in nz.values() if r is not None], _requested_k(api, exchanges))
+    conv = learn_convention([r.tokens for r in nz.values() if r is not None],
+                            next((k for e in exchanges if (k := requested_top_logprobs(e.get("request")))), None))
     checks.append(_top_p_check(sampled, conv))
     checks.append(_prompt_tokens_check(api, ex.get("greedy-a"), nz.get("greedy-a"), tokenizer))
     return PreflightReport(checks, list(exchanges), conv.to_dict() if conv.n_positions else {})
 
-
-def _requested_k(api: str, exchanges: Sequence[dict]) -> int | None:
-    """The ``top_logprobs`` the pre-flight asked (chat ``top_logprobs``, completions ``logprobs``), or None."""
-    for e in exchanges:
-        v = (e.get("request") or {}).get("top_logprobs" if api == "chat" else "logprobs")
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
 
 
 def _prompt_tokens_check(api: str, ex: dict | None, n: NormalizedResponse | None, tokenizer: Any) -> PreflightCheck:

@@ -21,7 +21,7 @@ Partial characters: a character the tokenizer splits over several tokens comes b
 partial bytes per token (OpenAI's ``bytes`` field, llama.cpp) or, in vLLM, as empty tokens (``""``,
 ``bytes: []``) followed by one token carrying the whole character's bytes, whose alternatives are
 whole characters too (the pending bytes + each alternative's). ``partial_chars`` records which was
-seen. Pure functions over :class:`probes.records.NormalizedResponse` (no I/O, no torch).
+seen. Pure functions over :class:`probes.records.TokenRecord` lists (no I/O, no torch).
 """
 
 from __future__ import annotations
@@ -31,9 +31,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from probes.records import NormalizedResponse, TokenRecord
+from probes.records import TokenRecord
 
-__all__ = ["RANKED", "LogprobConvention", "certified_top", "learn_convention"]
+__all__ = [
+    "RANKED",
+    "LogprobConvention",
+    "certified_top",
+    "learn_convention",
+    "requested_top_logprobs",
+    "whole_character_follows",
+]
 
 #: Nats by which the first entry may trail a later one before the list counts as not ranked
 #: (rounding of reported logprobs, exact ties).
@@ -96,6 +103,20 @@ def _same(t: TokenRecord, alt: tuple[str, bytes | None, float | None]) -> bool:
     return alt[0] == t.token or (alt[1] is not None and t.bytes is not None and alt[1] == t.bytes)
 
 
+def whole_character_follows(tokens: Sequence[TokenRecord], i: int) -> bool:
+    """True when the first non-empty token after ``i`` holds a multi-byte UTF-8 character (U+FFFD included;
+    the pieces may start with a space): token ``i``, if empty (``""``, no bytes), is then a piece of that
+    character under vLLM's partial-character convention."""
+    for t in tokens[i + 1 :]:
+        b = t.bytes
+        if b is None:
+            return False
+        if b == b"" and t.token == "":
+            continue
+        return any(x >= 0xC2 for x in b)
+    return False
+
+
 def _is_partial(b: bytes | None) -> bool:
     """True when ``b`` is non-empty and not valid UTF-8 on its own (a piece of a character)."""
     if not b:
@@ -107,11 +128,12 @@ def _is_partial(b: bytes | None) -> bool:
     return False
 
 
-def learn_convention(responses: Sequence[NormalizedResponse], requested: int | None) -> LogprobConvention:
-    """Learn the convention from normalized responses of one provider (generated tokens only).
+def learn_convention(responses: Sequence[Sequence[TokenRecord]], requested: int | None) -> LogprobConvention:
+    """Learn the convention from the generated tokens of one provider's answers.
 
     Args:
-        responses: the provider's normalized answers (any temperature; sampled ones carry the signal).
+        responses: per answer its generated tokens (``NormalizedResponse.tokens`` or stored tokens; any
+            temperature, sampled ones carry the signal).
         requested: the ``top_logprobs`` the requests asked (None: unknown; chat ``top_logprobs`` or
             legacy ``logprobs``).
 
@@ -121,10 +143,9 @@ def learn_convention(responses: Sequence[NormalizedResponse], requested: int | N
     n = first = listed = out_of_order = 0
     max_entries = 0
     empty_then_whole = raw = False
-    for r in responses:
-        toks = r.tokens
+    for toks in responses:
         for i, t in enumerate(toks):
-            if t.token == "" and t.bytes == b"" and i + 1 < len(toks) and (toks[i + 1].bytes or b"")[:1] >= b"\xc0":
+            if t.token == "" and t.bytes == b"" and whole_character_follows(toks, i):
                 empty_then_whole = True
             if _is_partial(t.bytes):
                 raw = True
@@ -147,6 +168,14 @@ def learn_convention(responses: Sequence[NormalizedResponse], requested: int | N
         partial_chars="empty_then_whole" if empty_then_whole else "raw_bytes" if raw else "none_seen",
         n_positions=n,
     )
+
+
+def requested_top_logprobs(request: dict[str, Any] | None) -> int | None:
+    """The alternatives a request asked: chat ``top_logprobs`` (with ``logprobs`` true) or legacy
+    completions ``logprobs`` (an int); None when it asked none."""
+    req = request or {}
+    v = req.get("top_logprobs") if "messages" in req or "top_logprobs" in req else req.get("logprobs")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def certified_top(

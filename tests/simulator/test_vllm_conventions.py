@@ -63,7 +63,7 @@ def test_partial_characters_empty_then_whole(vllm_bodies) -> None:
         assert "bytes_text_mismatch" not in n.anomalies, n.anomaly_details[:3]
         norms.append(n)
     assert n_empty > 0
-    conv = learn_convention(norms, K)
+    conv = learn_convention([n.tokens for n in norms], K)
     assert conv.sampled_first and conv.sampled_always_listed and conv.max_entries == K + 1
     assert conv.partial_chars == "empty_then_whole" and conv.certified_m == K
 
@@ -90,7 +90,7 @@ def test_openai_convention_is_the_default(tiny_lm) -> None:
     with TestClient(create_app("honest-fp32", tiny_lm, seed=0)) as c:
         body, r = _chat(c, None, seed=1)
     n = normalize_response("chat", body, response=r.json())
-    conv = learn_convention([n], K)
+    conv = learn_convention([n.tokens], K)
     assert not conv.sampled_first and conv.max_entries == K and conv.certified_m is None
     with pytest.raises(ValueError, match="logprob_convention"):
         create_app("honest-fp32", tiny_lm, logprob_convention="sglang")
