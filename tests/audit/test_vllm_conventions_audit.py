@@ -43,3 +43,32 @@ def test_honest_vllm_conventions_are_not_accused(vllm_sim, suite, budget) -> Non
         assert conv["name"] == "sampled-first" and conv["certified_m"] == conv["requested"]  # k + 1 entries seen
         assert conv["partial_chars"] == "empty_then_whole"  # the case was exercised
     assert rep.summary["preflight"]["convention"]["name"] == "sampled-first"
+
+
+# ------------------------------------------------------------------------------------------ item 3
+def test_unverified_tokens_answer_verification_no(tmp_path, tiny_lm, small_floors, monkeypatch) -> None:
+    """Issue 40 item 3: greedy tokens far below the provider's own top-1 (unverified drafts of rounds
+    batched with sampled traffic) → "strict verification? no" with those positions, never SUBSTITUTION."""
+    from auditor import audit
+    from auditor.questions import answer_questions
+    from simulator.server import ServerThread, create_app
+
+    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    srv = ServerThread(create_app("unverified-mixed-batch", lm=tiny_lm, served_model_name="tiny", seed=0,
+                                  logprob_convention="vllm"), timeout=120).start()
+    try:
+        cfg = tmp_path / "providers.toml"
+        cfg.write_text(providers_toml({"spec": srv.base_url}, "tiny", reference="tiny-ref"))
+        rep = run_check("spec", suite="default", budget_tokens=800, db_url=f"sqlite:///{tmp_path / 'a.db'}",
+                        config_path=str(cfg), reference_dtypes=["float32"])
+    finally:
+        srv.stop()
+    print(f"\nunverified-mixed-batch: {rep.verdict} — {rep.verdict_reason[:400]}")
+    assert rep.verdict == "RELAXED_VERIFICATION", rep.verdict_reason
+    assert rep.verdict_details["rule"] == "1u-unverified-tokens"
+    sg = next(r for r in rep.detectors if r["name"] == "self-greedy")
+    d = sg["details"]
+    assert d["n_unverified"] >= 3 and 2 * d["n_unverified"] >= d["n_clear"]
+    assert all(u["gap"] >= d["unverified_gap_nats"] for u in d["unverified_positions"])
+    answers = {a.key: a for a in answer_questions(rep.verdict, rep.verdict_details)}
+    assert answers["verification"].answer == "no", answers["verification"].evidence
