@@ -123,3 +123,22 @@ def test_preflight_vllm_server_top_k_still_caught(peaked_lm) -> None:
     rep = _preflight(peaked_lm, "vllm", forced_top_k=3)
     c = rep.check("top-p")
     assert c.passed is False and c.p_value < 1e-4, c.summary
+
+
+@pytest.mark.parametrize("convention", ["openai", "vllm"])
+def test_providers_probe_records_the_convention(tiny_lm, convention) -> None:
+    """``auditor providers probe`` (discover_capabilities) learns the convention from its seeded answers."""
+    import asyncio
+
+    import fastapi.testclient as tc
+
+    from probes.discover import discover_capabilities
+
+    app = create_app("honest-fp32", tiny_lm, seed=0, logprob_convention=convention)
+    with tc.TestClient(app) as c:
+        model = c.get("/v1/models").json()["data"][0]["id"]
+    with ServerThread(app) as srv:
+        rep = asyncio.run(discover_capabilities(ProviderConfig(name="sim", base_url=srv.base_url, model=model)))
+    check = next(c for c in rep.checks if c.name == "logprob_convention")
+    want = "sampled-first" if convention == "vllm" else "ranked"
+    assert rep.convention is not None and rep.convention["name"] == want and check.value == want, check.detail
