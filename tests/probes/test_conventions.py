@@ -113,3 +113,23 @@ def test_whole_characters_are_not_foreign(smollm2_tokenizer) -> None:
         assert bv.whole_character_ids(ch.encode()) is not None, ch
     assert bv.whole_character_ids(b"plain ascii") is None
     assert bv.whole_character_ids("▁hello".encode()) is None  # gemma's word pieces stay foreign
+
+
+def test_tokenizer_rule_never_calls_whole_characters_or_lost_bytes_foreign(smollm2_tokenizer) -> None:
+    """Issue 40: '√', '∏', '∑', '∛' (vLLM's whole characters) and U+FFFD strings (an orphan partial character
+    of garbage ids) were "a proof" of SUBSTITUTION; another family's word pieces still are."""
+    from types import SimpleNamespace
+
+    from auditor.evidence import tokenizer_mismatch
+
+    def obs(strings: list[str]) -> SimpleNamespace:
+        toks = [TokenRecord(index=i, token=s, bytes=s.encode(), logprob=-1.0,
+                            top_logprobs=[(a, a.encode(), -2.0) for a in ("∏", "∑", "∛")]) for i, s in enumerate(strings)]
+        return SimpleNamespace(anomalies=[], tokens=toks, provider_prompt_tokens=None, prompt_ids=[])
+
+    honest = obs(["√", " √", "\ufffd TType", "\ufffd Shop", " � Afghan"])
+    assert tokenizer_mismatch([honest], smollm2_tokenizer, "chat") is None
+    other = obs(["▁hello", "▁world", "▁again", "▁there"])  # SentencePiece pieces: no SmolLM2 id spells them
+    tm = tokenizer_mismatch([honest, other], smollm2_tokenizer, "chat")
+    assert tm is not None and "foreign_tokens" in tm["established"] and tm["n_foreign_distinct"] == 4
+    assert tm["n_whole_or_lost"] > 0

@@ -61,6 +61,8 @@ def test_partial_characters_empty_then_whole(vllm_bodies) -> None:
                 assert b["token"] == "" or len(bytes(b["bytes"])) >= 2
         n = normalize_response("chat", body, response=r.json())
         assert "bytes_text_mismatch" not in n.anomalies, n.anomaly_details[:3]
+        # the sampled token is always listed: no "chosen not in top" under this convention either
+        assert not {"chosen_not_in_top", "mass_exceeds_one", "top_logprobs_short"} & set(n.anomalies), n.anomalies
         norms.append(n)
     assert n_empty > 0
     conv = learn_convention([n.tokens for n in norms], K)
