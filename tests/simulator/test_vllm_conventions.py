@@ -71,19 +71,26 @@ def test_partial_characters_empty_then_whole(vllm_bodies) -> None:
 
 
 def test_streamed_vllm_chunks_match_non_streamed(tiny_lm) -> None:
-    """Streamed chunks carry the same entries (several tokens per chunk when the engine speculates)."""
+    """Streamed chunks carry the same entries, several tokens per chunk (an engine step or a time slice)."""
     import json
 
     from fastapi.testclient import TestClient
 
-    app = create_app("honest-fp32", tiny_lm, seed=0, logprob_convention="vllm", drafter="ngram")
+    app = create_app("honest-fp32", tiny_lm, seed=0, logprob_convention="vllm", stream_chunking="time",
+                     stream_interval_ms=100.0)
     with TestClient(app) as c:
-        _b, whole = _chat(c, app, seed=3)
-        _b, streamed = _chat(c, app, seed=3, stream=True)
+        body, whole = _chat(c, app, seed=3, max_tokens=96)
+        sbody, streamed = _chat(c, app, seed=3, stream=True, max_tokens=96)
     events = [json.loads(line[6:]) for line in streamed.text.splitlines()
               if line.startswith("data: ") and line != "data: [DONE]"]
+    per_chunk = [len(ch["logprobs"]["content"]) for ev in events for ch in ev["choices"] if ch.get("logprobs")]
     got = [e for ev in events for ch in ev["choices"] if ch.get("logprobs") for e in ch["logprobs"]["content"]]
     assert got == whole.json()["choices"][0]["logprobs"]["content"]
+    assert max(per_chunk) >= 2  # multi-token chunks (what was ready each 100 ms), each token with its own entry
+    ns = normalize_response("chat", sbody, response_text=streamed.text, stream=True)
+    nw = normalize_response("chat", body, response=whole.json())
+    assert ns.text == nw.text and [t.bytes for t in ns.tokens] == [t.bytes for t in nw.tokens]
+    assert "bytes_text_mismatch" not in ns.anomalies, ns.anomaly_details[:3]
 
 
 def test_openai_convention_is_the_default(tiny_lm) -> None:
