@@ -416,6 +416,8 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
     verdict = _mark_not_tested(verdict, ref)
     # 11. summary
     summary, tokens_extra = summary_stage(store, run_id, verdict.results, floors, ref0, observations, ev.n_positions)
+    if ev.convention:
+        summary["logprob_convention"] = ev.convention  # issue 40: how the provider spells its logprobs
     details = dict(verdict.details)
     details["report"] = {
         "detectors": {r.name: {"details": r.details} for r in verdict.results},

@@ -24,6 +24,7 @@ import numpy as np
 from auditor.observations import Observation, _token_text, load_observations, stored_tokens
 from probes.align import ByteVocab
 from probes.align import _byte_vocab as _bv
+from probes.conventions import LogprobConvention, certified_top, learn_convention, requested_top_logprobs
 
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.detectors import DetectorResult, EvidenceBatch
@@ -37,6 +38,7 @@ __all__ = [
     "build_evidence",
     "enrich_evidence",
     "evidence_stage",
+    "learn_observed_convention",
     "load_observations",
     "stored_tokens",
     "tokenizer_mismatch",
@@ -62,10 +64,17 @@ class EvidenceIndex:
     rows: list[tuple[int, int]]
 
 
+def learn_observed_convention(observations: Sequence[Observation]) -> LogprobConvention:
+    """The provider's logprob convention (:mod:`probes.conventions`) learned from the audit's own answers."""
+    requested = next((k for o in observations if (k := requested_top_logprobs(o.request))), None)
+    return learn_convention([o.tokens for o in observations], requested)
+
+
 def build_evidence(
     observations: Sequence[Observation],
     scored: Sequence[ScoredContinuation] | None,
     tokenizer: Any,
+    convention: LogprobConvention | None = None,
 ) -> tuple[EvidenceBatch, EvidenceIndex]:
     """One ``EvidenceBatch`` over every comparable position (provider token mapping 1:1 onto a
     reference token, inside the aligned prefix).
@@ -75,6 +84,10 @@ def build_evidence(
         scored: per observation the reference's ScoredContinuation over ``ref_ids`` (None = no
             reference: only the self-consistency detectors can run).
         tokenizer: the reference tokenizer (maps the provider's alternatives to reference ids).
+        convention: the provider's logprob convention (None: learned from ``observations``). Each
+            position's alternatives are its certified top-m (``probes.conventions.certified_top``):
+            vLLM's sampled-first lists lose the sampled token's extra entry, which would otherwise
+            put every sampled token inside the listed support and bias the self-consistency tests.
 
     Returns:
         (EvidenceBatch, EvidenceIndex). Shapes: N positions; reference top-K = scored top_k;
@@ -84,6 +97,7 @@ def build_evidence(
     from auditor.scoring import REFERENCE_TOP_K
 
     bv = _bv(tokenizer)
+    conv = convention if convention is not None else learn_observed_convention(observations)
     rows: list[tuple[int, int]] = []
     ref_rows: list[int] = []
     for oi, o in enumerate(observations):
@@ -96,7 +110,8 @@ def build_evidence(
             rows.append((oi, ti))
             ref_rows.append(span[0])
     n = len(rows)
-    m = max((len(observations[oi].tokens[ti].top_logprobs) for oi, ti in rows), default=0)
+    tops = [certified_top(observations[oi].tokens[ti].top_logprobs, conv) for oi, ti in rows]
+    m = max((len(tp) for tp in tops), default=0)
     p_ids = np.full((n, m), -1, np.int64)
     p_lp = np.full((n, m), -np.inf)
     p_tok = np.empty(n, dtype=object)
@@ -114,9 +129,9 @@ def build_evidence(
         if set(t.anomalies or ()) & UNTRUSTED_LOGPROB_ANOMALIES:
             trusted[j] = False
         c = 0
-        for tok, b, lp in t.top_logprobs:
+        for tok, b, lp in tops[j]:
             aid = _alt_id(bv, tok, b)
-            if aid is None or lp is None:
+            if aid is None:
                 continue
             p_ids[j, c] = aid
             p_lp[j, c] = float(lp)
@@ -180,6 +195,7 @@ def enrich_evidence(
 
 
 # ------------------------------------------------------------------------------------------ tokenizer
+_FFFD = "\ufffd".encode()
 #: Distinct provider token strings outside the claimed vocabulary that establish another tokenizer.
 MIN_FOREIGN_TOKENS = 3
 #: Completions prompts whose ``usage.prompt_tokens`` disagrees with the claimed tokenizer's count
@@ -198,6 +214,11 @@ def tokenizer_mismatch(observations: Sequence[Observation], tokenizer: Any, api:
       are no single entry of the claimed vocabulary (``probes.align.ByteVocab``), or whose empty-bytes
       string is no special token of it (e.g. gemma's ``<eos>`` under a SmolLM2 claim). Records with any
       anomaly (malformed, untrusted) are skipped, so a hostile response never counts as evidence.
+      Strings the claimed tokenizer's own ids produce under vLLM's partial-character convention (issue
+      40: a character split over several ids returned whole, ``ByteVocab.whole_character_ids``) and
+      strings holding U+FFFD (bytes the server lost, e.g. an orphan partial character of garbage ids)
+      are never foreign: garbage ids of the declared model are not another model. They are counted in
+      ``n_whole_or_lost``.
     - **prompt counts** (completions only): probes where ``usage.prompt_tokens`` differs from
       ``len(prompt_ids)`` of the claimed tokenizer, and the set of offsets.
 
@@ -214,15 +235,20 @@ def tokenizer_mismatch(observations: Sequence[Observation], tokenizer: Any, api:
     """
     bv = _bv(tokenizer)
     foreign: dict[str, int] = {}
-    n_checked = 0
+    n_checked = lost_or_whole = 0
 
     def check(tok: str, b: bytes | None) -> None:
-        nonlocal n_checked
+        nonlocal n_checked, lost_or_whole
         if b is None:
             return
         n_checked += 1
         # added tokens (gemma's whitespace/HTML runs) live in ``special`` under their text, not in ``by_bytes``
         known = tok in bv.special or b in bv.by_bytes or b.decode("utf-8", errors="replace") in bv.special
+        # vLLM's whole characters (issue 40): pieces of a split character + one entry of the claimed
+        # vocabulary; a U+FFFD stands for bytes the server lost, so the string proves nothing
+        if not known and (_FFFD in b or bv.whole_character_ids(b) is not None):
+            lost_or_whole += 1
+            return
         if not known and (b != b"" or tok):
             foreign[tok] = foreign.get(tok, 0) + 1
 
@@ -253,6 +279,7 @@ def tokenizer_mismatch(observations: Sequence[Observation], tokenizer: Any, api:
         "n_foreign_distinct": len(foreign),
         "n_foreign": sum(foreign.values()),
         "n_checked": n_checked,
+        "n_whole_or_lost": lost_or_whole,
         "prompt_counts": [[a, b] for a, b in dis[:8]],
         "n_prompt_disagree": len(dis),
         "n_prompt_checked": len(pairs) if api == "completions" else 0,
@@ -272,12 +299,16 @@ class EvidenceStage:
             tests only), else None.
         n_positions: positions in the evidence (the first batch's, else the self batch's; 0 if none).
         tokenizer_mismatch: :func:`tokenizer_mismatch` (None when not established or not collected).
+        convention: the provider's logprob convention learned from the observations
+            (``probes.conventions.LogprobConvention.to_dict``; stored as the run summary's
+            ``logprob_convention``).
     """
 
     batches: dict[str, EvidenceBatch]
     self_batch: EvidenceBatch | None
     n_positions: int
     tokenizer_mismatch: dict[str, Any] | None
+    convention: dict[str, Any] | None = None
 
 
 def evidence_stage(
@@ -297,9 +328,11 @@ def evidence_stage(
         tokenizer_is_claimed: False when ``tokenizer`` is a stand-in for the claimed model's: the
             tokenizer evidence (cross-family substitution) is then not collected.
     """
-    batches = {dt: build_evidence(observations, sc, tokenizer)[0] for dt, sc in scored.items()}
-    self_batch = None if batches else build_evidence(observations, None, tokenizer)[0]
+    conv = learn_observed_convention(observations)
+    batches = {dt: build_evidence(observations, sc, tokenizer, conv)[0] for dt, sc in scored.items()}
+    self_batch = None if batches else build_evidence(observations, None, tokenizer, conv)[0]
     first = next(iter(batches.values()), self_batch)
     # cross-family substitution (rule 2t) is only provable against the claimed model's own tokenizer
     tm = tokenizer_mismatch(observations, tokenizer, api) if tokenizer_is_claimed else None
-    return EvidenceStage(batches, self_batch, len(first) if first is not None else 0, tm)
+    return EvidenceStage(batches, self_batch, len(first) if first is not None else 0, tm,
+                         conv.to_dict() if conv.n_positions else None)

@@ -72,6 +72,7 @@ from auditor.detectors import PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorResult, not_run
 from auditor.util import finite
 from probes.config import ProviderConfig
+from probes.conventions import RANKED, LogprobConvention, certified_top, learn_convention, requested_top_logprobs
 from probes.normalize import NormalizedResponse, normalize_response
 
 __all__ = [
@@ -136,10 +137,15 @@ class PreflightCheck:
 
 @dataclass
 class PreflightReport:
-    """All checks of one pre-flight plus the requests and answers (stored with the run)."""
+    """All checks of one pre-flight plus the requests and answers (stored with the run).
+
+    ``convention`` is the provider's logprob convention learned from the answers
+    (:meth:`probes.conventions.LogprobConvention.to_dict`; empty when no list came back).
+    """
 
     checks: list[PreflightCheck]
     exchanges: list[dict] = field(default_factory=list)
+    convention: dict = field(default_factory=dict)
 
     def check(self, name: str) -> PreflightCheck | None:
         """The check called ``name``, or None."""
@@ -181,14 +187,14 @@ class PreflightReport:
     def to_dict(self) -> dict:
         """JSON-able record (``from_dict`` inverts it)."""
         return {"checks": [asdict(c) for c in self.checks], "exchanges": self.exchanges,
-                "failed": [c.name for c in self.failed]}
+                "failed": [c.name for c in self.failed], "convention": self.convention}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PreflightReport:
         """Inverse of :meth:`to_dict` (unknown keys ignored)."""
         names = set(PreflightCheck.__dataclass_fields__)
         return cls([PreflightCheck(**{k: v for k, v in c.items() if k in names}) for c in d.get("checks", [])],
-                   list(d.get("exchanges", [])))
+                   list(d.get("exchanges", [])), dict(d.get("convention") or {}))
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -352,14 +358,19 @@ def _greedy_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
                           {"rate": k / n, "band_nats": GREEDY_TIE_BAND, "r0": GREEDY_R0, "examples": examples})
 
 
-def _region_counts(norms: Sequence[NormalizedResponse]) -> tuple[list[tuple[float, float]], list[tuple[int, int]], list[dict]]:
-    """Per sampled position: (tau_unlisted, tau_low) and whether the emitted token fell in each region."""
+def _region_counts(norms: Sequence[NormalizedResponse], convention: LogprobConvention = RANKED,
+                   ) -> tuple[list[tuple[float, float]], list[tuple[int, int]], list[dict]]:
+    """Per sampled position: (tau_unlisted, tau_low) and whether the emitted token fell in each region.
+
+    The listed set is the position's certified top-m under ``convention``
+    (:func:`probes.conventions.certified_top`): with vLLM's sampled-first lists the sampled token is
+    always listed, so only the best entries, fixed whatever was drawn, may define the regions."""
     taus: list[tuple[float, float]] = []
     hits: list[tuple[int, int]] = []
     examples: list[dict] = []
     for resp in norms:
         for t in resp.tokens:
-            alts = [(s, lp) for (s, _b, lp) in t.top_logprobs if lp is not None]
+            alts = [(s, lp) for (s, _b, lp) in certified_top(t.top_logprobs, convention)]
             if t.logprob is None or len(alts) < 2:
                 continue
             ps = [math.exp(lp) for _s, lp in alts]
@@ -379,10 +390,11 @@ def _region_counts(norms: Sequence[NormalizedResponse]) -> tuple[list[tuple[floa
     return taus, hits, examples
 
 
-def _top_p_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
+def _top_p_check(norms: Sequence[NormalizedResponse], convention: LogprobConvention = RANKED) -> PreflightCheck:
     """Two regions (module docstring): unlisted tokens (rank > N: any top-k <= N) and the low region
-    (p < max(p_N, 0.1 p_max): min-p, top-p); p = Bonferroni min of the two one-sided tests."""
-    taus, hits, examples = _region_counts(norms)
+    (p < max(p_N, 0.1 p_max): min-p, top-p); p = Bonferroni min of the two one-sided tests. The
+    listed set follows the provider's ``convention`` (recorded in the evidence)."""
+    taus, hits, examples = _region_counts(norms, convention)
     if not taus:
         return PreflightCheck("top-p", "decoding", None,
                               "no temperature-1 token with top_logprobs came back (needs top_logprobs >= 2)")
@@ -405,7 +417,8 @@ def _top_p_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
                           {"observed": obs, "expected": exp, "ratio": obs / exp if exp > 0 else None,
                            "observed_low": obs_l, "expected_low": exp_l, "p_low": p_l,
                            "observed_unlisted": obs_u, "expected_unlisted": exp_u, "p_unlisted": p_u,
-                           "region_rel": REGION_REL, "examples": examples})
+                           "region_rel": REGION_REL, "logprob_convention": convention.name,
+                           "certified_m": convention.certified_m, "examples": examples})
 
 
 def _same_check(name: str, a: NormalizedResponse | None, b: NormalizedResponse | None, what: str) -> PreflightCheck:
@@ -459,9 +472,12 @@ def evaluate_preflight(api: str, exchanges: Sequence[dict], tokenizer: Any = Non
     sa, sb = nz.get("seed-a"), nz.get("seed-b")
     if sb is not None and sa is not None and _ids(sb) != _ids(sa):  # an ignored seed: an independent draw
         sampled.append(sb)
-    checks.append(_top_p_check(sampled))
+    conv = learn_convention([r.tokens for r in nz.values() if r is not None],
+                            next((k for e in exchanges if (k := requested_top_logprobs(e.get("request")))), None))
+    checks.append(_top_p_check(sampled, conv))
     checks.append(_prompt_tokens_check(api, ex.get("greedy-a"), nz.get("greedy-a"), tokenizer))
-    return PreflightReport(checks, list(exchanges))
+    return PreflightReport(checks, list(exchanges), conv.to_dict() if conv.n_positions else {})
+
 
 
 def _prompt_tokens_check(api: str, ex: dict | None, n: NormalizedResponse | None, tokenizer: Any) -> PreflightCheck:

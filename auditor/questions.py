@@ -136,6 +136,7 @@ _RULE_DETECTORS = (
     ("3-", ("greedy-match",)),
     ("4", _SAMPLING_TESTS),
     ("1-self-greedy", ("self-greedy",)),
+    ("1u-unverified-tokens", ("self-greedy",)),
     ("6-preflight-greedy", ("preflight-greedy-top1",)),
     ("6-preflight-sampling", ("preflight-top-p",)),
 )

@@ -10,7 +10,12 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
 1. ``self-greedy`` rejects (T=0 tokens contradict the provider's own reported top-1 by more than
    the noise band) and ``logprob-divergence`` does not → DECODING_NONCOMPLIANT. Never
    RELAXED_VERIFICATION: a relaxed greedy verification changes only near-ties (rule 3n), not
-   clear margins.
+   clear margins — except (1u) when at least UNVERIFIED_MIN_TOKENS of them, and at least half of the
+   clear contradictions, lie ``UNVERIFIED_GAP_NATS`` or more below the provider's own top-1 and the
+   reference's (``details["n_unverified"]`` of self-greedy): tokens no decoding parameter picks are
+   drafts that were never verified → RELAXED_VERIFICATION, rule ``1u-unverified-tokens``, the
+   positions named (issue 40 item 3: a real vLLM with ngram speculation, greedy requests batched
+   with sampled ones).
 2. ``logprob-divergence`` rejects → SUBSTITUTION when the provider's top-1 leaves the reference
    argmax at positions where the reference is confident far more often than a quantization-like
    (isotropic) logit perturbation of the audit's own measured scale explains
@@ -181,6 +186,8 @@ class VerdictKind(StrEnum):
     INCONCLUSIVE = "INCONCLUSIVE"
 
 
+#: Unverified greedy tokens (self-greedy ``n_unverified``) from which rule 1u names relaxed verification.
+UNVERIFIED_MIN_TOKENS = 3
 #: The undetermined verdicts → the two causes each stands for (a deviation was found; which of the two is
 #: not established). The one home of this fact: questions, standing, sequential stopping and calibration read it.
 UNDETERMINED_CAUSES: Mapping[VerdictKind, tuple[VerdictKind, VerdictKind]] = {
@@ -599,6 +606,21 @@ def _mixture_cause(c: _Ctx) -> _Cause:
 
 def _self_greedy(c: _Ctx) -> _Cause:
     r = c.by[DetectorName.SELF_GREEDY]
+    d = r.details or {}
+    n_unv, n_clear = int(d.get("n_unverified") or 0), int(d.get("n_clear") or 0)
+    if n_unv >= UNVERIFIED_MIN_TOKENS and 2 * n_unv >= n_clear:
+        pos = ", ".join(f"{u['prompt_id']}@{u['position']} ({u['gap']:.1f} nats)"
+                        for u in list(d.get("unverified_positions") or [])[:4])
+        return c.cause(
+            VerdictKind.RELAXED_VERIFICATION,
+            f"at temperature 0 the provider emitted {n_unv} tokens at least {d.get('unverified_gap_nats', 8.0):g} nats "
+            f"below its own reported top-1 (and the reference's), of {n_clear} clear contradictions in {r.n} "
+            f"positions (e.g. {pos}): tokens no decoding parameter picks — drafts accepted without strict "
+            f"verification (e.g. speculative decoding with greedy requests batched beside sampled ones) "
+            f"(self-greedy p_adj={r.p_adjusted:.3g})",
+            "1u-unverified-tokens", ["self-greedy"],
+            f"{n_unv} unverified greedy tokens, self-greedy p_adj={r.p_adjusted:.3g}",
+        )
     return c.cause(
         VerdictKind.DECODING_NONCOMPLIANT,
         f"at temperature 0 the emitted token contradicts the provider's own reported top-1 at "
@@ -764,7 +786,7 @@ def _other_causes(c: _Ctx, primary: _Cause) -> list[_Cause]:
     if primary.kind in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE):
         return []
     out: list[_Cause] = []
-    if c.rejects(DetectorName.SELF_GREEDY) and primary.rule != "1-self-greedy":
+    if c.rejects(DetectorName.SELF_GREEDY) and primary.rule not in ("1-self-greedy", "1u-unverified-tokens"):
         out.append(_self_greedy(c))
     if not primary.rule.startswith("4"):
         s = _sampling_cause(c, reference=c.lp_consistent or _mild(c))

@@ -10,7 +10,14 @@ authoritative bytes from :mod:`probes.normalize`) onto reference token ids:
    reference tokenizer's own encoding of the token's text when it reproduces the bytes exactly,
    else the fewest-pieces segmentation over the reference byte vocabulary (dynamic programming);
 3. an empty-bytes token (an end-of-turn marker the text omits) maps to the reference special
-   token with the same string, if there is one.
+   token with the same string, if there is one;
+4. vLLM's partial-character convention (issue 40; ``probes.conventions``): ``n`` empty tokens (``""``,
+   no bytes, no special token) followed by a token carrying a whole multi-byte character are the
+   ``n + 1`` pieces of that character. The empty tokens map to no reference id (span of length 0)
+   and the whole-character token to the ``n + 1`` ids of the reference tokenizer's encoding when it
+   has that many pieces (else the alignment stops there: the split is unknown). A whole-character
+   token holding U+FFFD stands for bytes the server lost (an orphan partial character):
+   ``unknown_bytes``.
 
 Failures are reported, never guessed: unknown bytes (``None``), bytes the reference vocabulary
 cannot spell, or empty bytes without a matching special token. The reference sequence
@@ -31,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from probes.conventions import whole_character_follows
 from probes.normalize import TokenRecord, gpt2_unicode_to_bytes
 
 __all__ = ["AlignmentFailure", "AlignmentResult", "ByteVocab", "TokenizerLike", "align_to_reference"]
@@ -136,6 +144,29 @@ class ByteVocab:
                     best[end] = cand
         if best[n] is None:
             return None
+        return self._backtrack(best, n)
+
+    def whole_character_ids(self, data: bytes) -> list[int] | None:
+        """Ids spelling ``data`` as pieces of a split character followed by one vocabulary entry, or None.
+
+        vLLM returns a character the tokenizer splits over several tokens as one string holding the
+        whole character (issue 40); its alternatives are the pending partial bytes + each alternative
+        token. Such a string is producible by this vocabulary when it splits, inside a UTF-8 character
+        (the cut byte is a continuation byte 0x80-0xBF), into a prefix this vocabulary spells and a
+        suffix that is one entry. Returns the ids (prefix segmentation + the entry), None otherwise.
+        """
+        for k in range(len(data) - 1, 0, -1):
+            if not 0x80 <= data[k] <= 0xBF:
+                continue
+            tid = self.by_bytes.get(data[k:])
+            if tid is None:
+                continue
+            head = self.segment(data[:k])
+            if head is not None:
+                return [*head, tid]
+        return None
+
+    def _backtrack(self, best: list[tuple[int, int] | None], n: int) -> list[int]:
         out: list[int] = []
         pos = n
         while pos > 0:
@@ -152,7 +183,7 @@ class AlignmentFailure:
     index: int
     """Provider token index."""
     reason: str
-    """``unknown_bytes`` | ``not_representable`` | ``empty_bytes``."""
+    """``unknown_bytes`` | ``not_representable`` | ``empty_bytes`` | ``partial_character_split``."""
     detail: str = ""
 
 
@@ -226,6 +257,7 @@ def align_to_reference(tokens: Sequence[TokenRecord], tokenizer: Any) -> Alignme
     failures: list[AlignmentFailure] = []
     broken = False
     prefix = 0
+    pending = 0  # empty partial-character tokens waiting for their whole character (rule 4)
     for i, t in enumerate(tokens):
         if broken:
             spans.append(None)
@@ -236,11 +268,21 @@ def align_to_reference(tokens: Sequence[TokenRecord], tokenizer: Any) -> Alignme
         if b is None:
             failures.append(AlignmentFailure(i, "unknown_bytes", f"token {t.token!r}"))
             ids = None
+        elif b == b"" and t.token == "" and t.token not in bv.special and whole_character_follows(tokens, i):
+            ids = []  # a piece of the character the next non-empty token carries whole (rule 4)
+            pending += 1
         elif b == b"":
             sid = bv.special.get(t.token)
             ids = [sid] if sid is not None else None
             if ids is None:
                 failures.append(AlignmentFailure(i, "empty_bytes", f"token {t.token!r} has no bytes and is no reference special token"))
+        elif pending:
+            ids = _split_character(b, pending + 1, bv, tokenizer)
+            if ids is None:
+                failures.append(AlignmentFailure(
+                    i, "unknown_bytes" if _FFFD in b else "partial_character_split",
+                    f"token {t.token!r} carries a character split over {pending + 1} tokens"))
+            pending = 0
         elif b in bv.by_bytes:
             ids = [bv.by_bytes[b]]
         else:
@@ -265,5 +307,25 @@ def align_to_reference(tokens: Sequence[TokenRecord], tokenizer: Any) -> Alignme
         ref_ids.extend(ids)
         spans.append((start, len(ref_ids)))
         one.append(ids[0] if len(ids) == 1 else None)
-        prefix = i + 1
+        if not pending:
+            prefix = i + 1
     return AlignmentResult(ref_ids=ref_ids, spans=spans, ref_token_ids=one, failures=failures, aligned_prefix=prefix, mode=bv.mode)
+
+
+_FFFD = "\ufffd".encode()
+
+
+def _split_character(b: bytes, pieces: int, bv: ByteVocab, tokenizer: Any) -> list[int] | None:
+    """The ``pieces`` reference ids of a whole-character token after ``pieces - 1`` empty ones, or None
+    (U+FFFD: lost bytes; no encoding with that many pieces: the split is unknown)."""
+    if _FFFD in b:
+        return None
+    cands: list[list[int] | None] = []
+    if not isinstance(tokenizer, ByteVocab):
+        try:
+            enc = list(tokenizer.encode(b.decode("utf-8"), add_special_tokens=False))
+            cands.append(enc if b"".join(bv.id_bytes.get(x, b"\x00\xff") for x in enc) == b else None)
+        except Exception:
+            cands.append(None)
+    cands += [bv.whole_character_ids(b), bv.segment(b)]
+    return next((c for c in cands if c is not None and len(c) == pieces), None)

@@ -8,6 +8,9 @@ Small requests (a few tokens each, ~9 requests in all), each answering one quest
 - ``seed``: two ``T = 1`` requests with the same seed return the same text, a third with another
   seed returns another text;
 - ``echo`` (completions only): ``echo = true`` returns prompt-token logprobs;
+- ``logprob_convention`` (when alternatives came back): the seeded ``T = 1`` requests ask for up to 5
+  alternatives and :func:`probes.conventions.learn_convention` reads how the lists are built (ranked, or
+  vLLM's sampled token first) and how split characters are spelled; :attr:`DiscoveryReport.convention`;
 - ``streaming``: ``stream = true`` returns a well-formed SSE stream ending in ``[DONE]``;
 - ``concurrency``: the ``n = 2`` request with the other-seed request, and two streaming
   requests, are sent at the same time; an attempt of either pair cut (truncated stream, an answer
@@ -39,6 +42,7 @@ import httpx
 from probes.client import ProbeClient, ProbeResult
 from probes.concurrency import is_pressure
 from probes.config import Capabilities, ProviderConfig
+from probes.conventions import learn_convention
 from probes.normalize import normalize_response
 from probes.wire import describe_error
 
@@ -77,6 +81,9 @@ class DiscoveryReport:
     error: str | None = None
     """Why the probe failed: the failing request's status and the server's own message
     (:func:`probes.wire.describe_error`), e.g. ``HTTP 401: Incorrect API key provided ...``."""
+    convention: dict[str, Any] | None = None
+    """The logprob convention observed (:meth:`probes.conventions.LogprobConvention.to_dict`), None when
+    no alternatives came back."""
 
 
 class _ProbeFailed(Exception):
@@ -214,6 +221,9 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
         # server's sample); the n = 2 request and c run at the same time: the plain-request
         # overlap test, neither of which needs a reproducible sample.
         body = _base(cfg, temperature=1.0, seed=12345, max_tokens=16)
+        k_conv = min(cap, 5)
+        if k_conv > 0:  # the sampled answers also show the logprob convention (issue 40)
+            body.update({"logprobs": True, "top_logprobs": k_conv} if chat else {"logprobs": k_conv})
         if chat:
             body["messages"] = [{"role": "user", "content": _RANDOM_PROMPT}]
         else:
@@ -239,6 +249,17 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
         else:
             detail = "same text for the same seed, another for another seed"
         rep.checks.append(CapabilityCheck("seed", bool(seed_ok), bool(seed_ok), detail, b.http_status))
+        if k_conv > 0:
+            norms = [normalize_response(cfg.api, body, response=r.json) for r in (a, b, c)
+                     if r.success and isinstance(r.json, dict)]
+            conv = learn_convention([n.tokens for n in norms], k_conv)
+            rep.convention = conv.to_dict()
+            what = ("the sampled token first, then the best others" + (" (k + 1 entries)" if conv.max_entries > k_conv else "")
+                    if conv.sampled_first else "ranked (best first)")
+            rep.checks.append(CapabilityCheck(
+                "logprob_convention", conv.n_positions > 0, conv.name,
+                f"top_logprobs {what}; split characters: {conv.partial_chars} ({conv.n_positions} positions)",
+                a.http_status))
 
         # echo (legacy completions only)
         if chat:

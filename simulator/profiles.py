@@ -28,6 +28,7 @@ from typing import Any
 FAMILIES = ("honest", "quantized", "relaxed", "substituted", "noncompliant")
 VERIFIERS = (
     "strict", "relaxed-threshold", "typical-acceptance", "greedy-verify", "decode-noncompliant", "greedy-relaxed",
+    "unverified-mixed-batch",
 )
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_QUANT = (None, "int8", "int4", "int3", "fp8")
@@ -87,6 +88,8 @@ class Profile:
         mix_with: ``mix-PROFILE:F``: name of the profile that serves a fraction ``mix_fraction`` of
             requests (chosen per request from the seed, :func:`mix_selects`); None = no mixture.
         mix_fraction: that fraction in [0, 1].
+        unverified_rate: unverified-mixed-batch: probability that a greedy verification round shares the
+            batch with sampled traffic and emits unverified tokens (``simulator.verifiers.UnverifiedMixedBatchVerifier``).
     """
 
     name: str
@@ -116,6 +119,7 @@ class Profile:
     greedy_relaxed_margin: float = 0.5
     mix_with: str | None = None
     mix_fraction: float = 0.0
+    unverified_rate: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -146,6 +150,8 @@ class Profile:
             )
         if not (0.0 <= self.greedy_flip_rate <= 1.0):
             raise ValueError(f"profile {self.name!r}: greedy_flip_rate={self.greedy_flip_rate} must be in [0, 1]")
+        if not (0.0 <= self.unverified_rate <= 1.0):
+            raise ValueError(f"profile {self.name!r}: unverified_rate={self.unverified_rate} must be in [0, 1]")
         if self.forced_top_p is not None and not (0.0 < self.forced_top_p <= 1.0):
             raise ValueError(f"profile {self.name!r}: forced_top_p={self.forced_top_p} must be in (0, 1]")
         if self.forced_top_k is not None and self.forced_top_k < 1:
@@ -353,6 +359,16 @@ PROFILES: dict[str, Profile] = {
             "RELAXED_VERIFICATION",
             verifier="greedy-relaxed",
             greedy_relaxed_margin=0.5,
+        ),
+        # --- issue 40: a real engine whose speculative path is not lossless ---
+        Profile(
+            "unverified-mixed-batch",
+            "ngram speculation where greedy rounds batched with sampled traffic (10% of rounds) emit "
+            "unverified tokens (vLLM 0.32, greedy + temperature-1 requests in one batch); sampling strict.",
+            "relaxed",
+            "RELAXED_VERIFICATION",
+            verifier="unverified-mixed-batch",
+            unverified_rate=0.10,
         ),
     ]
 }

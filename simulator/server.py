@@ -106,6 +106,51 @@ async def _parse(request: Request, schema: type[_Req]) -> _Req:
         raise
 
 
+#: How chat ``logprobs.content`` is spelled (``create_app(logprob_convention=...)``).
+LOGPROB_CONVENTIONS = ("openai", "vllm")
+
+
+def _decode_piece(b: bytes) -> tuple[str, bool]:
+    """``(text, complete)`` of a byte string: incomplete = it ends inside a UTF-8 character (text "")."""
+    try:
+        return b.decode("utf-8"), True
+    except UnicodeDecodeError as ex:
+        if ex.reason == "unexpected end of data" and ex.end == len(b):
+            return "", False
+        return b.decode("utf-8", errors="replace"), True
+
+
+class _VllmLogprobs:
+    """vLLM's chat logprob entries for one choice (issue 40, item 2), stateful over its tokens in order.
+
+    Follows vLLM's OpenAI server as measured in issue 40 (vLLM 0.32 CPU build; ``serving_chat.py``
+    ``_get_top_logprobs`` and the incremental detokenizer): the sampled token is the first entry of
+    ``top_logprobs``, followed by the best other tokens (k + 1 entries when it is not among the top k);
+    a token that ends inside a UTF-8 character is returned as ``""`` with ``bytes: []`` and the token
+    that completes the character carries the whole character (the pending bytes + its own), as do its
+    alternatives (pending bytes + theirs; ``""`` when still incomplete, U+FFFD where invalid).
+    """
+
+    def __init__(self, engine: SimulatorEngine):
+        self.engine = engine
+        self.pending = b""
+
+    def _alt(self, tid: int, lp: float) -> dict:
+        text, _ = _decode_piece(self.pending + self.engine.token_bytes(tid))
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+    def entry(self, t: TokenInfo) -> dict:
+        e = self.engine
+        special = t.token_id in e.special_ids
+        text, complete = (e.token_str(t.token_id), True) if special else _decode_piece(self.pending + e.token_bytes(t.token_id))
+        own = {"token": text, "logprob": t.logprob, "bytes": list(text.encode("utf-8"))}
+        alts = [own] + [self._alt(i, lp) for i, lp in zip(t.top_ids, t.top_logprobs, strict=True) if i != t.token_id]
+        if not t.top_ids:  # top_logprobs = 0: no list
+            alts = []
+        self.pending = b"" if complete or special else self.pending + e.token_bytes(t.token_id)
+        return {**own, "top_logprobs": alts}
+
+
 class _Stream:
     """Incremental text of one choice from released tokens (UTF-8 held back until complete)."""
 
@@ -162,8 +207,10 @@ class SimulatorApp:
         faults: FaultInjector,
         expose_profile: bool,
         max_tokens_default: int,
+        logprob_convention: str = "openai",
     ):
         self.engine = engine
+        self.logprob_convention = logprob_convention
         self.name = served_model_name
         self.faults = faults
         self.expose = expose_profile
@@ -217,6 +264,13 @@ class SimulatorApp:
                 for i, lp in zip(t.top_ids, t.top_logprobs, strict=True)
             ],
         }
+
+    def chat_logprobs(self) -> Callable[[TokenInfo], dict]:
+        """The entry maker of one choice's chat logprobs under the app's convention (call it on the
+        choice's tokens in order: vLLM's partial characters need the pending bytes)."""
+        if self.logprob_convention == "vllm":
+            return _VllmLogprobs(self.engine).entry
+        return self.chat_logprob
 
     def legacy_logprobs(self, tokens: list[TokenInfo], start_offset: int, prefix: bytes = b"") -> dict:
         """Legacy completions logprobs block; offsets are characters into the choice text."""
@@ -290,6 +344,7 @@ def create_app(
     stream_chunking: str = "round",
     stream_interval_ms: float = 50.0,
     device: str | None = None,
+    logprob_convention: str = "openai",
     **profile_overrides: Any,
 ) -> FastAPI:
     """Build the FastAPI app of the provider simulator.
@@ -316,6 +371,9 @@ def create_app(
         stream_interval_ms: the ``time`` chunking interval (ms, > 0).
         device: where ``model`` is loaded when ``lm`` is None (``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``;
             ``reference.models.resolve_device``); None = CPU.
+        logprob_convention: how chat ``logprobs.content`` is spelled: ``openai`` (ranked top-k, raw
+            partial-character bytes) or ``vllm`` (sampled token first, ``""`` then whole-character
+            tokens; :class:`_VllmLogprobs`). Legacy completions are unchanged.
         **profile_overrides: Profile fields to override (e.g. ``accept_threshold_single=0.3``).
 
     Returns:
@@ -328,6 +386,8 @@ def create_app(
         raise ValueError(f"stream_chunking={stream_chunking!r}: use one of {', '.join(STREAM_CHUNKINGS)}")
     if not stream_interval_ms > 0:
         raise ValueError(f"stream_interval_ms={stream_interval_ms} must be > 0")
+    if logprob_convention not in LOGPROB_CONVENTIONS:
+        raise ValueError(f"logprob_convention={logprob_convention!r}: use one of {', '.join(LOGPROB_CONVENTIONS)}")
     if engine is None:
         prof = get_profile(profile, **profile_overrides) if isinstance(profile, str) else profile.with_overrides(
             **profile_overrides
@@ -344,7 +404,7 @@ def create_app(
     inj = faults if isinstance(faults, FaultInjector) else FaultInjector(
         rate=float(faults), seed=None if seed is None else seed + 7919, delay_s=fault_delay
     )
-    sim = SimulatorApp(engine, name, inj, expose_profile, max_tokens_default)
+    sim = SimulatorApp(engine, name, inj, expose_profile, max_tokens_default, logprob_convention)
     app = FastAPI(title="spec-auditor provider simulator", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sim = sim
 
@@ -539,10 +599,11 @@ def create_app(
             results = await run_in_threadpool(sim.run_choices, [dict(j) for j in jobs])
             choices = []
             for i, r in enumerate(results):
+                entry = sim.chat_logprobs()
                 choices.append({
                     "index": i,
                     "message": {"role": "assistant", "content": r.text},
-                    "logprobs": {"content": [sim.chat_logprob(t) for t in r.tokens], "refusal": None}
+                    "logprobs": {"content": [entry(t) for t in r.tokens], "refusal": None}
                     if top_n is not None else None,
                     "finish_reason": r.finish_reason,
                 })
@@ -551,6 +612,7 @@ def create_app(
             return respond(body, kind)
 
         streams = {i: _Stream(engine) for i in range(req.n)}
+        entries = {i: sim.chat_logprobs() for i in range(req.n)}
 
         def base(choices: list[dict]) -> dict:
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": sim.name,
@@ -558,7 +620,7 @@ def create_app(
 
         def make_chunk(i: int, part: list[TokenInfo]) -> dict:
             ch = {"index": i, "delta": {"content": streams[i].text(part)}, "finish_reason": None,
-                  "logprobs": {"content": [sim.chat_logprob(t) for t in part], "refusal": None}
+                  "logprobs": {"content": [entries[i](t) for t in part], "refusal": None}
                   if top_n is not None else None}
             return base([ch])
 

@@ -25,6 +25,9 @@ The rules (``../shared/REFERENCES.md``, "Lossy behaviours to simulate"):
 - :class:`NoncompliantGreedyVerifier` — greedy requests emit the 2nd-ranked token at a seeded
   rate instead of the argmax (a decode path unlike the scoring path); sampling is strict. The loop
   still reports the true target logprobs.
+- :class:`UnverifiedMixedBatchVerifier` — greedy requests get unverified draft tokens in rounds
+  that share the batch with sampled traffic (issue 40 item 3, a real vLLM with ngram speculation);
+  sampling is strict. The loop still reports the true target logprobs.
 
 Draft fallback ("ideal draft head"): when the drafter proposes nothing (k = 0: the n-gram found no
 match), the relaxed and typical rules can draw a stand-in draft d ~ p themselves — an ideal draft
@@ -310,6 +313,44 @@ class GreedyRelaxedVerifier:
         )
 
 
+class UnverifiedMixedBatchVerifier:
+    """Greedy rounds batched with sampled traffic emit unverified tokens (``Verifier`` protocol).
+
+    Issue 40, item 3, measured on vLLM 0.32 (CPU build) with ngram speculation: when greedy and
+    temperature-1 requests share a batch (the auditor's own mix, or other customers' traffic on a
+    shared endpoint), the greedy responses carry tokens the target rejects (``<|endoftext|>`` at
+    logprob −16.0 where its own top-1 is −0.52, ' TType' at −38.8; 4–44 per 64-token response); all-greedy
+    batches or one request at a time carry none. Here each greedy verification round shares the batch
+    with sampled requests with probability ``rate`` (a seeded coin from ``generator``): such a round keeps
+    its drafts unverified and then emits a token drawn uniformly from the vocabulary (a draft checked
+    against another request's row). Other greedy rounds and every sampling request are verified strictly.
+
+    Args:
+        rate: probability in [0, 1] that a greedy round shares the batch with sampled traffic.
+
+    Raises:
+        ValueError: ``rate`` outside [0, 1].
+    """
+
+    name = "unverified-mixed-batch"
+
+    def __init__(self, rate: float = 0.1):
+        if not (0.0 <= rate <= 1.0):
+            raise ValueError(f"unverified rate={rate} must be in [0, 1]")
+        self.rate = float(rate)
+        self.n_unverified = 0
+
+    def verify(self, p, q, draft_ids, generator, greedy) -> VerifyResult:
+        """Greedy: strict, or (w.p. ``rate``) drafts kept unverified + one uniform token; sampling: strict."""
+        drafts = _drafts(draft_ids)
+        _check(p, drafts)
+        if not greedy or uniform(generator) >= self.rate:
+            return verify_drafts(p, q, draft_ids, generator, greedy=greedy)
+        self.n_unverified += 1
+        v = int(p.shape[1])
+        return VerifyResult(len(drafts), min(int(uniform(generator) * v), v - 1))
+
+
 def make_verifier(profile: Profile, request_seed: int | None = None) -> Verifier:
     """Build the ``Verifier`` a profile asks for (``reference.verify.StrictVerifier`` for strict).
 
@@ -343,4 +384,6 @@ def make_verifier(profile: Profile, request_seed: int | None = None) -> Verifier
         return NoncompliantGreedyVerifier(profile.greedy_flip_rate)
     if profile.verifier == "greedy-relaxed":
         return GreedyRelaxedVerifier(profile.greedy_relaxed_margin, ideal)
+    if profile.verifier == "unverified-mixed-batch":
+        return UnverifiedMixedBatchVerifier(profile.unverified_rate)
     raise ValueError(f"unknown verifier {profile.verifier!r}")

@@ -135,6 +135,7 @@ def register(app: typer.Typer) -> None:
                         "requests": rep.requests,
                         "capabilities": rep.capabilities.model_dump() if rep.capabilities is not None else None,
                         "checks": [c.__dict__ for c in rep.checks],
+                        "logprob_convention": rep.convention,
                         "error": rep.error,
                     },
                     indent=2,

@@ -53,6 +53,7 @@ def register(app: typer.Typer) -> None:
         stream_chunking: str = typer.Option("round", "--stream-chunking", help="SSE chunks: round (one per speculative round) | token (one per token) | time (every --stream-interval-ms)."),
         stream_interval_ms: float = typer.Option(50.0, "--stream-interval-ms", min=0.001, help="Interval of --stream-chunking time (ms)."),
         device: str | None = typer.Option(None, "--device", help="Where the served model runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
+        logprob_convention: str = typer.Option("openai", "--logprob-convention", help="Chat logprobs spelled as: openai (ranked top-k, raw partial bytes) | vllm (sampled token first, empty-then-whole-character tokens)."),
     ) -> None:
         """Serve the reference model over the OpenAI API, honestly or with one named degradation."""
 
@@ -124,6 +125,7 @@ def register(app: typer.Typer) -> None:
                 stream_chunking=stream_chunking,
                 stream_interval_ms=stream_interval_ms,
                 device=device,
+                logprob_convention=logprob_convention,
             )
         except (ModelNotAvailableError, ValueError) as e:
             raise _fail(str(e)) from None

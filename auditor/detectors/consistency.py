@@ -20,6 +20,16 @@ listed and its logprob not reported, bounded below by the smaller of the last li
 log(1 − Σ listed)) above the noise band is clear evidence that the decode path differs from the
 path that reports logprobs → DECODING_NONCOMPLIANT (relaxed acceptance is a sampling-time
 behaviour and cannot cause it). Same exact binomial test as ``greedy-match``.
+
+Unverified tokens (issue 40, item 3): a contradiction whose emitted token lies UNVERIFIED_GAP_NATS or
+more below the provider's own top-1 — and below the reference's top-1 by as much, when the batch has a
+reference — is no decoding parameter's doing (a repetition penalty or a 2nd-ranked pick moves tokens
+by a few nats; a real vLLM with ngram speculation and greedy requests batched with sampled ones
+emitted ``<|endoftext|>`` at −16.0 where its own top-1 was −0.52, and ' TType' at −38.8): it is a draft
+that was never verified. ``details["n_unverified"]`` counts them, ``details["unverified_positions"]``
+names up to UNVERIFIED_EVIDENCE of them (``prompt_id``, ``position``, both gaps); the verdict
+(``auditor.verdict`` rule 1u) answers "strict verification? no" when they are most of the clear
+contradictions.
 """
 
 from __future__ import annotations
@@ -39,9 +49,14 @@ from .sampling import (
 )
 from .stats import RngLike
 
-__all__ = ["provider_view", "self_argmax", "self_gof", "self_greedy", "self_tail"]
+__all__ = ["UNVERIFIED_GAP_NATS", "provider_view", "self_argmax", "self_gof", "self_greedy", "self_tail"]
 
 _T1_TOL = 1e-6
+#: Nats below the top-1 (the provider's own, and the reference's when known) from which a greedy
+#: contradiction is an unverified token (a ratio of e^8 ≈ 3000: no penalty or near-tie moves a token so far).
+UNVERIFIED_GAP_NATS = 8.0
+#: Unverified positions kept in ``details["unverified_positions"]``.
+UNVERIFIED_EVIDENCE = 20
 
 
 def provider_view(batch: EvidenceBatch) -> SamplingView:
@@ -165,6 +180,17 @@ def self_greedy(
     )
     t = clear_mismatch_test(contra, gap, band, r0, rng)
     clear = t.pop("clear")
+    ref_gap = np.full(idx.size, np.nan)
+    if batch.has_reference:
+        ref = batch.reference()
+        ref_gap = ref.top_logprobs[idx, 0] - ref.token_logprobs[idx]
+    # a NaN reference gap (no reference, or the token outside its top-K with no logprob) leaves the provider's own gap to decide
+    unverified = clear & (gap >= UNVERIFIED_GAP_NATS) & ~(ref_gap < UNVERIFIED_GAP_NATS)
+    unv_rows = [
+        {"prompt_id": str(batch.prompt_ids[idx[j]]), "position": int(batch.positions[idx[j]]),
+         "gap": float(gap[j]), "reference_gap": None if np.isnan(ref_gap[j]) else float(ref_gap[j])}
+        for j in np.flatnonzero(unverified)[np.argsort(-gap[unverified], kind="stable")][:UNVERIFIED_EVIDENCE]
+    ]
     order = np.lexsort((-gap, ~clear))
     evidence = []
     for j in order[:n_evidence]:
@@ -199,5 +225,8 @@ def self_greedy(
             "r0": float(r0),
             "p_randomized": t["p_randomized"],
             "n_prompts": int(np.unique(batch.prompt_ids[idx]).size),
+            "n_unverified": int(unverified.sum()),
+            "unverified_gap_nats": UNVERIFIED_GAP_NATS,
+            "unverified_positions": unv_rows,
         },
     )

@@ -71,7 +71,9 @@ def test_discover_capabilities(max_top: int, n: bool, seed: bool, stream: bool) 
     assert caps.logprobs is True
     assert caps.n is n and caps.seed is seed and caps.streaming is stream and caps.echo is False
     assert rep.requests == len(calls) <= 10
-    assert {c.name for c in rep.checks} == {"logprobs", "max_top_logprobs", "n", "seed", "echo", "streaming", "concurrency"}
+    names = {"logprobs", "max_top_logprobs", "n", "seed", "echo", "streaming", "concurrency"}
+    assert {c.name for c in rep.checks} == names | ({"logprob_convention"} if max_top else set())
+    assert (rep.convention is not None) == (max_top > 0)
     assert caps.concurrent_streams_ok is True and rep.safe_concurrency is None  # the fake takes overlap
 
 
