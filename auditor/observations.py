@@ -7,8 +7,10 @@
 - :func:`read_observations` is the stage as the pipeline runs it: the same observations, and the
   responses it excluded as a whole (:class:`ExcludedResponse`, with the reason): a response-level
   anomaly in ``auditor.detectors.UNTRUSTED_RESPONSE_ANOMALIES`` (e.g. ``bytes_text_mismatch``:
-  reasoning tokens mixed into ``logprobs.content``) means its tokens are not what the model
-  generated after its prompt, so none of its positions reaches any detector;
+  tokens the text does not hold; ``reasoning_logprobs_inconsistent``: a reasoning response whose
+  logprobs cover neither span) means its tokens are not what the model generated after its
+  prompt, so none of its positions reaches any detector. A consistent reasoning response is
+  evidence like any other: its reasoning tokens are observed, each with its span label;
   :func:`excluded_summary` is what the run summary stores of them (reports show it).
 - :func:`aligned_ids` gives the plain ``(probe_id, ids)`` rows that the analysis' final transaction
   writes to ``normalized_tokens.ref_token_id`` (``auditor.store.queries.set_aligned_ref_token_ids``,

@@ -36,6 +36,23 @@ the chat shape). SSE and in-band error objects are read by :mod:`probes.sse`, th
 client uses too. ``text_offset`` is used only when it is monotonic and agrees with the tokens'
 lengths.
 
+Reasoning models (issue 35): the reasoning text arrives in ``message.reasoning_content`` /
+``message.reasoning``, streamed as ``delta.reasoning_content`` / ``delta.reasoning``
+(:data:`REASONING_FIELDS`), or inline between think tags in ``content`` where no parser runs
+(:data:`THINK_TAGS`); ``logprobs.content`` covers the reasoning tokens (think tags included, as
+the parser consumed them from the text) and then the answer, or the answer only. Each token gets
+a span label (``TokenRecord.span``: ``reasoning`` / ``answer``); the tokens' bytes are recovered
+against reasoning + answer where they cover both, against the answer where they cover only it,
+and a reasoning response that fits neither is reported ``reasoning_logprobs_inconsistent``
+(never ``bytes_text_mismatch``). Formats followed: vLLM v0.11 ``vllm/reasoning/basic_parsers.py``
+(``BaseThinkingReasoningParser``: the text before ``</think>`` is reasoning, ``<think>``
+optional because DeepSeek-R1's template opens it in the prompt; the streamed delta that holds
+the close tag sends its tag-less text, the tag tokens keep their logprob entries) and
+``deepseek_r1_reasoning_parser.py`` / ``qwen3_reasoning_parser.py``, with the field renamed
+``reasoning_content`` → ``reasoning`` in ``entrypoints/openai/protocol.py`` (v0.11); SGLang
+v0.5 ``python/sglang/srt/parser/reasoning_parser.py`` (``reasoning_content``; ``deepseek-r1``,
+``qwen3``, ``kimi_k2`` with ``◁think▷``…``◁/think▷``); DeepSeek's API ``reasoning_content``.
+
 Usage: :attr:`NormalizedResponse.usage` keeps the provider's ``usage`` object with its token
 counts checked (non-negative integers); :attr:`NormalizedResponse.usage_missing` is True when
 the provider reported no usable ``prompt_tokens``/``completion_tokens`` (e.g. a stream without
@@ -70,7 +87,9 @@ from probes.sse import BODY_ANOMALIES, find_error, loads_json, looks_like_plain_
 __all__ = [
     "ANOMALY_KINDS",
     "MASKED_THRESHOLD",
+    "REASONING_FIELDS",
     "SENTINEL_THRESHOLD",
+    "THINK_TAGS",
     "NormalizedResponse",
     "TokenRecord",
     "gpt2_unicode_to_bytes",
@@ -85,6 +104,17 @@ MASKED_THRESHOLD = -1e30
 POSITIVE_TOL = 1e-6
 #: Probability-mass slack for the listed alternatives.
 MASS_TOL = 1e-3
+
+#: Reasoning fields of a chat ``message`` or streamed ``delta``, in the order they are read:
+#: ``reasoning_content`` (DeepSeek's API, SGLang ``--reasoning-parser``, vLLM up to v0.10),
+#: ``reasoning`` (vLLM since v0.11, OpenRouter).
+REASONING_FIELDS: tuple[str, ...] = ("reasoning_content", "reasoning")
+#: ``(open, close)`` think tags: DeepSeek-R1/V3.x and Qwen3 (``<think>``), Seed-OSS, Kimi K2-Thinking.
+THINK_TAGS: tuple[tuple[str, str], ...] = (
+    ("<think>", "</think>"),
+    ("<seed:think>", "</seed:think>"),
+    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
+)
 
 #: Every anomaly kind this module can report, with its meaning.
 ANOMALY_KINDS: dict[str, str] = {
@@ -107,6 +137,7 @@ ANOMALY_KINDS: dict[str, str] = {
     "spm_token_strings": "SentencePiece '▁' word-boundary marks leaked into token strings",
     "replacement_char_text": "text/token strings carry U+FFFD where the tokens' bytes hold a valid character; bytes kept",
     "malformed_usage": "the usage object's token counts are not non-negative integers (dropped)",
+    "reasoning_logprobs_inconsistent": "a reasoning response whose logprobs spell neither the answer alone nor the reasoning then the answer",
     **BODY_ANOMALIES,  # malformed_json, malformed_response, truncated_stream, empty_stream, provider_error: shared with the client
 }
 
@@ -228,12 +259,25 @@ def _completion_entries(lp: dict[str, Any], acc: _Acc) -> list[_RawTok] | None:
     return out
 
 
+def _reasoning_field(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """``(field name, text)`` of the first reasoning field in a ``message`` or ``delta`` object
+    that holds a string (:data:`REASONING_FIELDS` order), else ``None``."""
+    for name in REASONING_FIELDS:
+        v = obj.get(name)
+        if isinstance(v, str):
+            return name, v
+    return None
+
+
 def _assemble_stream(
     api: str, events: list[Any], choice: int, acc: _Acc, logprobs_asked: bool
-) -> tuple[str, list[_RawTok] | None, Any, Any, int]:
+) -> tuple[str, list[_RawTok] | None, Any, Any, int, tuple[str, str] | None]:
     """Merge SSE chunks of one choice → (text, raw tokens or None, finish_reason, usage,
-    number of content events, i.e. events that carry this choice)."""
+    number of content events, i.e. events that carry this choice, and ``(field, reasoning
+    text)`` when any delta carried a reasoning field, else ``None``)."""
     texts: list[str] = []
+    reasoning: list[str] = []
+    reasoning_name: str | None = None
     toks: list[_RawTok] | None = None
     finish = None
     usage = None
@@ -256,6 +300,10 @@ def _assemble_stream(
                 d = ch.get("delta")
                 delta = d if isinstance(d, dict) else {}
                 piece = delta.get("content")
+                rf = _reasoning_field(delta)
+                if rf is not None:
+                    reasoning_name = reasoning_name or rf[0]
+                    reasoning.append(rf[1])
             else:
                 piece = ch.get("text")
             entries = _entries(ch.get("logprobs"), acc)
@@ -270,7 +318,8 @@ def _assemble_stream(
             finish = ch.get("finish_reason") or finish
     if logprobs_asked and toks is not None and chunks_without_lp:
         acc.add("missing_logprobs", None, f"{chunks_without_lp} text chunk(s) without logprobs")
-    return "".join(texts), toks, finish, usage, n_content
+    found = (reasoning_name, "".join(reasoning)) if reasoning_name is not None else None
+    return "".join(texts), toks, finish, usage, n_content, found
 
 
 def _clean_usage(usage: Any, acc: _Acc) -> tuple[dict[str, Any] | None, bool]:
@@ -289,6 +338,165 @@ def _clean_usage(usage: Any, acc: _Acc) -> tuple[dict[str, Any] | None, bool]:
                 del out[k]
     missing = not ("prompt_tokens" in out and "completion_tokens" in out)
     return out, missing
+
+
+# -- reasoning spans ------------------------------------------------------------------------
+
+@dataclass
+class _Layout:
+    """Where a response's tokens stand against its reasoning and answer.
+
+    ``target``: the text the tokens' bytes are recovered against (``None``: no text guides them);
+    ``boundary``: byte offset in ``target`` where the reasoning span ends (0: every token is
+    answer; ``None``: unknown); ``reasoning``/``source``/``coverage``: as in
+    :class:`NormalizedResponse` (``reasoning``, ``reasoning_source``, ``reasoning_coverage``).
+    """
+
+    target: str | None
+    boundary: int | None
+    reasoning: str | None = None
+    source: str | None = None
+    coverage: str | None = None
+
+
+def _inline_reasoning(text: str) -> tuple[str, int] | None:
+    """``(reasoning, end)`` of an inline think block in ``text`` (``end``: the character index
+    just past the close tag, or ``len(text)`` when the block is never closed), else ``None``.
+
+    A close tag without an open tag counts (DeepSeek-R1's template puts ``<think>\\n`` in the
+    prompt, so the model's output starts inside the reasoning); an open tag counts only at the
+    start of the text."""
+    for o, c in THINK_TAGS:
+        ci = text.find(c)
+        if ci >= 0:
+            oi = text.find(o, 0, ci)
+            start = oi + len(o) if oi >= 0 else 0
+            return text[start:ci], ci + len(c)
+        st = text.lstrip()
+        if st.startswith(o):
+            return st[len(o):], len(text)
+    return None
+
+
+def _split_reasoning(s: str, reasoning: str, answer: str) -> int | None:
+    """Character index in ``s`` (the tokens' own text) where the reasoning span ends, when ``s``
+    spells ``[open tag] reasoning close-tag answer`` — up to the whitespace at the span
+    boundaries, which parsers strip or move between the two fields (vLLM streams the blank line
+    after ``</think>`` as reasoning; non-streaming it is the answer's) — else ``None``.
+
+    The close tag must be among the tokens when there is an answer: the model generated it, and
+    tokens that skip it leave a gap before the answer (its positions would be scored after a
+    prefix the model never saw). Without an answer (cut inside the reasoning) it may be absent."""
+    a = answer.strip()
+    body = s.rstrip()
+    if a:
+        if not body.endswith(a):
+            return None
+        head = body[: len(body) - len(a)]
+    else:
+        head = body
+    end = len(head.rstrip())
+    core = head.strip()
+    pair = next(((o, c) for o, c in THINK_TAGS if core.endswith(c)), None)
+    if pair is not None:
+        core = core[: -len(pair[1])].strip()
+    elif a:
+        return None  # an answer after a reasoning span never closed: the token(s) that closed it are missing
+    else:
+        end = len(s)  # never closed, no answer: cut inside the reasoning, trailing whitespace included
+    for o, _ in (pair,) if pair is not None else THINK_TAGS:
+        if core.startswith(o):
+            core = core[len(o):]
+            break
+    return end if core.strip() == reasoning.strip() else None
+
+
+def _readings(raw: list[_RawTok]) -> list[str]:
+    """The tokens' own text under each plain reading (the ``bytes`` fields, else the strings as
+    UTF-8; the GPT-2 and SentencePiece forms): distinct strings that are valid UTF-8."""
+    def one(t: _RawTok) -> bytes:
+        return t.given if t.given is not None else t.token.encode("utf-8", errors="surrogatepass")
+
+    def gpt2(t: _RawTok) -> bytes:
+        g = gpt2_unicode_to_bytes(t.token) if t.given is None else None
+        return g if g is not None else one(t)
+
+    def spm(t: _RawTok) -> bytes:
+        return t.token.replace("▁", " ").encode("utf-8", errors="surrogatepass") if t.given is None else one(t)
+
+    out: list[str] = []
+    for f in (one, gpt2, spm):
+        try:
+            s = b"".join(f(t) for t in raw).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def _reasoning_layout(raw: list[_RawTok], found: tuple[str, str] | None, text: str | None, acc: _Acc) -> _Layout:
+    """Decide what the per-token logprobs cover in a reasoning response, and against which text
+    their bytes are recovered.
+
+    ``found``: ``(field, reasoning text)`` from ``message``/``delta`` (``None``: no reasoning
+    field; inline think tags in ``text`` are then looked for). Tried in order: the tokens spell
+    the answer only (``coverage = "answer"``); they spell reasoning then answer
+    (``"both"``; for a field, the think tags the parser consumed are expected among the tokens
+    and the whitespace at the span boundaries is taken from the tokens); else, when there is
+    reasoning text, anomaly ``reasoning_logprobs_inconsistent`` (``"inconsistent"``: no text
+    guides the bytes, no span is labelled, and the audit excludes the response with that reason).
+    A response without reasoning keeps ``text`` as its target with every token in the answer.
+    """
+    if found is None:
+        inline = _inline_reasoning(text) if text else None
+        if inline is None or text is None:
+            return _Layout(text, 0)
+        reasoning, cut = inline
+        source, answer = "inline", text[cut:]
+    else:
+        source, reasoning = found
+        answer, cut = text or "", -1
+    if not raw:
+        return _Layout(text, 0, reasoning, source)
+    has_fffd = "\ufffd" in (text or "") or "\ufffd" in reasoning
+    cands = [candidates(t.token, t.given, has_fffd) for t in raw]
+
+    def spells(target: str) -> bool:
+        return assign_bytes(cands, target.encode("utf-8", errors="surrogatepass")) is not None
+
+    if spells(answer):
+        return _Layout(answer, 0, reasoning, source, "answer")
+    if source == "inline" and text is not None:
+        if spells(text):
+            return _Layout(text, len(text[:cut].encode("utf-8", errors="surrogatepass")), reasoning, source, "both")
+    else:
+        for s in _readings(raw):
+            end = _split_reasoning(s, reasoning, answer)
+            if end is not None and spells(s):
+                return _Layout(s, len(s[:end].encode("utf-8", errors="surrogatepass")), reasoning, source, "both")
+    if reasoning.strip():
+        acc.add(
+            "reasoning_logprobs_inconsistent",
+            None,
+            f"{len(raw)} tokens spell neither the answer ({len(answer)} chars) nor reasoning "
+            f"({len(reasoning)} chars, {source}) then answer",
+        )
+        return _Layout(None, None, reasoning, source, "inconsistent")
+    return _Layout(text, 0, reasoning, source)
+
+
+def _label_spans(toks: list[TokenRecord], layout: _Layout) -> None:
+    """Set each token's ``span`` from ``layout.boundary``: ``"reasoning"`` when the token starts
+    before it, else ``"answer"``; ``None`` for every token from the first one whose bytes are
+    unknown (its position in the text is then unknown), and for all when the boundary is."""
+    pos: int | None = 0 if layout.boundary is not None else None
+    for t in toks:
+        if pos is None or layout.boundary is None:
+            t.span = None
+            continue
+        t.span = "reasoning" if pos < layout.boundary else "answer"
+        pos = pos + len(t.bytes) if t.bytes is not None else None
 
 
 # -- main entry point -----------------------------------------------------------------------
@@ -386,8 +594,9 @@ def normalize_response(
     raw: list[_RawTok] | None = None
     finish = None
     usage = None
+    reasoning_found: tuple[str, str] | None = None
     if events is not None:
-        text, raw, finish, usage, n_content = _assemble_stream(api, events, choice, acc, asked)
+        text, raw, finish, usage, n_content, reasoning_found = _assemble_stream(api, events, choice, acc, asked)
         if n_content == 0 and "provider_error" not in acc.anomalies:
             acc.add("malformed_response", None, f"stream has no content events for choice {choice} ({len(events)} events)")
         elif not text and not raw and finish is None and not {"provider_error", "truncated_stream"} & set(acc.anomalies):
@@ -412,6 +621,7 @@ def normalize_response(
                 m = ch.get("message")
                 msg = m if isinstance(m, dict) else {}
                 text = msg.get("content") if isinstance(msg.get("content"), str) else None
+                reasoning_found = _reasoning_field(msg)
             else:
                 text = ch.get("text") if isinstance(ch.get("text"), str) else None
             raw = _entries(ch.get("logprobs"), acc)
@@ -439,14 +649,18 @@ def normalize_response(
                 if text is not None and text.startswith(prompt):
                     text = text[len(prompt):]
 
-    if not raw and asked and text:
+    if not raw and asked and (text or (reasoning_found is not None and reasoning_found[1])):
         acc.add("missing_logprobs", None, "logprobs asked, none returned")
         raw = None  # no per-token data: n_tokens falls back to usage
 
+    if reasoning_found is not None and text is None:
+        text = ""  # a reasoning model cut off inside its reasoning: content null, the answer is empty
     text_known = text is not None
     if text is None:
         text = ""
-    toks = _build_tokens(raw or [], text if text_known else None, acc, k_req, max_top_logprobs, greedy, stream, 0)
+    layout = _reasoning_layout(raw or [], reasoning_found, text if text_known else None, acc)
+    toks = _build_tokens(raw or [], layout.target, acc, k_req, max_top_logprobs, greedy, stream, 0)
+    _label_spans(toks, layout)
     ptoks = _build_tokens(prompt_raw, None, _Acc(), 0, None, False, False, 0, prompt=True) if prompt_raw else []
 
     if not text_known and toks:
@@ -467,6 +681,9 @@ def normalize_response(
         prompt_tokens=ptoks,
         anomaly_details=acc.details,
         usage_missing=usage_missing,
+        reasoning=layout.reasoning,
+        reasoning_source=layout.source,
+        reasoning_coverage=layout.coverage if toks else None,
     )
 
 
