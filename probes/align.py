@@ -10,7 +10,8 @@ authoritative bytes from :mod:`probes.normalize`) onto reference token ids:
    reference tokenizer's own encoding of the token's text when it reproduces the bytes exactly,
    else the fewest-pieces segmentation over the reference byte vocabulary (dynamic programming);
 3. an empty-bytes token (an end-of-turn marker the text omits) maps to the reference special
-   token with the same string, if there is one.
+   token with the same string, if there is one; so do bytes that spell a special token's string
+   exactly (a reasoning model's think tags, where its tokenizer marks them special).
 
 Failures are reported, never guessed: unknown bytes (``None``), bytes the reference vocabulary
 cannot spell, or empty bytes without a matching special token. The reference sequence
@@ -243,6 +244,8 @@ def align_to_reference(tokens: Sequence[TokenRecord], tokenizer: Any) -> Alignme
                 failures.append(AlignmentFailure(i, "empty_bytes", f"token {t.token!r} has no bytes and is no reference special token"))
         elif b in bv.by_bytes:
             ids = [bv.by_bytes[b]]
+        elif (sid := bv.special.get(b.decode("utf-8", errors="replace"))) is not None:
+            ids = [sid]  # a special token the provider spelled out (a reasoning model's <think> where it is special)
         else:
             ids = None
             if not isinstance(tokenizer, ByteVocab):
