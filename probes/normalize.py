@@ -116,6 +116,8 @@ THINK_TAGS: tuple[tuple[str, str], ...] = (
     ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
 )
 
+_TAG_STRINGS = frozenset(x for pair in THINK_TAGS for x in pair)
+
 #: Every anomaly kind this module can report, with its meaning.
 ANOMALY_KINDS: dict[str, str] = {
     "sentinel_logprob": "a placeholder (e.g. -9999.0) in a chosen or alternative logprob",
@@ -415,7 +417,9 @@ def _readings(raw: list[_RawTok]) -> list[str]:
     """The tokens' own text under each plain reading (the ``bytes`` fields, else the strings as
     UTF-8; the GPT-2 and SentencePiece forms): distinct strings that are valid UTF-8."""
     def one(t: _RawTok) -> bytes:
-        return t.given if t.given is not None else t.token.encode("utf-8", errors="surrogatepass")
+        if t.given is None or (t.given == b"" and t.token in _TAG_STRINGS):  # a tag given with empty bytes
+            return t.token.encode("utf-8", errors="surrogatepass")
+        return t.given
 
     def gpt2(t: _RawTok) -> bytes:
         g = gpt2_unicode_to_bytes(t.token) if t.given is None else None

@@ -163,3 +163,31 @@ def test_reasoning_tokens_without_the_close_tag_are_inconsistent() -> None:
     toks = REASON[1:-1] + ["Four", "."]
     out = normalize_response("chat", REQ, response=_body("Four.", toks, reasoning_content=R_TEXT))
     assert "reasoning_logprobs_inconsistent" in out.anomalies and "bytes_text_mismatch" not in out.anomalies
+
+
+def test_think_tags_with_empty_bytes_fields() -> None:
+    """A server that gives the (special) think tags an empty bytes list but their string."""
+    body = _body("Four.", REASON + ANSWER, reasoning_content=R_TEXT)
+    for e in body["choices"][0]["logprobs"]["content"]:
+        if e["token"] in ("<think>", "</think>"):
+            e["bytes"] = []
+    out = normalize_response("chat", REQ, response=body)
+    assert "reasoning_logprobs_inconsistent" not in out.anomalies and "bytes_text_mismatch" not in out.anomalies
+    assert _spans(out) == ["reasoning"] * len(REASON) + ["answer"] * len(ANSWER)
+
+
+def test_round_chunks_with_several_tokens_and_multibyte_reasoning() -> None:
+    """Streamed chunks holding several tokens each; a multi-byte character split across two tokens."""
+    caf = "caf\u00e9".encode()
+    entries = [_entry("<think>"), _entry("caf"), {"token": "bytes:\\xc3", "logprob": -0.1, "bytes": [caf[3]], "top_logprobs": []},
+               {"token": "bytes:\\xa9", "logprob": -0.1, "bytes": [caf[4]], "top_logprobs": []}, _entry("</think>"), _entry("ok")]
+    chunks = [
+        {"index": 0, "delta": {"reasoning_content": "caf"}, "logprobs": {"content": entries[:2]}, "finish_reason": None},
+        {"index": 0, "delta": {"reasoning_content": "\u00e9"}, "logprobs": {"content": entries[2:5]}, "finish_reason": None},
+        {"index": 0, "delta": {"content": "ok"}, "logprobs": {"content": entries[5:]}, "finish_reason": "stop"},
+    ]
+    text = "".join("data: " + json.dumps({"object": "chat.completion.chunk", "choices": [c]}) + "\n\n" for c in chunks) + "data: [DONE]\n\n"
+    out = normalize_response("chat", {**REQ, "top_logprobs": 0, "stream": True}, response_text=text, stream=True)
+    assert out.anomalies == [], out.anomaly_details
+    assert _spans(out) == ["reasoning"] * 5 + ["answer"]
+    assert out.token_bytes[2:4] == [caf[3:4], caf[4:5]]
