@@ -91,7 +91,7 @@ def build_evidence(
             continue  # sampling tests assume the full distribution (top_p = 1)
         for ti, tid in enumerate(o.one_to_one):
             span = o.spans[ti]
-            if tid is None or span is None:
+            if tid is None or span is None or ti in o.tag_positions:  # think tags: possibly forced, no sample
                 continue
             rows.append((oi, ti))
             ref_rows.append(span[0])

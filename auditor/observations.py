@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from probes.align import AlignmentFailure, ByteVocab, align_to_reference
 from probes.align import _byte_vocab as _bv
+from probes.normalize import think_tag_positions
 from probes.records import TokenRecord
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,6 +74,11 @@ class Observation:
             the provider's logprobs did not cover (``reasoning_coverage = "answer"``): re-tokenized
             from the reasoning text inside the reference's think tags, scored as prefix, never
             observed (anomaly ``reasoning_prefix_retokenized``); empty otherwise.
+        tag_positions: provider token positions that spell a think tag (``probes.normalize.
+            THINK_TAGS``) in a reasoning response: teacher-forced like every token, but no
+            detector sees them, since an engine with a thinking budget forces the close tag
+            (vLLM's ``thinking_token_budget``; the simulator's ``--reasoning`` mode) and a forced
+            token is no sample of the model.
 
     Each token's ``span`` (``reasoning`` / ``answer``) is the normalizer's label, as stored.
     """
@@ -93,6 +99,7 @@ class Observation:
     anomalies: list[str] = field(default_factory=list)
     provider_prompt_tokens: int | None = None
     context_ids: list[int] = field(default_factory=list)
+    tag_positions: frozenset[int] = frozenset()
 
     @property
     def scoring_prefix(self) -> list[int]:
@@ -176,11 +183,14 @@ def reasoning_context_ids(prompt_ids: Sequence[int], reasoning: str, tokenizer: 
     return list(tokenizer.encode(head + reasoning + closer, add_special_tokens=False))
 
 
-def _prompt_ids(req: dict[str, Any], tokenizer: Any) -> list[int]:
+def _prompt_ids(req: dict[str, Any], tokenizer: Any, opener: str | None = None) -> list[int]:
+    """Reference prompt ids of a request; a chat prompt ends with the template's reasoning
+    ``opener`` when the provider config names one (``ProviderConfig.reasoning_opener``)."""
     from reference.scoring import encode_prompt
 
     if "messages" in req:
-        return list(encode_prompt(tokenizer, req["messages"], chat=True))
+        ids = list(encode_prompt(tokenizer, req["messages"], chat=True))
+        return ids + list(tokenizer.encode(opener, add_special_tokens=False)) if opener else ids
     prompt = req.get("prompt")
     return list(encode_prompt(tokenizer, prompt[0] if isinstance(prompt, list) else str(prompt or ""), chat=False))
 
@@ -261,7 +271,7 @@ def read_observations(store: Store, run_id: str, config: ProviderConfig, tokeniz
                 continue
             al = align_to_reference(tokens, bv)
             temp, top_p = req.get("temperature"), req.get("top_p")
-            prompt_ids = _prompt_ids(req, tokenizer)
+            prompt_ids = _prompt_ids(req, tokenizer, getattr(config, "reasoning_opener", None))
             context: list[int] = []
             # a reasoning span the tokens do not hold (logprobs over the answer only, or no
             # logprobs and a separate reasoning field): the model wrote it before the answer
@@ -276,6 +286,7 @@ def read_observations(store: Store, run_id: str, config: ProviderConfig, tokeniz
                     ref_ids=list(al.ref_ids), spans=list(al.spans), one_to_one=list(al.ref_token_ids),
                     failures=list(al.failures), anomalies=anomalies,
                     provider_prompt_tokens=_usage_prompt_tokens(p.usage), context_ids=context,
+                    tag_positions=think_tag_positions(tokens),
                 )
             )
     return ObservationSet(obs, excluded)

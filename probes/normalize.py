@@ -63,6 +63,7 @@ the figure estimated.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,7 @@ __all__ = [
     "TokenRecord",
     "gpt2_unicode_to_bytes",
     "normalize_response",
+    "think_tag_positions",
 ]
 
 #: A logprob at or below this is a placeholder, not a model number (OpenAI documents -9999.0).
@@ -359,6 +361,8 @@ class _Layout:
     reasoning: str | None = None
     source: str | None = None
     coverage: str | None = None
+    n_reasoning: int | None = None
+    """When set, the number of leading tokens in the reasoning span (used instead of ``boundary``)."""
 
 
 def _inline_reasoning(text: str) -> tuple[str, int] | None:
@@ -413,27 +417,49 @@ def _split_reasoning(s: str, reasoning: str, answer: str) -> int | None:
     return end if core.strip() == reasoning.strip() else None
 
 
+def _tokens_before(raw: list[_RawTok], s: str, end: int) -> int:
+    """How many of ``raw`` start before character ``end`` of ``s``, under the reading (see
+    :func:`_readings`) that spells ``s``, decoded prefix by prefix."""
+    for f in _READERS:
+        parts = [f(t) for t in raw]
+        if b"".join(parts).decode("utf-8", errors="replace") != s:
+            continue
+        n, acc = 0, b""
+        for b in parts:
+            if len(acc.decode("utf-8", errors="replace")) >= end:
+                break
+            n += 1
+            acc += b
+        return n
+    return 0
+
+
+def _read_one(t: _RawTok) -> bytes:
+    if t.given is None or (t.given == b"" and t.token in _TAG_STRINGS):  # a tag given with empty bytes
+        return t.token.encode("utf-8", errors="surrogatepass")
+    return t.given
+
+
+def _read_gpt2(t: _RawTok) -> bytes:
+    g = gpt2_unicode_to_bytes(t.token) if t.given is None else None
+    return g if g is not None else _read_one(t)
+
+
+def _read_spm(t: _RawTok) -> bytes:
+    return t.token.replace("\u2581", " ").encode("utf-8", errors="surrogatepass") if t.given is None else _read_one(t)
+
+
+_READERS = (_read_one, _read_gpt2, _read_spm)
+
+
 def _readings(raw: list[_RawTok]) -> list[str]:
     """The tokens' own text under each plain reading (the ``bytes`` fields, else the strings as
-    UTF-8; the GPT-2 and SentencePiece forms): distinct strings that are valid UTF-8."""
-    def one(t: _RawTok) -> bytes:
-        if t.given is None or (t.given == b"" and t.token in _TAG_STRINGS):  # a tag given with empty bytes
-            return t.token.encode("utf-8", errors="surrogatepass")
-        return t.given
-
-    def gpt2(t: _RawTok) -> bytes:
-        g = gpt2_unicode_to_bytes(t.token) if t.given is None else None
-        return g if g is not None else one(t)
-
-    def spm(t: _RawTok) -> bytes:
-        return t.token.replace("▁", " ").encode("utf-8", errors="surrogatepass") if t.given is None else one(t)
-
+    UTF-8; the GPT-2 and SentencePiece forms), decoded (invalid sequences as U+FFFD): distinct strings."""
     out: list[str] = []
-    for f in (one, gpt2, spm):
-        try:
-            s = b"".join(f(t) for t in raw).decode("utf-8")
-        except UnicodeDecodeError:
-            continue
+    for f in _READERS:
+        # invalid sequences (a model that emits a partial character) read as U+FFFD, as the
+        # engine's detokenizer writes them into the reasoning and answer texts
+        s = b"".join(f(t) for t in raw).decode("utf-8", errors="replace")
         if s not in out:
             out.append(s)
     return out
@@ -478,7 +504,7 @@ def _reasoning_layout(raw: list[_RawTok], found: tuple[str, str] | None, text: s
         for s in _readings(raw):
             end = _split_reasoning(s, reasoning, answer)
             if end is not None and spells(s):
-                return _Layout(s, len(s[:end].encode("utf-8", errors="surrogatepass")), reasoning, source, "both")
+                return _Layout(s, None, reasoning, source, "both", n_reasoning=_tokens_before(raw, s, end))
     if reasoning.strip():
         acc.add(
             "reasoning_logprobs_inconsistent",
@@ -491,9 +517,14 @@ def _reasoning_layout(raw: list[_RawTok], found: tuple[str, str] | None, text: s
 
 
 def _label_spans(toks: list[TokenRecord], layout: _Layout) -> None:
-    """Set each token's ``span`` from ``layout.boundary``: ``"reasoning"`` when the token starts
+    """Set each token's ``span``: the first ``layout.n_reasoning`` tokens ``"reasoning"`` when it
+    is set, else from ``layout.boundary``: ``"reasoning"`` when the token starts
     before it, else ``"answer"``; ``None`` for every token from the first one whose bytes are
     unknown (its position in the text is then unknown), and for all when the boundary is."""
+    if layout.n_reasoning is not None:
+        for k, t in enumerate(toks):
+            t.span = "reasoning" if k < layout.n_reasoning else "answer"
+        return
     pos: int | None = 0 if layout.boundary is not None else None
     for t in toks:
         if pos is None or layout.boundary is None:
@@ -904,3 +935,38 @@ def _build_tokens(
     for i, r in enumerate(records):
         r.anomalies = list(per_tok[i])
     return records
+
+
+def think_tag_positions(tokens: Sequence[TokenRecord]) -> frozenset[int]:
+    """Indices (into ``tokens``) of the tokens whose bytes overlap a think tag
+    (:data:`THINK_TAGS`) of a reasoning response; empty when no token is labelled ``reasoning``.
+    Tokens after one with unknown bytes are not examined.
+
+    No detector or pre-flight check scores them: an engine with a thinking budget forces the
+    close tag (vLLM's ``thinking_token_budget``, the simulator's ``--reasoning`` mode), and a
+    forced token is no sample of the model (``auditor.observations.Observation.tag_positions``).
+    """
+    if not any(t.span == "reasoning" for t in tokens):
+        return frozenset()
+    starts: list[int] = []
+    pos = 0
+    parts: list[bytes] = []
+    for t in tokens:
+        if t.bytes is None:
+            break
+        starts.append(pos)
+        parts.append(t.bytes)
+        pos += len(t.bytes)
+    data = b"".join(parts)
+    ranges: list[tuple[int, int]] = []
+    for tag in {x.encode() for pair in THINK_TAGS for x in pair}:
+        i = data.find(tag)
+        while i >= 0:
+            ranges.append((i, i + len(tag)))
+            i = data.find(tag, i + 1)
+    out = set()
+    for k, a in enumerate(starts):
+        b = a + len(parts[k])
+        if any(a < e and s < b for s, e in ranges) or (a == b and any(s <= a < e for s, e in ranges)):
+            out.add(k)
+    return frozenset(out)

@@ -191,3 +191,16 @@ def test_round_chunks_with_several_tokens_and_multibyte_reasoning() -> None:
     assert out.anomalies == [], out.anomaly_details
     assert _spans(out) == ["reasoning"] * 5 + ["answer"]
     assert out.token_bytes[2:4] == [caf[3:4], caf[4:5]]
+
+
+def test_partial_character_in_the_reasoning() -> None:
+    """A model emits an incomplete UTF-8 sequence inside its reasoning: the reasoning field holds
+    U+FFFD there (the engine's detokenizer), the token's bytes field the raw bytes."""
+    bad = {"token": "\\xe2\\x88", "logprob": -0.1, "bytes": [0xE2, 0x88], "top_logprobs": []}
+    body = _body("Four.", [], reasoning_content="Hm\ufffd ok")
+    body["choices"][0]["logprobs"]["content"] = [_entry("<think>"), _entry("Hm"), bad, _entry(" ok"), _entry("</think>"),
+                                                 _entry("Four"), _entry(".")]
+    out = normalize_response("chat", {**REQ, "top_logprobs": 0}, response=body)
+    assert not {"reasoning_logprobs_inconsistent", "bytes_text_mismatch"} & set(out.anomalies), out.anomaly_details
+    assert _spans(out) == ["reasoning"] * 5 + ["answer"] * 2
+    assert out.token_bytes[2] == b"\xe2\x88"
