@@ -26,7 +26,9 @@ def reasoning_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
     urls = {f"sim-{mode}": tiny_sims.url("honest-fp32", reasoning=mode, reasoning_budget=BUDGET)
-            for mode in ("field", "inline")}
+            for mode in ("field", "field-reasoning", "inline")}
+    urls["sim-answer-only"] = tiny_sims.url("honest-fp32", reasoning="field", reasoning_logprobs="answer",
+                                            reasoning_budget=BUDGET)
     toml = providers_toml(urls, "tiny", reference="tiny-ref").replace(
         'api = "chat"\n', 'api = "chat"\nreasoning_opener = "<think>\\n"\n')
     cfg = tmp_path / "providers.toml"
@@ -34,7 +36,7 @@ def reasoning_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
     return {"config": str(cfg), "db": f"sqlite:///{tmp_path / 'r.db'}"}
 
 
-@pytest.mark.parametrize("mode", ["field", "inline"])
+@pytest.mark.parametrize("mode", ["field", "field-reasoning", "inline"])
 def test_honest_reasoning_simulator_passes_on_its_reasoning_tokens(reasoning_env, mode: str) -> None:
     rep = run_check(f"sim-{mode}", suite="default", budget_tokens=480, db_url=reasoning_env["db"],
                     config_path=reasoning_env["config"])
@@ -42,6 +44,7 @@ def test_honest_reasoning_simulator_passes_on_its_reasoning_tokens(reasoning_env
     assert rep.excluded_responses is None
     tk = rep.tokens
     emitted = tk["completion"]
+    print(f"evidence {mode}: {tk['scored_positions']} of {emitted} emitted tokens; verdict {rep.verdict}")
     assert emitted > 0 and tk["scored_positions"] >= 0.9 * emitted, tk
     assert rep.verdict == "PASS", (rep.verdict, rep.verdict_reason)
     # reasoning tokens are evidence: stored with their span, and most scored positions are reasoning
@@ -56,3 +59,13 @@ def test_honest_reasoning_simulator_passes_on_its_reasoning_tokens(reasoning_env
     assert spans.count("reasoning") > spans.count("answer") > 0 and None not in spans
     rows = [e for d in rep.detectors for e in d.get("evidence") or [] if "span" in e]
     assert rows and {e["span"] for e in rows} <= {"reasoning", "answer"} and any(e["span"] == "reasoning" for e in rows)
+
+
+def test_honest_reasoning_simulator_with_logprobs_over_the_answer_only(reasoning_env) -> None:
+    """The reasoning is not covered: the answer is scored after the re-tokenized reasoning span."""
+    rep = run_check("sim-answer-only", suite="default", budget_tokens=480, db_url=reasoning_env["db"],
+                    config_path=reasoning_env["config"])
+    assert rep.status == "completed" and rep.excluded_responses is None
+    print(f"evidence answer-only: {rep.tokens['scored_positions']} of {rep.tokens['completion']}; verdict {rep.verdict}")
+    assert rep.tokens["scored_positions"] > 0
+    assert rep.verdict == "PASS", (rep.verdict, rep.verdict_reason)
