@@ -502,6 +502,7 @@ class SimulatorEngine:
         top_n: int | None = None,
         on_chunk: Callable[[list[TokenInfo]], None] | None = None,
         cancel: threading.Event | None = None,
+        span: str | None = None,
     ) -> ChoiceResult:
         """Generate one choice with the profile's model, drafter and verifier.
 
@@ -515,6 +516,8 @@ class SimulatorEngine:
             on_chunk: called with each chunk of released tokens (one speculative round, minus
                 bytes held back while they might start a stop string).
             cancel: set it to abort (e.g. client disconnected); the result so far is returned.
+            span: ``reasoning`` while generating a reasoning span (:meth:`generate_reasoning`):
+                span-restricted verifiers (``relaxed-think``) relax only there.
 
         Returns:
             ChoiceResult.
@@ -590,7 +593,7 @@ class SimulatorEngine:
                     top_p=eff["top_p"],
                     generator=gen,
                     eos_token_ids=self.eos_ids,
-                    verifier=make_verifier(self.profile, request_seed=seed),
+                    verifier=make_verifier(self.profile, request_seed=seed, span=span),
                     return_logprobs=False,
                     on_round=on_round,
                     adaptive_k=self.adaptive_k,
@@ -661,7 +664,7 @@ class SimulatorEngine:
 
         t0 = time.perf_counter()
         r = self.generate(prompt_ids, max_tokens=min(budget, max_tokens), seed=seed, top_n=top_n,
-                          on_chunk=tagged("reasoning"), cancel=cancel, **sampling)
+                          on_chunk=tagged("reasoning"), cancel=cancel, span="reasoning", **sampling)
         for t in r.tokens:
             t.span = "reasoning"
         reasoning_ids = [t.token_id for t in r.tokens]
