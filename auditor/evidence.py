@@ -105,7 +105,7 @@ def build_evidence(
             continue  # sampling tests assume the full distribution (top_p = 1)
         for ti, tid in enumerate(o.one_to_one):
             span = o.spans[ti]
-            if tid is None or span is None:
+            if tid is None or span is None or ti in o.tag_positions:  # think tags: possibly forced, no sample
                 continue
             rows.append((oi, ti))
             ref_rows.append(span[0])
@@ -168,8 +168,9 @@ def build_evidence(
 def enrich_evidence(
     results: list[DetectorResult], observations: Sequence[Observation], tokenizer: Any
 ) -> list[DetectorResult]:
-    """Add token texts (``token``, ``ref_top5_tokens``, ``provider_top5_tokens``) and the
-    preceding provider text (``context``) to every evidence row, so reports need no tokenizer."""
+    """Add token texts (``token``, ``ref_top5_tokens``, ``provider_top5_tokens``), the preceding
+    provider text (``context``) and the token's span (``span``: ``reasoning`` / ``answer``, where
+    known) to every evidence row, so reports need no tokenizer."""
     bv = _bv(tokenizer)
     by_key = {o.probe_key: o for o in observations}
     out = []
@@ -181,6 +182,8 @@ def enrich_evidence(
             pos = e.get("position")
             if o is not None and isinstance(pos, int) and 0 <= pos < len(o.tokens):
                 e.setdefault("token", o.tokens[pos].token)
+                if o.tokens[pos].span is not None:
+                    e["span"] = o.tokens[pos].span  # reasoning / answer (issue 35)
                 prev = b"".join((t.bytes or t.token.encode("utf-8", "replace")) for t in o.tokens[max(0, pos - 24) : pos])
                 e["context"] = prev.decode("utf-8", errors="replace")[-EVIDENCE_CONTEXT_CHARS:]
             if e.get("ref_top5"):

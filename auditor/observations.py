@@ -7,8 +7,10 @@
 - :func:`read_observations` is the stage as the pipeline runs it: the same observations, and the
   responses it excluded as a whole (:class:`ExcludedResponse`, with the reason): a response-level
   anomaly in ``auditor.detectors.UNTRUSTED_RESPONSE_ANOMALIES`` (e.g. ``bytes_text_mismatch``:
-  reasoning tokens mixed into ``logprobs.content``) means its tokens are not what the model
-  generated after its prompt, so none of its positions reaches any detector;
+  tokens the text does not hold; ``reasoning_logprobs_inconsistent``: a reasoning response whose
+  logprobs cover neither span) means its tokens are not what the model generated after its
+  prompt, so none of its positions reaches any detector. A consistent reasoning response is
+  evidence like any other: its reasoning tokens are observed, each with its span label;
   :func:`excluded_summary` is what the run summary stores of them (reports show it).
 - :func:`aligned_ids` gives the plain ``(probe_id, ids)`` rows that the analysis' final transaction
   writes to ``normalized_tokens.ref_token_id`` (``auditor.store.queries.set_aligned_ref_token_ids``,
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from probes.align import AlignmentFailure, ByteVocab, align_to_reference
 from probes.align import _byte_vocab as _bv
+from probes.normalize import think_tag_positions
 from probes.records import TokenRecord
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,6 +45,7 @@ __all__ = [
     "excluded_summary",
     "load_observations",
     "read_observations",
+    "reasoning_context_ids",
     "stored_tokens",
     "untrusted_response_reasons",
 ]
@@ -66,6 +70,17 @@ class Observation:
         failures: alignment failures (``probes.align.AlignmentFailure``).
         anomalies: response-level anomaly kinds.
         provider_prompt_tokens: the provider's ``usage.prompt_tokens`` (None when not reported).
+        context_ids: reference ids of a reasoning span the model generated before ``tokens`` but
+            the provider's logprobs did not cover (``reasoning_coverage = "answer"``): re-tokenized
+            from the reasoning text inside the reference's think tags, scored as prefix, never
+            observed (anomaly ``reasoning_prefix_retokenized``); empty otherwise.
+        tag_positions: provider token positions that spell a think tag (``probes.normalize.
+            THINK_TAGS``) in a reasoning response: teacher-forced like every token, but no
+            detector sees them, since an engine with a thinking budget forces the close tag
+            (vLLM's ``thinking_token_budget``; the simulator's ``--reasoning`` mode) and a forced
+            token is no sample of the model.
+
+    Each token's ``span`` (``reasoning`` / ``answer``) is the normalizer's label, as stored.
     """
 
     probe_id: int
@@ -83,6 +98,13 @@ class Observation:
     failures: list[AlignmentFailure] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
     provider_prompt_tokens: int | None = None
+    context_ids: list[int] = field(default_factory=list)
+    tag_positions: frozenset[int] = frozenset()
+
+    @property
+    def scoring_prefix(self) -> list[int]:
+        """The ids the reference is teacher-forced on before ``ref_ids``: ``prompt_ids + context_ids``."""
+        return self.prompt_ids + self.context_ids if self.context_ids else self.prompt_ids
 
 
 # ------------------------------------------------------------------------------------------ read
@@ -115,7 +137,8 @@ def stored_tokens(rows: Sequence[NormalizedToken]) -> list[TokenRecord]:
             lp = alt[1] if len(alt) > 1 else None
             tops.append((tok, _alt_bytes(hexes, i, tok), None if lp is None else float(lp)))
         out.append(TokenRecord.model_construct(index=r.position, token=r.token, bytes=r.token_bytes,
-                                               logprob=r.logprob, top_logprobs=tops, anomalies=list(r.anomalies or [])))
+                                               logprob=r.logprob, top_logprobs=tops, anomalies=list(r.anomalies or []),
+                                               span=r.span, raw_logprob=None))
     return out
 
 
@@ -129,16 +152,45 @@ def _retokenize(text: str, bv: ByteVocab, tokenizer: Any) -> list[TokenRecord]:
     """
     return [
         TokenRecord(index=i, token=_token_text(bv, int(tid)), bytes=bv.id_bytes.get(int(tid)), logprob=None,
-                    anomalies=["retokenized"])
+                    anomalies=["retokenized"], span="answer")
         for i, tid in enumerate(tokenizer.encode(text, add_special_tokens=False))
     ]
 
 
-def _prompt_ids(req: dict[str, Any], tokenizer: Any) -> list[int]:
+def reasoning_context_ids(prompt_ids: Sequence[int], reasoning: str, tokenizer: Any) -> list[int]:
+    """Reference ids of an uncovered reasoning span, as the model wrote it after ``prompt_ids``.
+
+    The think tags are the reference tokenizer's own (the first pair of
+    ``probes.normalize.THINK_TAGS`` whose close tag it knows as one token, else ``<think>``);
+    the open tag is left out where the chat template already opened the span in the prompt
+    (DeepSeek-R1's template ends the generation prompt with ``<think>\\n``). The whitespace
+    around the span is the reasoning text's own (parsers may strip it; a provider's answer then
+    starts with whatever followed the close tag).
+
+    Args:
+        prompt_ids: [P] the templated prompt's reference ids; reasoning: the reasoning text;
+        tokenizer: the reference tokenizer (``encode``, ``decode``, ``get_vocab``).
+
+    Returns:
+        list[int]: the ids of ``[open tag] reasoning close tag``.
+    """
+    from probes.normalize import THINK_TAGS
+
+    vocab = tokenizer.get_vocab()
+    opener, closer = next(((o, c) for o, c in THINK_TAGS if c in vocab), THINK_TAGS[0])
+    tail = str(tokenizer.decode(list(prompt_ids[-8:]))) if prompt_ids else ""
+    head = "" if tail.rstrip().endswith(opener) else opener
+    return list(tokenizer.encode(head + reasoning + closer, add_special_tokens=False))
+
+
+def _prompt_ids(req: dict[str, Any], tokenizer: Any, opener: str | None = None) -> list[int]:
+    """Reference prompt ids of a request; a chat prompt ends with the template's reasoning
+    ``opener`` when the provider config names one (``ProviderConfig.reasoning_opener``)."""
     from reference.scoring import encode_prompt
 
     if "messages" in req:
-        return list(encode_prompt(tokenizer, req["messages"], chat=True))
+        ids = list(encode_prompt(tokenizer, req["messages"], chat=True))
+        return ids + list(tokenizer.encode(opener, add_special_tokens=False)) if opener else ids
     prompt = req.get("prompt")
     return list(encode_prompt(tokenizer, prompt[0] if isinstance(prompt, list) else str(prompt or ""), chat=False))
 
@@ -208,21 +260,33 @@ def read_observations(store: Store, run_id: str, config: ProviderConfig, tokeniz
             if why := untrusted_response_reasons(anomalies):
                 excluded.append(ExcludedResponse(p.id, p.probe_key, why, len(tokens)))
                 continue
-            if not tokens and p.text:
-                tokens = _retokenize(p.text, bv, tokenizer)
+            retokenized = not tokens and bool(p.text)
+            if retokenized:
+                tokens = _retokenize(p.text or "", bv, tokenizer)
                 anomalies.append("retokenized_text")
+                if p.reasoning:  # the span is unknown: inline tags or a separate field before the text
+                    for t in tokens:
+                        t.span = None
             if not tokens:
                 continue
             al = align_to_reference(tokens, bv)
             temp, top_p = req.get("temperature"), req.get("top_p")
+            prompt_ids = _prompt_ids(req, tokenizer, getattr(config, "reasoning_opener", None))
+            context: list[int] = []
+            # a reasoning span the tokens do not hold (logprobs over the answer only, or no
+            # logprobs and a separate reasoning field): the model wrote it before the answer
+            if p.reasoning and (p.reasoning_coverage == "answer" or (retokenized and p.reasoning not in (p.text or ""))):
+                context = reasoning_context_ids(prompt_ids, p.reasoning, tokenizer)
+                anomalies.append("reasoning_prefix_retokenized")
             obs.append(
                 Observation(
                     probe_id=p.id, probe_key=p.probe_key, mode=p.mode, workload=p.workload,
                     temperature=float(1.0 if temp is None else temp), top_p=float(1.0 if top_p is None else top_p),
-                    request=req, prompt_ids=_prompt_ids(req, tokenizer), tokens=tokens,
+                    request=req, prompt_ids=prompt_ids, tokens=tokens,
                     ref_ids=list(al.ref_ids), spans=list(al.spans), one_to_one=list(al.ref_token_ids),
                     failures=list(al.failures), anomalies=anomalies,
-                    provider_prompt_tokens=_usage_prompt_tokens(p.usage),
+                    provider_prompt_tokens=_usage_prompt_tokens(p.usage), context_ids=context,
+                    tag_positions=think_tag_positions(tokens),
                 )
             )
     return ObservationSet(obs, excluded)

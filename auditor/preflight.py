@@ -73,7 +73,7 @@ from auditor.detectors.base import DetectorResult, not_run
 from auditor.util import finite
 from probes.config import ProviderConfig
 from probes.conventions import RANKED, LogprobConvention, certified_top, learn_convention, requested_top_logprobs
-from probes.normalize import NormalizedResponse, normalize_response
+from probes.normalize import NormalizedResponse, normalize_response, think_tag_positions
 
 __all__ = [
     "GREEDY_R0",
@@ -335,9 +335,10 @@ def _greedy_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
     n = k = 0
     examples: list[dict] = []
     for resp in norms:
-        for t in resp.tokens:
+        tags = think_tag_positions(resp.tokens)  # possibly forced by a thinking budget: no sample
+        for i, t in enumerate(resp.tokens):
             alts = [lp for (_s, _b, lp) in t.top_logprobs if lp is not None]
-            if t.logprob is None or not alts:
+            if t.logprob is None or not alts or i in tags:
                 continue
             n += 1
             gap = max(alts) - t.logprob
@@ -369,9 +370,10 @@ def _region_counts(norms: Sequence[NormalizedResponse], convention: LogprobConve
     hits: list[tuple[int, int]] = []
     examples: list[dict] = []
     for resp in norms:
-        for t in resp.tokens:
+        tags = think_tag_positions(resp.tokens)
+        for i, t in enumerate(resp.tokens):
             alts = [(s, lp) for (s, _b, lp) in certified_top(t.top_logprobs, convention)]
-            if t.logprob is None or len(alts) < 2:
+            if t.logprob is None or len(alts) < 2 or i in tags:
                 continue
             ps = [math.exp(lp) for _s, lp in alts]
             p_emit = math.exp(t.logprob)

@@ -560,12 +560,14 @@ async def run_probes_async(
                     list(norm.anomalies),
                     norm.usage,
                 )
+                reasoning, coverage = norm.reasoning, norm.reasoning_coverage
             except Exception as exc:
                 log.warning("normalizing %s failed: %s", key, exc)
-                tokens, text, finish, usage = [], None, None, None
+                tokens, text, finish, usage, reasoning, coverage = [], None, None, None, None, None
                 anomalies = [f"normalize_error: {type(exc).__name__}: {q.scrub(str(exc), secrets)}"]
             q.mark_probe_done(
-                s, pid, status="done", text=text, finish_reason=finish, anomalies=anomalies, usage=usage, tokens=tokens
+                s, pid, status="done", text=text, finish_reason=finish, anomalies=anomalies, usage=usage, tokens=tokens,
+                reasoning=reasoning, reasoning_coverage=coverage,
             )
             usage = usage or {}
             pt = int(usage.get("prompt_tokens") or 0)

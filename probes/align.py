@@ -10,7 +10,8 @@ authoritative bytes from :mod:`probes.normalize`) onto reference token ids:
    reference tokenizer's own encoding of the token's text when it reproduces the bytes exactly,
    else the fewest-pieces segmentation over the reference byte vocabulary (dynamic programming);
 3. an empty-bytes token (an end-of-turn marker the text omits) maps to the reference special
-   token with the same string, if there is one;
+   token with the same string, if there is one; so do bytes that spell a special token's string
+   exactly (a reasoning model's think tags, where its tokenizer marks them special);
 4. vLLM's partial-character convention (issue 40; ``probes.conventions``): ``n`` empty tokens (``""``,
    no bytes, no special token) followed by a token carrying a whole multi-byte character are the
    ``n + 1`` pieces of that character. The empty tokens map to no reference id (span of length 0)
@@ -285,6 +286,8 @@ def align_to_reference(tokens: Sequence[TokenRecord], tokenizer: Any) -> Alignme
             pending = 0
         elif b in bv.by_bytes:
             ids = [bv.by_bytes[b]]
+        elif (sid := bv.special.get(b.decode("utf-8", errors="replace"))) is not None:
+            ids = [sid]  # a special token the provider spelled out (a reasoning model's <think> where it is special)
         else:
             ids = None
             if not isinstance(tokenizer, ByteVocab):

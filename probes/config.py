@@ -365,6 +365,12 @@ class ProviderConfig(_Strict):
     loaded locally with the defaults (bundled ``smollm2-135m-instruct`` / ``gemma-3-270m``, a
     directory, a .gguf file or a Hugging Face id)."""
 
+    reasoning_opener: str | None = Field(None, max_length=64)
+    """Text the model's chat template puts after the generation prompt to open the reasoning
+    span, e.g. ``"<think>\\n"`` (DeepSeek-R1's template; the simulator's ``--reasoning`` mode).
+    The reference's prompt ends with it, as the provider's does. ``None`` (default): the template
+    opens none (a model that writes its own ``<think>``, or a plain chat model)."""
+
     capabilities: Capabilities = Field(default_factory=Capabilities)
     """Declared or discovered capabilities (``auditor providers probe NAME --write``)."""
 

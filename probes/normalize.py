@@ -38,6 +38,23 @@ the chat shape). SSE and in-band error objects are read by :mod:`probes.sse`, th
 client uses too. ``text_offset`` is used only when it is monotonic and agrees with the tokens'
 lengths.
 
+Reasoning models (issue 35): the reasoning text arrives in ``message.reasoning_content`` /
+``message.reasoning``, streamed as ``delta.reasoning_content`` / ``delta.reasoning``
+(:data:`REASONING_FIELDS`), or inline between think tags in ``content`` where no parser runs
+(:data:`THINK_TAGS`); ``logprobs.content`` covers the reasoning tokens (think tags included, as
+the parser consumed them from the text) and then the answer, or the answer only. Each token gets
+a span label (``TokenRecord.span``: ``reasoning`` / ``answer``); the tokens' bytes are recovered
+against reasoning + answer where they cover both, against the answer where they cover only it,
+and a reasoning response that fits neither is reported ``reasoning_logprobs_inconsistent``
+(never ``bytes_text_mismatch``). Formats followed: vLLM v0.11 ``vllm/reasoning/basic_parsers.py``
+(``BaseThinkingReasoningParser``: the text before ``</think>`` is reasoning, ``<think>``
+optional because DeepSeek-R1's template opens it in the prompt; the streamed delta that holds
+the close tag sends its tag-less text, the tag tokens keep their logprob entries) and
+``deepseek_r1_reasoning_parser.py`` / ``qwen3_reasoning_parser.py``, with the field renamed
+``reasoning_content`` → ``reasoning`` in ``entrypoints/openai/protocol.py`` (v0.11); SGLang
+v0.5 ``python/sglang/srt/parser/reasoning_parser.py`` (``reasoning_content``; ``deepseek-r1``,
+``qwen3``, ``kimi_k2`` with ``◁think▷``…``◁/think▷``); DeepSeek's API ``reasoning_content``.
+
 Usage: :attr:`NormalizedResponse.usage` keeps the provider's ``usage`` object with its token
 counts checked (non-negative integers); :attr:`NormalizedResponse.usage_missing` is True when
 the provider reported no usable ``prompt_tokens``/``completion_tokens`` (e.g. a stream without
@@ -49,6 +66,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,11 +91,14 @@ from probes.sse import BODY_ANOMALIES, find_error, loads_json, looks_like_plain_
 __all__ = [
     "ANOMALY_KINDS",
     "MASKED_THRESHOLD",
+    "REASONING_FIELDS",
     "SENTINEL_THRESHOLD",
+    "THINK_TAGS",
     "NormalizedResponse",
     "TokenRecord",
     "gpt2_unicode_to_bytes",
     "normalize_response",
+    "think_tag_positions",
 ]
 
 #: A logprob at or below this is a placeholder, not a model number (OpenAI documents -9999.0).
@@ -91,6 +112,19 @@ MASS_TOL = 1e-3
 #: Alternatives kept per token when the request did not say how many it asked for (no logprobs
 #: asked, or no request known): a provider's unasked list is bounded too.
 MAX_UNASKED_ALTERNATIVES = 20
+
+#: Reasoning fields of a chat ``message`` or streamed ``delta``, in the order they are read:
+#: ``reasoning_content`` (DeepSeek's API, SGLang ``--reasoning-parser``, vLLM up to v0.10),
+#: ``reasoning`` (vLLM since v0.11, OpenRouter).
+REASONING_FIELDS: tuple[str, ...] = ("reasoning_content", "reasoning")
+#: ``(open, close)`` think tags: DeepSeek-R1/V3.x and Qwen3 (``<think>``), Seed-OSS, Kimi K2-Thinking.
+THINK_TAGS: tuple[tuple[str, str], ...] = (
+    ("<think>", "</think>"),
+    ("<seed:think>", "</seed:think>"),
+    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
+)
+
+_TAG_STRINGS = frozenset(x for pair in THINK_TAGS for x in pair)
 
 #: Every anomaly kind this module can report, with its meaning.
 ANOMALY_KINDS: dict[str, str] = {
@@ -114,6 +148,7 @@ ANOMALY_KINDS: dict[str, str] = {
     "replacement_char_text": "text/token strings carry U+FFFD where the tokens' bytes hold a valid character; bytes kept",
     "top_logprobs_excess": "more alternatives than asked (+1 for the chosen token); only the asked number are kept",
     "malformed_usage": "the usage object's token counts are not non-negative integers (dropped)",
+    "reasoning_logprobs_inconsistent": "a reasoning response whose logprobs spell neither the answer alone nor the reasoning then the answer",
     **BODY_ANOMALIES,  # malformed_json, malformed_response, truncated_stream, empty_stream, provider_error: shared with the client
 }
 
@@ -270,12 +305,25 @@ def _completion_entries(lp: dict[str, Any], acc: _Acc) -> list[_RawTok] | None:
     return out
 
 
+def _reasoning_field(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """``(field name, text)`` of the first reasoning field in a ``message`` or ``delta`` object
+    that holds a string (:data:`REASONING_FIELDS` order), else ``None``."""
+    for name in REASONING_FIELDS:
+        v = obj.get(name)
+        if isinstance(v, str):
+            return name, v
+    return None
+
+
 def _assemble_stream(
     api: str, events: list[Any], choice: int, acc: _Acc, logprobs_asked: bool
-) -> tuple[str, list[_RawTok] | None, Any, Any, int]:
+) -> tuple[str, list[_RawTok] | None, Any, Any, int, tuple[str, str] | None]:
     """Merge SSE chunks of one choice → (text, raw tokens or None, finish_reason, usage,
-    number of content events, i.e. events that carry this choice)."""
+    number of content events, i.e. events that carry this choice, and ``(field, reasoning
+    text)`` when any delta carried a reasoning field, else ``None``)."""
     texts: list[str] = []
+    reasoning: list[str] = []
+    reasoning_name: str | None = None
     toks: list[_RawTok] | None = None
     finish = None
     usage = None
@@ -298,6 +346,10 @@ def _assemble_stream(
                 d = ch.get("delta")
                 delta = d if isinstance(d, dict) else {}
                 piece = delta.get("content")
+                rf = _reasoning_field(delta)
+                if rf is not None:
+                    reasoning_name = reasoning_name or rf[0]
+                    reasoning.append(rf[1])
             else:
                 piece = ch.get("text")
             entries = _entries(ch.get("logprobs"), acc)
@@ -312,7 +364,8 @@ def _assemble_stream(
             finish = ch.get("finish_reason") or finish
     if logprobs_asked and toks is not None and chunks_without_lp:
         acc.add("missing_logprobs", None, f"{chunks_without_lp} text chunk(s) without logprobs")
-    return "".join(texts), toks, finish, usage, n_content
+    found = (reasoning_name, "".join(reasoning)) if reasoning_name is not None else None
+    return "".join(texts), toks, finish, usage, n_content, found
 
 
 def _clean_usage(usage: Any, acc: _Acc) -> tuple[dict[str, Any] | None, bool]:
@@ -331,6 +384,196 @@ def _clean_usage(usage: Any, acc: _Acc) -> tuple[dict[str, Any] | None, bool]:
                 del out[k]
     missing = not ("prompt_tokens" in out and "completion_tokens" in out)
     return out, missing
+
+
+# -- reasoning spans ------------------------------------------------------------------------
+
+@dataclass
+class _Layout:
+    """Where a response's tokens stand against its reasoning and answer.
+
+    ``target``: the text the tokens' bytes are recovered against (``None``: no text guides them);
+    ``boundary``: byte offset in ``target`` where the reasoning span ends (0: every token is
+    answer; ``None``: unknown); ``reasoning``/``source``/``coverage``: as in
+    :class:`NormalizedResponse` (``reasoning``, ``reasoning_source``, ``reasoning_coverage``).
+    """
+
+    target: str | None
+    boundary: int | None
+    reasoning: str | None = None
+    source: str | None = None
+    coverage: str | None = None
+    n_reasoning: int | None = None
+    """When set, the number of leading tokens in the reasoning span (used instead of ``boundary``)."""
+
+
+def _inline_reasoning(text: str) -> tuple[str, int] | None:
+    """``(reasoning, end)`` of an inline think block in ``text`` (``end``: the character index
+    just past the close tag, or ``len(text)`` when the block is never closed), else ``None``.
+
+    A close tag without an open tag counts (DeepSeek-R1's template puts ``<think>\\n`` in the
+    prompt, so the model's output starts inside the reasoning); an open tag counts only at the
+    start of the text."""
+    for o, c in THINK_TAGS:
+        ci = text.find(c)
+        if ci >= 0:
+            oi = text.find(o, 0, ci)
+            start = oi + len(o) if oi >= 0 else 0
+            return text[start:ci], ci + len(c)
+        st = text.lstrip()
+        if st.startswith(o):
+            return st[len(o):], len(text)
+    return None
+
+
+def _split_reasoning(s: str, reasoning: str, answer: str) -> int | None:
+    """Character index in ``s`` (the tokens' own text) where the reasoning span ends, when ``s``
+    spells ``[open tag] reasoning close-tag answer`` — up to the whitespace at the span
+    boundaries, which parsers strip or move between the two fields (vLLM streams the blank line
+    after ``</think>`` as reasoning; non-streaming it is the answer's) — else ``None``.
+
+    The close tag must be among the tokens when there is an answer: the model generated it, and
+    tokens that skip it leave a gap before the answer (its positions would be scored after a
+    prefix the model never saw). Without an answer (cut inside the reasoning) it may be absent."""
+    a = answer.strip()
+    body = s.rstrip()
+    if a:
+        if not body.endswith(a):
+            return None
+        head = body[: len(body) - len(a)]
+    else:
+        head = body
+    end = len(head.rstrip())
+    core = head.strip()
+    pair = next(((o, c) for o, c in THINK_TAGS if core.endswith(c)), None)
+    if pair is not None:
+        core = core[: -len(pair[1])].strip()
+    elif a:
+        return None  # an answer after a reasoning span never closed: the token(s) that closed it are missing
+    else:
+        end = len(s)  # never closed, no answer: cut inside the reasoning, trailing whitespace included
+    for o, _ in (pair,) if pair is not None else THINK_TAGS:
+        if core.startswith(o):
+            core = core[len(o):]
+            break
+    return end if core.strip() == reasoning.strip() else None
+
+
+def _tokens_before(raw: list[_RawTok], s: str, end: int) -> int:
+    """How many of ``raw`` start before character ``end`` of ``s``, under the reading (see
+    :func:`_readings`) that spells ``s``, decoded prefix by prefix."""
+    for f in _READERS:
+        parts = [f(t) for t in raw]
+        if b"".join(parts).decode("utf-8", errors="replace") != s:
+            continue
+        n, acc = 0, b""
+        for b in parts:
+            if len(acc.decode("utf-8", errors="replace")) >= end:
+                break
+            n += 1
+            acc += b
+        return n
+    return 0
+
+
+def _read_one(t: _RawTok) -> bytes:
+    if t.given is None or (t.given == b"" and t.token in _TAG_STRINGS):  # a tag given with empty bytes
+        return t.token.encode("utf-8", errors="surrogatepass")
+    return t.given
+
+
+def _read_gpt2(t: _RawTok) -> bytes:
+    g = gpt2_unicode_to_bytes(t.token) if t.given is None else None
+    return g if g is not None else _read_one(t)
+
+
+def _read_spm(t: _RawTok) -> bytes:
+    return t.token.replace("\u2581", " ").encode("utf-8", errors="surrogatepass") if t.given is None else _read_one(t)
+
+
+_READERS = (_read_one, _read_gpt2, _read_spm)
+
+
+def _readings(raw: list[_RawTok]) -> list[str]:
+    """The tokens' own text under each plain reading (the ``bytes`` fields, else the strings as
+    UTF-8; the GPT-2 and SentencePiece forms), decoded (invalid sequences as U+FFFD): distinct strings."""
+    out: list[str] = []
+    for f in _READERS:
+        # invalid sequences (a model that emits a partial character) read as U+FFFD, as the
+        # engine's detokenizer writes them into the reasoning and answer texts
+        s = b"".join(f(t) for t in raw).decode("utf-8", errors="replace")
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def _reasoning_layout(raw: list[_RawTok], found: tuple[str, str] | None, text: str | None, acc: _Acc) -> _Layout:
+    """Decide what the per-token logprobs cover in a reasoning response, and against which text
+    their bytes are recovered.
+
+    ``found``: ``(field, reasoning text)`` from ``message``/``delta`` (``None``: no reasoning
+    field; inline think tags in ``text`` are then looked for). Tried in order: the tokens spell
+    the answer only (``coverage = "answer"``); they spell reasoning then answer
+    (``"both"``; for a field, the think tags the parser consumed are expected among the tokens
+    and the whitespace at the span boundaries is taken from the tokens); else, when there is
+    reasoning text, anomaly ``reasoning_logprobs_inconsistent`` (``"inconsistent"``: no text
+    guides the bytes, no span is labelled, and the audit excludes the response with that reason).
+    A response without reasoning keeps ``text`` as its target with every token in the answer.
+    """
+    if found is None:
+        inline = _inline_reasoning(text) if text else None
+        if inline is None or text is None:
+            return _Layout(text, 0)
+        reasoning, cut = inline
+        source, answer = "inline", text[cut:]
+    else:
+        source, reasoning = found
+        answer, cut = text or "", -1
+    if not raw:
+        return _Layout(text, 0, reasoning, source)
+    has_fffd = "\ufffd" in (text or "") or "\ufffd" in reasoning
+    cands = [candidates(t.token, t.given, has_fffd) for t in raw]
+
+    def spells(target: str) -> bool:
+        return assign_bytes(cands, target.encode("utf-8", errors="surrogatepass")) is not None
+
+    if spells(answer):
+        return _Layout(answer, 0, reasoning, source, "answer")
+    if source == "inline" and text is not None:
+        if spells(text):
+            return _Layout(text, len(text[:cut].encode("utf-8", errors="surrogatepass")), reasoning, source, "both")
+    else:
+        for s in _readings(raw):
+            end = _split_reasoning(s, reasoning, answer)
+            if end is not None and spells(s):
+                return _Layout(s, None, reasoning, source, "both", n_reasoning=_tokens_before(raw, s, end))
+    if reasoning.strip():
+        acc.add(
+            "reasoning_logprobs_inconsistent",
+            None,
+            f"{len(raw)} tokens spell neither the answer ({len(answer)} chars) nor reasoning "
+            f"({len(reasoning)} chars, {source}) then answer",
+        )
+        return _Layout(None, None, reasoning, source, "inconsistent")
+    return _Layout(text, 0, reasoning, source)
+
+
+def _label_spans(toks: list[TokenRecord], layout: _Layout) -> None:
+    """Set each token's ``span``: the first ``layout.n_reasoning`` tokens ``"reasoning"`` when it
+    is set, else from ``layout.boundary``: ``"reasoning"`` when the token starts
+    before it, else ``"answer"``; ``None`` for every token from the first one whose bytes are
+    unknown (its position in the text is then unknown), and for all when the boundary is."""
+    if layout.n_reasoning is not None:
+        for k, t in enumerate(toks):
+            t.span = "reasoning" if k < layout.n_reasoning else "answer"
+        return
+    pos: int | None = 0 if layout.boundary is not None else None
+    for t in toks:
+        if pos is None or layout.boundary is None:
+            t.span = None
+            continue
+        t.span = "reasoning" if pos < layout.boundary else "answer"
+        pos = pos + len(t.bytes) if t.bytes is not None else None
 
 
 # -- main entry point -----------------------------------------------------------------------
@@ -429,8 +672,9 @@ def normalize_response(
     raw: list[_RawTok] | None = None
     finish = None
     usage = None
+    reasoning_found: tuple[str, str] | None = None
     if events is not None:
-        text, raw, finish, usage, n_content = _assemble_stream(api, events, choice, acc, asked)
+        text, raw, finish, usage, n_content, reasoning_found = _assemble_stream(api, events, choice, acc, asked)
         if n_content == 0 and "provider_error" not in acc.anomalies:
             acc.add("malformed_response", None, f"stream has no content events for choice {choice} ({len(events)} events)")
         elif not text and not raw and finish is None and not {"provider_error", "truncated_stream"} & set(acc.anomalies):
@@ -455,6 +699,7 @@ def normalize_response(
                 m = ch.get("message")
                 msg = m if isinstance(m, dict) else {}
                 text = msg.get("content") if isinstance(msg.get("content"), str) else None
+                reasoning_found = _reasoning_field(msg)
             else:
                 text = ch.get("text") if isinstance(ch.get("text"), str) else None
             raw = _entries(ch.get("logprobs"), acc)
@@ -482,14 +727,18 @@ def normalize_response(
                 if text is not None and text.startswith(prompt):
                     text = text[len(prompt):]
 
-    if not raw and asked and text:
+    if not raw and asked and (text or (reasoning_found is not None and reasoning_found[1])):
         acc.add("missing_logprobs", None, "logprobs asked, none returned")
         raw = None  # no per-token data: n_tokens falls back to usage
 
+    if reasoning_found is not None and text is None:
+        text = ""  # a reasoning model cut off inside its reasoning: content null, the answer is empty
     text_known = text is not None
     if text is None:
         text = ""
-    toks = _build_tokens(raw or [], text if text_known else None, acc, k_req, max_top_logprobs, greedy, stream, 0)
+    layout = _reasoning_layout(raw or [], reasoning_found, text if text_known else None, acc)
+    toks = _build_tokens(raw or [], layout.target, acc, k_req, max_top_logprobs, greedy, stream, 0)
+    _label_spans(toks, layout)
     ptoks = _build_tokens(prompt_raw, None, _Acc(), 0, None, False, False, 0, prompt=True) if prompt_raw else []
 
     if not text_known and toks:
@@ -510,6 +759,9 @@ def normalize_response(
         prompt_tokens=ptoks,
         anomaly_details=acc.details,
         usage_missing=usage_missing,
+        reasoning=layout.reasoning,
+        reasoning_source=layout.source,
+        reasoning_coverage=layout.coverage if toks else None,
     )
 
 
@@ -728,3 +980,38 @@ def _build_tokens(
     for i, r in enumerate(records):
         r.anomalies = list(per_tok[i])
     return records
+
+
+def think_tag_positions(tokens: Sequence[TokenRecord]) -> frozenset[int]:
+    """Indices (into ``tokens``) of the tokens whose bytes overlap a think tag
+    (:data:`THINK_TAGS`) of a reasoning response; empty when no token is labelled ``reasoning``.
+    Tokens after one with unknown bytes are not examined.
+
+    No detector or pre-flight check scores them: an engine with a thinking budget forces the
+    close tag (vLLM's ``thinking_token_budget``, the simulator's ``--reasoning`` mode), and a
+    forced token is no sample of the model (``auditor.observations.Observation.tag_positions``).
+    """
+    if not any(t.span == "reasoning" for t in tokens):
+        return frozenset()
+    starts: list[int] = []
+    pos = 0
+    parts: list[bytes] = []
+    for t in tokens:
+        if t.bytes is None:
+            break
+        starts.append(pos)
+        parts.append(t.bytes)
+        pos += len(t.bytes)
+    data = b"".join(parts)
+    ranges: list[tuple[int, int]] = []
+    for tag in {x.encode() for pair in THINK_TAGS for x in pair}:
+        i = data.find(tag)
+        while i >= 0:
+            ranges.append((i, i + len(tag)))
+            i = data.find(tag, i + 1)
+    out = set()
+    for k, a in enumerate(starts):
+        b = a + len(parts[k])
+        if any(a < e and s < b for s, e in ranges) or (a == b and any(s <= a < e for s, e in ranges)):
+            out.add(k)
+    return frozenset(out)

@@ -38,6 +38,10 @@ class TokenRecord(BaseModel):
     """Alternatives as ``(token, bytes, logprob)`` in the order given; logprob ``None`` = unusable."""
     anomalies: list[str] = Field(default_factory=list)
     raw_logprob: float | None = None
+    span: str | None = None
+    """Which span of the answer the token belongs to: ``"reasoning"`` (inside a reasoning span,
+    its think tags included), ``"answer"``, or ``None`` where it cannot be told (a reasoning
+    response whose logprobs cover neither span consistently; echoed prompt tokens)."""
 
 
 class NormalizedResponse(BaseModel):
@@ -64,11 +68,26 @@ class NormalizedResponse(BaseModel):
     """True when ``usage`` has no non-negative integer ``prompt_tokens`` and ``completion_tokens``
     (a stream without ``stream_options.include_usage``, a provider that omits it): spend must
     then be counted with the reference tokenizer and marked estimated."""
+    reasoning: str | None = None
+    """The reasoning text (``message.reasoning_content`` / ``message.reasoning``, their streamed
+    deltas, or what stands between inline think tags in ``text``); ``None`` when the response
+    has none. ``text`` stays the answer as delivered (``content``)."""
+    reasoning_source: str | None = None
+    """Where the reasoning came from: ``"reasoning_content"``, ``"reasoning"``, ``"inline"`` or ``None``."""
+    reasoning_coverage: str | None = None
+    """What the per-token logprobs cover in a reasoning response: ``"both"`` (reasoning, then
+    answer), ``"answer"`` (the answer only), ``"inconsistent"`` (neither: anomaly
+    ``reasoning_logprobs_inconsistent``) or ``None`` (no reasoning, or no per-token data)."""
 
     @property
     def token_bytes(self) -> list[bytes | None]:
         """Bytes of each generated token (``None`` where unrecoverable)."""
         return [t.bytes for t in self.tokens]
+
+    @property
+    def spans(self) -> list[str | None]:
+        """Span label of each generated token (``"reasoning"``, ``"answer"`` or ``None``)."""
+        return [t.span for t in self.tokens]
 
     @property
     def logprobs(self) -> list[float | None]:

@@ -40,6 +40,13 @@ from simulator.profiles import Profile, get_profile, mix_selects, recorded_of, r
 MAX_TOP_LOGPROBS = 20
 
 
+#: Reasoning mode: the opener the simulator's template puts after the generation prompt (the model
+#: writes inside it) and the close tag a token budget forces, DeepSeek-R1's format
+#: (``<think>\\n`` opened by the template; vLLM v0.11 ``deepseek_r1`` reasoning parser).
+REASONING_OPENER = "<think>\n"
+REASONING_CLOSE = "</think>"
+
+
 class StopGeneration(Exception):
     """Raised inside the loop's ``on_round`` callback to end generation early (stop string/cancel)."""
 
@@ -343,6 +350,9 @@ class TokenInfo:
     logprob: float | None = None
     top_ids: list[int] = field(default_factory=list)
     top_logprobs: list[float] = field(default_factory=list)
+    span: str = "answer"
+    """Reasoning mode (:meth:`SimulatorEngine.generate_reasoning`): ``reasoning`` (generated inside
+    the span), ``close`` (the close tag the token budget forced) or ``answer``."""
 
 
 @dataclass
@@ -364,6 +374,8 @@ class ChoiceResult:
     chunks: list[int]
     elapsed_s: float
     effective: dict
+    reasoning_text: str | None = None
+    """Reasoning mode: the text generated inside the reasoning span (``text`` is then the answer's)."""
 
 
 def _stop_hold(buf: bytes, stops: list[bytes]) -> int:
@@ -519,6 +531,7 @@ class SimulatorEngine:
         top_n: int | None = None,
         on_chunk: Callable[[list[TokenInfo]], None] | None = None,
         cancel: threading.Event | None = None,
+        span: str | None = None,
     ) -> ChoiceResult:
         """Generate one choice with the profile's model, drafter and verifier.
 
@@ -532,6 +545,8 @@ class SimulatorEngine:
             on_chunk: called with each chunk of released tokens (one speculative round, minus
                 bytes held back while they might start a stop string).
             cancel: set it to abort (e.g. client disconnected); the result so far is returned.
+            span: ``reasoning`` while generating a reasoning span (:meth:`generate_reasoning`):
+                span-restricted verifiers (``relaxed-think``) relax only there.
 
         Returns:
             ChoiceResult.
@@ -607,7 +622,7 @@ class SimulatorEngine:
                     top_p=eff["top_p"],
                     generator=gen,
                     eos_token_ids=self.eos_ids,
-                    verifier=make_verifier(self.profile, request_seed=seed),
+                    verifier=make_verifier(self.profile, request_seed=seed, span=span),
                     return_logprobs=False,
                     on_round=on_round,
                     adaptive_k=self.adaptive_k,
@@ -625,6 +640,85 @@ class SimulatorEngine:
             elapsed_s=time.perf_counter() - t0,
             effective=eff,
         )
+
+    def generate_reasoning(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        budget: int,
+        seed: int | None = None,
+        top_n: int | None = None,
+        on_chunk: Callable[[list[TokenInfo]], None] | None = None,
+        cancel: threading.Event | None = None,
+        **sampling: Any,
+    ) -> ChoiceResult:
+        """Reasoning mode: the model writes a reasoning span, a token budget closes it, then the answer.
+
+        ``prompt_ids`` already end with the reasoning opener (:data:`REASONING_OPENER`, put there by
+        the server's template, as DeepSeek-R1's template opens ``<think>``). The model generates up to
+        ``budget`` tokens (or until it ends the turn itself); the close tag (:data:`REASONING_CLOSE`)
+        is then forced, as engines with a thinking budget force it (its tokens carry the served
+        model's logprobs at their positions, ``span = "close"``), and the answer is generated after
+        it from the same served model, with the remaining ``max_tokens``. Stop strings apply to the
+        answer only.
+
+        Args:
+            prompt_ids: templated prompt ids ending with the opener; max_tokens: >= 1 tokens in all
+                (reasoning, close tag, answer); budget: >= 1 reasoning tokens at most.
+            seed: choice seed (the answer's is derived from it); top_n, on_chunk, cancel: as
+                :meth:`generate`; sampling: temperature, top_p, top_k, stop.
+
+        Returns:
+            ChoiceResult whose tokens are reasoning + close + answer (each with its ``span``),
+            ``text`` the answer, ``reasoning_text`` the reasoning; ``finish_reason`` ``length``
+            when the budget of ``max_tokens`` ran out before the answer.
+
+        Raises:
+            ValueError: budget < 1, or from :meth:`generate`.
+        """
+        if budget < 1:
+            raise ValueError(f"budget={budget} must be >= 1")
+        if seed is None or self.profile.ignore_seed:
+            seed = self.next_seed()
+        stop = sampling.pop("stop", ())
+
+        def tagged(span: str) -> Callable[[list[TokenInfo]], None] | None:
+            def cb(part: list[TokenInfo]) -> None:
+                for t in part:
+                    t.span = span
+                if on_chunk is not None:
+                    on_chunk(part)
+            return cb
+
+        t0 = time.perf_counter()
+        r = self.generate(prompt_ids, max_tokens=min(budget, max_tokens), seed=seed, top_n=top_n,
+                          on_chunk=tagged("reasoning"), cancel=cancel, span="reasoning", **sampling)
+        for t in r.tokens:
+            t.span = "reasoning"
+        reasoning_ids = [t.token_id for t in r.tokens]
+        close_ids = list(self.tokenizer.encode(REASONING_CLOSE, add_special_tokens=False))
+        room = int(max_tokens) - len(reasoning_ids) - len(close_ids)
+        done = ChoiceResult(tokens=list(r.tokens), text="", finish_reason="length", chunks=list(r.chunks),
+                            elapsed_s=time.perf_counter() - t0, effective=r.effective,
+                            reasoning_text=self.text_of(reasoning_ids))
+        if room < 1 or (cancel is not None and cancel.is_set()):
+            return done
+        prefix = [int(x) for x in prompt_ids] + reasoning_ids
+        if top_n is None:
+            forced = [TokenInfo(i) for i in close_ids]
+        else:
+            forced = self.score_prompt(prefix + close_ids, top_n, nonce=seed)[len(prefix):]
+        cb = tagged("close")
+        if cb is not None:
+            cb(forced)
+        a = self.generate(prefix + close_ids, max_tokens=room, seed=self.choice_seed(seed, 1 << 20), top_n=top_n,
+                          stop=stop, on_chunk=tagged("answer"), cancel=cancel, **sampling)
+        for t in a.tokens:
+            t.span = "answer"
+        return ChoiceResult(tokens=done.tokens + forced + a.tokens, text=a.text, finish_reason=a.finish_reason,
+                            chunks=done.chunks + [len(forced)] + a.chunks, elapsed_s=time.perf_counter() - t0,
+                            effective=a.effective, reasoning_text=done.reasoning_text)
 
     def batch_unsupported(self) -> str | None:
         """None when :meth:`generate_batch` can serve this engine's requests, else why not (a model that depends

@@ -29,6 +29,7 @@ FAMILIES = ("honest", "quantized", "relaxed", "substituted", "noncompliant")
 VERIFIERS = (
     "strict", "relaxed-threshold", "typical-acceptance", "greedy-verify", "decode-noncompliant", "greedy-relaxed",
     "unverified-mixed-batch",
+    "relaxed-think",
 )
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_QUANT = (None, "int8", "int4", "int3", "fp8")
@@ -285,6 +286,14 @@ PROFILES: dict[str, Profile] = {
             "relaxed",
             "RELAXED_VERIFICATION",
             verifier="relaxed-threshold",
+        ),
+        Profile(
+            "relaxed-think",
+            "Relaxed MTP inside <think> (TensorRT-LLM #3865, ATOM #411): on the greedy path accept a draft in "
+            "the top-3 with p(d) >= 0.5 p(top-1), reasoning span only (serve with --reasoning); strict elsewhere.",
+            "relaxed",
+            "RELAXED_VERIFICATION",
+            verifier="relaxed-think",
         ),
         Profile(
             "typical-acceptance",

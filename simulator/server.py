@@ -44,7 +44,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from simulator.engine import ChoiceResult, SimulatorEngine, TokenInfo
+from simulator.engine import REASONING_CLOSE, REASONING_OPENER, ChoiceResult, SimulatorEngine, TokenInfo
 from simulator.faults import FaultInjector
 from simulator.profiles import Profile, get_profile
 from simulator.schemas import (
@@ -56,6 +56,10 @@ from simulator.schemas import (
 DEFAULT_MAX_TOKENS = 256
 #: ``create_app(stream_chunking=...)`` values: one SSE chunk per round, per token, or per time interval.
 STREAM_CHUNKINGS = ("round", "token", "time")
+#: ``create_app(reasoning=...)`` values: where the reasoning goes (see :func:`create_app`).
+REASONING_MODES = ("field", "field-reasoning", "inline")
+#: ``create_app(reasoning_logprobs=...)`` values: what ``logprobs.content`` covers.
+REASONING_LOGPROBS = ("both", "answer")
 
 
 def step_stats(chunks: list[int]) -> dict:
@@ -64,6 +68,10 @@ def step_stats(chunks: list[int]) -> dict:
     n = len(chunks)
     return {"tokens_per_step": list(chunks), "steps": n,
             "mean_accepted_tokens_per_step": (sum(chunks) / n) if n else None}
+
+
+def _as_list(x: dict | list[dict]) -> list[dict]:
+    return x if isinstance(x, list) else [x]
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None, code: Any = None) -> dict:
@@ -208,9 +216,15 @@ class SimulatorApp:
         expose_profile: bool,
         max_tokens_default: int,
         logprob_convention: str = "openai",
+        reasoning: str | None = None,
+        reasoning_logprobs: str = "both",
+        reasoning_budget: int = 32,
     ):
         self.engine = engine
         self.logprob_convention = logprob_convention
+        self.reasoning = reasoning
+        self.reasoning_logprobs = reasoning_logprobs
+        self.reasoning_budget = int(reasoning_budget)
         self.name = served_model_name
         self.faults = faults
         self.expose = expose_profile
@@ -317,7 +331,10 @@ class SimulatorApp:
                 break
             cb = (lambda part, idx=idx: on_chunk(idx, part)) if on_chunk else None
             try:
-                res = self.engine.generate(**job, on_chunk=cb, cancel=cancel)
+                if job.pop("reasoning", False):
+                    res = self.engine.generate_reasoning(**job, budget=self.reasoning_budget, on_chunk=cb, cancel=cancel)
+                else:
+                    res = self.engine.generate(**job, on_chunk=cb, cancel=cancel)
             except ValueError as ex:
                 raise InvalidRequest(str(ex)) from None
             results.append(res)
@@ -345,6 +362,9 @@ def create_app(
     stream_interval_ms: float = 50.0,
     device: str | None = None,
     logprob_convention: str = "openai",
+    reasoning: str | None = None,
+    reasoning_logprobs: str = "both",
+    reasoning_budget: int = 32,
     **profile_overrides: Any,
 ) -> FastAPI:
     """Build the FastAPI app of the provider simulator.
@@ -374,6 +394,15 @@ def create_app(
         logprob_convention: how chat ``logprobs.content`` is spelled: ``openai`` (ranked top-k, raw
             partial-character bytes) or ``vllm`` (sampled token first, ``""`` then whole-character
             tokens; :class:`_VllmLogprobs`). Legacy completions are unchanged.
+        reasoning: reasoning mode of chat completions (None = plain chat): the template opens the
+            assistant turn with ``engine.REASONING_OPENER``, the model writes the reasoning, a token
+            budget forces the close tag, then the answer; the response carries it as
+            ``message.reasoning_content`` (``field``), ``message.reasoning`` (``field-reasoning``),
+            streamed as ``delta.reasoning_content`` / ``delta.reasoning`` (the close tag's tokens
+            as empty-text deltas, as vLLM's parsers send them), or inline in ``content`` (``inline``).
+        reasoning_logprobs: ``both`` (``logprobs.content`` covers reasoning, close tag and answer)
+            or ``answer`` (the answer tokens only; with a field mode: inline has no parser to split them).
+        reasoning_budget: reasoning tokens at most before the close tag is forced (>= 1).
         **profile_overrides: Profile fields to override (e.g. ``accept_threshold_single=0.3``).
 
     Returns:
@@ -388,6 +417,14 @@ def create_app(
         raise ValueError(f"stream_interval_ms={stream_interval_ms} must be > 0")
     if logprob_convention not in LOGPROB_CONVENTIONS:
         raise ValueError(f"logprob_convention={logprob_convention!r}: use one of {', '.join(LOGPROB_CONVENTIONS)}")
+    if reasoning not in (None, *REASONING_MODES):
+        raise ValueError(f"reasoning={reasoning!r}: use one of {', '.join(REASONING_MODES)}")
+    if reasoning_logprobs not in REASONING_LOGPROBS:
+        raise ValueError(f"reasoning_logprobs={reasoning_logprobs!r}: use one of {', '.join(REASONING_LOGPROBS)}")
+    if reasoning == "inline" and reasoning_logprobs != "both":
+        raise ValueError("reasoning='inline' has no parser to split the logprobs: use reasoning_logprobs='both'")
+    if reasoning_budget < 1:
+        raise ValueError(f"reasoning_budget={reasoning_budget} must be >= 1")
     if engine is None:
         prof = get_profile(profile, **profile_overrides) if isinstance(profile, str) else profile.with_overrides(
             **profile_overrides
@@ -404,7 +441,8 @@ def create_app(
     inj = faults if isinstance(faults, FaultInjector) else FaultInjector(
         rate=float(faults), seed=None if seed is None else seed + 7919, delay_s=fault_delay
     )
-    sim = SimulatorApp(engine, name, inj, expose_profile, max_tokens_default, logprob_convention)
+    sim = SimulatorApp(engine, name, inj, expose_profile, max_tokens_default, logprob_convention,
+                       reasoning=reasoning, reasoning_logprobs=reasoning_logprobs, reasoning_budget=reasoning_budget)
     app = FastAPI(title="spec-auditor provider simulator", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sim = sim
 
@@ -541,7 +579,7 @@ def create_app(
                     elif stream_chunking == "token":
                         # one write holding one SSE event per token: back to back, as an engine
                         # that detokenizes a step token by token sends them
-                        yield [make_chunk(idx, [t]) for t in payload]
+                        yield [c for t in payload for c in _as_list(make_chunk(idx, [t]))]
                     else:
                         yield make_chunk(idx, payload)
                 elif kind_ == "done":
@@ -572,6 +610,10 @@ def create_app(
             prompt_ids = engine.encode_chat(msgs)
         except ValueError as ex:
             raise InvalidRequest(str(ex), param="messages") from None
+        mode = sim.reasoning
+        if mode is not None:  # the template opens the reasoning span (DeepSeek-R1's)
+            prompt_ids = list(prompt_ids) + list(engine.tokenizer.encode(REASONING_OPENER, add_special_tokens=False))
+        field = "reasoning" if mode == "field-reasoning" else "reasoning_content"
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = sim.max_tokens_for(len(prompt_ids), asked, "max_completion_tokens"
                                         if req.max_completion_tokens is not None else "max_tokens")
@@ -582,7 +624,7 @@ def create_app(
         seeds = sim.seeds(req.seed, req.n)
         jobs = [
             dict(index=i, prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                 top_k=top_k, seed=seeds[i], stop=req.stop_list(), top_n=top_n)
+                 top_k=top_k, seed=seeds[i], stop=req.stop_list(), top_n=top_n, **({"reasoning": True} if mode else {}))
             for i in range(req.n)
         ]
         fault_resp, kind = await fault_gate(request, req.stream)
@@ -600,10 +642,21 @@ def create_app(
             choices = []
             for i, r in enumerate(results):
                 entry = sim.chat_logprobs()
+                message: dict[str, Any] = {"role": "assistant", "content": r.text}
+                covered = r.tokens
+                if mode is not None:
+                    if mode == "inline":
+                        closed = any(t.span == "close" for t in r.tokens)
+                        message["content"] = (r.reasoning_text or "") + (REASONING_CLOSE if closed else "") + r.text
+                    else:
+                        message[field] = r.reasoning_text or ""
+                        message["content"] = r.text or None
+                    if sim.reasoning_logprobs == "answer":
+                        covered = [t for t in r.tokens if t.span == "answer"]
                 choices.append({
                     "index": i,
-                    "message": {"role": "assistant", "content": r.text},
-                    "logprobs": {"content": [entry(t) for t in r.tokens], "refusal": None}
+                    "message": message,
+                    "logprobs": {"content": [entry(t) for t in covered], "refusal": None}
                     if top_n is not None else None,
                     "finish_reason": r.finish_reason,
                 })
@@ -613,20 +666,49 @@ def create_app(
 
         streams = {i: _Stream(engine) for i in range(req.n)}
         entries = {i: sim.chat_logprobs() for i in range(req.n)}
+        r_streams = {i: _Stream(engine) for i in range(req.n)}  # reasoning text, decoded apart
 
         def base(choices: list[dict]) -> dict:
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": sim.name,
                     "choices": choices}
 
-        def make_chunk(i: int, part: list[TokenInfo]) -> dict:
+        def make_chunk(i: int, part: list[TokenInfo]) -> dict | list[dict]:
+            if mode is not None and mode != "inline":
+                return reasoning_chunk(i, part)
+            covered = [t for t in part if t.span == "answer"] if mode and sim.reasoning_logprobs == "answer" else part
             ch = {"index": i, "delta": {"content": streams[i].text(part)}, "finish_reason": None,
-                  "logprobs": {"content": [entries[i](t) for t in part], "refusal": None}
-                  if top_n is not None else None}
+                  "logprobs": {"content": [entries[i](t) for t in covered], "refusal": None}
+                  if top_n is not None and covered else None}
             return base([ch])
+
+        def reasoning_chunk(i: int, part: list[TokenInfo]) -> list[dict]:
+            """One chunk of a parsed reasoning stream: the reasoning tokens' text in the reasoning
+            field, the forced close tag's tokens with empty text (the parser consumes the tag),
+            the answer's in ``content``; one SSE event per run of tokens of one kind, in order."""
+            out = []
+            j = 0
+            while j < len(part):
+                span = part[j].span
+                run = [part[j]]
+                j += 1
+                while j < len(part) and part[j].span == span:
+                    run.append(part[j])
+                    j += 1
+                if span == "answer":
+                    delta = {"content": streams[i].text(run)}
+                else:
+                    delta = {field: r_streams[i].text(run) if span == "reasoning" else r_streams[i].flush()}
+                covers = top_n is not None and (sim.reasoning_logprobs == "both" or span == "answer")
+                out.append({"index": i, "delta": delta, "finish_reason": None,
+                            "logprobs": {"content": [entries[i](t) for t in run], "refusal": None}
+                            if covers else None})
+            return [base([o]) for o in out]
 
         def make_final(i: int, res: ChoiceResult) -> dict:
             rest = streams[i].flush()
-            delta = {"content": rest} if rest else {}
+            delta: dict[str, Any] = {"content": rest} if rest else {}
+            if mode is not None and mode != "inline" and (r_rest := r_streams[i].flush()):
+                delta[field] = r_rest
             out = base([{"index": i, "delta": delta, "finish_reason": res.finish_reason, "logprobs": None}])
             if sim.expose:
                 out["simulator"] = step_stats(res.chunks)

@@ -351,13 +351,66 @@ class UnverifiedMixedBatchVerifier:
         return VerifyResult(len(drafts), min(int(uniform(generator) * v), v - 1))
 
 
-def make_verifier(profile: Profile, request_seed: int | None = None) -> Verifier:
+class RelaxedThinkVerifier:
+    """Relaxed MTP acceptance inside the reasoning span, on the greedy path (``Verifier`` protocol).
+
+    The rule TensorRT-LLM (PR #3865, DeepSeek-R1 MTP) and AMD's ATOM (PR #411,
+    ``ATOM_ENABLE_RELAXED_MTP=1``) apply between ``<think>`` and ``</think>``: on a greedy request a
+    draft d is accepted when it is among the target's top-3 and p(d) >= ``ratio`` * p(top-1)
+    (ratio 0.5); the first rejection emits the argmax, as does the bonus. Sampling requests, and
+    every position outside the reasoning span (:func:`make_verifier` gives those a
+    ``StrictVerifier``), are verified strictly.
+
+    Args:
+        top_n: the draft must be among the target's ``top_n`` tokens (3).
+        ratio: p(d) >= ratio * p(top-1) (0.5), in (0, 1].
+        ideal_fallback: draw a stand-in draft d ~ p when none was proposed.
+
+    Raises:
+        ValueError: top_n < 1 or ratio outside (0, 1].
+    """
+
+    name = "relaxed-think"
+
+    def __init__(self, top_n: int = 3, ratio: float = 0.5, ideal_fallback: bool = True):
+        if top_n < 1 or not 0.0 < ratio <= 1.0:
+            raise ValueError(f"relaxed-think top_n={top_n} must be >= 1 and ratio={ratio} in (0, 1]")
+        self.top_n = int(top_n)
+        self.ratio = float(ratio)
+        self.ideal_fallback = bool(ideal_fallback)
+        self.n_relaxed = 0  # drafts accepted that were not the argmax
+
+    def accepts(self, pi: torch.Tensor, d: int) -> bool:
+        """True when draft ``d`` is among the top ``top_n`` of ``pi`` ``[V]`` with p(d) >= ratio * p(top-1)."""
+        top = torch.topk(pi.to(torch.float64), min(self.top_n, int(pi.shape[-1])))
+        ids = [int(x) for x in top.indices]
+        if d == ids[0]:
+            return True
+        ok = d in ids and float(pi[d]) >= self.ratio * float(top.values[0])
+        self.n_relaxed += int(ok)
+        return ok
+
+    def verify(self, p, q, draft_ids, generator, greedy) -> VerifyResult:
+        """Relaxed greedy chain for greedy requests (see class doc); strict for sampling."""
+        return _relaxed_verify(
+            p, q, draft_ids, generator, greedy,
+            rule_applies=greedy,
+            ideal_fallback=self.ideal_fallback,
+            accept=self.accepts,
+            on_reject=lambda pi, d: int(pi.argmax()),
+            bonus=lambda pi: int(pi.argmax()),
+        )
+
+
+def make_verifier(profile: Profile, request_seed: int | None = None, span: str | None = None) -> Verifier:
     """Build the ``Verifier`` a profile asks for (``reference.verify.StrictVerifier`` for strict).
 
     Args:
         profile: a ``simulator.profiles.Profile``.
         request_seed: the request's (choice) seed; for a mixture profile (``mix_with``) it decides
             whether this request gets the other profile's verifier (``simulator.profiles.mix_selects``).
+        span: the span being generated (``reasoning`` inside the simulator's reasoning mode,
+            else None): ``relaxed-think`` relaxes only there, strict elsewhere.
 
     Raises:
         ValueError: unknown verifier name.
@@ -386,4 +439,6 @@ def make_verifier(profile: Profile, request_seed: int | None = None) -> Verifier
         return GreedyRelaxedVerifier(profile.greedy_relaxed_margin, ideal)
     if profile.verifier == "unverified-mixed-batch":
         return UnverifiedMixedBatchVerifier(profile.unverified_rate)
+    if profile.verifier == "relaxed-think":
+        return RelaxedThinkVerifier(ideal_fallback=ideal) if span == "reasoning" else StrictVerifier()
     raise ValueError(f"unknown verifier {profile.verifier!r}")

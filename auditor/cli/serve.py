@@ -5,6 +5,8 @@
                   [--accept-threshold-single S] [--accept-threshold-acc A] [--greedy-flip-rate R]
                   [--forced-top-p P] [--logit-noise SIGMA] [--expose-profile] [--list-profiles]
                   [--ignore-seed] [--server-top-k K] [--inject-system-prompt TEXT]   # compliance faults
+                  [--reasoning field|field-reasoning|inline] [--reasoning-logprobs both|answer]
+                  [--reasoning-budget N]                                              # reasoning mode
 
 Loopback by default (FastAPI + uvicorn, as vLLM and SGLang serve). Exit code 3 on usage errors.
 """
@@ -52,6 +54,9 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
         stream_chunking: str = typer.Option("round", "--stream-chunking", help="SSE chunks: round (one per speculative round) | token (one per token) | time (every --stream-interval-ms)."),
         stream_interval_ms: float = typer.Option(50.0, "--stream-interval-ms", min=0.001, help="Interval of --stream-chunking time (ms)."),
+        reasoning: str | None = typer.Option(None, "--reasoning", help="Reasoning mode of chat completions: field (message.reasoning_content) | field-reasoning (message.reasoning) | inline (<think>…</think> in content). The template opens <think>; --reasoning-budget closes it. Audit with reasoning_opener = \"<think>\\n\" in the provider's config."),
+        reasoning_logprobs: str = typer.Option("both", "--reasoning-logprobs", help="What logprobs.content covers in reasoning mode: both (reasoning, close tag, answer) | answer (field modes only)."),
+        reasoning_budget: int = typer.Option(32, "--reasoning-budget", min=1, help="Reasoning tokens at most before the close tag is forced."),
         device: str | None = typer.Option(None, "--device", help="Where the served model runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
         logprob_convention: str = typer.Option("openai", "--logprob-convention", help="Chat logprobs spelled as: openai (ranked top-k, raw partial bytes) | vllm (sampled token first, empty-then-whole-character tokens)."),
     ) -> None:
@@ -126,6 +131,9 @@ def register(app: typer.Typer) -> None:
                 stream_interval_ms=stream_interval_ms,
                 device=device,
                 logprob_convention=logprob_convention,
+                reasoning=reasoning,
+                reasoning_logprobs=reasoning_logprobs,
+                reasoning_budget=reasoning_budget,
             )
         except (ModelNotAvailableError, ValueError) as e:
             raise _fail(str(e)) from None

@@ -79,9 +79,11 @@ UNTRUSTED_LOGPROB_ANOMALIES = frozenset(
 UNTRUSTED_RESPONSE_ANOMALIES: Mapping[str, str] = MappingProxyType(
     {
         "bytes_text_mismatch": "the tokens' bytes do not reproduce the response text (e.g. reasoning tokens "
-        "mixed into logprobs.content)",
+        "mixed into logprobs.content without a reasoning field or think tags that account for them)",
         "malformed_json": "an SSE event was not JSON, so the token sequence has a gap",
         "normalize_error": "the response could not be normalized",
+        "reasoning_logprobs_inconsistent": "a reasoning response whose logprobs spell neither the answer alone nor "
+        "the reasoning then the answer, so no token's position in the output is known",
     }
 )
 

@@ -193,6 +193,10 @@ class Probe(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
     anomalies: Mapped[list[Any]] = mapped_column(JSON, default=list)
     usage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    reasoning: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The reasoning text of a reasoning model's answer (``NormalizedResponse.reasoning``); null when none."""
+    reasoning_coverage: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """``both`` | ``answer`` | ``inconsistent`` (``NormalizedResponse.reasoning_coverage``); null when no reasoning."""
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     completed_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
 
@@ -267,6 +271,8 @@ class NormalizedToken(Base):
     top_logprobs_bytes: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     ref_token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     anomalies: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    span: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """``reasoning`` | ``answer`` (``TokenRecord.span``); null where unknown or for rows before revision 0004."""
 
     probe: Mapped[Probe] = relationship(back_populates="tokens")
 

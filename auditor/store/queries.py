@@ -509,7 +509,13 @@ def token_row_values(rec: Any, position: int | None = None) -> dict[str, Any]:
         "top_logprobs_bytes": tops_bytes,
         "ref_token_id": _get(rec, "ref_token_id", None),
         "anomalies": json_safe(list(_get(rec, "anomalies", None) or [])),
+        "span": _span(_get(rec, "span", None)),
     }
+
+
+def _span(v: Any) -> str | None:
+    """A token's span label as stored: ``reasoning`` | ``answer``, anything else None."""
+    return v if v in ("reasoning", "answer") else None
 
 
 def mark_probe_done(
@@ -522,10 +528,14 @@ def mark_probe_done(
     anomalies: Sequence[str] | None = None,
     usage: Mapping[str, Any] | None = None,
     tokens: Iterable[Any] = (),
+    reasoning: str | None = None,
+    reasoning_coverage: str | None = None,
 ) -> Probe:
     """Finish a probe: set ``status`` (``done`` or ``failed``), the response summary and its
     normalized tokens (replacing any stored before). Call in the same transaction as the final
-    :func:`add_probe_attempt` so the two commit together.
+    :func:`add_probe_attempt` so the two commit together. ``reasoning``/``reasoning_coverage``:
+    a reasoning model's reasoning text and what its logprobs covered
+    (``probes.records.NormalizedResponse``), None for a plain answer.
 
     Raises:
         ValueError: ``status`` is not done/failed.  KeyError: no such probe.
@@ -543,6 +553,8 @@ def mark_probe_done(
     probe.finish_reason = finish_reason
     probe.anomalies = json_safe(list(anomalies or []))
     probe.usage = json_safe(dict(usage)) if usage is not None else None
+    probe.reasoning = reasoning
+    probe.reasoning_coverage = reasoning_coverage
     probe.completed_at = utcnow()
     s.flush()
     return probe

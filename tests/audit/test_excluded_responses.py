@@ -39,10 +39,11 @@ def _entry(tok: str, lp: float, bytes_: bytes | None = None) -> dict:
 
 def chat_body(entries: list[dict], content: str, *, reasoning: bool) -> str:
     """A chat completion answering ``content``. With ``reasoning``, its ``logprobs.content`` opens
-    with reasoning tokens that the answer text (``message.content``) does not hold: the reasoning
-    itself went to ``reasoning_content`` (the shape of servers that mix the two)."""
+    with reasoning tokens that neither the answer text (``message.content``) nor any reasoning
+    field or think tag accounts for (a server that mixes them in and drops the reasoning text).
+    Reasoning responses that do account for them are evidence: tests/probes/test_normalize_reasoning.py."""
     lead = [_entry(t, -0.25) for t in REASONING] if reasoning else []
-    msg = {"role": "assistant", "content": content, **({"reasoning_content": "".join(REASONING)} if reasoning else {})}
+    msg = {"role": "assistant", "content": content}
     return json.dumps({"choices": [{"index": 0, "finish_reason": "stop", "message": msg,
                                     "logprobs": {"content": lead + entries}}],
                        "usage": {"prompt_tokens": 9, "completion_tokens": len(lead) + len(entries)}})

@@ -14,12 +14,15 @@ from probes.normalize import ANOMALY_KINDS, normalize_response
 #: ``SPEC_AUDITOR_SHARED_CASES`` points at a ``shared/cases`` folder elsewhere (a clone that does
 #: not sit beside ``shared/``); by default the folder beside the repository root is used.
 _CASES_ROOT = Path(os.environ.get("SPEC_AUDITOR_SHARED_CASES") or Path(__file__).parents[2].parent / "shared" / "cases")
+#: The folders whose cases the normalizer must pass: provider responses, and reasoning-model
+#: responses (issue 35). Each folder is skipped on its own when it is absent.
+CASE_FOLDERS = ("normalizer", "reasoning")
 CASES_DIR = _CASES_ROOT / "normalizer"
-CASE_FILES = sorted(CASES_DIR.glob("*.json")) if CASES_DIR.is_dir() else []
+CASE_FILES = [p for d in CASE_FOLDERS if (_CASES_ROOT / d).is_dir() for p in sorted((_CASES_ROOT / d).glob("*.json"))]
 
 pytestmark = pytest.mark.skipif(
     not CASE_FILES,
-    reason=f"shared cases not found at {CASES_DIR} (set SPEC_AUDITOR_SHARED_CASES to the shared/cases folder)",
+    reason=f"shared cases not found at {_CASES_ROOT} (set SPEC_AUDITOR_SHARED_CASES to the shared/cases folder)",
 )
 
 
@@ -33,7 +36,7 @@ def _normalize(case: dict):
     )
 
 
-@pytest.mark.parametrize("path", CASE_FILES, ids=[p.stem for p in CASE_FILES])
+@pytest.mark.parametrize("path", CASE_FILES, ids=[f"{p.parent.name}/{p.stem}" for p in CASE_FILES])
 def test_normalizer_case(path: Path) -> None:
     case = json.loads(path.read_text(encoding="utf-8"))
     exp = case["expect"]
@@ -68,3 +71,13 @@ def test_normalizer_case(path: Path) -> None:
         for _, _, v in t.top_logprobs:
             assert v is None or (math.isfinite(v) and v > -9999)
     json.loads(out.model_dump_json())
+    # reasoning responses: every token is labelled, reasoning tokens are kept as evidence
+    if path.parent.name == "reasoning" and "reasoning_logprobs_inconsistent" not in found:
+        assert out.tokens and all(t.span in ("reasoning", "answer") for t in out.tokens)
+        assert "bytes_text_mismatch" not in found
+
+
+@pytest.mark.skipif(not (_CASES_ROOT / "reasoning").is_dir(), reason="shared reasoning cases absent")
+def test_reasoning_folder_is_loaded() -> None:
+    """The reasoning folder's cases are part of the parametrized set (not silently dropped)."""
+    assert any(p.parent.name == "reasoning" for p in CASE_FILES)
