@@ -262,7 +262,30 @@ class NoncompliantGreedyVerifier:
         return VerifyResult(len(drafts), self._decode_token(p[len(drafts)], generator))
 
 
-class GreedyRelaxedVerifier:
+class _GreedyPathRule:
+    """The verification both greedy-path relaxed rules share (``Verifier`` protocol): on a greedy
+    request each draft is accepted when :meth:`accepts` says so; the first rejection and the bonus
+    emit the argmax. Sampling requests are verified strictly. Subclasses set ``ideal_fallback`` and
+    define ``accepts(pi [V] float, d) -> bool``."""
+
+    ideal_fallback: bool
+
+    def accepts(self, pi: torch.Tensor, d: int) -> bool:
+        raise NotImplementedError
+
+    def verify(self, p, q, draft_ids, generator, greedy) -> VerifyResult:
+        """Relaxed greedy chain for greedy requests (see class doc); strict for sampling."""
+        return _relaxed_verify(
+            p, q, draft_ids, generator, greedy,
+            rule_applies=greedy,
+            ideal_fallback=self.ideal_fallback,
+            accept=self.accepts,
+            on_reject=lambda pi, d: int(pi.argmax()),
+            bonus=lambda pi: int(pi.argmax()),
+        )
+
+
+class GreedyRelaxedVerifier(_GreedyPathRule):
     """Greedy verification that also accepts a near-argmax 2nd-ranked draft (``Verifier`` protocol).
 
     Greedy requests: at position i with log-probabilities ``l = log p_i``, draft d is accepted iff
@@ -300,17 +323,6 @@ class GreedyRelaxedVerifier:
         ok = math.log(float(top.values[0])) - math.log(float(top.values[1])) <= self.margin
         self.n_relaxed += int(ok)
         return ok
-
-    def verify(self, p, q, draft_ids, generator, greedy) -> VerifyResult:
-        """Relaxed greedy chain for greedy requests (see class doc); strict for sampling."""
-        return _relaxed_verify(
-            p, q, draft_ids, generator, greedy,
-            rule_applies=greedy,
-            ideal_fallback=self.ideal_fallback,
-            accept=self.accepts,
-            on_reject=lambda pi, d: int(pi.argmax()),
-            bonus=lambda pi: int(pi.argmax()),
-        )
 
 
 class UnverifiedMixedBatchVerifier:
@@ -351,7 +363,7 @@ class UnverifiedMixedBatchVerifier:
         return VerifyResult(len(drafts), min(int(uniform(generator) * v), v - 1))
 
 
-class RelaxedThinkVerifier:
+class RelaxedThinkVerifier(_GreedyPathRule):
     """Relaxed MTP acceptance inside the reasoning span, on the greedy path (``Verifier`` protocol).
 
     The rule TensorRT-LLM (PR #3865, DeepSeek-R1 MTP) and AMD's ATOM (PR #411,
@@ -389,17 +401,6 @@ class RelaxedThinkVerifier:
         ok = d in ids and float(pi[d]) >= self.ratio * float(top.values[0])
         self.n_relaxed += int(ok)
         return ok
-
-    def verify(self, p, q, draft_ids, generator, greedy) -> VerifyResult:
-        """Relaxed greedy chain for greedy requests (see class doc); strict for sampling."""
-        return _relaxed_verify(
-            p, q, draft_ids, generator, greedy,
-            rule_applies=greedy,
-            ideal_fallback=self.ideal_fallback,
-            accept=self.accepts,
-            on_reject=lambda pi, d: int(pi.argmax()),
-            bonus=lambda pi: int(pi.argmax()),
-        )
 
 
 def make_verifier(profile: Profile, request_seed: int | None = None, span: str | None = None) -> Verifier:
