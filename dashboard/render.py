@@ -103,6 +103,15 @@ def verdict_badge(verdict: str | None) -> str:
     return f":{color}-badge[{escape_md(verdict)}]"
 
 
+#: Badge colour of each answer to the buyer's two questions (``auditor.questions.Answer``).
+ANSWER_COLORS = {"yes": "green", "no": "red", "undecided": "orange", "not tested": "gray", "not established": "violet"}
+
+
+def answer_badge(answer: object) -> str:
+    """A coloured Streamlit badge directive for an answer to one of the buyer's questions (escaped)."""
+    return f":{ANSWER_COLORS.get(str(answer), 'gray')}-badge[{escape_md(answer)}]"
+
+
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, align: Sequence[str] | None = None) -> str:
     """A GitHub-flavoured markdown table. Cells must already be markdown-safe (escape provider
     text with :func:`escape_md`); ``align`` per column is "l", "r" or "c"."""

@@ -12,6 +12,7 @@ import streamlit as st
 
 from dashboard import data
 from dashboard.render import (
+    answer_badge,
     escape_md,
     fmt_dt,
     fmt_ms,
@@ -40,8 +41,6 @@ HEADERS = [
     "TTFT / TPOT p50",
     "Spent (tokens · USD)",
 ]
-#: Answer → badge colour (the run page's colours).
-_ANSWER_BADGE = {"yes": "green", "no": "red", "undecided": "orange", "not tested": "gray", "not established": "violet"}
 
 
 def _kl_cell(kl: Any, floor: Any) -> str:
@@ -56,8 +55,7 @@ def answer_cell(r: dict[str, Any], key: str) -> str:
     """The standing's answer to question ``key`` (``precision`` / ``verification``) as a badge; "—" without one."""
     for q in (r.get("standing_detail") or {}).get("questions") or []:
         if q.get("key") == key:
-            a = str(q.get("answer"))
-            return f":{_ANSWER_BADGE.get(a, 'gray')}-badge[{escape_md(a)}]"
+            return answer_badge(q.get("answer"))
     return "—"
 
 

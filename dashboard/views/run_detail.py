@@ -15,6 +15,7 @@ import streamlit as st
 
 from dashboard import data
 from dashboard.render import (
+    answer_badge,
     escape_md,
     fmt_dt,
     fmt_ms,
@@ -226,16 +227,12 @@ def chunk_histogram(hist: dict[int, int]) -> alt.Chart:
     )
 
 
-#: Badge colour of each answer to the buyer's questions.
-ANSWER_COLORS = {"yes": "green", "no": "red", "undecided": "orange", "not tested": "gray", "not established": "violet"}
-
-
 def questions_table(questions: list[dict[str, Any]]) -> str:
     """Markdown table of the buyer's two questions (``run_detail``'s ``questions``: question, answer
     badge, evidence; every text escaped); "" when there are none (no verdict yet)."""
     if not questions:
         return ""
-    rows = [[escape_md(q.get("question")), f":{ANSWER_COLORS.get(str(q.get('answer')), 'gray')}-badge[{escape_md(q.get('answer'))}]",
+    rows = [[escape_md(q.get("question")), answer_badge(q.get("answer")),
              escape_md(q.get("evidence"), max_len=600)] for q in questions]
     return md_table(["Question", "Answer", "Evidence"], rows)
 
