@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from probes.align import AlignmentFailure, ByteVocab, align_to_reference
 from probes.align import _byte_vocab as _bv
-from probes.normalize import think_tag_positions
+from probes.reasoning import think_tag_positions
 from probes.records import TokenRecord
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,7 +77,7 @@ class Observation:
         failures: alignment failures (``probes.align.AlignmentFailure``).
         anomalies: response-level anomaly kinds.
         provider_prompt_tokens: the provider's ``usage.prompt_tokens`` (None when not reported).
-        tag_positions: provider token positions that spell a think tag (``probes.normalize.
+        tag_positions: provider token positions that spell a think tag (``probes.reasoning.
             THINK_TAGS``) in a reasoning response: teacher-forced like every token, but no
             detector sees them, since an engine with a thinking budget forces the close tag
             (vLLM's ``thinking_token_budget``; the simulator's ``--reasoning`` mode) and a forced

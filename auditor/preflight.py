@@ -72,7 +72,8 @@ from auditor.detectors import PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorResult, not_run
 from auditor.util import finite
 from probes.config import ProviderConfig
-from probes.normalize import NormalizedResponse, normalize_response, think_tag_positions
+from probes.normalize import NormalizedResponse, normalize_response
+from probes.reasoning import think_tag_positions
 
 __all__ = [
     "GREEDY_R0",
