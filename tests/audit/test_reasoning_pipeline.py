@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from auditor.audit import run_check
+from auditor.report import render_markdown
 from auditor.store import open_store
 from auditor.store import queries as q
 
@@ -63,6 +64,7 @@ def test_honest_reasoning_simulator_passes_on_its_reasoning_tokens(reasoning_env
     assert spans.count("reasoning") > spans.count("answer") > 0 and None not in spans
     rows = [e for d in rep.detectors for e in d.get("evidence") or [] if "span" in e]
     assert rows and {e["span"] for e in rows} <= {"reasoning", "answer"} and any(e["span"] == "reasoning" for e in rows)
+    assert "| reasoning span" in render_markdown(rep) or "reasoning span, " in render_markdown(rep)
 
 
 def test_honest_reasoning_simulator_with_logprobs_over_the_answer_only(reasoning_env) -> None:
