@@ -250,13 +250,11 @@ def _completion_entries(lp: dict[str, Any], acc: _Acc) -> list[_RawTok] | None:
 
 
 def _reasoning_field(obj: dict[str, Any]) -> tuple[str, str] | None:
-    """``(field name, text)`` of the first reasoning field in a ``message`` or ``delta`` object
-    that holds a string (:data:`REASONING_FIELDS` order), else ``None``."""
-    for name in REASONING_FIELDS:
-        v = obj.get(name)
-        if isinstance(v, str):
-            return name, v
-    return None
+    """``(field name, text)`` of the reasoning field in a ``message`` or ``delta`` object: the first
+    (``REASONING_FIELDS`` order) holding a non-empty string, else the first holding a string (a
+    server sending both names, one of them empty), else ``None``."""
+    found = [(name, v) for name in REASONING_FIELDS if isinstance(v := obj.get(name), str)]
+    return next((f for f in found if f[1]), found[0] if found else None)
 
 
 def _assemble_stream(
