@@ -117,9 +117,11 @@ def build_evidence(
     p_tok = np.empty(n, dtype=object)
     trusted = np.ones(n, bool)
     prompt_ids, positions, token_ids, temps, texts = [], [], [], [], []
+    spans: list[str | None] = []
     for j, (oi, ti) in enumerate(rows):
         o = observations[oi]
         t = o.tokens[ti]
+        spans.append(t.span)
         prompt_ids.append(o.probe_key)
         positions.append(ti)
         token_ids.append(int(o.one_to_one[ti]))  # type: ignore[arg-type]  # rows hold 1:1 positions only
@@ -159,6 +161,7 @@ def build_evidence(
         provider_token_logprobs=p_tok,
         provider_trusted=trusted,
         token_texts=texts if texts else None,
+        token_spans=spans if any(sp == "reasoning" for sp in spans) else None,
         **kw,
     )
     return batch, EvidenceIndex(rows)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from probes.align import AlignmentFailure, ByteVocab, align_to_reference
 from probes.align import _byte_vocab as _bv
-from probes.normalize import think_tag_positions
+from probes.reasoning import think_tag_positions
 from probes.records import TokenRecord
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from probes.config import ProviderConfig
 
 __all__ = [
+    "REASONING_PREFIX_UNKNOWN",
     "ExcludedResponse",
     "Observation",
     "ObservationSet",
@@ -45,10 +46,16 @@ __all__ = [
     "excluded_summary",
     "load_observations",
     "read_observations",
-    "reasoning_context_ids",
+    "reference_prompt_ids",
     "stored_tokens",
     "untrusted_response_reasons",
 ]
+
+#: Exclusion reason of a reasoning response whose reasoning span no token covers (logprobs over
+#: the answer only, or no logprobs with a separate reasoning field): its answer follows tokens
+#: the reference cannot know exactly (a re-tokenization of the reasoning text is a guess, and on a
+#: tiny model it made an honest simulator look like another model), so it is not scored.
+REASONING_PREFIX_UNKNOWN = "reasoning_prefix_unknown"
 
 #: Probe keys an ``excluded_summary`` lists (the count covers them all).
 EXCLUDED_KEYS_SHOWN = 8
@@ -70,11 +77,7 @@ class Observation:
         failures: alignment failures (``probes.align.AlignmentFailure``).
         anomalies: response-level anomaly kinds.
         provider_prompt_tokens: the provider's ``usage.prompt_tokens`` (None when not reported).
-        context_ids: reference ids of a reasoning span the model generated before ``tokens`` but
-            the provider's logprobs did not cover (``reasoning_coverage = "answer"``): re-tokenized
-            from the reasoning text inside the reference's think tags, scored as prefix, never
-            observed (anomaly ``reasoning_prefix_retokenized``); empty otherwise.
-        tag_positions: provider token positions that spell a think tag (``probes.normalize.
+        tag_positions: provider token positions that spell a think tag (``probes.reasoning.
             THINK_TAGS``) in a reasoning response: teacher-forced like every token, but no
             detector sees them, since an engine with a thinking budget forces the close tag
             (vLLM's ``thinking_token_budget``; the simulator's ``--reasoning`` mode) and a forced
@@ -98,13 +101,7 @@ class Observation:
     failures: list[AlignmentFailure] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
     provider_prompt_tokens: int | None = None
-    context_ids: list[int] = field(default_factory=list)
     tag_positions: frozenset[int] = frozenset()
-
-    @property
-    def scoring_prefix(self) -> list[int]:
-        """The ids the reference is teacher-forced on before ``ref_ids``: ``prompt_ids + context_ids``."""
-        return self.prompt_ids + self.context_ids if self.context_ids else self.prompt_ids
 
 
 # ------------------------------------------------------------------------------------------ read
@@ -157,33 +154,7 @@ def _retokenize(text: str, bv: ByteVocab, tokenizer: Any) -> list[TokenRecord]:
     ]
 
 
-def reasoning_context_ids(prompt_ids: Sequence[int], reasoning: str, tokenizer: Any) -> list[int]:
-    """Reference ids of an uncovered reasoning span, as the model wrote it after ``prompt_ids``.
-
-    The think tags are the reference tokenizer's own (the first pair of
-    ``probes.normalize.THINK_TAGS`` whose close tag it knows as one token, else ``<think>``);
-    the open tag is left out where the chat template already opened the span in the prompt
-    (DeepSeek-R1's template ends the generation prompt with ``<think>\\n``). The whitespace
-    around the span is the reasoning text's own (parsers may strip it; a provider's answer then
-    starts with whatever followed the close tag).
-
-    Args:
-        prompt_ids: [P] the templated prompt's reference ids; reasoning: the reasoning text;
-        tokenizer: the reference tokenizer (``encode``, ``decode``, ``get_vocab``).
-
-    Returns:
-        list[int]: the ids of ``[open tag] reasoning close tag``.
-    """
-    from probes.normalize import THINK_TAGS
-
-    vocab = tokenizer.get_vocab()
-    opener, closer = next(((o, c) for o, c in THINK_TAGS if c in vocab), THINK_TAGS[0])
-    tail = str(tokenizer.decode(list(prompt_ids[-8:]))) if prompt_ids else ""
-    head = "" if tail.rstrip().endswith(opener) else opener
-    return list(tokenizer.encode(head + reasoning + closer, add_special_tokens=False))
-
-
-def _prompt_ids(req: dict[str, Any], tokenizer: Any, opener: str | None = None) -> list[int]:
+def reference_prompt_ids(req: dict[str, Any], tokenizer: Any, opener: str | None = None) -> list[int]:
     """Reference prompt ids of a request; a chat prompt ends with the template's reasoning
     ``opener`` when the provider config names one (``ProviderConfig.reasoning_opener``)."""
     from reference.scoring import encode_prompt
@@ -260,24 +231,23 @@ def read_observations(store: Store, run_id: str, config: ProviderConfig, tokeniz
             if why := untrusted_response_reasons(anomalies):
                 excluded.append(ExcludedResponse(p.id, p.probe_key, why, len(tokens)))
                 continue
+            if p.reasoning and (p.reasoning_coverage == "answer" or (not tokens and p.reasoning not in (p.text or ""))):
+                # the model wrote a reasoning span before these tokens that no token covers: the
+                # reference's prefix would be a re-tokenized guess of it (see REASONING_PREFIX_UNKNOWN)
+                excluded.append(ExcludedResponse(p.id, p.probe_key, (REASONING_PREFIX_UNKNOWN,), len(tokens)))
+                continue
             retokenized = not tokens and bool(p.text)
             if retokenized:
                 tokens = _retokenize(p.text or "", bv, tokenizer)
                 anomalies.append("retokenized_text")
-                if p.reasoning:  # the span is unknown: inline tags or a separate field before the text
+                if p.reasoning:  # inline think tags: where the span ends in the re-tokenized text is not labelled
                     for t in tokens:
                         t.span = None
             if not tokens:
                 continue
             al = align_to_reference(tokens, bv)
             temp, top_p = req.get("temperature"), req.get("top_p")
-            prompt_ids = _prompt_ids(req, tokenizer, getattr(config, "reasoning_opener", None))
-            context: list[int] = []
-            # a reasoning span the tokens do not hold (logprobs over the answer only, or no
-            # logprobs and a separate reasoning field): the model wrote it before the answer
-            if p.reasoning and (p.reasoning_coverage == "answer" or (retokenized and p.reasoning not in (p.text or ""))):
-                context = reasoning_context_ids(prompt_ids, p.reasoning, tokenizer)
-                anomalies.append("reasoning_prefix_retokenized")
+            prompt_ids = reference_prompt_ids(req, tokenizer, getattr(config, "reasoning_opener", None))
             obs.append(
                 Observation(
                     probe_id=p.id, probe_key=p.probe_key, mode=p.mode, workload=p.workload,
@@ -285,7 +255,7 @@ def read_observations(store: Store, run_id: str, config: ProviderConfig, tokeniz
                     request=req, prompt_ids=prompt_ids, tokens=tokens,
                     ref_ids=list(al.ref_ids), spans=list(al.spans), one_to_one=list(al.ref_token_ids),
                     failures=list(al.failures), anomalies=anomalies,
-                    provider_prompt_tokens=_usage_prompt_tokens(p.usage), context_ids=context,
+                    provider_prompt_tokens=_usage_prompt_tokens(p.usage),
                     tag_positions=think_tag_positions(tokens),
                 )
             )

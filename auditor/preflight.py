@@ -73,7 +73,8 @@ from auditor.detectors.base import DetectorResult, not_run
 from auditor.util import finite
 from probes.config import ProviderConfig
 from probes.conventions import RANKED, LogprobConvention, certified_top, learn_convention, requested_top_logprobs
-from probes.normalize import NormalizedResponse, normalize_response, think_tag_positions
+from probes.normalize import NormalizedResponse, normalize_response
+from probes.reasoning import think_tag_positions
 
 __all__ = [
     "GREEDY_R0",
@@ -305,7 +306,7 @@ def run_preflight(config: ProviderConfig, tokenizer: Any = None, *, transport: A
     error named. Must not be called from a running event loop (it runs its own).
     """
     exchanges = asyncio.run(_send_all(config, transport, api_key, max_tokens))
-    return evaluate_preflight(config.api, exchanges, tokenizer)
+    return evaluate_preflight(config.api, exchanges, tokenizer, getattr(config, "reasoning_opener", None))
 
 
 # ------------------------------------------------------------------------------------------ evaluate
@@ -433,7 +434,8 @@ def _same_check(name: str, a: NormalizedResponse | None, b: NormalizedResponse |
                           n=2, evidence={"first_difference": diverge, "texts": [a.text[:200], b.text[:200]]})
 
 
-def evaluate_preflight(api: str, exchanges: Sequence[dict], tokenizer: Any = None) -> PreflightReport:
+def evaluate_preflight(api: str, exchanges: Sequence[dict], tokenizer: Any = None,
+                       reasoning_opener: str | None = None) -> PreflightReport:
     """Checks from the stored pre-flight exchanges (pure; see the module docstring).
 
     Args:
@@ -477,12 +479,13 @@ def evaluate_preflight(api: str, exchanges: Sequence[dict], tokenizer: Any = Non
     conv = learn_convention([r.tokens for r in nz.values() if r is not None],
                             next((k for e in exchanges if (k := requested_top_logprobs(e.get("request")))), None))
     checks.append(_top_p_check(sampled, conv))
-    checks.append(_prompt_tokens_check(api, ex.get("greedy-a"), nz.get("greedy-a"), tokenizer))
+    checks.append(_prompt_tokens_check(api, ex.get("greedy-a"), nz.get("greedy-a"), tokenizer, reasoning_opener))
     return PreflightReport(checks, list(exchanges), conv.to_dict() if conv.n_positions else {})
 
 
 
-def _prompt_tokens_check(api: str, ex: dict | None, n: NormalizedResponse | None, tokenizer: Any) -> PreflightCheck:
+def _prompt_tokens_check(api: str, ex: dict | None, n: NormalizedResponse | None, tokenizer: Any,
+                         opener: str | None = None) -> PreflightCheck:
     if ex is None or n is None:
         return PreflightCheck("prompt-tokens", "template", None, "prompt tokens: the request failed")
     got = (n.usage or {}).get("prompt_tokens") if not n.usage_missing else None
@@ -490,10 +493,10 @@ def _prompt_tokens_check(api: str, ex: dict | None, n: NormalizedResponse | None
         return PreflightCheck("prompt-tokens", "template", None, "the provider reported no usage.prompt_tokens")
     if tokenizer is None:
         return PreflightCheck("prompt-tokens", "template", None, "no reference tokenizer to count with")
-    from reference.scoring import encode_prompt
+    from auditor.observations import reference_prompt_ids
 
     req = ex["request"]
-    ref = len(encode_prompt(tokenizer, req["messages"] if api == "chat" else req["prompt"], chat=api == "chat"))
+    ref = len(reference_prompt_ids(req, tokenizer, opener))  # the template's reasoning opener included
     ok = int(got) == ref
     return PreflightCheck("prompt-tokens", "template", ok, (
         f"the provider counts {got} prompt tokens, as the reference renders the prompt" if ok else
@@ -577,7 +580,8 @@ def preflight_stage(store: Any, run_id: str, config: ProviderConfig, tokenizer: 
         summary = run_summary(s)
     rep = None
     if "preflight" in summary:
-        rep = evaluate_preflight(config.api, summary["preflight"].get("exchanges", []), tokenizer)
+        rep = evaluate_preflight(config.api, summary["preflight"].get("exchanges", []), tokenizer,
+                                 getattr(config, "reasoning_opener", None))
     elif run_requests:
         try:
             rep = run_preflight(config, tokenizer, transport=transport)

@@ -238,6 +238,8 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
             extra = ", ".join(f"{k}={fmt_num(e[k], 3)}" for k in _EXTRA_KEYS if k in e and k != "clear")
             if e.get("clear") is not None:
                 extra = (extra + ", " if extra else "") + ("clear" if e["clear"] else "near-tie")
+            if e.get("span") in ("reasoning", "answer"):  # a reasoning model's answer: which span (issue 35)
+                extra = f"{e['span']} span" + (", " + extra if extra else "")
             out.append(
                 f"| {pcell} | {e.get('position')} | {tcell} | {_top5_cell(e)} | {fmt_num(margin, 3)} | {_md(extra)} |"
             )

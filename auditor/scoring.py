@@ -141,8 +141,7 @@ def score_observations(
         store: open store (``reference_cache`` table).
         scorer: the reference in one precision (:class:`Scorer`; ``scorer.revision`` and
             ``scorer.dtype`` key the cache).
-        observations: their ``scoring_prefix`` (the prompt, then any reasoning span the
-            provider's logprobs did not cover) and ``ref_ids`` are scored.
+        observations: their ``prompt_ids`` and ``ref_ids`` are scored.
         top_k: alternatives per position; batch_size: observations sent to the scorer at once.
         progress: ``progress(done, total)`` after each batch (sequences).
 
@@ -154,7 +153,7 @@ def score_observations(
     """
     from auditor.store import queries as q
 
-    keys = [q.reference_cache_key(scorer.revision, scorer.dtype, o.scoring_prefix, o.ref_ids, top_k) for o in observations]
+    keys = [q.reference_cache_key(scorer.revision, scorer.dtype, o.prompt_ids, o.ref_ids, top_k) for o in observations]
     with store.session() as s:
         cached = q.reference_cache_get_many(s, keys)
     out: list[ScoredContinuation | None] = [None] * len(observations)
@@ -169,13 +168,13 @@ def score_observations(
                 todo.append(i)
         else:
             todo.append(i)
-    todo.sort(key=lambda i: len(observations[i].scoring_prefix) + len(observations[i].ref_ids))
+    todo.sort(key=lambda i: len(observations[i].prompt_ids) + len(observations[i].ref_ids))
     done = len(observations) - len(todo)
     if progress is not None:
         progress(done, len(observations))
     for b in range(0, len(todo), batch_size):
         idx = todo[b : b + batch_size]
-        res = scorer.score([observations[i].scoring_prefix for i in idx], [observations[i].ref_ids for i in idx], top_k=top_k)
+        res = scorer.score([observations[i].prompt_ids for i in idx], [observations[i].ref_ids for i in idx], top_k=top_k)
         with store.session() as s:
             for i, sc in zip(idx, res, strict=True):
                 out[i] = sc

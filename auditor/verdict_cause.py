@@ -306,7 +306,22 @@ def near_tie_reason(r: DetectorResult, *, own: bool = False, blind: bool = False
     return (f"at temperature 0 the provider emits the reference's runner-up at near-ties {int(r.statistic)} times "
             f"in {r.n} positions where honest numeric noise allows at most {float(d.get('expected', math.nan)):.2g} "
             f"(margins within the {float(d.get('band', math.nan)):.3g}-nat band): greedy verification accepts "
-            f"non-argmax drafts (greedy-near-tie p_adj={r.p_adjusted:.3g})")
+            f"non-argmax drafts{span_clause(d.get('spans'))} (greedy-near-tie p_adj={r.p_adjusted:.3g})")
+
+
+def span_clause(spans: Any) -> str:
+    """`` inside the reasoning span (...)`` when a reasoning model's near-tie flips sit in its
+    reasoning span and not beyond the answer's honest expectation (issue 35: engines relax
+    verification inside ``<think>`` only); ``""`` otherwise or without span figures
+    (``greedy-near-tie`` details ``spans``)."""
+    if not isinstance(spans, dict) or "reasoning" not in spans:
+        return ""
+    r, a = spans.get("reasoning") or {}, spans.get("answer") or {}
+    rf, af = int(r.get("flips", 0)), int(a.get("flips", 0))
+    if rf == 0 or af > max(1.0, 2.0 * float(a.get("expected", 0.0))):
+        return ""
+    return (f" inside the reasoning span ({rf} of {rf + af} flips there, in {int(r.get('positions', 0))} of its "
+            f"near-tie positions; {af} in {int(a.get('positions', 0))} answer positions)")
 
 
 def explained_by_decode_path(name: str, rejects: Callable[[str], bool]) -> str:

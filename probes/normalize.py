@@ -40,8 +40,8 @@ lengths.
 
 Reasoning models (issue 35): the reasoning text arrives in ``message.reasoning_content`` /
 ``message.reasoning``, streamed as ``delta.reasoning_content`` / ``delta.reasoning``
-(:data:`REASONING_FIELDS`), or inline between think tags in ``content`` where no parser runs
-(:data:`THINK_TAGS`); ``logprobs.content`` covers the reasoning tokens (think tags included, as
+(``probes.reasoning.REASONING_FIELDS``), or inline between think tags in ``content`` where no parser runs
+(``probes.reasoning.THINK_TAGS``); ``logprobs.content`` covers the reasoning tokens (think tags included, as
 the parser consumed them from the text) and then the answer, or the answer only. Each token gets
 a span label (``TokenRecord.span``: ``reasoning`` / ``answer``); the tokens' bytes are recovered
 against reasoning + answer where they cover both, against the answer where they cover only it,
@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,20 +84,18 @@ from probes.byte_recovery import (
     lossy_text_consistent,
     valid_byte_list,
 )
+from probes.reasoning import REASONING_FIELDS, THINK_TAGS
 from probes.records import NormalizedResponse, TokenRecord
 from probes.sse import BODY_ANOMALIES, find_error, loads_json, looks_like_plain_json, parse_sse
 
 __all__ = [
     "ANOMALY_KINDS",
     "MASKED_THRESHOLD",
-    "REASONING_FIELDS",
     "SENTINEL_THRESHOLD",
-    "THINK_TAGS",
     "NormalizedResponse",
     "TokenRecord",
     "gpt2_unicode_to_bytes",
     "normalize_response",
-    "think_tag_positions",
 ]
 
 #: A logprob at or below this is a placeholder, not a model number (OpenAI documents -9999.0).
@@ -112,17 +109,6 @@ MASS_TOL = 1e-3
 #: Alternatives kept per token when the request did not say how many it asked for (no logprobs
 #: asked, or no request known): a provider's unasked list is bounded too.
 MAX_UNASKED_ALTERNATIVES = 20
-
-#: Reasoning fields of a chat ``message`` or streamed ``delta``, in the order they are read:
-#: ``reasoning_content`` (DeepSeek's API, SGLang ``--reasoning-parser``, vLLM up to v0.10),
-#: ``reasoning`` (vLLM since v0.11, OpenRouter).
-REASONING_FIELDS: tuple[str, ...] = ("reasoning_content", "reasoning")
-#: ``(open, close)`` think tags: DeepSeek-R1/V3.x and Qwen3 (``<think>``), Seed-OSS, Kimi K2-Thinking.
-THINK_TAGS: tuple[tuple[str, str], ...] = (
-    ("<think>", "</think>"),
-    ("<seed:think>", "</seed:think>"),
-    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
-)
 
 _TAG_STRINGS = frozenset(x for pair in THINK_TAGS for x in pair)
 
@@ -306,13 +292,11 @@ def _completion_entries(lp: dict[str, Any], acc: _Acc) -> list[_RawTok] | None:
 
 
 def _reasoning_field(obj: dict[str, Any]) -> tuple[str, str] | None:
-    """``(field name, text)`` of the first reasoning field in a ``message`` or ``delta`` object
-    that holds a string (:data:`REASONING_FIELDS` order), else ``None``."""
-    for name in REASONING_FIELDS:
-        v = obj.get(name)
-        if isinstance(v, str):
-            return name, v
-    return None
+    """``(field name, text)`` of the reasoning field in a ``message`` or ``delta`` object: the first
+    (``REASONING_FIELDS`` order) holding a non-empty string, else the first holding a string (a
+    server sending both names, one of them empty), else ``None``."""
+    found = [(name, v) for name in REASONING_FIELDS if isinstance(v := obj.get(name), str)]
+    return next((f for f in found if f[1]), found[0] if found else None)
 
 
 def _assemble_stream(
@@ -980,38 +964,3 @@ def _build_tokens(
     for i, r in enumerate(records):
         r.anomalies = list(per_tok[i])
     return records
-
-
-def think_tag_positions(tokens: Sequence[TokenRecord]) -> frozenset[int]:
-    """Indices (into ``tokens``) of the tokens whose bytes overlap a think tag
-    (:data:`THINK_TAGS`) of a reasoning response; empty when no token is labelled ``reasoning``.
-    Tokens after one with unknown bytes are not examined.
-
-    No detector or pre-flight check scores them: an engine with a thinking budget forces the
-    close tag (vLLM's ``thinking_token_budget``, the simulator's ``--reasoning`` mode), and a
-    forced token is no sample of the model (``auditor.observations.Observation.tag_positions``).
-    """
-    if not any(t.span == "reasoning" for t in tokens):
-        return frozenset()
-    starts: list[int] = []
-    pos = 0
-    parts: list[bytes] = []
-    for t in tokens:
-        if t.bytes is None:
-            break
-        starts.append(pos)
-        parts.append(t.bytes)
-        pos += len(t.bytes)
-    data = b"".join(parts)
-    ranges: list[tuple[int, int]] = []
-    for tag in {x.encode() for pair in THINK_TAGS for x in pair}:
-        i = data.find(tag)
-        while i >= 0:
-            ranges.append((i, i + len(tag)))
-            i = data.find(tag, i + 1)
-    out = set()
-    for k, a in enumerate(starts):
-        b = a + len(parts[k])
-        if any(a < e and s < b for s, e in ranges) or (a == b and any(s <= a < e for s, e in ranges)):
-            out.add(k)
-    return frozenset(out)

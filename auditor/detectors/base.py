@@ -84,6 +84,8 @@ UNTRUSTED_RESPONSE_ANOMALIES: Mapping[str, str] = MappingProxyType(
         "normalize_error": "the response could not be normalized",
         "reasoning_logprobs_inconsistent": "a reasoning response whose logprobs spell neither the answer alone nor "
         "the reasoning then the answer, so no token's position in the output is known",
+        "reasoning_prefix_unknown": "a reasoning response whose logprobs cover the answer only (or none came back): "
+        "the reasoning tokens the model wrote before its answer are unknown, so the answer has no exact prefix",
     }
 )
 
@@ -267,6 +269,8 @@ class EvidenceBatch:
         ref_at_provider_top: [N, M] float64 reference log-prob at each provider-listed id, NaN
             when unknown (derived: full row, else the reference top-K, else the emitted token).
         token_texts: [N] object, optional.
+        token_spans: [N] object (``"reasoning"`` / ``"answer"`` / None), optional: the span of the
+            answer each position belongs to (issue 35: span-aware reporting).
 
     Construct with :meth:`from_positions` or :meth:`from_arrays` (which validate and derive).
     """
@@ -285,6 +289,7 @@ class EvidenceBatch:
     provider_trusted: np.ndarray
     ref_at_provider_top: np.ndarray | None
     token_texts: np.ndarray | None = None
+    token_spans: np.ndarray | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -304,6 +309,7 @@ class EvidenceBatch:
         provider_token_logprobs: np.ndarray | None = None,
         provider_trusted: np.ndarray | None = None,
         token_texts: Sequence[str | None] | None = None,
+        token_spans: Sequence[str | None] | None = None,
     ) -> EvidenceBatch:
         """Validate, sort and derive. Reference arrays are our own engine's output: malformed ones
         raise ``ValueError`` naming the field. Provider arrays come from outside: malformed rows are
@@ -499,6 +505,11 @@ class EvidenceBatch:
             texts = np.asarray(list(token_texts), dtype=object)
             if texts.size != n:
                 raise ValueError(f"token_texts must have N={n} entries")
+        spans = None
+        if token_spans is not None:
+            spans = np.asarray(list(token_spans), dtype=object)
+            if spans.size != n:
+                raise ValueError(f"token_spans must have N={n} entries")
         return cls(
             prompt_ids=prompt_ids,
             positions=positions,
@@ -514,6 +525,7 @@ class EvidenceBatch:
             provider_trusted=trusted,
             ref_at_provider_top=ref_at,
             token_texts=texts,
+            token_spans=spans,
         )
 
     @classmethod
@@ -647,6 +659,7 @@ class EvidenceBatch:
             provider_trusted=self.provider_trusted[mask],
             ref_at_provider_top=take(self.ref_at_provider_top),
             token_texts=take(self.token_texts),
+            token_spans=take(self.token_spans),
         )
 
     def evidence_row(self, i: int, **extra: Any) -> dict[str, Any]:

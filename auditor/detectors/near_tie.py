@@ -255,6 +255,7 @@ def greedy_near_tie(
     fr = rows[flip]
     listed = (batch.provider_top_ids.shape[1] > 0) & batch.provider_trusted[fr] & (batch.provider_listed[fr] >= 1)
     own = listed & (batch.provider_top_ids[fr, 0] == batch.token_ids[fr]) if batch.provider_top_ids.shape[1] else listed
+    by_span = span_counts(batch.token_spans, rows, flip, s)
     evidence = [batch.evidence_row(int(rows[j]), margin=float(m[j]), gap=float(gap[tested][j]),
                                    honest_bound=float(s[j]))
                 for j in np.flatnonzero(flip)[np.argsort(s[flip], kind="stable")][:n_evidence]]
@@ -271,5 +272,27 @@ def greedy_near_tie(
                  "p_count": p_count, "alt_rate": NEAR_TIE_ALT_RATE,
                  "flips_with_provider_list": int(listed.sum()), "flips_own_top1": int(own.sum()),
                  "quantiles": q, "method": method, "min_tested_margin": lo, "grid_step": GAIN_GRID_STEP,
-                 "n_greedy": int(idx.size), "n_prompts": int(np.unique(batch.prompt_ids[rows]).size)},
+                 "n_greedy": int(idx.size), "n_prompts": int(np.unique(batch.prompt_ids[rows]).size),
+                 **({"spans": by_span} if by_span else {})},
     )
+
+
+def span_counts(token_spans: np.ndarray | None, rows: np.ndarray, flip: np.ndarray,
+                bound: np.ndarray) -> dict[str, dict[str, float]]:
+    """Near-tie figures per span of a reasoning model's answer (issue 35): for each span label
+    (``reasoning`` / ``answer``) the tested ``positions``, their ``flips`` and the honest
+    ``expected`` flips (sum of the bounds). {} when the batch carries no spans.
+
+    Args:
+        token_spans: [N] object labels of the batch (``EvidenceBatch.token_spans``) or None.
+        rows: [n] int batch rows tested; flip: [n] bool flipped; bound: [n] float honest flip bounds.
+    """
+    if token_spans is None:
+        return {}
+    labels = token_spans[rows]
+    out: dict[str, dict[str, float]] = {}
+    for lab in ("reasoning", "answer"):
+        sel = labels == lab
+        if sel.any():
+            out[lab] = {"positions": int(sel.sum()), "flips": int(flip[sel].sum()), "expected": float(bound[sel].sum())}
+    return out

@@ -2,8 +2,8 @@
 
 Stored as the runner stores it (normalized once), read back by the observations stage: every token
 of a consistent reasoning response is observed (its reasoning tokens too), each with its span label
-reaching the evidence rows; logprobs over the answer only are scored after the reasoning span,
-re-tokenized into the reference's prefix; inconsistent logprobs exclude the response with the reason.
+reaching the evidence rows; logprobs over the answer only leave the answer without an exact prefix
+(the reasoning tokens are unknown) and exclude it with that reason, as inconsistent logprobs do.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 
 from auditor.detectors import DetectorResult
 from auditor.evidence import build_evidence, enrich_evidence
-from auditor.observations import excluded_summary, read_observations, reasoning_context_ids
+from auditor.observations import REASONING_PREFIX_UNKNOWN, excluded_summary, read_observations
 from auditor.store import open_store
 from auditor.store import queries as q
 from probes.normalize import normalize_response
@@ -61,35 +61,30 @@ def test_reasoning_responses_in_the_observations_stage(tmp_path, smollm2_tokeniz
     finally:
         st.close()
     obs = {o.probe_key: o for o in got.observations}
-    assert set(obs) == {"both#0", "answer_only#0"}
-    # inconsistent: excluded whole, with the reason named
-    assert [(e.probe_key, e.reasons) for e in got.excluded] == [("inconsistent#0", ("reasoning_logprobs_inconsistent",))]
+    assert set(obs) == {"both#0"}
+    # answer only / inconsistent: excluded whole, with the reason named
+    assert sorted((e.probe_key, e.reasons) for e in got.excluded) == [
+        ("answer_only#0", (REASONING_PREFIX_UNKNOWN,)), ("inconsistent#0", ("reasoning_logprobs_inconsistent",))]
     ex = excluded_summary(got.excluded)
-    assert ex is not None and "reasoning_logprobs_inconsistent" in ex["explanations"]
+    assert ex is not None and {"reasoning_logprobs_inconsistent", REASONING_PREFIX_UNKNOWN} <= set(ex["explanations"])
 
     both = obs["both#0"]
     assert [t.span for t in both.tokens] == ["reasoning"] * len(REASONING) + ["answer"] * len(ANSWER)
-    assert both.context_ids == [] and both.scoring_prefix == both.prompt_ids
     assert both.failures == [] and len(both.spans) == len(REASONING) + len(ANSWER)
     assert tk.decode(both.ref_ids) == "".join(REASONING + ANSWER)  # the whole output is teacher-forced
 
-    only = obs["answer_only#0"]
-    assert [t.span for t in only.tokens] == ["answer", "answer"]
-    assert only.context_ids == reasoning_context_ids(only.prompt_ids, R_TEXT, tk)
-    assert tk.decode(only.context_ids) == "<think>" + R_TEXT + "</think>"
-    assert only.scoring_prefix == only.prompt_ids + only.context_ids
-    assert "reasoning_prefix_retokenized" in only.anomalies
-
     # reasoning positions are evidence; each evidence row says its span
-    batch, _ = build_evidence([both, only], None, tk)
+    batch, _ = build_evidence([both], None, tk)
     keys = batch.prompt_ids.tolist()
     n_both = keys.count("both#0")
     assert n_both >= len([t for t in REASONING + ANSWER if len(tk.encode(t, add_special_tokens=False)) == 1])
     rows = [batch.evidence_row(i) for i in range(len(batch))]
-    res = enrich_evidence([DetectorResult(name="x", statistic=0.0, p_value=1.0, effect=0.0, effect_ci=(0.0, 0.0), n=len(rows), evidence=rows)], [both, only], tk)
+    res = enrich_evidence([DetectorResult(name="x", statistic=0.0, p_value=1.0, effect=0.0, effect_ci=(0.0, 0.0), n=len(rows), evidence=rows)], [both], tk)
     spans = {(e["prompt_id"], e["position"]): e["span"] for e in res[0].evidence}
     assert spans[("both#0", 2)] == "reasoning" and spans[("both#0", len(REASONING) + 1)] == "answer"
-    assert {v for (k, _), v in spans.items() if k == "answer_only#0"} == {"answer"}
+    # the think tags are teacher-forced but reach no detector (a budget may force them)
+    assert both.tag_positions == frozenset({0, len(REASONING) - 1})
+    assert ("both#0", 0) not in spans and ("both#0", len(REASONING) - 1) not in spans
 
 
 def test_think_tag_spelled_out_maps_to_a_special_token() -> None:

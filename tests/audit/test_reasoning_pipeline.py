@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from auditor.audit import run_check
+from auditor.report import render_markdown
 from auditor.store import open_store
 from auditor.store import queries as q
 
@@ -47,6 +48,10 @@ def test_honest_reasoning_simulator_passes_on_its_reasoning_tokens(reasoning_env
     print(f"evidence {mode}: {tk['scored_positions']} of {emitted} emitted tokens; verdict {rep.verdict}")
     assert emitted > 0 and tk["scored_positions"] >= 0.9 * emitted, tk
     assert rep.verdict == "PASS", (rep.verdict, rep.verdict_reason)
+    # with the reference comparisons in force: the pre-flight counts the opener in the prompt as the provider does
+    pf = {c["name"]: c for c in rep.preflight_checks or []}
+    assert pf["prompt-tokens"]["passed"] is True, pf.get("prompt-tokens")
+    assert rep.detector("greedy-match")["ran"] and "set aside" not in rep.verdict_reason
     # reasoning tokens are evidence: stored with their span, and most scored positions are reasoning
     st = open_store(reasoning_env["db"])
     try:
@@ -59,13 +64,17 @@ def test_honest_reasoning_simulator_passes_on_its_reasoning_tokens(reasoning_env
     assert spans.count("reasoning") > spans.count("answer") > 0 and None not in spans
     rows = [e for d in rep.detectors for e in d.get("evidence") or [] if "span" in e]
     assert rows and {e["span"] for e in rows} <= {"reasoning", "answer"} and any(e["span"] == "reasoning" for e in rows)
+    assert "| reasoning span" in render_markdown(rep) or "reasoning span, " in render_markdown(rep)
 
 
 def test_honest_reasoning_simulator_with_logprobs_over_the_answer_only(reasoning_env) -> None:
-    """The reasoning is not covered: the answer is scored after the re-tokenized reasoning span."""
+    """The reasoning is not covered, so no answer has an exact prefix: every response is excluded
+    with that reason and the audit ends INCONCLUSIVE saying so, never accusing the honest provider."""
+    from auditor.observations import REASONING_PREFIX_UNKNOWN
+
     rep = run_check("sim-answer-only", suite="default", budget_tokens=480, db_url=reasoning_env["db"],
                     config_path=reasoning_env["config"])
-    assert rep.status == "completed" and rep.excluded_responses is None
-    print(f"evidence answer-only: {rep.tokens['scored_positions']} of {rep.tokens['completion']}; verdict {rep.verdict}")
-    assert rep.tokens["scored_positions"] > 0
-    assert rep.verdict == "PASS", (rep.verdict, rep.verdict_reason)
+    assert rep.status == "completed"
+    ex = rep.excluded_responses
+    assert ex is not None and set(ex["reasons"]) == {REASONING_PREFIX_UNKNOWN}
+    assert rep.verdict == "INCONCLUSIVE" and REASONING_PREFIX_UNKNOWN in rep.verdict_reason, rep.verdict_reason

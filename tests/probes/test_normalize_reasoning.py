@@ -204,3 +204,10 @@ def test_partial_character_in_the_reasoning() -> None:
     assert not {"reasoning_logprobs_inconsistent", "bytes_text_mismatch"} & set(out.anomalies), out.anomaly_details
     assert _spans(out) == ["reasoning"] * 5 + ["answer"] * 2
     assert out.token_bytes[2] == b"\xe2\x88"
+
+
+def test_both_field_names_one_empty() -> None:
+    """A server sending both names (one kept for compatibility, empty): the one with text counts."""
+    out = normalize_response("chat", REQ, response=_body("Four.", REASON + ANSWER, reasoning_content="", reasoning=R_TEXT))
+    assert out.reasoning == R_TEXT and out.reasoning_source == "reasoning" and out.anomalies == []
+    assert _spans(out) == ["reasoning"] * len(REASON) + ["answer"] * len(ANSWER)

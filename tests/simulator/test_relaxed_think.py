@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from probes.normalize import normalize_response, think_tag_positions
+from probes.normalize import normalize_response
+from probes.reasoning import think_tag_positions
 from simulator.profiles import get_profile
 from simulator.server import create_app
 from simulator.verifiers import RelaxedThinkVerifier, make_verifier

@@ -4,8 +4,8 @@
 ``probes.records.TokenRecord.span``); ``reasoning`` the response's reasoning text (``message.
 reasoning_content`` / ``reasoning``, streamed deltas, or inline think tags) and
 ``reasoning_coverage`` what its logprobs covered (``both`` / ``answer`` / ``inconsistent``), so
-that the observations stage can put an uncovered reasoning span before the answer it scores.
-Rows written before this revision keep NULL (read as plain answers).
+that the observations stage knows which reasoning responses left their reasoning span uncovered
+(excluded as ``reasoning_prefix_unknown``). Rows written before this revision keep NULL (read as plain answers).
 
 Revision ID: 0004
 Revises: 0003
