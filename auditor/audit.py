@@ -488,8 +488,9 @@ def _store_analysis(
     summary: dict[str, Any],
 ) -> None:
     """The analysis' final transaction: aligned ids (``(probe_id, ids)`` rows), detector results,
-    verdict, run summary, status."""
+    verdict, run summary, status, and the figures the dashboard shows (:mod:`auditor.stored_figures`)."""
     from auditor.store import queries as q
+    from auditor.stored_figures import store_figures
 
     with store.session() as s:
         q.set_aligned_ref_token_ids(s, aligned)
@@ -502,6 +503,7 @@ def _store_analysis(
         q.update_run(s, run_id, alpha=opts.alpha, summary=prev, reference_model=config.reference,
                      reference_revision=ref.revision, reference_dtype=ref.dtype_label)
         q.set_run_status(s, run_id, "completed")
+        store_figures(s, run_id)  # the dashboard's answers, headline and standing (auditor.stored_figures)
 
 
 def _deadline_reached(store: Store, run_id: str) -> bool:

@@ -624,6 +624,7 @@ def _record(report: AuditReport, seq: SequentialAudit, db_url: str | None, *, re
     ``report``'s verdict (the sequential decision differs from what the stopping look's check stored)."""
     from auditor.store import open_store
     from auditor.store import queries as q
+    from auditor.stored_figures import store_figures
 
     store = open_store(db_url)
     try:
@@ -637,6 +638,7 @@ def _record(report: AuditReport, seq: SequentialAudit, db_url: str | None, *, re
                 q.store_verdict(s, report.run_id, report.verdict, report.verdict_reason, report.verdict_details)
             q.update_run(s, report.run_id, summary=summary, alpha=seq.design.alpha,
                          budget_tokens=seq.decisions[-1].tokens if seq.decisions else None)
+            store_figures(s, report.run_id)  # the verdict or alpha may have changed: the dashboard's figures too
     finally:
         store.close()
     if isinstance(getattr(report, "summary", None), dict):

@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from auditor.store import models as orm
+from auditor.stored_figures import store_figures
 
 __all__ = ["DEMO_PROVIDERS", "HOSTILE_MARKUP", "HOSTILE_TOKEN", "seed_demo"]
 
@@ -219,6 +220,11 @@ def seed_demo(
                     out["changes"].append((name, previous, verdict, run_id))
                 previous = verdict
         out["latest_verdicts"][name] = previous
+    session.flush()
+    for run_id in (rid for rids in out["runs"].values() for rid in rids):
+        run = session.get(orm.AuditRun, run_id)
+        if run is not None and run.verdict:
+            store_figures(session, run_id)  # as the check pipeline does when it stores a verdict
     if calibration:
         for profile, rate, cause in (
             ("honest", 0.008, None),

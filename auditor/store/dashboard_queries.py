@@ -27,6 +27,12 @@ the position (``context``), the emitted token's text (``token_text``) and ``id_t
 token id → text, learned from the stored normalized tokens (``normalized_tokens.ref_token_id``)
 of runs with the same reference model. Ids never emitted by any provider stay unresolved (the
 dashboard then shows the id) unless the evidence carries ``ref_top5_tokens`` itself.
+
+The buyer's two answers, the plain headline and the provider's standing are read as stored with each verdict
+(``verdicts.questions`` / ``headline`` / ``standing``, written by ``auditor.stored_figures`` when the verdict is
+stored, revision 0005): this module applies no verdict, question or standing rule, so importing the dashboard
+loads none of them (docs/ARCHITECTURE.md, L8). A verdict row without them (written before revision 0005 and
+not migrated) is shown as :data:`NOT_STORED`, never computed here.
 """
 
 from __future__ import annotations
@@ -40,8 +46,6 @@ from typing import Any
 from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
-from auditor.questions import answer_questions, plain_headline
-from auditor.standing import standing_of_runs
 from auditor.store.models import (
     Alert,
     AuditRun,
@@ -57,6 +61,7 @@ from auditor.util import committed_calibration_path
 from auditor.util import finite as _num
 
 __all__ = [
+    "NOT_STORED",
     "SUMMARY_KEYS",
     "calibration_table",
     "count_runs",
@@ -84,6 +89,9 @@ SUMMARY_KEYS = (
     "noise_floor",
     "clear_mismatch_rate",
 )
+
+#: What the dashboard shows for a figure a verdict row predates (revision 0005 stores them; upgrading backfills).
+NOT_STORED = "not stored — run `auditor db upgrade`"
 
 #: Tables the dashboard needs before it can show anything.
 _REQUIRED_TABLES = ("audit_runs", "detector_results", "verdicts", "probes")
@@ -268,11 +276,14 @@ def provider_overview(
     and ``detectors`` (list of ``{"name", "p_value", "p_adjusted", "ran", ...}``). Providers
     without any verdict yet have ``verdict=None`` and the figures of their newest run.
 
-    The combined standing over the provider's recent audits (every suite, :mod:`auditor.standing`,
-    computed from the matching runs): ``standing`` (verdict or None), ``standing_reason``,
-    ``standing_suites``, ``causes`` (every cause found, worst first: ``verdict``, ``suite``,
-    ``run_id``, ``started_at``, ``rule``, ``reason``, ``primary``, ``evidence``), ``not_tested``
-    and ``standing_detail`` (the whole ``Standing.to_dict()``).
+    The combined standing over the provider's recent audits (every suite, ``auditor.standing``) as stored
+    with the newest completed audit among the matching runs (its standing as of that audit's start,
+    ``verdicts.standing``): ``standing`` (verdict or None), ``standing_reason``, ``standing_suites``,
+    ``causes`` (every cause found, worst first: ``verdict``, ``suite``, ``run_id``, ``started_at``, ``rule``,
+    ``reason``, ``primary``, ``evidence``), ``not_tested`` and ``standing_detail`` (the whole stored
+    ``Standing.to_dict()``, with the buyer's two answers in ``questions``). Without a completed audit:
+    ``standing`` None, ``standing_detail`` {}. When that audit's standing was not stored (a row older than
+    revision 0005, not migrated): ``standing`` None and ``standing_reason`` :data:`NOT_STORED`.
 
     Rows are sorted by provider name, then model.
     """
@@ -293,6 +304,9 @@ def provider_overview(
         with_verdict = [r for r in rs if r.verdict]
         chosen[key] = with_verdict[-1] if with_verdict else rs[-1]
     detectors = _detectors_by_run(session, (r.id for r in chosen.values()))
+    audits = {key: [r for r in rs if r.kind == "audit" and r.status == "completed" and r.verdict]
+              for key, rs in groups.items()}
+    standings = _stored_standings(session, [a[-1].id for a in audits.values() if a])
     for key, rs in groups.items():
         latest = chosen[key]
         row = _run_row(latest)
@@ -310,12 +324,29 @@ def provider_overview(
                 ],
             }
         )
-        st = standing_of_runs(session, key[0], rs, model=key[1]).to_dict()
-        row.update(standing=st["standing"], standing_reason=st["reason"], standing_suites=st["suites"],
-                   causes=st["causes"], not_tested=st["not_tested"], standing_detail=st)
+        newest_audit = audits[key][-1] if audits[key] else None
+        st = standings.get(newest_audit.id) if newest_audit is not None else {}
+        if st is None:
+            row.update(standing=None, standing_reason=NOT_STORED, standing_suites=[], causes=[], not_tested=[],
+                       standing_detail={})
+        else:
+            row.update(standing=st.get("standing"), standing_reason=st.get("reason"),
+                       standing_suites=list(st.get("suites") or []), causes=list(st.get("causes") or []),
+                       not_tested=list(st.get("not_tested") or []), standing_detail=st)
         rows.append(row)
     rows.sort(key=lambda r: (r["provider_name"], r["model"] or ""))
     return rows
+
+
+def _stored_standings(session: Session, run_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
+    """The stored standing (``verdicts.standing``) of each of ``run_ids``: run id → dict, or None when not stored."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for i in range(0, len(run_ids), 500):
+        for rid, st in session.execute(
+            select(VerdictRow.run_id, VerdictRow.standing).where(VerdictRow.run_id.in_(run_ids[i : i + 500]))
+        ):
+            out[rid] = st if isinstance(st, dict) else None
+    return out
 
 
 def speed_fidelity_points(
@@ -474,9 +505,11 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     ``failure_reason`` (why a ``failed`` run failed, None otherwise or for runs stored before reasons were kept),
     ``detectors`` (every stored detector result with ``statistic``, ``p_value``, ``p_adjusted``,
     ``effect`` and CI, ``n``, ``ran``, ``reason`` and ``evidence``), ``verdict_details`` (the
-    ``verdicts.details`` JSON), ``questions`` (the buyer's two questions answered from the verdict,
-    ``auditor.questions``: ``{"key", "question", "answer", "evidence"}``; [] without a verdict), ``headline``
-    (the verdict in one plain sentence with its deciding figure; None without a verdict),
+    ``verdicts.details`` JSON), ``questions`` (the buyer's two questions as the report answers them, stored
+    with the verdict: ``{"key", "question", "answer", "evidence"}``; [] without a verdict), ``headline``
+    (the report's plain sentence with its deciding figure, stored with the verdict; None without a verdict),
+    ``not_stored`` (:data:`NOT_STORED` when the verdict row predates the stored questions and headline,
+    else None),
     ``rules_out`` (the verdict's ``details["rules_out"]``, ``auditor.rules_out``: per deviation class
     ``label``, ``question``, ``status``, ``power``, ``detector``, ``n``; [] for rejections and older runs),
     ``strongest`` (name of the detector with the smallest adjusted p-value among those that ran and
@@ -509,8 +542,10 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     row["detectors"] = detectors
     vrow = session.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))
     row["verdict_details"] = (vrow.details or {}) if vrow else {}
-    row["questions"] = [q.to_dict() for q in answer_questions(vrow.verdict, row["verdict_details"])] if vrow else []
-    row["headline"] = plain_headline(vrow.verdict, detectors, vrow.reason or "") if vrow else None
+    stored = vrow is not None and vrow.questions is not None and vrow.headline is not None
+    row["questions"] = [dict(q) for q in vrow.questions or [] if isinstance(q, dict)] if vrow and stored else []
+    row["headline"] = vrow.headline if vrow and stored else None
+    row["not_stored"] = NOT_STORED if vrow is not None and not stored else None
     ro = row["verdict_details"].get("rules_out") if isinstance(row["verdict_details"], dict) else None
     row["rules_out"] = [x for x in ro if isinstance(x, dict)] if isinstance(ro, list) else []
     if vrow and not row["verdict_reason"]:

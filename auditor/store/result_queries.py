@@ -134,6 +134,34 @@ def store_verdict(
     return row
 
 
+def store_verdict_figures(
+    s: Session,
+    run_id: str,
+    *,
+    questions: Sequence[Mapping[str, Any]] | None = None,
+    headline: str | None = None,
+    standing: Mapping[str, Any] | None = None,
+) -> VerdictRow:
+    """Store the figures the dashboard shows with the run's verdict (issue 34: computed at write time by
+    ``auditor.stored_figures``, never by the store): the buyer's two answers and the plain headline as the
+    report renders them, and the provider's standing as of this run. Arguments left None are not changed.
+
+    Raises:
+        ValueError: the run has no stored verdict yet (store it first with :func:`store_verdict`).
+    """
+    row = s.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))
+    if row is None:
+        raise ValueError(f"run {run_id!r} has no stored verdict: store the verdict before its figures")
+    if questions is not None:
+        row.questions = json_safe([dict(q) for q in questions])
+    if headline is not None:
+        row.headline = str(headline)
+    if standing is not None:
+        row.standing = json_safe(dict(standing))
+    s.flush()
+    return row
+
+
 def get_verdict(s: Session, run_id: str) -> VerdictRow | None:
     """The stored verdict of a run, or None."""
     return s.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))

@@ -62,8 +62,8 @@ def answer_cell(r: dict[str, Any], key: str) -> str:
 def standing_cell(r: dict[str, Any]) -> str:
     """The combined standing badge, the suites it covers and every distinct cause (markdown, escaped)."""
     st = r.get("standing")
-    if not st:
-        return "—"
+    if not st:  # no completed audit; or its standing predates revision 0005 (the reason says to upgrade)
+        return escape_md(r["standing_reason"]) if r.get("standing_reason") else "—"
     causes: list[str] = []
     for c in r.get("causes") or []:
         if c["verdict"] not in causes and c["verdict"] != st:

@@ -347,6 +347,8 @@ def render(db_url: str, filters: Filters) -> None:
         st.markdown(questions)
     if d.get("headline"):
         st.markdown("**In plain words:** " + escape_md(d["headline"], max_len=600))
+    if d.get("not_stored"):  # a verdict stored before its answers were (revision 0005): never computed here
+        st.warning("The buyer's two answers and the headline: " + escape_md(d["not_stored"]))
     if d["verdict_reason"]:
         st.markdown(escape_md(d["verdict_reason"], max_len=2000))
     elif status := status_md(d):

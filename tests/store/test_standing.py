@@ -19,6 +19,7 @@ from auditor.store import dashboard_queries as dq
 from auditor.store import models as orm
 from auditor.store.db import open_store
 from auditor.store.standing_queries import AuditRecord
+from auditor.stored_figures import store_figures
 
 T0 = dt.datetime(2026, 5, 4, 12, 0, tzinfo=dt.UTC)
 MODEL = "smollm2-135m-instruct"
@@ -48,6 +49,7 @@ def add_audit(s: Session, provider: str, suite: str, verdict: str, started: dt.d
         s.add(orm.DetectorResultRow(run_id=run.id, name=d["name"], p_value=d["p_value"], p_adjusted=d["p_adjusted"],
                                     n=100, ran=d["ran"], reason=d["reason"], evidence=[], details={}))
     s.flush()
+    store_figures(s, run.id)  # as the check pipeline does when it stores a verdict
     return run.id
 
 
