@@ -16,6 +16,7 @@ from auditor.report import load_report, render_json
 from auditor.report_junit import render_junit
 from auditor.report_markdown import render_markdown
 from auditor.store import open_store
+from auditor.store import dashboard_queries as dq
 from auditor.store import queries as q
 
 from .conftest import providers_toml
@@ -78,6 +79,13 @@ def test_run_check_stores_everything_and_rerenders_identically(tiny_env) -> None
     assert json.loads(render_json(again)) == json.loads(render_json(rep))
     assert render_markdown(again) == render_markdown(rep)
     ET.fromstring(render_junit(again).split("\n", 1)[1])
+    # the dashboard shows the answers, headline and standing stored with the verdict (issue 34): the report's
+    with st.session() as ses:
+        shown = dq.run_detail(ses, rep.run_id)
+        (row,) = dq.provider_overview(ses)
+    assert shown is not None and shown["not_stored"] is None
+    assert shown["questions"] == rep.to_dict()["questions"] and shown["headline"] == rep.headline
+    assert row["standing"] == rep.verdict and row["standing_suites"] == ["smoke"]
     # resume of a finished audit: no new requests, reference scores from the cache, same verdict
     rep2 = run_check("sim", suite="smoke", budget_tokens=96, db_url=tiny_env["db"], config_path=tiny_env["config"],
                      resume=rep.run_id)

@@ -27,7 +27,9 @@ def sim_env(tmp_path, tiny_lm, tiny_refs, monkeypatch):
 
 
 def test_sequential_check_probes_in_rounds_on_one_run(sim_env):
+    from auditor.report import report_from_store
     from auditor.sequential import SequentialDesign, run_sequential_check
+    from auditor.store import dashboard_queries as dq
     from auditor.store import open_store
     from auditor.store import queries as q
 
@@ -51,6 +53,11 @@ def test_sequential_check_probes_in_rounds_on_one_run(sim_env):
             assert "rules_out" in rep.verdict_details and all(
                 r["status"] != "not ruled out" for r in rep.verdict_details["rules_out"])
         n_probes = sum(q.probe_counts(s, rep.run_id).values())
+        # the dashboard's stored figures follow the sequential decision: what `auditor report RUN_ID` renders
+        shown = dq.run_detail(s, rep.run_id)
+        again = report_from_store(s, rep.run_id)
+    assert shown is not None and shown["verdict"] == rep.verdict
+    assert shown["questions"] == [a.to_dict() for a in again.questions] and shown["headline"] == again.headline
     if len(looks) == 2:  # the second round added requests to the same run
         assert looks[1].tokens > looks[0].tokens
     assert n_probes >= 1
