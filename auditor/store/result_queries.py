@@ -116,7 +116,11 @@ def store_detector_results(
 def store_verdict(
     s: Session, run_id: str, verdict: str, reason: str | None = None, details: Mapping[str, Any] | None = None
 ) -> VerdictRow:
-    """Insert or replace the run's verdict and mirror it on ``audit_runs.verdict/verdict_reason``."""
+    """Insert or replace the run's verdict and mirror it on ``audit_runs.verdict/verdict_reason``.
+
+    Replacing a verdict clears the figures stored with the old one (``questions``, ``headline``, ``standing``):
+    the dashboard then says "not stored" until :func:`store_verdict_figures` stores the new ones, never the
+    old verdict's answers beside the new verdict."""
     row = s.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))
     det = json_safe(dict(details or {}))
     if row is None:
@@ -124,6 +128,7 @@ def store_verdict(
         s.add(row)
     else:
         row.verdict, row.reason, row.details, row.created_at = verdict, reason, det, utcnow()
+        row.questions = row.headline = row.standing = None
     s.execute(
         update(AuditRun)
         .where(AuditRun.id == run_id)

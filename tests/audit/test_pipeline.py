@@ -15,8 +15,8 @@ from auditor.cli import app
 from auditor.report import load_report, render_json
 from auditor.report_junit import render_junit
 from auditor.report_markdown import render_markdown
-from auditor.store import open_store
 from auditor.store import dashboard_queries as dq
+from auditor.store import open_store
 from auditor.store import queries as q
 
 from .conftest import providers_toml

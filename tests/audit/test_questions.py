@@ -369,6 +369,7 @@ def test_dashboard_run_detail_and_provider_row_show_the_questions(tmp_path) -> N
     from auditor.store import dashboard_queries as dq
     from auditor.store import models as orm
     from auditor.store.db import open_store
+    from auditor.stored_figures import store_figures
     from dashboard.views.overview import why_markdown
     from dashboard.views.run_detail import questions_table
 
@@ -381,6 +382,8 @@ def test_dashboard_run_detail_and_provider_row_show_the_questions(tmp_path) -> N
             s.add(run)
             s.flush()
             s.add(orm.VerdictRow(run_id=run.id, verdict="PASS", reason="ok", details=details(sampling=False)))
+            s.flush()
+            store_figures(s, run.id)  # as the pipeline does with each verdict: the dashboard reads them (issue 34)
             run_id = run.id
         with store.session() as s:
             d = dq.run_detail(s, run_id)

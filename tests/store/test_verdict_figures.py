@@ -204,3 +204,22 @@ def test_store_figures_needs_a_stored_verdict(tmp_path, missing) -> None:
         with pytest.raises(ReportError):
             store_figures(s, rid)
     store.close()
+
+
+def test_a_replaced_verdict_clears_its_figures_until_they_are_stored_again(tmp_path) -> None:
+    from auditor.store.result_queries import store_verdict
+    from auditor.stored_figures import store_figures
+
+    store = open_store(f"sqlite:///{tmp_path / 'a.db'}")
+    with store.session() as s:
+        ids = llama_like(s)
+        assert dq.run_detail(s, ids["default"])["questions"][0]["answer"] == "no"  # type: ignore[index]
+        store_verdict(s, ids["default"], "PASS", "re-decided", {"rule": "5-pass", "alpha": 0.05})
+        cleared = dq.run_detail(s, ids["default"])
+        store_figures(s, ids["default"])
+        again = dq.run_detail(s, ids["default"])
+        rep = report_from_store(s, ids["default"])
+    store.close()
+    assert cleared is not None and cleared["not_stored"] == dq.NOT_STORED and cleared["questions"] == []
+    assert again is not None and again["not_stored"] is None and again["headline"] == rep.headline
+    assert again["questions"] == [q.to_dict() for q in rep.questions] and again["questions"][0]["answer"] != "no"
