@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, inspect, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from auditor.store.models import (
     Alert,
@@ -208,6 +208,14 @@ def _detectors_by_run(session: Session, run_ids: Iterable[str]) -> dict[str, lis
 # ---------------------------------------------------------------------------------------------
 
 
+def _figures_stored(session: Session) -> bool:
+    """Whether ``verdicts`` has the figure columns (revision 0005): False on a database the code was upgraded
+    past but ``auditor db upgrade`` was not run on (the dashboard never migrates); then every figure is
+    :data:`NOT_STORED` and no query selects the missing columns."""
+    cols = {c["name"] for c in inspect(session.get_bind()).get_columns("verdicts")}
+    return {"questions", "headline", "standing"} <= cols
+
+
 def has_schema(session: Session) -> bool:
     """True when the audit tables exist (False for a fresh, never-migrated database)."""
     insp = inspect(session.get_bind())
@@ -340,7 +348,9 @@ def provider_overview(
 
 def _stored_standings(session: Session, run_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
     """The stored standing (``verdicts.standing``) of each of ``run_ids``: run id → dict, or None when not stored."""
-    out: dict[str, dict[str, Any] | None] = {}
+    out: dict[str, dict[str, Any] | None] = dict.fromkeys(run_ids)
+    if not run_ids or not _figures_stored(session):
+        return out
     for i in range(0, len(run_ids), 500):
         for rid, st in session.execute(
             select(VerdictRow.run_id, VerdictRow.standing).where(VerdictRow.run_id.in_(run_ids[i : i + 500]))
@@ -540,9 +550,12 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     )
     detectors = _detectors_by_run(session, [run_id])[run_id]
     row["detectors"] = detectors
-    vrow = session.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id))
+    figures = _figures_stored(session)
+    unstored = () if figures else (defer(VerdictRow.questions, raiseload=True), defer(VerdictRow.headline, raiseload=True),
+                                   defer(VerdictRow.standing, raiseload=True))
+    vrow = session.scalar(select(VerdictRow).where(VerdictRow.run_id == run_id).options(*unstored))
     row["verdict_details"] = (vrow.details or {}) if vrow else {}
-    stored = vrow is not None and vrow.questions is not None and vrow.headline is not None
+    stored = figures and vrow is not None and vrow.questions is not None and vrow.headline is not None
     row["questions"] = [dict(q) for q in vrow.questions or [] if isinstance(q, dict)] if vrow and stored else []
     row["headline"] = vrow.headline if vrow and stored else None
     row["not_stored"] = NOT_STORED if vrow is not None and not stored else None

@@ -154,6 +154,11 @@ def _migration_backfills(url: str) -> None:
                               [("logprob-divergence", 3e-9, 0.4), ("greedy-match", 0.2, 0.01)])
             _insert_old_audit(c, t, "oldpass00002", "verification", "PASS", T0 + dt.timedelta(hours=2),
                               {"rule": "5-pass", "alpha": 0.05, "findings": []}, [("sampling-argmax", 0.6, 0.0)])
+        with Session(engine) as s:  # the dashboard on a database not upgraded yet: "not stored", no error
+            old = dq.run_detail(s, "oldquant0001")
+            (stale,) = dq.provider_overview(s)
+        assert old is not None and old["not_stored"] == dq.NOT_STORED and old["questions"] == []
+        assert stale["standing"] is None and stale["standing_reason"] == dq.NOT_STORED
         sdb.upgrade(engine, "head")
         assert sdb.current_revision(engine) == sdb.head_revision()
         with Session(engine) as s:
