@@ -185,7 +185,7 @@ def test_sequential_check_writes_one_verdict_from_suite_objects(sim_env, monkeyp
         event.listen(Session, name, fn)
     try:
         looks = []
-        rep, seq = run_sequential_check("sim", design=SequentialDesign((40, 80), spending="pocock"), suite="smoke",
+        rep, _seq = run_sequential_check("sim", design=SequentialDesign((40, 80), spending="pocock"), suite="smoke",
                                         db_url=sim_env["db"], config_path=sim_env["config"], on_look=looks.append)
     finally:
         for name, fn in hooks:
