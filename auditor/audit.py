@@ -88,6 +88,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from auditor.reference_setup import ReferenceSetup
     from auditor.store import Store
     from probes.config import ProviderConfig
+    from probes.suites import Suite
     from reference.models import LoadedModel
 
 __all__ = [
@@ -119,7 +120,8 @@ class CheckOptions:
     """How to run one audit (everything but the provider's name). Defaults are ``auditor check``'s.
 
     Attributes:
-        suite: packaged suite name or suite JSON file (None = ``default``).
+        suite: packaged suite name, suite JSON file, or a ``probes.suites.Suite`` object (a suite planned
+            already: ``--budget-tokens auto`` hands each look's plan over this way; None = ``default``).
         budget_tokens: cap on planned completion tokens (None = the whole suite).
         alpha: family-wise significance level, in (0, 1).
         seed: detector randomization seed (recorded in the run summary).
@@ -144,9 +146,13 @@ class CheckOptions:
             what it collected: probes in flight are cancelled and stay pending, the pre-flight and
             reference-path requests are not sent, the verdict is computed on the finished probes
             and the report says why (summary ``deadline``; issue 37, item 9).
+        on_analysis: when set, stage 12 writes nothing: the :class:`AnalysisRecord` it would write is handed
+            to this callback and the returned report is built inside a transaction that is rolled back (a
+            look of ``--budget-tokens auto``, whose driver writes the deciding look's record once,
+            :func:`auditor.sequential.run_sequential_check`).
     """
 
-    suite: str | None = None
+    suite: str | Suite | None = None
     budget_tokens: int | None = None
     alpha: float = 0.05
     seed: int = 0
@@ -163,6 +169,7 @@ class CheckOptions:
     progress: Progress = None
     console: Console | None = field(default=None, compare=False)
     deadline_s: float | None = None
+    on_analysis: Callable[[AnalysisRecord], None] | None = field(default=None, compare=False)
 
     def validate(self) -> None:
         """Raises:
@@ -430,10 +437,24 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
         "wall_s": round(time.perf_counter() - t0, 3),
     }
     # 12. store → report
-    summary = {**summary, "seed": opts.seed, "excluded_responses": excluded}
-    _store_analysis(store, run_id, config, opts, ref, aligned, verdict, details, summary)
-    with store.session() as s:
-        rep = report_from_store(s, run_id)
+    record = AnalysisRecord(run_id=run_id, aligned=list(aligned), results=list(verdict.results),
+                            verdict=verdict.verdict, reason=verdict.reason, details=details,
+                            summary={**summary, "seed": opts.seed, "excluded_responses": excluded}, alpha=opts.alpha,
+                            reference_model=config.reference, reference_revision=ref.revision,
+                            reference_dtype=ref.dtype_label)
+    if opts.on_analysis is None:
+        with store.session() as s:
+            record.write(s)
+        with store.session() as s:
+            rep = report_from_store(s, run_id)
+    else:  # a look of a sequential audit: its driver writes the deciding look's record, once
+        opts.on_analysis(record)
+        with store.new_session() as s:
+            try:
+                record.write(s)
+                rep = report_from_store(s, run_id)
+            finally:
+                s.rollback()
     rep.wall_s = details["report"]["wall_s"]
     return rep
 
@@ -482,28 +503,61 @@ def _deciding_floor(results: Sequence[Any], floors: FloorSet, ref0: str) -> Any:
     return fl or floors.floors.get(ref0)
 
 
-def _store_analysis(
-    store: Store, run_id: str, config: ProviderConfig, opts: CheckOptions, ref: ReferenceSetup,
-    aligned: Sequence[tuple[int, Sequence[int | None]]], verdict: Any, details: dict[str, Any],
-    summary: dict[str, Any],
-) -> None:
-    """The analysis' final transaction: aligned ids (``(probe_id, ids)`` rows), detector results,
-    verdict, run summary, status, and the figures the dashboard shows (:mod:`auditor.stored_figures`)."""
-    from auditor.store import queries as q
-    from auditor.stored_figures import store_figures
+@dataclass(frozen=True)
+class AnalysisRecord:
+    """What stage 12 writes for one analysed run, in one transaction (:meth:`write`).
 
-    with store.session() as s:
-        q.set_aligned_ref_token_ids(s, aligned)
-        q.store_detector_results(s, run_id, verdict.results)
-        q.store_verdict(s, run_id, verdict.verdict, verdict.reason, details)
-        run = q.get_run(s, run_id)
+    Attributes:
+        run_id: the run.
+        aligned: ``(probe_id, reference token ids)`` rows, the ids aligned to each probe's tokens.
+        results: the verdict's detector results (``auditor.detectors.DetectorResult``, Holm-adjusted).
+        verdict, reason: the verdict and its one-line reason.
+        details: the verdict's details, with the report's extras under ``"report"`` (detector details,
+            reference variants, noise floor, extra token counts, ``wall_s``).
+        summary: the run-summary keys the analysis sets (merged into the stored summary).
+        alpha: the family-wise level the verdict was taken at.
+        reference_model, reference_revision, reference_dtype: the reference it was compared with.
+    """
+
+    run_id: str
+    aligned: list[tuple[int, Sequence[int | None]]]
+    results: list[Any]
+    verdict: str
+    reason: str
+    details: dict[str, Any]
+    summary: dict[str, Any]
+    alpha: float
+    reference_model: str | None
+    reference_revision: str | None
+    reference_dtype: str | None
+
+    def write(self, s: Any, *, decided: tuple[str, str, Mapping[str, Any]] | None = None) -> None:
+        """Write aligned ids, detector results, verdict, run summary and status ``completed`` in session ``s``.
+
+        Args:
+            s: an open SQLAlchemy session (the caller commits or rolls back).
+            decided: ``(verdict, reason, details)`` to store instead of the record's own (a sequential
+                audit's decision differs from its deciding look's verdict, auditor/sequential.py); the
+                report's extras (``details["report"]``) are kept.
+        """
+        from auditor.store import queries as q
+        from auditor.stored_figures import store_figures
+
+        verdict, reason, details = self.verdict, self.reason, self.details
+        if decided is not None:
+            verdict, reason = decided[0], decided[1]
+            details = {**decided[2], "report": self.details.get("report")}
+        q.set_aligned_ref_token_ids(s, self.aligned)
+        q.store_detector_results(s, self.run_id, self.results)
+        q.store_verdict(s, self.run_id, verdict, reason, details)
+        run = q.get_run(s, self.run_id)
         prev = dict((run.summary if run is not None else None) or {})
         prev.pop("runner", None)
-        prev.update(summary)
-        q.update_run(s, run_id, alpha=opts.alpha, summary=prev, reference_model=config.reference,
-                     reference_revision=ref.revision, reference_dtype=ref.dtype_label)
-        q.set_run_status(s, run_id, "completed")
-        store_figures(s, run_id)  # the dashboard's answers, headline and standing (auditor.stored_figures)
+        prev.update(self.summary)
+        q.update_run(s, self.run_id, alpha=self.alpha, summary=prev, reference_model=self.reference_model,
+                     reference_revision=self.reference_revision, reference_dtype=self.reference_dtype)
+        q.set_run_status(s, self.run_id, "completed")
+        store_figures(s, self.run_id)  # the dashboard's answers, headline and standing (auditor.stored_figures)
 
 
 def _deadline_reached(store: Store, run_id: str) -> bool:

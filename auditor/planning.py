@@ -43,14 +43,17 @@ def provider_config(provider_name: str, config_path: str | None = None,
     return cfg
 
 
-def load_suite_spec(spec: str | None) -> Suite:
-    """A packaged suite by name (default ``default``) or a suite JSON file.
+def load_suite_spec(spec: str | Suite | None) -> Suite:
+    """A packaged suite by name (default ``default``) or a suite JSON file; a ``Suite`` object (a plan made
+    already, e.g. a look of ``--budget-tokens auto``) is returned as it is.
 
     Raises:
         AuditError: unknown suite or invalid file (``parameter`` = ``suite``; the message names
             it and the fix).
     """
 
+    if isinstance(spec, Suite):
+        return spec
     spec = spec or "default"
     p = Path(spec).expanduser()
     try:

@@ -467,6 +467,248 @@ def _prepare_run(
         return run.id, resumed
 
 
+class _AttemptWriter:
+    """Stores attempts and finishes probes for one run session; its methods run on the writer thread.
+
+    Each attempt is one transaction (:meth:`persist`): the attempt row (raw body scrubbed of the key,
+    capped per request and per run: ``response_limits``, issue 37 item 11) and, for a probe's final
+    attempt, the normalized response, the probe's status and the run's usage (:meth:`finalize`).
+    """
+
+    def __init__(self, store: Store, rid: str, config: Any, payloads: dict[str, dict], pending: list[tuple[int, str, int]],
+                 secrets: list[str]) -> None:
+        from auditor.usage_estimate import UsageEstimates
+        from probes.wire import stored_body_cap
+
+        self.store, self.rid, self.payloads, self.secrets = store, rid, payloads, secrets
+        self.api, self.pricing, self.max_top = config.api, config.pricing, config.capabilities.max_top_logprobs
+        self.base_attempts = {key: n for _pid, key, n in pending}
+        self.probe_ids = {key: pid for pid, key, _n in pending}
+        # raw bodies kept in the store: per attempt what its request can bring back, per run a budget,
+        # counted across resumes
+        self.body_caps = {key: stored_body_cap(p, config) for key, p in payloads.items()}
+        with store.session() as s:
+            self.stored_chars = q.stored_body_chars(s, rid)
+        self.run_body_budget = config.response_limits.max_stored_bytes_per_run
+        self.usage_est = UsageEstimates(config.reference)  # responses without usage: counted, marked estimated
+
+    def finalize(self, s: Any, key: str, rec: Any) -> str:
+        """Mark the probe done/failed from its final attempt ``rec`` (same transaction)."""
+        from probes.normalize import normalize_response
+
+        pid = self.probe_ids[key]
+        if rec.error is not None:
+            q.mark_probe_done(s, pid, status="failed", anomalies=[rec.error_kind or "error"])
+            return "failed"
+        req = self.payloads[key]
+        try:
+            norm = normalize_response(self.api, req, response_text=rec.response_text, stream=bool(req.get("stream")),
+                                      max_top_logprobs=self.max_top)
+            tokens, text, finish, anomalies, usage = (
+                norm.tokens, norm.text, norm.finish_reason, list(norm.anomalies), norm.usage)
+            reasoning, coverage = norm.reasoning, norm.reasoning_coverage
+        except Exception as exc:
+            log.warning("normalizing %s failed: %s", key, exc)
+            tokens, text, finish, usage, reasoning, coverage = [], None, None, None, None, None
+            anomalies = [f"normalize_error: {type(exc).__name__}: {q.scrub(str(exc), self.secrets)}"]
+        q.mark_probe_done(
+            s, pid, status="done", text=text, finish_reason=finish, anomalies=anomalies, usage=usage, tokens=tokens,
+            reasoning=reasoning, reasoning_coverage=coverage,
+        )
+        usage = usage or {}
+        pt = int(usage.get("prompt_tokens") or 0)
+        ct = int(usage.get("completion_tokens") or len(tokens))
+        if not all(isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens")):
+            pt, ct = self.usage_est.get().estimate(req, n_tokens=len(tokens), chunk_tokens=rec.tokens_per_chunk, text=text)
+            self.usage_est.missing += 1
+        q.add_run_usage(s, self.rid, pt, ct, self.pricing.cost_usd(pt, ct))
+        return "done"
+
+    def persist(self, key: str, rec: Any, final: bool) -> str | None:
+        """Store one attempt (and finish the probe when ``final``) in one transaction; the probe's outcome
+        (``done``/``failed``) when finished, else None."""
+        from probes.wire import STORED_EVIDENCE_CHARS, stored_body
+
+        cap = self.body_caps[key] if self.stored_chars < self.run_body_budget else STORED_EVIDENCE_CHARS
+        body = stored_body(q.scrub(rec.response_text, self.secrets), cap)
+        self.stored_chars += len(body or "")
+        with self.store.session() as s:
+            q.add_probe_attempt(
+                s,
+                probe_id=self.probe_ids[key],
+                run_id=self.rid,
+                attempt_no=self.base_attempts[key] + rec.attempt_no,
+                started_at=rec.started_at,
+                latency_s=rec.latency_s,
+                http_status=rec.http_status,
+                error=q.scrub(_error_text(rec), self.secrets),
+                response_text=body,
+                ttft_s=rec.ttft_s,
+                chunk_gaps_s=list(rec.chunk_gaps_s) if rec.ttft_s is not None or rec.chunk_gaps_s else None,
+                tokens_per_chunk=list(rec.tokens_per_chunk) if rec.tokens_per_chunk else None,
+            )
+            return self.finalize(s, key, rec) if final else None
+
+    def finalize_only(self, key: str, rec: Any) -> str:
+        """Finish a probe whose client stopped before its final attempt was reported."""
+        with self.store.session() as s:
+            return self.finalize(s, key, rec)
+
+
+class _ProgressDisplay:
+    """The session's progress: a rich bar on the console (``progress=True``), a callback with the
+    :class:`RunProgress` (``progress`` callable), or nothing."""
+
+    def __init__(self, progress: bool | Callable[[RunProgress], None] | None, state: RunProgress, title: str,
+                 console: Any | None) -> None:
+        self.state = state
+        self.callback = progress if callable(progress) else None
+        self.bar: Any = None
+        if progress is True:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("ok {task.fields[ok]} · failed {task.fields[failed]} · retries {task.fields[retries]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=console or Console(stderr=True),
+                transient=False,
+            )
+            self.bar.start()
+            self.task_id = self.bar.add_task(title, total=state.total, completed=state.done, ok=state.ok,
+                                             failed=state.failed, retries=0)
+
+    def count(self, outcome: str | None) -> None:
+        """Count a finished probe (``done``/``failed``; None: not finished)."""
+        if outcome is None:
+            return
+        self.state.done += 1
+        if outcome == "done":
+            self.state.ok += 1
+        else:
+            self.state.failed += 1
+
+    def report(self) -> None:
+        st = self.state
+        if self.bar is not None:
+            self.bar.update(self.task_id, completed=st.done, ok=st.ok, failed=st.failed, retries=st.retries)
+        if self.callback is not None:
+            self.callback(st)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+async def _send_pending(client: Any, keys: list[str], payloads: dict[str, dict], writer: ThreadPoolExecutor,
+                        attempts: _AttemptWriter, display: _ProgressDisplay, n_max: int, n_workers: int,
+                        deadline_s: float | None) -> bool:
+    """Send the pending probes ``keys`` on ``n_workers`` workers, storing every attempt in order on
+    ``writer``; stop at the first connection refused (``client.unreachable``). Returns True when the
+    deadline cut the session (the requests in flight were cancelled; their probes stay pending).
+
+    Raises:
+        _WorkerInterrupt: a ``KeyboardInterrupt``/``SystemExit`` inside a worker (the progress callback),
+            after every worker was cancelled and awaited; other exceptions likewise.
+    """
+    finalized: set[str] = set()
+    state = display.state
+    loop = asyncio.get_running_loop()
+
+    async def on_attempt(key: str, rec: Any) -> None:
+        final = rec.error is None or not rec.retryable or rec.attempt_no >= n_max
+        outcome = await loop.run_in_executor(writer, attempts.persist, key, rec, final)
+        state.attempts += 1
+        if rec.attempt_no > 1:
+            state.retries += 1
+        if outcome is not None:
+            finalized.add(key)
+        display.count(outcome)
+
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for key in keys:
+        queue.put_nowait(key)
+
+    async def work() -> None:
+        while client.unreachable is None:  # a first connection refused: the rest would fail the same way
+            try:
+                key = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            result = await client.send(payloads[key], key=key, on_attempt=on_attempt)
+            if key not in finalized and result.attempts:  # safety net: the client stopped early
+                outcome = await loop.run_in_executor(writer, attempts.finalize_only, key, result.attempts[-1])
+                if outcome is not None:
+                    finalized.add(key)
+                display.count(outcome)
+            display.report()
+
+    async def worker() -> None:
+        try:
+            await work()
+        except (KeyboardInterrupt, SystemExit) as exc:  # see _WorkerInterrupt
+            raise _WorkerInterrupt(exc) from None
+
+    workers = [asyncio.create_task(worker()) for _ in range(n_workers)]
+    deadline = asyncio.timeout(deadline_s)  # None: no deadline
+    try:
+        async with deadline:
+            await asyncio.gather(*workers)
+    except BaseException as exc:
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        if not (isinstance(exc, TimeoutError) and deadline.expired()):
+            raise
+        return True
+    return False
+
+
+def _close_session(store: Store, rid: str, status: str, *, unreachable: str | None, deadline_s: float | None,
+                   deadline_budget_s: float | None, deadline_hit: bool, t_start: float, usage_est: Any,
+                   conc: Any) -> None:
+    """The session's last write: the run's status from its probe counts (``completed`` with probes
+    pending is ``interrupted``; with none done, ``failed``), the failure reason of an unreachable
+    endpoint, and the summary (deadline, session time, estimated usage, concurrency changes). A
+    failure here is suppressed: the attempts are stored already."""
+    with contextlib.suppress(Exception), store.session() as s:
+        counts = q.probe_counts(s, rid)
+        if status == "completed" and counts.get("pending", 0):
+            status = "interrupted"
+        elif status == "completed" and counts.get("failed", 0) and not counts.get("done", 0):
+            status = "failed"  # nothing succeeded: wrong URL, key or model; fix and --retry-failed
+        run = q.get_run(s, rid)
+        assert run is not None  # _prepare_run made it (a failure is suppressed like any other here)
+        if unreachable is not None:  # stopped at the first connection refused: the pending probes can resume
+            run.failure_reason = unreachable
+        summary = dict(run.summary or {})
+        summary.pop("runner", None)
+        if deadline_s is not None:
+            summary["deadline"] = {
+                "deadline_s": float(deadline_budget_s if deadline_budget_s is not None else deadline_s),
+                "reached": deadline_hit,
+                "elapsed_s": round(time.perf_counter() - t_start, 3),
+                "done": counts.get("done", 0), "failed": counts.get("failed", 0),
+                "pending": counts.get("pending", 0)}
+        summary["last_session_s"] = time.perf_counter() - t_start
+        usage_est.record(summary)
+        if conc is not None and conc.changes:
+            summary["concurrency"] = conc.stats()
+        run.summary = json_safe(summary)
+        q.set_run_status(s, rid, status)
+
+
 async def run_probes_async(
     store: Store,
     config: Any,
@@ -495,15 +737,12 @@ async def run_probes_async(
     after every worker has been cancelled and awaited, raised as ``_WorkerInterrupt`` (which
     :func:`run_probes` unwraps).
     """
-    from auditor.usage_estimate import UsageEstimates
     from probes.client import ProbeClient
-    from probes.normalize import normalize_response
-    from probes.wire import STORED_EVIDENCE_CHARS, build_payload, stored_body, stored_body_cap
+    from probes.wire import build_payload
 
     t_start = time.perf_counter()
     if api_key is None:
         api_key = config.resolve_api_key()  # ConfigError early, before any row is written
-    secrets = [api_key] if api_key else []
     plan = plan_suite(suite)
     payloads = {
         it.probe_key: build_payload(config.api, it.probe, config, sample=it.sample, stream=stream) for it in plan
@@ -516,153 +755,19 @@ async def run_probes_async(
         pending = [(p.id, p.probe_key, p.n_attempts) for p in q.pending_probes(s, rid)]
         counts = q.probe_counts(s, rid)
     total = sum(counts.values())
-    state = RunProgress(
-        rid,
-        total,
-        counts.get("done", 0) + counts.get("failed", 0),
-        counts.get("done", 0),
-        counts.get("failed", 0),
-        0,
-        0,
-    )
+    state = RunProgress(rid, total, counts.get("done", 0) + counts.get("failed", 0), counts.get("done", 0),
+                        counts.get("failed", 0), 0, 0)
     if concurrency is not None:
         config = config.model_copy(
             update={"rate_limits": config.rate_limits.model_copy(update={"concurrency": int(concurrency)})}
         )
     n_max = int(max_attempts or config.retry.max_attempts)
-    base_attempts = {key: n for _pid, key, n in pending}
-    probe_ids = {key: pid for pid, key, _n in pending}
-    finalized: set[str] = set()
-    api = config.api
-    pricing = config.pricing
-    max_top = config.capabilities.max_top_logprobs
-    # raw bodies kept in the store: per attempt what its request can bring back, per run a budget
-    # (response_limits; issue 37, item 11), counted across resumes
-    body_caps = {key: stored_body_cap(p, config) for key, p in payloads.items()}
-    with store.session() as s:
-        stored_chars = [q.stored_body_chars(s, rid)]
-    run_body_budget = config.response_limits.max_stored_bytes_per_run
-    usage_est = UsageEstimates(config.reference)  # responses without usage: counted, marked estimated
-
-    def finalize(s: Any, key: str, rec: Any) -> str:
-        """Mark the probe done/failed from its final attempt ``rec`` (same transaction)."""
-        pid = probe_ids[key]
-        if rec.error is None:
-            req = payloads[key]
-            try:
-                norm = normalize_response(
-                    api, req, response_text=rec.response_text, stream=bool(req.get("stream")), max_top_logprobs=max_top
-                )
-                tokens, text, finish, anomalies, usage = (
-                    norm.tokens,
-                    norm.text,
-                    norm.finish_reason,
-                    list(norm.anomalies),
-                    norm.usage,
-                )
-                reasoning, coverage = norm.reasoning, norm.reasoning_coverage
-            except Exception as exc:
-                log.warning("normalizing %s failed: %s", key, exc)
-                tokens, text, finish, usage, reasoning, coverage = [], None, None, None, None, None
-                anomalies = [f"normalize_error: {type(exc).__name__}: {q.scrub(str(exc), secrets)}"]
-            q.mark_probe_done(
-                s, pid, status="done", text=text, finish_reason=finish, anomalies=anomalies, usage=usage, tokens=tokens,
-                reasoning=reasoning, reasoning_coverage=coverage,
-            )
-            usage = usage or {}
-            pt = int(usage.get("prompt_tokens") or 0)
-            ct = int(usage.get("completion_tokens") or len(tokens))
-            if not all(isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens")):
-                pt, ct = usage_est.get().estimate(req, n_tokens=len(tokens), chunk_tokens=rec.tokens_per_chunk, text=text)
-                usage_est.missing += 1
-            q.add_run_usage(s, rid, pt, ct, pricing.cost_usd(pt, ct))
-            return "done"
-        q.mark_probe_done(s, pid, status="failed", anomalies=[rec.error_kind or "error"])
-        return "failed"
-
-    def persist(key: str, rec: Any, final: bool) -> str | None:
-        """Writer thread: store one attempt (and finish the probe when ``final``) in one transaction."""
-        cap = body_caps[key] if stored_chars[0] < run_body_budget else STORED_EVIDENCE_CHARS
-        body = stored_body(q.scrub(rec.response_text, secrets), cap)
-        stored_chars[0] += len(body or "")
-        with store.session() as s:
-            q.add_probe_attempt(
-                s,
-                probe_id=probe_ids[key],
-                run_id=rid,
-                attempt_no=base_attempts[key] + rec.attempt_no,
-                started_at=rec.started_at,
-                latency_s=rec.latency_s,
-                http_status=rec.http_status,
-                error=q.scrub(_error_text(rec), secrets),
-                response_text=body,
-                ttft_s=rec.ttft_s,
-                chunk_gaps_s=list(rec.chunk_gaps_s) if rec.ttft_s is not None or rec.chunk_gaps_s else None,
-                tokens_per_chunk=list(rec.tokens_per_chunk) if rec.tokens_per_chunk else None,
-            )
-            return finalize(s, key, rec) if final else None
-
-    def finalize_only(key: str, rec: Any) -> str:
-        with store.session() as s:
-            return finalize(s, key, rec)
-
-    def count_outcome(key: str, outcome: str | None) -> None:
-        if outcome is None:
-            return
-        finalized.add(key)
-        state.done += 1
-        if outcome == "done":
-            state.ok += 1
-        else:
-            state.failed += 1
-
+    attempts = _AttemptWriter(store, rid, config, payloads, pending, [api_key] if api_key else [])
     # All database writes happen on one writer thread, so the event loop keeps reading other
     # responses (TTFT and chunk timing stay accurate) and SQLite sees a single writer. The client
     # awaits on_attempt before its next try or backoff, so attempts are stored in order.
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="auditor-db-writer")
-
-    async def on_attempt(key: str, rec: Any) -> None:
-        final = rec.error is None or not rec.retryable or rec.attempt_no >= n_max
-        outcome = await asyncio.get_running_loop().run_in_executor(writer, persist, key, rec, final)
-        state.attempts += 1
-        if rec.attempt_no > 1:
-            state.retries += 1
-        count_outcome(key, outcome)
-
-    bar: Any = None
-    task_id: Any = None
-    callback = progress if callable(progress) else None
-    if progress is True:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("ok {task.fields[ok]} · failed {task.fields[failed]} · retries {task.fields[retries]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console or Console(stderr=True),
-            transient=False,
-        )
-        bar.start()
-        task_id = bar.add_task(
-            f"{config.name} {rid}", total=total, completed=state.done, ok=state.ok, failed=state.failed, retries=0
-        )
-
-    def report() -> None:
-        if bar is not None:
-            bar.update(task_id, completed=state.done, ok=state.ok, failed=state.failed, retries=state.retries)
-        if callback is not None:
-            callback(state)
+    display = _ProgressDisplay(progress, state, f"{config.name} {rid}", console)
 
     status = "failed"
     unreachable: str | None = None
@@ -680,43 +785,9 @@ async def run_probes_async(
     try:
         async with ProbeClient(config, transport=transport, api_key=api_key, max_attempts=n_max, sleep=sleep) as client:
             conc = client.concurrency
-            queue: asyncio.Queue[str] = asyncio.Queue()
-            for _pid, key, _n in pending:
-                queue.put_nowait(key)
-
-            async def work() -> None:
-                while client.unreachable is None:  # a first connection refused: the rest would fail the same way
-                    try:
-                        key = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        return
-                    result = await client.send(payloads[key], key=key, on_attempt=on_attempt)
-                    if key not in finalized and result.attempts:  # safety net: the client stopped early
-                        outcome = await asyncio.get_running_loop().run_in_executor(
-                            writer, finalize_only, key, result.attempts[-1]
-                        )
-                        count_outcome(key, outcome)
-                    report()
-
-            async def worker() -> None:
-                try:
-                    await work()
-                except (KeyboardInterrupt, SystemExit) as exc:  # see _WorkerInterrupt
-                    raise _WorkerInterrupt(exc) from None
-
             n_workers = max(1, min(config.rate_limits.concurrency, len(pending) or 1))
-            workers = [asyncio.create_task(worker()) for _ in range(n_workers)]
-            deadline = asyncio.timeout(deadline_s)  # None: no deadline
-            try:
-                async with deadline:
-                    await asyncio.gather(*workers)
-            except BaseException as exc:
-                for w in workers:
-                    w.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
-                if not (isinstance(exc, TimeoutError) and deadline.expired()):
-                    raise
-                deadline_hit = True  # the requests in flight were cancelled; their probes stay pending
+            deadline_hit = await _send_pending(client, [key for _pid, key, _n in pending], payloads, writer, attempts,
+                                               display, n_max, n_workers, deadline_s)
             unreachable = client.unreachable
         status = "completed" if unreachable is None else "failed"
     except (asyncio.CancelledError, KeyboardInterrupt, _WorkerInterrupt):
@@ -728,33 +799,10 @@ async def run_probes_async(
             loop.remove_signal_handler(signal.SIGTERM)  # leaves SIG_DFL: put the caller's handler back
             with contextlib.suppress(TypeError, ValueError):  # (auditor schedule run's checkpoint, issue 37 item 10)
                 signal.signal(signal.SIGTERM, prev_sigterm if prev_sigterm is not None else signal.SIG_DFL)
-        if bar is not None:
-            bar.stop()
-        with contextlib.suppress(Exception), store.session() as s:
-            counts = q.probe_counts(s, rid)
-            if status == "completed" and counts.get("pending", 0):
-                status = "interrupted"
-            elif status == "completed" and counts.get("failed", 0) and not counts.get("done", 0):
-                status = "failed"  # nothing succeeded: wrong URL, key or model; fix and --retry-failed
-            run = q.get_run(s, rid)
-            assert run is not None  # _prepare_run made it (a failure is suppressed like any other here)
-            if unreachable is not None:  # stopped at the first connection refused: the pending probes can resume
-                run.failure_reason = unreachable
-            summary = dict(run.summary or {})
-            summary.pop("runner", None)
-            if deadline_s is not None:
-                summary["deadline"] = {
-                    "deadline_s": float(deadline_budget_s if deadline_budget_s is not None else deadline_s),
-                    "reached": deadline_hit,
-                    "elapsed_s": round(time.perf_counter() - t_start, 3),
-                    "done": counts.get("done", 0), "failed": counts.get("failed", 0),
-                    "pending": counts.get("pending", 0)}
-            summary["last_session_s"] = time.perf_counter() - t_start
-            usage_est.record(summary)
-            if conc is not None and conc.changes:
-                summary["concurrency"] = conc.stats()
-            run.summary = json_safe(summary)
-            q.set_run_status(s, rid, status)
+        display.stop()
+        _close_session(store, rid, status, unreachable=unreachable, deadline_s=deadline_s,
+                       deadline_budget_s=deadline_budget_s, deadline_hit=deadline_hit, t_start=t_start,
+                       usage_est=attempts.usage_est, conc=conc)
     return rid
 
 

@@ -62,7 +62,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from scipy import stats
 
@@ -70,6 +70,7 @@ from auditor.rules_out import RULE_OUT_POWER, RuleOut, as_rule_outs, not_ruled_o
 from auditor.verdict import UNDETERMINED_CAUSES, VerdictKind
 
 if TYPE_CHECKING:
+    from auditor.audit import AnalysisRecord
     from auditor.report_base import AuditReport
     from probes.suites import Suite
 
@@ -542,8 +543,12 @@ def run_sequential_check(
     Each look k plans the suite cut to the look's token count (``auditor.audit.plan_budget``, kept
     a superset of what was already sent), sends only the new requests (the same run, resumed), and
     re-analyses all evidence with ``auditor.audit.run_check`` at the look's spent level α_k; the
-    :class:`SequentialAudit` decides whether to stop. The report of the stopping look is returned;
-    the run's summary records the sequential design and every look.
+    :class:`SequentialAudit` decides whether to stop. Each look's planned ``Suite`` object goes to the
+    pipeline as it is (``CheckOptions.suite``), and its analysis is computed but not written
+    (``CheckOptions.on_analysis``): once the audit stops, the deciding look's analysis with the decided
+    verdict, the sequential design and every look (summary ``sequential``), the overall α and the
+    tokens used are written in one transaction, so the run's verdict is written once. The decided
+    report is returned.
 
     Args:
         provider_name: the provider to audit.
@@ -563,13 +568,8 @@ def run_sequential_check(
     Raises:
         AuditError: as ``run_check`` (config, suite, database, connection, budget).
     """
-    import json
-    import tempfile
-    from pathlib import Path
-
     from auditor.audit import run_check
     from auditor.planning import load_suite_spec, plan_budget
-    from auditor.report_base import AuditReport
 
     full = load_suite_spec(suite)
     if design is None:
@@ -583,45 +583,55 @@ def run_sequential_check(
         )
     seq = SequentialAudit(design)
     run_id: str | None = None
-    restore = False
-    sent = None
-    report: AuditReport | None = None
-    with tempfile.TemporaryDirectory(prefix="auditor-seq-") as tmp:
-        while (target := seq.next_look_tokens()) is not None:
-            plan = _union_suite(plan_budget(full, target), sent)
-            path = Path(tmp) / f"{full.name}.json"
-            path.write_text(json.dumps(plan.model_dump(mode="json")), encoding="utf-8")
-            box: dict[str, Any] = {}
+    sent: Suite | None = None
+    #: each look's report and the analysis it did not write (``CheckOptions.on_analysis``)
+    looks: list[tuple[AuditReport, AnalysisRecord | None]] = []
+    while (target := seq.next_look_tokens()) is not None:
+        plan = _union_suite(plan_budget(full, target), sent)  # the suite object itself goes to the pipeline
+        box: dict[str, Any] = {}
 
-            def verdict_at(
-                a: float, power: float | None = None, _path: Path = path, _rid: str | None = run_id, _box: dict = box
-            ) -> AuditReport:
-                rep = run_check(provider_name, suite=str(_path), budget_tokens=None, alpha=a, resume=_rid, power=power,
-                                **check_kwargs)
-                _box["report"] = rep
-                return rep
+        def verdict_at(a: float, power: float | None = None, _plan: Suite = plan, _rid: str | None = run_id,
+                       _box: dict = box) -> AuditReport:
+            rep = run_check(provider_name, suite=_plan, budget_tokens=None, alpha=a, resume=_rid, power=power,
+                            on_analysis=lambda rec: _box.__setitem__("record", rec), **check_kwargs)
+            _box["report"] = rep
+            return rep
 
-            d = seq.update(plan.max_completion_tokens(), verdict_at)
-            report = box["report"]
-            run_id = report.run_id
-            if d.stop and isinstance(seq.final_verdict, AuditReport) and seq.final_verdict is not report:
-                # the decided verdict differs from the look's stored one: a last-look PASS made INCONCLUSIVE,
-                # a look that resolved the cause (details["cause_resolved"]), or the look that rejected
-                report, restore = seq.final_verdict, True
-            sent = plan
-            if on_look is not None:
-                on_look(d)
-            if d.stop:
-                break
-    if report is None:  # SequentialDesign has at least one look, so a report exists
+        d = seq.update(plan.max_completion_tokens(), verdict_at)
+        looks.append((box["report"], box.get("record")))
+        run_id = box["report"].run_id
+        sent = plan
+        if on_look is not None:
+            on_look(d)
+        if d.stop:
+            break
+    if not looks:  # SequentialDesign has at least one look, so a report exists
         raise ValueError(f"sequential design {design.looks} took no look")
-    _record(report, seq, check_kwargs.get("db_url"), restore=restore)
+    report, record, decided = _decided(seq, looks)
+    _record(report, seq, record, check_kwargs.get("db_url"), decided=decided)
     return report, seq
 
 
-def _record(report: AuditReport, seq: SequentialAudit, db_url: str | None, *, restore: bool = False) -> None:
-    """Store the sequential summary and the overall α / planned budget in the run; ``restore``: also store
-    ``report``'s verdict (the sequential decision differs from what the stopping look's check stored)."""
+def _decided(seq: SequentialAudit, looks: Sequence[tuple[AuditReport, AnalysisRecord | None]],
+             ) -> tuple[AuditReport, AnalysisRecord | None, bool]:
+    """The sequential decision's report, the analysis of the look it rests on, and whether its verdict
+    differs from that look's own. The look that rejected (``resolve_cause``) is its own look; a last-look
+    PASS made INCONCLUSIVE or a look that resolved the cause is the last look's report, changed
+    (``dataclasses.replace``)."""
+    final = seq.final_verdict
+    for rep, rec in looks:
+        if final is rep:
+            return rep, rec, False
+    last_rep, last_rec = looks[-1]
+    return cast("AuditReport", final) if final is not None else last_rep, last_rec, final is not None
+
+
+def _record(report: AuditReport, seq: SequentialAudit, record: AnalysisRecord | None, db_url: str | None, *,
+            decided: bool = False) -> None:
+    """Write the sequential audit's outcome, once, in one transaction: the deciding look's analysis
+    (``record``: detector results, aligned ids, summary, status) with ``report``'s verdict when ``decided``
+    (the sequential decision differs from that look's own), the sequential summary, the overall α and the
+    tokens used."""
     from auditor.store import open_store
     from auditor.store import queries as q
     from auditor.stored_figures import store_figures
@@ -629,13 +639,14 @@ def _record(report: AuditReport, seq: SequentialAudit, db_url: str | None, *, re
     store = open_store(db_url)
     try:
         with store.session() as s:
+            if record is not None:
+                record.write(s, decided=(report.verdict, report.verdict_reason, report.verdict_details)
+                             if decided else None)
             run = q.get_run(s, report.run_id)
             if run is None:
                 return
             summary = dict(run.summary or {})
             summary["sequential"] = seq.summary()
-            if restore or run.verdict != report.verdict:
-                q.store_verdict(s, report.run_id, report.verdict, report.verdict_reason, report.verdict_details)
             q.update_run(s, report.run_id, summary=summary, alpha=seq.design.alpha,
                          budget_tokens=seq.decisions[-1].tokens if seq.decisions else None)
             store_figures(s, report.run_id)  # the verdict or alpha may have changed: the dashboard's figures too

@@ -34,7 +34,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -219,8 +220,12 @@ class SimulatorApp:
         reasoning: str | None = None,
         reasoning_logprobs: str = "both",
         reasoning_budget: int = 32,
+        stream_chunking: str = "round",
+        stream_interval_ms: float = 50.0,
     ):
         self.engine = engine
+        self.stream_chunking = stream_chunking
+        self.stream_interval_ms = float(stream_interval_ms)
         self.logprob_convention = logprob_convention
         self.reasoning = reasoning
         self.reasoning_logprobs = reasoning_logprobs
@@ -232,6 +237,11 @@ class SimulatorApp:
         self.created = int(time.time())
 
     # -- helpers -----------------------------------------------------------------------------
+    @property
+    def reasoning_field(self) -> str:
+        """The message/delta field of the reasoning text in a field reasoning mode."""
+        return "reasoning" if self.reasoning == "field-reasoning" else "reasoning_content"
+
     def check_model(self, model: str) -> None:
         if model != self.name:
             raise InvalidRequest(
@@ -343,6 +353,134 @@ class SimulatorApp:
         return results
 
 
+    # -- responses and streaming ---------------------------------------------------------------
+    async def fault_gate(self, request: Request, stream: bool) -> tuple[Response | None, str | None]:
+        """Draw this request's fault: the error response to send instead (429, 500, a cut body; after the
+        ``slow`` delay, 499 when the client left), or None; and the fault's kind (None: no fault)."""
+        kind = self.faults.draw()
+        hdr = dict(self.extra_headers())
+        if kind and self.expose:
+            hdr["x-simulator-fault"] = kind
+        if kind == "rate_limit":
+            hdr["Retry-After"] = str(self.faults.retry_after_s)
+            return error_response(429, "Rate limit reached for requests; retry after the Retry-After delay",
+                                  type_="rate_limit_exceeded", code="rate_limit_exceeded", headers=hdr), kind
+        if kind == "server_error":
+            return error_response(500, "The server had an error while processing your request", type_="server_error",
+                                  headers=hdr), kind
+        if kind == "slow":
+            await asyncio.sleep(self.faults.delay_s)
+            if await request.is_disconnected():  # the client gave up during the delay
+                return Response(status_code=499), kind
+        if kind == "malformed" and not stream:
+            return Response('{"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": ',
+                            media_type="application/json", headers=hdr), kind
+        return None, kind
+
+    def respond(self, body: dict, kind: str | None) -> Response:
+        """A non-streamed JSON response (cut in half under the ``truncated`` fault)."""
+        hdr = dict(self.extra_headers())
+        if kind and self.expose:
+            hdr["x-simulator-fault"] = kind
+        if kind == "truncated":
+            text = json.dumps(body)
+            return Response(text[: max(1, len(text) // 2)], media_type="application/json", headers=hdr)
+        return JSONResponse(self.stamp(body), headers=hdr)
+
+    def sse(self, gen: AsyncGenerator[dict | str | list[dict]], kind: str | None) -> StreamingResponse:
+        """The SSE response of ``gen``'s chunks, ``data: [DONE]`` last (a broken event under ``malformed``,
+        cut after two chunks under ``truncated``)."""
+        hdr = dict(self.extra_headers())
+        if kind and self.expose:
+            hdr["x-simulator-fault"] = kind
+
+        async def body():
+            n_chunks = 0
+            async for item in gen:
+                n_chunks += 1
+                if kind == "malformed" and n_chunks == 2:
+                    yield 'data: {"id": "broken", "choices": [{"delta": \n\n'
+                if isinstance(item, str):
+                    yield f"data: {item}\n\n"
+                elif isinstance(item, list):
+                    yield "".join(f"data: {json.dumps(self.stamp(x))}\n\n" for x in item)
+                else:
+                    yield f"data: {json.dumps(self.stamp(item))}\n\n"
+                if kind == "truncated" and n_chunks >= 2:
+                    await gen.aclose()
+                    return
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={**hdr, "Cache-Control": "no-cache"})
+
+    async def stream_jobs(self, jobs: list[dict], make_chunk: Callable, make_final: Callable,
+                          usage_fn: Callable | None, preface: list[dict]) -> AsyncGenerator[dict | list[dict]]:
+        """Run ``jobs`` in a worker thread and yield ``preface``, then the chunks as :attr:`stream_chunking`
+        groups them (``make_chunk``), each choice's final chunk (``make_final``) and the usage chunk
+        (``usage_fn``); the worker stops when the client leaves."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+
+        def put(item):
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work():
+            try:
+                self.run_choices(jobs, on_chunk=lambda i, part: put(("chunk", i, part)),
+                                on_done=lambda i, res: put(("done", i, res)), cancel=cancel)
+                put(("end", None, None))
+            except Exception as ex:
+                put(("error", None, ex))
+
+        task = loop.run_in_executor(None, work)
+        try:
+            for item in preface:
+                yield item
+            results: list[ChoiceResult] = []
+            interval = self.stream_interval_ms / 1000.0
+            deadline = loop.time() + interval
+            pending: dict[int, list[TokenInfo]] = {}
+            while True:
+                if self.stream_chunking == "time":
+                    try:
+                        kind_, idx, payload = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
+                    except TimeoutError:  # tick: flush what is ready
+                        for i, part in pending.items():
+                            if part:
+                                yield make_chunk(i, part)
+                        pending = {}
+                        deadline = max(deadline + interval, loop.time())
+                        continue
+                else:
+                    kind_, idx, payload = await queue.get()
+                if kind_ == "chunk":
+                    if self.stream_chunking == "time":
+                        pending.setdefault(idx, []).extend(payload)
+                    elif self.stream_chunking == "token":
+                        # one write holding one SSE event per token: back to back, as an engine
+                        # that detokenizes a step token by token sends them
+                        yield [c for t in payload for c in _as_list(make_chunk(idx, [t]))]
+                    else:
+                        yield make_chunk(idx, payload)
+                elif kind_ == "done":
+                    results.append(payload)
+                    if pending.get(idx):
+                        yield make_chunk(idx, pending.pop(idx))
+                    yield make_final(idx, payload)
+                elif kind_ == "error":
+                    yield error_body(f"generation failed: {payload}", type_="server_error")
+                    break
+                else:
+                    if usage_fn is not None:
+                        yield usage_fn(results)
+                    break
+        finally:
+            cancel.set()  # client gone or stream ended: the worker stops at its next round
+            del task
+
+
 def create_app(
     profile: Profile | str = "honest-fp32",
     lm: Any = None,
@@ -411,6 +549,30 @@ def create_app(
     Raises:
         KeyError: unknown profile name; ValueError: invalid overrides or arguments.
     """
+    _check_serving_options(stream_chunking=stream_chunking, stream_interval_ms=stream_interval_ms,
+                           logprob_convention=logprob_convention, reasoning=reasoning,
+                           reasoning_logprobs=reasoning_logprobs, reasoning_budget=reasoning_budget)
+    if engine is None:
+        engine = _build_engine(profile, lm, model=model, drafter=drafter, k=k, seed=seed, adaptive_k=adaptive_k,
+                               device=device, profile_overrides=profile_overrides)
+    name = served_model_name or str(engine.reference_name).rstrip("/").split("/")[-1]
+    inj = faults if isinstance(faults, FaultInjector) else FaultInjector(
+        rate=float(faults), seed=None if seed is None else seed + 7919, delay_s=fault_delay
+    )
+    sim = SimulatorApp(engine, name, inj, expose_profile, max_tokens_default, logprob_convention,
+                       reasoning=reasoning, reasoning_logprobs=reasoning_logprobs, reasoning_budget=reasoning_budget,
+                       stream_chunking=stream_chunking, stream_interval_ms=stream_interval_ms)
+    app = FastAPI(title="spec-auditor provider simulator", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.sim = sim
+    _add_error_handlers(app, sim)
+    _add_routes(app, sim)
+    return app
+
+
+def _check_serving_options(*, stream_chunking: str, stream_interval_ms: float, logprob_convention: str,
+                           reasoning: str | None, reasoning_logprobs: str, reasoning_budget: int) -> None:
+    """Raises:
+        ValueError: a :func:`create_app` serving option outside its allowed values (the message names it)."""
     if stream_chunking not in STREAM_CHUNKINGS:
         raise ValueError(f"stream_chunking={stream_chunking!r}: use one of {', '.join(STREAM_CHUNKINGS)}")
     if not stream_interval_ms > 0:
@@ -425,26 +587,29 @@ def create_app(
         raise ValueError("reasoning='inline' has no parser to split the logprobs: use reasoning_logprobs='both'")
     if reasoning_budget < 1:
         raise ValueError(f"reasoning_budget={reasoning_budget} must be >= 1")
-    if engine is None:
-        prof = get_profile(profile, **profile_overrides) if isinstance(profile, str) else profile.with_overrides(
-            **profile_overrides
-        )
-        owned = None
-        if lm is None and device is not None:
-            from reference import DEFAULT_MODEL
-            from reference.models import load_model
 
-            lm, owned = load_model(model or DEFAULT_MODEL, device=device), False  # the engine owns it: no copy
-        engine = SimulatorEngine(prof, lm, model=model, drafter=drafter, k=k, seed=seed, adaptive_k=adaptive_k,
-                                 copy_model=owned)
-    name = served_model_name or str(engine.reference_name).rstrip("/").split("/")[-1]
-    inj = faults if isinstance(faults, FaultInjector) else FaultInjector(
-        rate=float(faults), seed=None if seed is None else seed + 7919, delay_s=fault_delay
+
+def _build_engine(profile: Profile | str, lm: Any, *, model: str | None, drafter: str | None, k: int,
+                  seed: int | None, adaptive_k: bool, device: str | None,
+                  profile_overrides: dict[str, Any]) -> SimulatorEngine:
+    """The engine of :func:`create_app`: the profile (with overrides) over ``lm``, or over ``model``
+    loaded on ``device`` (the engine then owns it: no copy)."""
+    prof = get_profile(profile, **profile_overrides) if isinstance(profile, str) else profile.with_overrides(
+        **profile_overrides
     )
-    sim = SimulatorApp(engine, name, inj, expose_profile, max_tokens_default, logprob_convention,
-                       reasoning=reasoning, reasoning_logprobs=reasoning_logprobs, reasoning_budget=reasoning_budget)
-    app = FastAPI(title="spec-auditor provider simulator", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.sim = sim
+    owned = None
+    if lm is None and device is not None:
+        from reference import DEFAULT_MODEL
+        from reference.models import load_model
+
+        lm, owned = load_model(model or DEFAULT_MODEL, device=device), False  # the engine owns it: no copy
+    return SimulatorEngine(prof, lm, model=model, drafter=drafter, k=k, seed=seed, adaptive_k=adaptive_k,
+                           copy_model=owned)
+
+
+def _add_error_handlers(app: FastAPI, sim: SimulatorApp) -> None:
+    """OpenAI error bodies for an invalid request (400), an unknown route or method (404/405) and
+    anything else (500)."""
 
     @app.exception_handler(InvalidRequest)
     async def _invalid(request: Request, exc: InvalidRequest):
@@ -460,6 +625,11 @@ def create_app(
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):  # pragma: no cover - defensive
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}", type_="server_error")
+
+
+def _add_routes(app: FastAPI, sim: SimulatorApp) -> None:
+    """The endpoints (module docstring): ``/health``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``."""
+    engine = sim.engine
 
     @app.get("/health")
     async def health():
@@ -480,376 +650,329 @@ def create_app(
             card["simulator"] = engine.describe()
         return JSONResponse({"object": "list", "data": [card]}, headers=sim.extra_headers())
 
-    async def fault_gate(request: Request, stream: bool) -> tuple[Response | None, str | None]:
-        kind = sim.faults.draw()
-        hdr = dict(sim.extra_headers())
-        if kind and sim.expose:
-            hdr["x-simulator-fault"] = kind
-        if kind == "rate_limit":
-            hdr["Retry-After"] = str(sim.faults.retry_after_s)
-            return error_response(429, "Rate limit reached for requests; retry after the Retry-After delay",
-                                  type_="rate_limit_exceeded", code="rate_limit_exceeded", headers=hdr), kind
-        if kind == "server_error":
-            return error_response(500, "The server had an error while processing your request", type_="server_error",
-                                  headers=hdr), kind
-        if kind == "slow":
-            await asyncio.sleep(sim.faults.delay_s)
-            if await request.is_disconnected():  # the client gave up during the delay
-                return Response(status_code=499), kind
-        if kind == "malformed" and not stream:
-            return Response('{"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": ',
-                            media_type="application/json", headers=hdr), kind
-        return None, kind
-
-    def respond(body: dict, kind: str | None) -> Response:
-        hdr = dict(sim.extra_headers())
-        if kind and sim.expose:
-            hdr["x-simulator-fault"] = kind
-        if kind == "truncated":
-            text = json.dumps(body)
-            return Response(text[: max(1, len(text) // 2)], media_type="application/json", headers=hdr)
-        return JSONResponse(sim.stamp(body), headers=hdr)
-
-    def sse(gen: AsyncGenerator[dict | str | list[dict]], kind: str | None) -> StreamingResponse:
-        hdr = dict(sim.extra_headers())
-        if kind and sim.expose:
-            hdr["x-simulator-fault"] = kind
-
-        async def body():
-            n_chunks = 0
-            async for item in gen:
-                n_chunks += 1
-                if kind == "malformed" and n_chunks == 2:
-                    yield 'data: {"id": "broken", "choices": [{"delta": \n\n'
-                if isinstance(item, str):
-                    yield f"data: {item}\n\n"
-                elif isinstance(item, list):
-                    yield "".join(f"data: {json.dumps(sim.stamp(x))}\n\n" for x in item)
-                else:
-                    yield f"data: {json.dumps(sim.stamp(item))}\n\n"
-                if kind == "truncated" and n_chunks >= 2:
-                    await gen.aclose()
-                    return
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(body(), media_type="text/event-stream",
-                                 headers={**hdr, "Cache-Control": "no-cache"})
-
-    async def stream_jobs(jobs: list[dict], make_chunk: Callable, make_final: Callable, usage_fn: Callable | None,
-                          preface: list[dict]) -> AsyncGenerator[dict | list[dict]]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        cancel = threading.Event()
-
-        def put(item):
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        def work():
-            try:
-                sim.run_choices(jobs, on_chunk=lambda i, part: put(("chunk", i, part)),
-                                on_done=lambda i, res: put(("done", i, res)), cancel=cancel)
-                put(("end", None, None))
-            except Exception as ex:
-                put(("error", None, ex))
-
-        task = loop.run_in_executor(None, work)
-        try:
-            for item in preface:
-                yield item
-            results: list[ChoiceResult] = []
-            interval = stream_interval_ms / 1000.0
-            deadline = loop.time() + interval
-            pending: dict[int, list[TokenInfo]] = {}
-            while True:
-                if stream_chunking == "time":
-                    try:
-                        kind_, idx, payload = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
-                    except TimeoutError:  # tick: flush what is ready
-                        for i, part in pending.items():
-                            if part:
-                                yield make_chunk(i, part)
-                        pending = {}
-                        deadline = max(deadline + interval, loop.time())
-                        continue
-                else:
-                    kind_, idx, payload = await queue.get()
-                if kind_ == "chunk":
-                    if stream_chunking == "time":
-                        pending.setdefault(idx, []).extend(payload)
-                    elif stream_chunking == "token":
-                        # one write holding one SSE event per token: back to back, as an engine
-                        # that detokenizes a step token by token sends them
-                        yield [c for t in payload for c in _as_list(make_chunk(idx, [t]))]
-                    else:
-                        yield make_chunk(idx, payload)
-                elif kind_ == "done":
-                    results.append(payload)
-                    if pending.get(idx):
-                        yield make_chunk(idx, pending.pop(idx))
-                    yield make_final(idx, payload)
-                elif kind_ == "error":
-                    yield error_body(f"generation failed: {payload}", type_="server_error")
-                    break
-                else:
-                    if usage_fn is not None:
-                        yield usage_fn(results)
-                    break
-        finally:
-            cancel.set()  # client gone or stream ended: the worker stops at its next round
-            del task
-
-    # -- chat ------------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        req: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
-        sim.check_model(req.model)
-        msgs = []
-        for m in req.messages:
-            msgs.append({"role": "system" if m.role == "developer" else m.role, "content": m.text()})
-        try:
-            prompt_ids = engine.encode_chat(msgs)
-        except ValueError as ex:
-            raise InvalidRequest(str(ex), param="messages") from None
-        mode = sim.reasoning
-        if mode is not None:  # the template opens the reasoning span (DeepSeek-R1's)
-            prompt_ids = list(prompt_ids) + list(engine.tokenizer.encode(REASONING_OPENER, add_special_tokens=False))
-        field = "reasoning" if mode == "field-reasoning" else "reasoning_content"
-        asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        max_tokens = sim.max_tokens_for(len(prompt_ids), asked, "max_completion_tokens"
-                                        if req.max_completion_tokens is not None else "max_tokens")
-        top_n = (req.top_logprobs or 0) if req.logprobs else None
-        temperature = 1.0 if req.temperature is None else req.temperature
-        top_p = 1.0 if req.top_p is None else req.top_p
-        top_k = 0 if req.top_k in (None, -1) else req.top_k
-        seeds = sim.seeds(req.seed, req.n)
-        jobs = [
-            dict(index=i, prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                 top_k=top_k, seed=seeds[i], stop=req.stop_list(), top_n=top_n, **({"reasoning": True} if mode else {}))
-            for i in range(req.n)
-        ]
-        fault_resp, kind = await fault_gate(request, req.stream)
-        if fault_resp is not None:
-            return fault_resp
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
+    async def chat(request: Request) -> Response:
+        return await chat_completion(sim, request)
 
-        def usage(results: list[ChoiceResult]) -> dict:
-            c = sum(len(r.tokens) for r in results)
-            return {"prompt_tokens": len(prompt_ids), "completion_tokens": c, "total_tokens": len(prompt_ids) + c}
-
-        if not req.stream:
-            results = await run_in_threadpool(sim.run_choices, [dict(j) for j in jobs])
-            choices = []
-            for i, r in enumerate(results):
-                entry = sim.chat_logprobs()
-                message: dict[str, Any] = {"role": "assistant", "content": r.text}
-                covered = r.tokens
-                if mode is not None:
-                    if mode == "inline":
-                        closed = any(t.span == "close" for t in r.tokens)
-                        message["content"] = (r.reasoning_text or "") + (REASONING_CLOSE if closed else "") + r.text
-                    else:
-                        message[field] = r.reasoning_text or ""
-                        message["content"] = r.text or None
-                    if sim.reasoning_logprobs == "answer":
-                        covered = [t for t in r.tokens if t.span == "answer"]
-                choices.append({
-                    "index": i,
-                    "message": message,
-                    "logprobs": {"content": [entry(t) for t in covered], "refusal": None}
-                    if top_n is not None else None,
-                    "finish_reason": r.finish_reason,
-                })
-            body = {"id": rid, "object": "chat.completion", "created": created, "model": sim.name,
-                    "choices": choices, "usage": usage(results)}
-            return respond(body, kind)
-
-        streams = {i: _Stream(engine) for i in range(req.n)}
-        entries = {i: sim.chat_logprobs() for i in range(req.n)}
-        r_streams = {i: _Stream(engine) for i in range(req.n)}  # reasoning text, decoded apart
-
-        def base(choices: list[dict]) -> dict:
-            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": sim.name,
-                    "choices": choices}
-
-        def make_chunk(i: int, part: list[TokenInfo]) -> dict | list[dict]:
-            if mode is not None and mode != "inline":
-                return reasoning_chunk(i, part)
-            covered = [t for t in part if t.span == "answer"] if mode and sim.reasoning_logprobs == "answer" else part
-            ch = {"index": i, "delta": {"content": streams[i].text(part)}, "finish_reason": None,
-                  "logprobs": {"content": [entries[i](t) for t in covered], "refusal": None}
-                  if top_n is not None and covered else None}
-            return base([ch])
-
-        def reasoning_chunk(i: int, part: list[TokenInfo]) -> list[dict]:
-            """One chunk of a parsed reasoning stream: the reasoning tokens' text in the reasoning
-            field, the forced close tag's tokens with empty text (the parser consumes the tag),
-            the answer's in ``content``; one SSE event per run of tokens of one kind, in order."""
-            out = []
-            j = 0
-            while j < len(part):
-                span = part[j].span
-                run = [part[j]]
-                j += 1
-                while j < len(part) and part[j].span == span:
-                    run.append(part[j])
-                    j += 1
-                if span == "answer":
-                    delta = {"content": streams[i].text(run)}
-                else:
-                    delta = {field: r_streams[i].text(run) if span == "reasoning" else r_streams[i].flush()}
-                covers = top_n is not None and (sim.reasoning_logprobs == "both" or span == "answer")
-                out.append({"index": i, "delta": delta, "finish_reason": None,
-                            "logprobs": {"content": [entries[i](t) for t in run], "refusal": None}
-                            if covers else None})
-            return [base([o]) for o in out]
-
-        def make_final(i: int, res: ChoiceResult) -> dict:
-            rest = streams[i].flush()
-            delta: dict[str, Any] = {"content": rest} if rest else {}
-            if mode is not None and mode != "inline" and (r_rest := r_streams[i].flush()):
-                delta[field] = r_rest
-            out = base([{"index": i, "delta": delta, "finish_reason": res.finish_reason, "logprobs": None}])
-            if sim.expose:
-                out["simulator"] = step_stats(res.chunks)
-            return out
-
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        usage_fn = (lambda results: {**base([]), "usage": usage(results)}) if include_usage else None
-        preface = [base([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
-                          "logprobs": None}]) for i in range(req.n)]
-        return sse(stream_jobs([dict(j) for j in jobs], make_chunk, make_final, usage_fn, preface), kind)
-
-    # -- completions -----------------------------------------------------------------------------
     @app.post("/v1/completions")
-    async def completions(request: Request):
-        req: CompletionRequest = await _parse(request, CompletionRequest)
-        sim.check_model(req.model)
-        prompts = req.prompts()
-        encoded: list[tuple[list[int], str]] = []
-        for p in prompts:
-            if isinstance(p, str):
-                ids = engine.encode_text(p)
-                text = p
+    async def completions(request: Request) -> Response:
+        return await completion(sim, request)
+
+
+def _usage(prompt_tokens: int, results: Iterable[ChoiceResult]) -> dict:
+    """The ``usage`` block: prompt, completion and total tokens."""
+    c = sum(len(r.tokens) for r in results)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": c, "total_tokens": prompt_tokens + c}
+
+
+# -- chat ----------------------------------------------------------------------------------------
+async def chat_completion(sim: SimulatorApp, request: Request) -> Response:
+    """``POST /v1/chat/completions``: validate the request, draw its fault, then answer it whole or
+    as server-sent events (:meth:`SimulatorApp.sse`)."""
+    req: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
+    prompt_ids, jobs, top_n = _chat_jobs(sim, req)
+    fault_resp, kind = await sim.fault_gate(request, req.stream)
+    if fault_resp is not None:
+        return fault_resp
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if not req.stream:
+        results = await run_in_threadpool(sim.run_choices, [dict(j) for j in jobs])
+        return sim.respond(_chat_body(sim, rid, created, len(prompt_ids), results, top_n), kind)
+    return sim.sse(_chat_stream(sim, req, rid, created, len(prompt_ids), jobs, top_n), kind)
+
+
+def _chat_jobs(sim: SimulatorApp, req: ChatCompletionRequest) -> tuple[list[int], list[dict], int | None]:
+    """The chat request checked (model, template, context) and turned into one generation job per
+    choice; returns ``(prompt_ids, jobs, top_n)`` (``top_n`` None: no logprobs asked).
+
+    Raises:
+        InvalidRequest: unknown model, messages the template refuses, a prompt or ``max_tokens`` past the context.
+    """
+    engine = sim.engine
+    sim.check_model(req.model)
+    msgs = []
+    for m in req.messages:
+        msgs.append({"role": "system" if m.role == "developer" else m.role, "content": m.text()})
+    try:
+        prompt_ids = engine.encode_chat(msgs)
+    except ValueError as ex:
+        raise InvalidRequest(str(ex), param="messages") from None
+    mode = sim.reasoning
+    if mode is not None:  # the template opens the reasoning span (DeepSeek-R1's)
+        prompt_ids = list(prompt_ids) + list(engine.tokenizer.encode(REASONING_OPENER, add_special_tokens=False))
+    asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = sim.max_tokens_for(len(prompt_ids), asked, "max_completion_tokens"
+                                    if req.max_completion_tokens is not None else "max_tokens")
+    top_n = (req.top_logprobs or 0) if req.logprobs else None
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    top_k = 0 if req.top_k in (None, -1) else req.top_k
+    seeds = sim.seeds(req.seed, req.n)
+    jobs = [
+        dict(index=i, prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+             top_k=top_k, seed=seeds[i], stop=req.stop_list(), top_n=top_n, **({"reasoning": True} if mode else {}))
+        for i in range(req.n)
+    ]
+    return prompt_ids, jobs, top_n
+
+
+def _chat_body(sim: SimulatorApp, rid: str, created: int, prompt_tokens: int, results: list[ChoiceResult],
+               top_n: int | None) -> dict:
+    """The non-streamed ``chat.completion`` body (reasoning in its field or inline, by the app's mode)."""
+    mode = sim.reasoning
+    choices = []
+    for i, r in enumerate(results):
+        entry = sim.chat_logprobs()
+        message: dict[str, Any] = {"role": "assistant", "content": r.text}
+        covered = r.tokens
+        if mode is not None:
+            if mode == "inline":
+                closed = any(t.span == "close" for t in r.tokens)
+                message["content"] = (r.reasoning_text or "") + (REASONING_CLOSE if closed else "") + r.text
             else:
-                bad = [t for t in p if not 0 <= t < engine.vocab_size]
-                if bad:
-                    raise InvalidRequest(f"prompt token ids {bad[:5]} are outside the vocabulary 0..{engine.vocab_size - 1}",
-                                         param="prompt")
-                ids = list(p)
-                text = engine.text_of(ids)
-            if not ids:
-                raise InvalidRequest("the prompt is empty after tokenization; send at least one token", param="prompt")
-            encoded.append((ids, text))
-        max_tokens_asked = req.max_tokens  # 0 is allowed (echo-only scoring, as OpenAI's legacy API)
-        top_n = req.logprobs
-        temperature = 1.0 if req.temperature is None else req.temperature
-        top_p = 1.0 if req.top_p is None else req.top_p
-        top_k = 0 if req.top_k in (None, -1) else req.top_k
-        jobs = []
-        meta = []
-        for pi, (ids, _text) in enumerate(encoded):
-            mt = sim.max_tokens_for(len(ids), max_tokens_asked, "max_tokens", "prompt")
-            seeds = sim.seeds(req.seed, req.n, offset=pi * req.n)
-            for j in range(req.n):
-                idx = pi * req.n + j
-                meta.append((idx, pi))
-                if mt > 0:
-                    jobs.append(dict(index=idx, prompt_ids=ids, max_tokens=mt, temperature=temperature, top_p=top_p,
-                                     top_k=top_k, seed=seeds[j], stop=req.stop_list(), top_n=top_n))
-        fault_resp, kind = await fault_gate(request, req.stream)
-        if fault_resp is not None:
-            return fault_resp
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        plp: dict[int, list[dict | None]] = {}
-        if req.prompt_logprobs is not None:  # vLLM extension: teacher-forced logprobs of the prompt
-            for pi, (ids, _) in enumerate(encoded):
-                plp[pi] = await run_in_threadpool(vllm_prompt_logprobs, engine, ids, req.prompt_logprobs)
-        echo_info: dict[int, list[TokenInfo]] = {}
-        if req.echo:
-            for pi, (ids, _) in enumerate(encoded):
-                if top_n is not None:
-                    echo_info[pi] = await run_in_threadpool(engine.score_prompt, ids, top_n, 0)
-                else:
-                    echo_info[pi] = [TokenInfo(t) for t in ids]
+                message[sim.reasoning_field] = r.reasoning_text or ""
+                message["content"] = r.text or None
+            if sim.reasoning_logprobs == "answer":
+                covered = [t for t in r.tokens if t.span == "answer"]
+        choices.append({
+            "index": i,
+            "message": message,
+            "logprobs": {"content": [entry(t) for t in covered], "refusal": None}
+            if top_n is not None else None,
+            "finish_reason": r.finish_reason,
+        })
+    return {"id": rid, "object": "chat.completion", "created": created, "model": sim.name,
+            "choices": choices, "usage": _usage(prompt_tokens, results)}
 
-        def empty_result() -> ChoiceResult:
-            return ChoiceResult(tokens=[], text="", finish_reason="length", chunks=[], elapsed_s=0.0, effective={})
 
-        def usage(results: dict[int, ChoiceResult]) -> dict:
-            p = sum(len(ids) for ids, _ in encoded)
-            c = sum(len(r.tokens) for r in results.values())
-            return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+def _chat_stream(sim: SimulatorApp, req: ChatCompletionRequest, rid: str, created: int, prompt_tokens: int,
+                 jobs: list[dict], top_n: int | None) -> AsyncGenerator[dict | list[dict]]:
+    """The ``chat.completion.chunk`` events of a streamed chat request (:meth:`SimulatorApp.stream_jobs`)."""
+    engine = sim.engine
+    mode = sim.reasoning
+    rfield = sim.reasoning_field
+    streams = {i: _Stream(engine) for i in range(req.n)}
+    entries = {i: sim.chat_logprobs() for i in range(req.n)}
+    r_streams = {i: _Stream(engine) for i in range(req.n)}  # reasoning text, decoded apart
 
-        def echo_prefix(pi: int) -> tuple[str, list[TokenInfo]]:
-            return (encoded[pi][1], echo_info.get(pi, [])) if req.echo else ("", [])
+    def base(choices: list[dict]) -> dict:
+        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": sim.name,
+                "choices": choices}
 
-        if not req.stream:
-            res_list = await run_in_threadpool(sim.run_choices, [dict(j) for j in jobs])
-            by_idx = {j["index"]: r for j, r in zip(jobs, res_list, strict=True)}
-            choices = []
-            all_res: dict[int, ChoiceResult] = {}
-            for idx, pi in meta:
-                r = by_idx.get(idx) or empty_result()
-                all_res[idx] = r
-                ptext, ptoks = echo_prefix(pi)
-                lp = None
-                if top_n is not None:
-                    if req.echo:
-                        lp = sim.legacy_logprobs(ptoks + r.tokens, 0)
-                    else:
-                        lp = sim.legacy_logprobs(r.tokens, 0)
-                choice = {"index": idx, "text": ptext + r.text, "logprobs": lp, "finish_reason": r.finish_reason}
-                if req.prompt_logprobs is not None:
-                    choice["prompt_logprobs"] = plp[pi]
-                if req.return_token_ids:
-                    choice["prompt_token_ids"] = list(encoded[pi][0])
-                    choice["token_ids"] = [t.token_id for t in r.tokens]
-                choices.append(choice)
-            body = {"id": rid, "object": "text_completion", "created": created, "model": sim.name,
-                    "choices": choices, "usage": usage(all_res)}
-            return respond(body, kind)
+    def make_chunk(i: int, part: list[TokenInfo]) -> dict | list[dict]:
+        if mode is not None and mode != "inline":
+            return reasoning_chunk(i, part)
+        covered = [t for t in part if t.span == "answer"] if mode and sim.reasoning_logprobs == "answer" else part
+        ch = {"index": i, "delta": {"content": streams[i].text(part)}, "finish_reason": None,
+              "logprobs": {"content": [entries[i](t) for t in covered], "refusal": None}
+              if top_n is not None and covered else None}
+        return base([ch])
 
-        streams = {idx: _Stream(engine) for idx, _ in meta}
-        offsets = {idx: len(echo_prefix(pi)[0]) for idx, pi in meta}
-        acc_bytes = {idx: b"" for idx, _ in meta}
+    def reasoning_chunk(i: int, part: list[TokenInfo]) -> list[dict]:
+        """One chunk of a parsed reasoning stream: the reasoning tokens' text in the reasoning
+        field, the forced close tag's tokens with empty text (the parser consumes the tag),
+        the answer's in ``content``; one SSE event per run of tokens of one kind, in order."""
+        out = []
+        j = 0
+        while j < len(part):
+            span = part[j].span
+            run = [part[j]]
+            j += 1
+            while j < len(part) and part[j].span == span:
+                run.append(part[j])
+                j += 1
+            if span == "answer":
+                delta = {"content": streams[i].text(run)}
+            else:
+                delta = {rfield: r_streams[i].text(run) if span == "reasoning" else r_streams[i].flush()}
+            covers = top_n is not None and (sim.reasoning_logprobs == "both" or span == "answer")
+            out.append({"index": i, "delta": delta, "finish_reason": None,
+                        "logprobs": {"content": [entries[i](t) for t in run], "refusal": None}
+                        if covers else None})
+        return [base([o]) for o in out]
 
-        def base(choices: list[dict]) -> dict:
-            return {"id": rid, "object": "text_completion", "created": created, "model": sim.name, "choices": choices}
+    def make_final(i: int, res: ChoiceResult) -> dict:
+        rest = streams[i].flush()
+        delta: dict[str, Any] = {"content": rest} if rest else {}
+        if mode is not None and mode != "inline" and (r_rest := r_streams[i].flush()):
+            delta[rfield] = r_rest
+        out = base([{"index": i, "delta": delta, "finish_reason": res.finish_reason, "logprobs": None}])
+        if sim.expose:
+            out["simulator"] = step_stats(res.chunks)
+        return out
 
-        def make_chunk(i: int, part: list[TokenInfo]) -> dict:
-            lp = None
-            if top_n is not None:
-                lp = sim.legacy_logprobs(part, offsets[i], acc_bytes[i])
-            acc_bytes[i] += b"".join(engine.token_bytes(t.token_id) for t in part if t.token_id not in engine.special_ids)
-            return base([{"index": i, "text": streams[i].text(part), "logprobs": lp, "finish_reason": None}])
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    usage_fn = (lambda results: {**base([]), "usage": _usage(prompt_tokens, results)}) if include_usage else None
+    preface = [base([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
+                      "logprobs": None}]) for i in range(req.n)]
+    return sim.stream_jobs([dict(j) for j in jobs], make_chunk, make_final, usage_fn, preface)
 
-        def make_final(i: int, res: ChoiceResult) -> dict:
-            out = base([{"index": i, "text": streams[i].flush(), "logprobs": None, "finish_reason": res.finish_reason}])
-            if sim.expose:
-                out["simulator"] = step_stats(res.chunks)
-            return out
 
-        preface = []
-        if req.echo:
-            for idx, pi in meta:
-                ptext, ptoks = echo_prefix(pi)
-                lp = sim.legacy_logprobs(ptoks, 0) if top_n is not None else None
-                preface.append(base([{"index": idx, "text": ptext, "logprobs": lp, "finish_reason": None}]))
-        done_idx = {j["index"] for j in jobs}
-        for idx, _ in meta:
-            if idx not in done_idx:  # max_tokens == 0
-                preface.append(base([{"index": idx, "text": "", "logprobs": None, "finish_reason": "length"}]))
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+# -- completions ---------------------------------------------------------------------------------
+@dataclass
+class _CompletionRequestPlan:
+    """A legacy completions request checked and planned: each prompt's ids and text, the generation
+    jobs (none for a choice with ``max_tokens`` 0), and ``(choice index, prompt index)`` per choice."""
 
-        def usage_fn(results: list[ChoiceResult]) -> dict:
-            return {**base([]), "usage": usage(dict(enumerate(results)))}
+    encoded: list[tuple[list[int], str]]
+    jobs: list[dict]
+    meta: list[tuple[int, int]]
+    echo_info: dict[int, list[TokenInfo]] = field(default_factory=dict)
+    prompt_logprobs: dict[int, list[dict | None]] = field(default_factory=dict)
+    echo: bool = False
 
-        return sse(stream_jobs([dict(j) for j in jobs], make_chunk, make_final,
-                               usage_fn if include_usage else None, preface), kind)
+    def echo_prefix(self, pi: int) -> tuple[str, list[TokenInfo]]:
+        """Prompt ``pi``'s echoed text and tokens (empty without ``echo``)."""
+        return (self.encoded[pi][1], self.echo_info.get(pi, [])) if self.echo else ("", [])
 
-    return app
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(ids) for ids, _ in self.encoded)
+
+
+async def completion(sim: SimulatorApp, request: Request) -> Response:
+    """``POST /v1/completions`` (legacy): validate the request, draw its fault, score the prompt for
+    ``echo`` / ``prompt_logprobs``, then answer it whole or as server-sent events."""
+    req: CompletionRequest = await _parse(request, CompletionRequest)
+    plan = _completion_jobs(sim, req)
+    fault_resp, kind = await sim.fault_gate(request, req.stream)
+    if fault_resp is not None:
+        return fault_resp
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    engine = sim.engine
+    if req.prompt_logprobs is not None:  # vLLM extension: teacher-forced logprobs of the prompt
+        for pi, (ids, _) in enumerate(plan.encoded):
+            plan.prompt_logprobs[pi] = await run_in_threadpool(vllm_prompt_logprobs, engine, ids, req.prompt_logprobs)
+    if req.echo:
+        for pi, (ids, _) in enumerate(plan.encoded):
+            if req.logprobs is not None:
+                plan.echo_info[pi] = await run_in_threadpool(engine.score_prompt, ids, req.logprobs, 0)
+            else:
+                plan.echo_info[pi] = [TokenInfo(t) for t in ids]
+    if not req.stream:
+        res_list = await run_in_threadpool(sim.run_choices, [dict(j) for j in plan.jobs])
+        return sim.respond(_completion_body(sim, req, plan, rid, created, res_list), kind)
+    return sim.sse(_completion_stream(sim, req, plan, rid, created), kind)
+
+
+def _completion_jobs(sim: SimulatorApp, req: CompletionRequest) -> _CompletionRequestPlan:
+    """The completions request checked (model, prompt ids in the vocabulary, non-empty prompts, context)
+    and planned: ``n`` choices per prompt, choice index ``prompt index * n + j``.
+
+    Raises:
+        InvalidRequest: unknown model, a token id outside the vocabulary, an empty prompt, a prompt or
+            ``max_tokens`` past the context.
+    """
+    engine = sim.engine
+    sim.check_model(req.model)
+    encoded: list[tuple[list[int], str]] = []
+    for p in req.prompts():
+        if isinstance(p, str):
+            ids = engine.encode_text(p)
+            text = p
+        else:
+            bad = [t for t in p if not 0 <= t < engine.vocab_size]
+            if bad:
+                raise InvalidRequest(f"prompt token ids {bad[:5]} are outside the vocabulary 0..{engine.vocab_size - 1}",
+                                     param="prompt")
+            ids = list(p)
+            text = engine.text_of(ids)
+        if not ids:
+            raise InvalidRequest("the prompt is empty after tokenization; send at least one token", param="prompt")
+        encoded.append((ids, text))
+    max_tokens_asked = req.max_tokens  # 0 is allowed (echo-only scoring, as OpenAI's legacy API)
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    top_k = 0 if req.top_k in (None, -1) else req.top_k
+    jobs = []
+    meta = []
+    for pi, (ids, _text) in enumerate(encoded):
+        mt = sim.max_tokens_for(len(ids), max_tokens_asked, "max_tokens", "prompt")
+        seeds = sim.seeds(req.seed, req.n, offset=pi * req.n)
+        for j in range(req.n):
+            idx = pi * req.n + j
+            meta.append((idx, pi))
+            if mt > 0:
+                jobs.append(dict(index=idx, prompt_ids=ids, max_tokens=mt, temperature=temperature, top_p=top_p,
+                                 top_k=top_k, seed=seeds[j], stop=req.stop_list(), top_n=req.logprobs))
+    return _CompletionRequestPlan(encoded, jobs, meta, echo=bool(req.echo))
+
+
+def _completion_body(sim: SimulatorApp, req: CompletionRequest, plan: _CompletionRequestPlan, rid: str,
+                     created: int, res_list: list[ChoiceResult]) -> dict:
+    """The non-streamed ``text_completion`` body (echoed prompt first, ``prompt_logprobs`` and token ids
+    when asked)."""
+    top_n = req.logprobs
+    by_idx = {j["index"]: r for j, r in zip(plan.jobs, res_list, strict=True)}
+    choices = []
+    all_res: dict[int, ChoiceResult] = {}
+    for idx, pi in plan.meta:
+        r = by_idx.get(idx) or ChoiceResult(tokens=[], text="", finish_reason="length", chunks=[], elapsed_s=0.0,
+                                            effective={})
+        all_res[idx] = r
+        ptext, ptoks = plan.echo_prefix(pi)
+        lp = None
+        if top_n is not None:
+            if req.echo:
+                lp = sim.legacy_logprobs(ptoks + r.tokens, 0)
+            else:
+                lp = sim.legacy_logprobs(r.tokens, 0)
+        choice = {"index": idx, "text": ptext + r.text, "logprobs": lp, "finish_reason": r.finish_reason}
+        if req.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = plan.prompt_logprobs[pi]
+        if req.return_token_ids:
+            choice["prompt_token_ids"] = list(plan.encoded[pi][0])
+            choice["token_ids"] = [t.token_id for t in r.tokens]
+        choices.append(choice)
+    return {"id": rid, "object": "text_completion", "created": created, "model": sim.name,
+            "choices": choices, "usage": _usage(plan.prompt_tokens, all_res.values())}
+
+
+def _completion_stream(sim: SimulatorApp, req: CompletionRequest, plan: _CompletionRequestPlan, rid: str,
+                       created: int) -> AsyncGenerator[dict | list[dict]]:
+    """The ``text_completion`` events of a streamed completions request: the echoed prompts and the
+    ``max_tokens`` 0 choices first, then the generated chunks (:meth:`SimulatorApp.stream_jobs`)."""
+    engine = sim.engine
+    top_n = req.logprobs
+    streams = {idx: _Stream(engine) for idx, _ in plan.meta}
+    offsets = {idx: len(plan.echo_prefix(pi)[0]) for idx, pi in plan.meta}
+    acc_bytes = {idx: b"" for idx, _ in plan.meta}
+
+    def base(choices: list[dict]) -> dict:
+        return {"id": rid, "object": "text_completion", "created": created, "model": sim.name, "choices": choices}
+
+    def make_chunk(i: int, part: list[TokenInfo]) -> dict:
+        lp = None
+        if top_n is not None:
+            lp = sim.legacy_logprobs(part, offsets[i], acc_bytes[i])
+        acc_bytes[i] += b"".join(engine.token_bytes(t.token_id) for t in part if t.token_id not in engine.special_ids)
+        return base([{"index": i, "text": streams[i].text(part), "logprobs": lp, "finish_reason": None}])
+
+    def make_final(i: int, res: ChoiceResult) -> dict:
+        out = base([{"index": i, "text": streams[i].flush(), "logprobs": None, "finish_reason": res.finish_reason}])
+        if sim.expose:
+            out["simulator"] = step_stats(res.chunks)
+        return out
+
+    preface = []
+    if req.echo:
+        for idx, pi in plan.meta:
+            ptext, ptoks = plan.echo_prefix(pi)
+            lp = sim.legacy_logprobs(ptoks, 0) if top_n is not None else None
+            preface.append(base([{"index": idx, "text": ptext, "logprobs": lp, "finish_reason": None}]))
+    done_idx = {j["index"] for j in plan.jobs}
+    for idx, _ in plan.meta:
+        if idx not in done_idx:  # max_tokens == 0
+            preface.append(base([{"index": idx, "text": "", "logprobs": None, "finish_reason": "length"}]))
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    def usage_fn(results: list[ChoiceResult]) -> dict:
+        return {**base([]), "usage": _usage(plan.prompt_tokens, results)}
+
+    return sim.stream_jobs([dict(j) for j in plan.jobs], make_chunk, make_final,
+                           usage_fn if include_usage else None, preface)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

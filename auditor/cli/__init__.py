@@ -1,9 +1,11 @@
 """The `auditor` command line (Typer + rich).
 
 Each command (or command group) lives in the module of its name under ``auditor.cli``
-(``auditor probe`` in ``probe.py``, ``auditor schedule``/``feed`` in ``schedule.py``, ...) and
-exposes ``register(app: typer.Typer) -> None``; this root only collects them; ``common.py``
-holds the helpers they share. Heavy imports (torch, transformers, streamlit) happen inside
+(``auditor probe`` in ``probe.py``, ``auditor schedule``/``feed`` in ``schedule.py``, ...) as a
+module-level function (``check.check_cmd``, ``schedule.add_cmd``: a place to start reading); a group
+is a module-level ``typer.Typer`` (``schedule.schedule_app``). Each module's
+``register(app: typer.Typer) -> None`` only attaches its commands to this root app, which collects
+them; ``common.py`` holds the helpers they share. Heavy imports (torch, transformers, streamlit) happen inside
 command functions so that ``auditor --help`` stays fast and audits can run without a GPU stack.
 
 Exit codes (see ``auditor check``): 0 PASS, 1 deviation found,
@@ -26,7 +28,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-#: Command modules, in help order. Each defines ``register(app)``.
+#: Command modules, in help order. Each defines ``register(app)``, which attaches its module-level commands.
 COMMAND_MODULES = (
     "check",  # check, report, demo
     "serve",  # serve (provider simulator)

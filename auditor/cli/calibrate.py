@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -35,250 +37,313 @@ def _ints(text: str, name: str) -> list[int]:
     return vals
 
 
+def calibrate_cmd(
+    profiles: str | None = typer.Option(
+        None, "--profiles",
+        help="Comma-separated simulator profiles (see `auditor serve --list-profiles`) and recorded real-engine "
+             "providers recorded:NAME (auditor/calibration/recorded/NAME.npz); default: all of both."
+    ),
+    budgets: str = typer.Option("100,300,1000,3000", "--budgets", help="Completion-token budgets per audit."),
+    audits: int = typer.Option(200, "--audits", min=1, help="Resampled audits per profile and budget."),
+    suites: str = typer.Option(
+        "default,precision,verification", "--suites",
+        help="Probe mixes to calibrate, by suite name; the first is the primary one (all budgets, sequential).",
+    ),
+    out_arg: str = typer.Option(
+        "docs", "--out", help="Directory for calibration.json/.md/.png (empty string: do not write)."
+    ),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    store: bool = typer.Option(True, "--store/--no-store", help="Store the cells in calibration_results."),
+    model: str | None = typer.Option(None, "--model", help="Reference model (default: the bundled SmolLM2-135M)."),
+    alpha: float = typer.Option(0.05, "--alpha", min=1e-6, max=0.5, help="Family-wise level of each audit."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the resampling and the detectors."),
+    samples: int = typer.Option(4, "--samples", min=1, help="Temperature-1 samples per prompt in each pool."),
+    honest_samples: int = typer.Option(
+        12, "--honest-samples", min=1, help="Samples per prompt in honest profiles' pools (false accusations need big pools)."
+    ),
+    engine_samples: int = typer.Option(
+        2, "--engine-samples", min=1, help="Samples per prompt where the simulator engine must run (lossy verifiers)."
+    ),
+    max_prompts: int | None = typer.Option(None, "--max-prompts", min=1, help="Use only N distinct prompts (quick runs)."),
+    t0_max_tokens: int = typer.Option(64, "--t0-max-tokens", min=1, help="Max tokens of a temperature-0 request."),
+    sampling_max_tokens: int = typer.Option(24, "--sampling-max-tokens", min=1, help="Max tokens of a sampling request."),
+    sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="Also simulate --budget-tokens auto."),
+    fixed: bool = typer.Option(
+        True, "--fixed/--no-fixed",
+        help="Run the fixed-budget audits (--no-fixed: only the sequential simulation; join runs with --merge)."),
+    sequential_audits: int | None = typer.Option(None, "--sequential-audits", min=1, help="Audits per profile (default --audits)."),
+    honest_audits: int | None = typer.Option(
+        None, "--honest-audits", min=1,
+        help="Resampled audits per budget on honest profiles (default --audits; 400 lets the false-accusation upper bound reach 8%)."),
+    spending: str = typer.Option("pocock", "--spending", help="α spending: pocock (auto's) | obrien-fleming | linear."),
+    accept_power: float = typer.Option(
+        0.99, "--accept-power", min=0.5, max=0.9999, help="Power an early PASS needs in the sequential simulation (auto's: 0.99)."
+    ),
+    resolve_cause: bool = typer.Option(
+        False, "--resolve-cause/--stop-at-rejection",
+        help="Sequential simulation: probe on after a rejection whose cause is not established (auditor check --resolve-cause)."),
+    refresh: bool = typer.Option(False, "--refresh", help="Recollect pools even when cached."),
+    effects: bool = typer.Option(
+        False, "--effects/--no-effects",
+        help="Also refresh the package's effect-size table (auditor/calibration/effect_sizes.json), which a "
+             "PASS's 'rules out' list is computed against, from these records (use for the committed calibration)."),
+    merge: str | None = typer.Option(
+        None, "--merge",
+        help="Comma-separated directories of earlier `calibrate --out DIR` runs (e.g. profile subsets run in "
+             "parallel): join their records (later ones win) and write them to --out; runs nothing."),
+    export_requests: Path | None = typer.Option(
+        None, "--export-requests",
+        help="Write requests.json (an honest pool's requests: prompt token ids, budgets, seeds) and manifest.json "
+             "(sha256 of the reference's float32 tensors) into DIR for scripts/gpu_pool.py, which records a real "
+             "engine's outputs as a recorded:NAME profile (auditor/calibration/recorded.py); runs nothing else."),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache root for pools and the noise floor (default: the user cache dir; a new root measures the floor again)."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice; 1 per worker with --workers)."),
+    workers: int = typer.Option(
+        1, "--workers", min=1, help="Processes for the noise floor, the pools and the audits (a cold run on 2 cores: --workers 2)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the records as JSON instead of a table."),
+    device: str | None = typer.Option(None, "--device", help="Where the reference (and the simulated engines) run: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="One reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16)."),
+) -> None:
+    """Detection benchmark: false-accusation rate and power per simulator profile and token budget."""
+    from auditor import calibration as cal
+
+    # a str option: Path("") would read as "." and write into the working directory
+    out: Path | None = Path(out_arg) if out_arg.strip() else None
+    if merge is not None:
+        _merge_runs(merge, out, effects=effects, as_json=as_json)
+        return
+    # options → configuration (each check exits 3 naming its option, before any model loads)
+    cfg = cal.PoolConfig(
+        sampling_samples=samples,
+        honest_sampling_samples=honest_samples,
+        engine_sampling_samples=engine_samples,
+        max_prompts=max_prompts,
+        t0_max_tokens=t0_max_tokens,
+        sampling_max_tokens=sampling_max_tokens,
+    )
+    names = _profile_names(profiles, cfg)
+    _check_device(device, dtype)
+    bl = _ints(budgets, "--budgets")
+    design = _sequential_design(bl, sequential=sequential, alpha=alpha, spending=spending, accept_power=accept_power,
+                                resolve_cause=resolve_cause)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    if export_requests is not None:
+        _export_requests(export_requests, model, cfg)
+        return
+    say = _clock()
+    mixes = _suite_mixes(suites)
+    ref_lms = _reference_models(model, device, dtype, workers)
+    # running
+    try:
+        run = cal.run_calibration(
+            names, bl, audits, ref_lms=ref_lms, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir, mix=mixes,
+            refresh=refresh, sequential=design, sequential_audits=sequential_audits, honest_audits=honest_audits, fixed=fixed,
+            workers=workers, threads=threads, progress=say,
+        )
+    except (KeyError, ValueError) as exc:
+        fail(str(exc))
+    # rendering: files, database rows, the tables
+    _save_run(run, out, store=store, db=db, effects=effects, say=say)
+    _print_records(run.to_json_list(), run.meta, as_json=as_json)
+
+
+def _merge_runs(merge: str, out: Path | None, *, effects: bool, as_json: bool) -> None:
+    """``--merge``: join the records of earlier ``calibrate --out DIR`` runs into ``out`` and print them."""
+    from auditor import calibration as cal
+
+    if out is None or not str(out):
+        fail("--merge needs --out DIR (where the joined files are written)")
+    try:
+        recs, meta = cal.merge_outputs([x.strip() for x in merge.split(",") if x.strip()])
+    except ValueError as exc:
+        fail(f"--merge: {exc}")
+    paths = cal.write_record_files(recs, meta, out)
+    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()), err=True)
+    _refresh_effects(recs, effects)
+    _print_records(recs, meta, as_json=as_json)
+
+
+def _profile_names(profiles: str | None, cfg: Any) -> list[str]:
+    """``--profiles`` as a list of profile names (default: :func:`auditor.calibration.benchmark.default_profiles`);
+    exits 3 on an unknown profile or a ``recorded:NAME`` whose recording is missing."""
+    from auditor.calibration.benchmark import default_profiles
+    from auditor.calibration.recorded import recorded_name, recorded_profiles, recording_sha256
+    from simulator.profiles import PROFILES, find_profile
+
+    names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else default_profiles(cfg)
+    bad = [p for p in names if find_profile(p) is None]  # parameterized names resolve too
+    if bad:
+        fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join([*PROFILES, *recorded_profiles()])}")
+    for p in names:
+        rec = recorded_name(p)
+        if rec is not None:
+            try:
+                recording_sha256(rec)  # before the models load and the floor is measured
+            except FileNotFoundError as exc:
+                fail(f"--profiles: {p}: {exc}")
+    return names
+
+
+def _check_device(device: str | None, dtype: str | None) -> None:
+    """Exit 3 when ``--device``/``--dtype`` ask for what is not there (CUDA without a GPU), before any work."""
+    from auditor.errors import AuditError
+    from auditor.reference_setup import check_device
+
+    try:
+        check_device(device, dtype)
+    except AuditError as exc:
+        fail(f"--{exc.parameter}: {exc}")
+
+
+def _sequential_design(budgets: list[int], *, sequential: bool, alpha: float, spending: str, accept_power: float,
+                       resolve_cause: bool) -> Any:
+    """The simulated ``--budget-tokens auto`` design (geometric looks from the smallest to the largest budget),
+    or None without ``--sequential`` or with a single budget; exits 3 on an unknown ``--spending``."""
+    from auditor.sequential import SPENDING_FUNCTIONS, SequentialDesign
+
+    if spending not in SPENDING_FUNCTIONS:
+        fail(f"--spending must be one of {', '.join(SPENDING_FUNCTIONS)}, got {spending!r}")
+    if not sequential or max(budgets) <= min(budgets):
+        return None
+    return SequentialDesign.geometric(max(budgets), first=min(budgets), alpha=alpha, spending=spending,
+                                      accept_power=accept_power, resolve_cause=resolve_cause)
+
+
+def _export_requests(directory: Path, model: str | None, cfg: Any) -> None:
+    """``--export-requests DIR``: write an honest pool's requests and the reference's manifest for
+    scripts/gpu_pool.py (:func:`auditor.calibration.recorded.export_requests`)."""
+    from auditor.calibration.recorded import export_requests
+    from reference.models import DEFAULT_MODEL, ModelNotAvailableError, load_model
+
+    try:
+        written = export_requests(directory, load_model(model or DEFAULT_MODEL, dtype="float32"), cfg)
+    except (ModelNotAvailableError, OSError) as exc:
+        fail(f"--export-requests: {exc}")
+    typer.echo("wrote " + ", ".join(str(p) for p in written), err=True)
+
+
+def _clock() -> Callable[[str], None]:
+    """A progress printer: ``[   12s] message`` on stderr, seconds since this call."""
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        typer.echo(f"[{time.perf_counter() - t0:7.0f}s] {msg}", err=True)
+
+    return say
+
+
+def _suite_mixes(suites: str) -> list[Any]:
+    """``--suites`` as probe mixes (:func:`auditor.calibration.default_mix`); exits 3 on an unknown suite or none."""
+    from auditor import calibration as cal
+    from probes.suites import SuiteError
+
+    try:
+        mixes = [cal.default_mix(x.strip()) for x in suites.split(",") if x.strip()]
+    except (SuiteError, KeyError, ValueError, OSError) as exc:
+        fail(f"--suites: {exc}")
+    if not mixes:
+        fail("--suites: give at least one suite name (e.g. default)")
+    return mixes
+
+
+def _reference_models(model: str | None, device: str | None, dtype: str | None, workers: int) -> dict[str, Any] | None:
+    """The reference models on ``--device``/``--dtype`` (None: the calibration loads its default CPU
+    references, in each worker); exits 3 when they cannot load or with ``--workers`` > 1."""
+    if workers > 1 and (device is not None or dtype is not None):
+        fail("--workers > 1 runs the default CPU references in each worker: drop --device/--dtype, or use --workers 1")
+    if device is None and dtype is None:
+        return None
+    from auditor.noise import REFERENCE_DTYPES
+    from reference.models import DEFAULT_MODEL, ModelNotAvailableError, load_model
+
+    try:
+        return {dt: load_model(model or DEFAULT_MODEL, dtype=dt, device=device or "cpu")
+                for dt in ([dtype] if dtype else REFERENCE_DTYPES)}
+    except (ModelNotAvailableError, ValueError, OSError) as exc:
+        fail(f"--model/--device/--dtype: {exc}")
+
+
+def _save_run(run: Any, out: Path | None, *, store: bool, db: str | None, effects: bool,
+              say: Callable[[str], None]) -> None:
+    """Write the run's files into ``out`` (and with ``--effects`` the effect-size table) and, with
+    ``--store``, its cells into ``calibration_results`` (a database error is a warning: the files are written)."""
+    from auditor import calibration as cal
+
+    if out is not None and str(out):
+        paths = cal.write_outputs(run, out)
+        say("wrote " + ", ".join(str(p) for p in paths.values()))
+        _refresh_effects(run.to_json_list(), effects)
+    if store:
+        try:
+            n = cal.store_results(run, db)
+            say(f"stored {n} rows in calibration_results")
+        except Exception as exc:  # report it: the files are written already
+            typer.echo(f"warning: could not store results in the database: {exc}", err=True)
+
+
+def _print_records(records: list[dict], meta: dict, *, as_json: bool) -> None:
+    """The records as JSON (``--json``) or as the rejection-rate tables."""
+    if as_json:
+        typer.echo(json.dumps(records, indent=1))
+    else:
+        _print_table(records, meta)
+
+
+def plan_cmd(
+    provider: str | None = typer.Option(None, "--provider", help="Provider name (providers.toml): its reference model and prices."),
+    model: str | None = typer.Option(None, "--model", help="Reference model name (instead of --provider)."),
+    target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | any."),
+    power: float = typer.Option(0.95, "--power", min=0.01, max=0.999, help="Wanted power (rejection rate)."),
+    config: str | None = typer.Option(None, "--config", help="providers.toml path."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    calibration: Path | None = typer.Option(
+        None, "--calibration", help="Calibration JSON to read instead of the database / docs/calibration.json."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """How many tokens (and USD) an audit needs for the wanted power, from the stored calibration."""
+    from auditor import calibration as cal
+
+    if (provider is None) == (model is None):
+        fail("give exactly one of --provider NAME or --model M")
+    if target not in cal.PLAN_TARGETS:
+        fail(f"--target must be one of {', '.join(cal.PLAN_TARGETS)}, got {target!r}")
+    pricing = None
+    caps = None
+    if provider is not None:
+        from probes.config import ConfigError, get_provider
+
+        try:
+            pc = get_provider(provider, config)
+        except ConfigError as exc:
+            fail(str(exc))
+        model = pc.reference
+        pricing = pc.pricing
+        caps = pc.capabilities
+    if calibration is not None and not calibration.is_file():
+        fail(f"--calibration {calibration} does not exist")
+    rows, src = cal.load_calibration(db, path=calibration, model=str(model))
+    plan = cal.make_plan(rows, model=str(model), target=target, power=power, pricing=pricing, capabilities=caps)
+    plan["source"] = src
+    plan["provider"] = provider
+    if provider is not None and plan.get("command"):  # a line the user can paste as it is
+        who = f"auditor check --provider {provider}" + (f" --config {config}" if config else "")
+        plan["command"] = plan["command"].replace("auditor check", who)
+    if as_json:
+        typer.echo(json.dumps(plan, indent=1))
+    else:
+        _print_plan(plan)
+    raise typer.Exit(0 if plan["covered"] and plan["reached"] else 2)
+
+
 def register(app: typer.Typer) -> None:
     """Attach ``calibrate`` and ``plan`` to the root app."""
-
-    @app.command("calibrate")
-    def calibrate_cmd(
-        profiles: str | None = typer.Option(
-            None, "--profiles",
-            help="Comma-separated simulator profiles (see `auditor serve --list-profiles`) and recorded real-engine "
-                 "providers recorded:NAME (auditor/calibration/recorded/NAME.npz); default: all of both."
-        ),
-        budgets: str = typer.Option("100,300,1000,3000", "--budgets", help="Completion-token budgets per audit."),
-        audits: int = typer.Option(200, "--audits", min=1, help="Resampled audits per profile and budget."),
-        suites: str = typer.Option(
-            "default,precision,verification", "--suites",
-            help="Probe mixes to calibrate, by suite name; the first is the primary one (all budgets, sequential).",
-        ),
-        out_arg: str = typer.Option(
-            "docs", "--out", help="Directory for calibration.json/.md/.png (empty string: do not write)."
-        ),
-        db: str | None = typer.Option(None, "--db", help=DB_HELP),
-        store: bool = typer.Option(True, "--store/--no-store", help="Store the cells in calibration_results."),
-        model: str | None = typer.Option(None, "--model", help="Reference model (default: the bundled SmolLM2-135M)."),
-        alpha: float = typer.Option(0.05, "--alpha", min=1e-6, max=0.5, help="Family-wise level of each audit."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the resampling and the detectors."),
-        samples: int = typer.Option(4, "--samples", min=1, help="Temperature-1 samples per prompt in each pool."),
-        honest_samples: int = typer.Option(
-            12, "--honest-samples", min=1, help="Samples per prompt in honest profiles' pools (false accusations need big pools)."
-        ),
-        engine_samples: int = typer.Option(
-            2, "--engine-samples", min=1, help="Samples per prompt where the simulator engine must run (lossy verifiers)."
-        ),
-        max_prompts: int | None = typer.Option(None, "--max-prompts", min=1, help="Use only N distinct prompts (quick runs)."),
-        t0_max_tokens: int = typer.Option(64, "--t0-max-tokens", min=1, help="Max tokens of a temperature-0 request."),
-        sampling_max_tokens: int = typer.Option(24, "--sampling-max-tokens", min=1, help="Max tokens of a sampling request."),
-        sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="Also simulate --budget-tokens auto."),
-        fixed: bool = typer.Option(
-            True, "--fixed/--no-fixed",
-            help="Run the fixed-budget audits (--no-fixed: only the sequential simulation; join runs with --merge)."),
-        sequential_audits: int | None = typer.Option(None, "--sequential-audits", min=1, help="Audits per profile (default --audits)."),
-        honest_audits: int | None = typer.Option(
-            None, "--honest-audits", min=1,
-            help="Resampled audits per budget on honest profiles (default --audits; 400 lets the false-accusation upper bound reach 8%)."),
-        spending: str = typer.Option("pocock", "--spending", help="α spending: pocock (auto's) | obrien-fleming | linear."),
-        accept_power: float = typer.Option(
-            0.99, "--accept-power", min=0.5, max=0.9999, help="Power an early PASS needs in the sequential simulation (auto's: 0.99)."
-        ),
-        resolve_cause: bool = typer.Option(
-            False, "--resolve-cause/--stop-at-rejection",
-            help="Sequential simulation: probe on after a rejection whose cause is not established (auditor check --resolve-cause)."),
-        refresh: bool = typer.Option(False, "--refresh", help="Recollect pools even when cached."),
-        effects: bool = typer.Option(
-            False, "--effects/--no-effects",
-            help="Also refresh the package's effect-size table (auditor/calibration/effect_sizes.json), which a "
-                 "PASS's 'rules out' list is computed against, from these records (use for the committed calibration)."),
-        merge: str | None = typer.Option(
-            None, "--merge",
-            help="Comma-separated directories of earlier `calibrate --out DIR` runs (e.g. profile subsets run in "
-                 "parallel): join their records (later ones win) and write them to --out; runs nothing."),
-        export_requests: Path | None = typer.Option(
-            None, "--export-requests",
-            help="Write requests.json (an honest pool's requests: prompt token ids, budgets, seeds) and manifest.json "
-                 "(sha256 of the reference's float32 tensors) into DIR for scripts/gpu_pool.py, which records a real "
-                 "engine's outputs as a recorded:NAME profile (auditor/calibration/recorded.py); runs nothing else."),
-        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache root for pools and the noise floor (default: the user cache dir; a new root measures the floor again)."),
-        threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice; 1 per worker with --workers)."),
-        workers: int = typer.Option(
-            1, "--workers", min=1, help="Processes for the noise floor, the pools and the audits (a cold run on 2 cores: --workers 2)."
-        ),
-        as_json: bool = typer.Option(False, "--json", help="Print the records as JSON instead of a table."),
-        device: str | None = typer.Option(None, "--device", help="Where the reference (and the simulated engines) run: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
-        dtype: str | None = typer.Option(None, "--dtype", help="One reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16)."),
-    ) -> None:
-        """Detection benchmark: false-accusation rate and power per simulator profile and token budget."""
-        from auditor import calibration as cal
-
-        # a str option: Path("") would read as "." and write into the working directory
-        out: Path | None = Path(out_arg) if out_arg.strip() else None
-        if merge is not None:
-            if out is None or not str(out):
-                fail("--merge needs --out DIR (where the joined files are written)")
-            try:
-                recs, meta = cal.merge_outputs([x.strip() for x in merge.split(",") if x.strip()])
-            except ValueError as exc:
-                fail(f"--merge: {exc}")
-            paths = cal.write_record_files(recs, meta, out)
-            typer.echo("wrote " + ", ".join(str(p) for p in paths.values()), err=True)
-            _refresh_effects(recs, effects)
-            if as_json:
-                typer.echo(json.dumps(recs, indent=1))
-            else:
-                _print_table(recs, meta)
-            return
-        from auditor.calibration.benchmark import default_profiles
-        from simulator.profiles import PROFILES, find_profile
-
-        cfg = cal.PoolConfig(
-            sampling_samples=samples,
-            honest_sampling_samples=honest_samples,
-            engine_sampling_samples=engine_samples,
-            max_prompts=max_prompts,
-            t0_max_tokens=t0_max_tokens,
-            sampling_max_tokens=sampling_max_tokens,
-        )
-        names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else default_profiles(cfg)
-        from auditor.calibration.recorded import recorded_name, recorded_profiles, recording_sha256
-
-        bad = [p for p in names if find_profile(p) is None]  # parameterized names resolve too
-        if bad:
-            fail(f"--profiles: unknown profile(s) {bad}; choose from {', '.join([*PROFILES, *recorded_profiles()])}")
-
-        for p in names:
-            rec = recorded_name(p)
-            if rec is not None:
-                try:
-                    recording_sha256(rec)  # before the models load and the floor is measured
-                except FileNotFoundError as exc:
-                    fail(f"--profiles: {p}: {exc}")
-        from auditor.errors import AuditError
-        from auditor.reference_setup import check_device
-
-        try:
-            check_device(device, dtype)  # CUDA asked without a GPU → exit 3 before any work
-        except AuditError as exc:
-            fail(f"--{exc.parameter}: {exc}")
-        bl = _ints(budgets, "--budgets")
-        from auditor.sequential import SPENDING_FUNCTIONS, SequentialDesign
-
-        if spending not in SPENDING_FUNCTIONS:
-            fail(f"--spending must be one of {', '.join(SPENDING_FUNCTIONS)}, got {spending!r}")
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
-        design = (
-            SequentialDesign.geometric(max(bl), first=min(bl), alpha=alpha, spending=spending, accept_power=accept_power,
-                                       resolve_cause=resolve_cause)
-            if sequential and max(bl) > min(bl)
-            else None
-        )
-        if export_requests is not None:
-            from auditor.calibration.recorded import export_requests as _export
-            from reference.models import DEFAULT_MODEL, ModelNotAvailableError, load_model
-
-            try:
-                written = _export(export_requests, load_model(model or DEFAULT_MODEL, dtype="float32"), cfg)
-            except (ModelNotAvailableError, OSError) as exc:
-                fail(f"--export-requests: {exc}")
-            typer.echo("wrote " + ", ".join(str(p) for p in written), err=True)
-            return
-        t0 = time.perf_counter()
-
-        def say(msg: str) -> None:
-            typer.echo(f"[{time.perf_counter() - t0:7.0f}s] {msg}", err=True)
-
-        from probes.suites import SuiteError
-
-        try:
-            mixes = [cal.default_mix(x.strip()) for x in suites.split(",") if x.strip()]
-        except (SuiteError, KeyError, ValueError, OSError) as exc:
-            fail(f"--suites: {exc}")
-        if not mixes:
-            fail("--suites: give at least one suite name (e.g. default)")
-        ref_lms = None
-        if workers > 1 and (device is not None or dtype is not None):
-            fail("--workers > 1 runs the default CPU references in each worker: drop --device/--dtype, or use --workers 1")
-        if device is not None or dtype is not None:
-            from auditor.noise import REFERENCE_DTYPES
-            from reference.models import DEFAULT_MODEL, ModelNotAvailableError, load_model
-
-            try:
-                ref_lms = {dt: load_model(model or DEFAULT_MODEL, dtype=dt, device=device or "cpu")
-                           for dt in ([dtype] if dtype else REFERENCE_DTYPES)}
-            except (ModelNotAvailableError, ValueError, OSError) as exc:
-                fail(f"--model/--device/--dtype: {exc}")
-        try:
-            run = cal.run_calibration(
-                names, bl, audits, ref_lms=ref_lms, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir, mix=mixes,
-                refresh=refresh, sequential=design, sequential_audits=sequential_audits, honest_audits=honest_audits, fixed=fixed,
-                workers=workers, threads=threads, progress=say,
-            )
-        except (KeyError, ValueError) as exc:
-            fail(str(exc))
-        if out is not None and str(out):
-            paths = cal.write_outputs(run, out)
-            say("wrote " + ", ".join(str(p) for p in paths.values()))
-            _refresh_effects(run.to_json_list(), effects)
-        if store:
-            try:
-                n = cal.store_results(run, db)
-                say(f"stored {n} rows in calibration_results")
-            except Exception as exc:  # report it: the files are written already
-                typer.echo(f"warning: could not store results in the database: {exc}", err=True)
-        records = run.to_json_list()
-        if as_json:
-            typer.echo(json.dumps(records, indent=1))
-            return
-        _print_table(records, run.meta)
-
-    @app.command("plan")
-    def plan_cmd(
-        provider: str | None = typer.Option(None, "--provider", help="Provider name (providers.toml): its reference model and prices."),
-        model: str | None = typer.Option(None, "--model", help="Reference model name (instead of --provider)."),
-        target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | any."),
-        power: float = typer.Option(0.95, "--power", min=0.01, max=0.999, help="Wanted power (rejection rate)."),
-        config: str | None = typer.Option(None, "--config", help="providers.toml path."),
-        db: str | None = typer.Option(None, "--db", help=DB_HELP),
-        calibration: Path | None = typer.Option(
-            None, "--calibration", help="Calibration JSON to read instead of the database / docs/calibration.json."
-        ),
-        as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    ) -> None:
-        """How many tokens (and USD) an audit needs for the wanted power, from the stored calibration."""
-        from auditor import calibration as cal
-
-        if (provider is None) == (model is None):
-            fail("give exactly one of --provider NAME or --model M")
-        if target not in cal.PLAN_TARGETS:
-            fail(f"--target must be one of {', '.join(cal.PLAN_TARGETS)}, got {target!r}")
-        pricing = None
-        caps = None
-        if provider is not None:
-            from probes.config import ConfigError, get_provider
-
-            try:
-                pc = get_provider(provider, config)
-            except ConfigError as exc:
-                fail(str(exc))
-            model = pc.reference
-            pricing = pc.pricing
-            caps = pc.capabilities
-        if calibration is not None and not calibration.is_file():
-            fail(f"--calibration {calibration} does not exist")
-        rows, src = cal.load_calibration(db, path=calibration, model=str(model))
-        plan = cal.make_plan(rows, model=str(model), target=target, power=power, pricing=pricing, capabilities=caps)
-        plan["source"] = src
-        plan["provider"] = provider
-        if provider is not None and plan.get("command"):  # a line the user can paste as it is
-            who = f"auditor check --provider {provider}" + (f" --config {config}" if config else "")
-            plan["command"] = plan["command"].replace("auditor check", who)
-        if as_json:
-            typer.echo(json.dumps(plan, indent=1))
-        else:
-            _print_plan(plan)
-        raise typer.Exit(0 if plan["covered"] and plan["reached"] else 2)
+    app.command("calibrate")(calibrate_cmd)
+    app.command("plan")(plan_cmd)
 
 
 def _refresh_effects(records: list[dict], enabled: bool) -> None:

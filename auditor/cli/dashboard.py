@@ -58,54 +58,55 @@ def streamlit_command(*, host: str = "127.0.0.1", port: int = DEFAULT_PORT, pyth
     ]
 
 
+def dashboard_cmd(
+    db: str | None = typer.Option(
+        None, "--db", help="Database URL or SQLite path (default: $AUDITOR_DB_URL, else the user data dir)."
+    ),
+    port: int = typer.Option(DEFAULT_PORT, "--port", min=1, max=65535, help="TCP port to listen on."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to bind. Loopback by default (open); any other address requires a login."
+    ),
+    auth_header: str | None = typer.Option(
+        None, "--auth-header", help="Off loopback: trust this header (e.g. X-Forwarded-User) set by an "
+        "authenticating reverse proxy that is the only way in, instead of a token."),
+) -> None:
+    """Serve the read-only dashboard (providers, speed vs fidelity, history, run detail)."""
+    from rich.console import Console
+
+    from auditor.store.db import redact_url, resolve_db_url
+    from dashboard.auth import ENV_HEADER, ENV_MODE, ENV_TOKEN
+
+    console = Console(stderr=True)
+    url = resolve_db_url(db)
+    env = dict(os.environ)
+    env["AUDITOR_DB_URL"] = url  # passed by environment so a password never shows in `ps`
+    env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
+    shown = "localhost" if host in _LOOPBACK else host
+    login = ""
+    if host in _LOOPBACK:
+        env[ENV_MODE] = "none"
+    elif auth_header:
+        env[ENV_MODE], env[ENV_HEADER] = "header", auth_header
+        login = f"; login: the {auth_header} header of your authenticating proxy"
+    elif oidc_configured():
+        env[ENV_MODE] = "oidc"
+        login = "; login: OpenID Connect ([auth] in .streamlit/secrets.toml)"
+    else:
+        import secrets
+
+        token = os.environ.get(ENV_TOKEN) or secrets.token_urlsafe(24)
+        env[ENV_MODE], env[ENV_TOKEN] = "token", token
+        login = (f"; login: open http://{shown}:{port}/?token={token} once"
+                 if not os.environ.get(ENV_TOKEN) else f"; login: the token in ${ENV_TOKEN}")
+    console.print(f"dashboard: http://{shown}:{port}/  (database {redact_url(url)}{login}; Ctrl+C to stop)",
+                  highlight=False, markup=False, soft_wrap=True)
+    rc = run_child(streamlit_command(host=host, port=port), env=env)
+    raise typer.Exit(rc)
+
+
 def register(app: typer.Typer) -> None:
     """Attach ``auditor dashboard`` to the root app."""
-
-    @app.command("dashboard")
-    def dashboard_cmd(
-        db: str | None = typer.Option(
-            None, "--db", help="Database URL or SQLite path (default: $AUDITOR_DB_URL, else the user data dir)."
-        ),
-        port: int = typer.Option(DEFAULT_PORT, "--port", min=1, max=65535, help="TCP port to listen on."),
-        host: str = typer.Option(
-            "127.0.0.1", "--host", help="Address to bind. Loopback by default (open); any other address requires a login."
-        ),
-        auth_header: str | None = typer.Option(
-            None, "--auth-header", help="Off loopback: trust this header (e.g. X-Forwarded-User) set by an "
-            "authenticating reverse proxy that is the only way in, instead of a token."),
-    ) -> None:
-        """Serve the read-only dashboard (providers, speed vs fidelity, history, run detail)."""
-        from rich.console import Console
-
-        from auditor.store.db import redact_url, resolve_db_url
-        from dashboard.auth import ENV_HEADER, ENV_MODE, ENV_TOKEN
-
-        console = Console(stderr=True)
-        url = resolve_db_url(db)
-        env = dict(os.environ)
-        env["AUDITOR_DB_URL"] = url  # passed by environment so a password never shows in `ps`
-        env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
-        shown = "localhost" if host in _LOOPBACK else host
-        login = ""
-        if host in _LOOPBACK:
-            env[ENV_MODE] = "none"
-        elif auth_header:
-            env[ENV_MODE], env[ENV_HEADER] = "header", auth_header
-            login = f"; login: the {auth_header} header of your authenticating proxy"
-        elif oidc_configured():
-            env[ENV_MODE] = "oidc"
-            login = "; login: OpenID Connect ([auth] in .streamlit/secrets.toml)"
-        else:
-            import secrets
-
-            token = os.environ.get(ENV_TOKEN) or secrets.token_urlsafe(24)
-            env[ENV_MODE], env[ENV_TOKEN] = "token", token
-            login = (f"; login: open http://{shown}:{port}/?token={token} once"
-                     if not os.environ.get(ENV_TOKEN) else f"; login: the token in ${ENV_TOKEN}")
-        console.print(f"dashboard: http://{shown}:{port}/  (database {redact_url(url)}{login}; Ctrl+C to stop)",
-                      highlight=False, markup=False, soft_wrap=True)
-        rc = run_child(streamlit_command(host=host, port=port), env=env)
-        raise typer.Exit(rc)
+    app.command("dashboard")(dashboard_cmd)
 
 
 def oidc_configured(cwd: Path | None = None) -> bool:

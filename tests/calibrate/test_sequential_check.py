@@ -150,3 +150,64 @@ def test_sequential_check_returns_inconclusive_when_the_cap_leaves_a_class_not_r
     assert [d.action for d in seq.decisions] == ["continue", "final"]
     assert rep.verdict == "INCONCLUSIVE" and rep.verdict_details["rule"] == "seq-not-ruled-out"
     assert "int8 weights (power 60%)" in rep.verdict_reason
+
+
+def test_sequential_check_writes_one_verdict_from_suite_objects(sim_env, monkeypatch):
+    """Issue 34, item 3: each look hands its planned Suite object to the pipeline (no temporary suite file
+    read back and planned again), and the run's verdict is committed once, by the decision, whatever the
+    number of looks (it used to be written by every look, and again when the decision differed)."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    from auditor import audit
+    from auditor.sequential import SequentialDesign, run_sequential_check
+    from auditor.store import open_store
+    from auditor.store import queries as q
+    from auditor.store.models import VerdictRow
+    from probes.suites import Suite
+
+    suites = []
+    real = audit.run_check
+
+    def spy(provider, options=None, /, **kw):
+        suites.append(kw.get("suite"))
+        return real(provider, options, **kw)
+
+    monkeypatch.setattr(audit, "run_check", spy)
+    pending: dict[int, int] = {}
+    committed: list[int] = []
+
+    def on_flush(session, _ctx):
+        n = sum(isinstance(o, VerdictRow) for o in (*session.new, *session.dirty))
+        pending[id(session)] = pending.get(id(session), 0) + n
+
+    def on_commit(session):
+        committed.append(pending.pop(id(session), 0))
+
+    def on_rollback(session):
+        pending.pop(id(session), None)
+
+    hooks = [("after_flush", on_flush), ("after_commit", on_commit), ("after_rollback", on_rollback)]
+    for name, fn in hooks:
+        event.listen(Session, name, fn)
+    try:
+        looks = []
+        rep, _seq = run_sequential_check("sim", design=SequentialDesign((40, 80), spending="pocock"), suite="smoke",
+                                        db_url=sim_env["db"], config_path=sim_env["config"], on_look=looks.append)
+    finally:
+        for name, fn in hooks:
+            event.remove(Session, name, fn)
+    assert len(looks) == 2, [d.action for d in looks]  # the count below spans two looks
+    assert len(suites) == 2 and all(isinstance(x, Suite) for x in suites)
+    assert suites[1].max_completion_tokens() > suites[0].max_completion_tokens()
+    assert sum(committed) == 1, committed
+    st = open_store(sim_env["db"])
+    with st.session() as s:
+        assert s.query(VerdictRow).filter(VerdictRow.run_id == rep.run_id).count() == 1
+        run = q.get_run(s, rep.run_id)
+        assert (run.verdict, run.status) == (rep.verdict, "completed")
+        assert run.summary["sequential"]["verdict"] == rep.verdict
+        assert run.budget_tokens == looks[-1].tokens
+        stored = q.get_verdict(s, rep.run_id)
+        assert stored.reason == rep.verdict_reason and "report" in stored.details  # the report's extras are kept
+    st.close()
