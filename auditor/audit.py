@@ -360,6 +360,8 @@ def analyze_run(
 
     Raises:
         NothingToAuditError: no probe produced tokens (connection/config problem).
+        MemoryRefusal: the noise floor or the reference scoring would need more memory than is
+            available (``auditor.memory``; exit 3, the run stays stored and can be resumed).
         TypeError: an unknown option name in ``overrides``.
     """
     from auditor.preflight import preflight_stage
@@ -381,7 +383,9 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
              pre: PreflightContext, rp: ReferencePath, t0: float) -> AuditReport:
     """Stages 5–12: body of :func:`analyze_run` once the reference (``ref``) and the pre-flight
     (``pre``) are there. Each stage module is called in turn and not again."""
-    from auditor.noise import floor_is_cached, get_floors
+    from auditor.memory import ensure_fits
+    from auditor.noise import floor_is_cached, floor_memory_need, get_floors
+    from auditor.scoring import scoring_memory_need
     from auditor.verdict import DEFAULT_POWER, decide_verdict
     from reference.backends import ReferenceError
 
@@ -390,6 +394,7 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
         # 5. noise floor, and its summary for the report
         if ref.lms and not (cached := floor_is_cached(ref.lms, opts.floors_cache_dir))[0]:
             stage.note(FIRST_FLOOR_NOTE.format(model=next(iter(ref.lms.values())).name, path=cached[1].parent))
+            ensure_fits(floor_memory_need(ref.lms), provider=config.name, run_id=run_id)  # issue 41: refuse, not killed
         floors = get_floors(ref.lms, cache_dir=opts.floors_cache_dir, progress=stage.update) if ref.lms else None
         floor_summary = floors.summary() if floors is not None else None
         # 6. observations, and the aligned ids the final transaction stores
@@ -401,6 +406,9 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
                                       run_id=run_id, provider=config.name)
         aligned = aligned_ids(observations)
         # 7. reference scoring
+        if ref.lms:
+            ensure_fits(scoring_memory_need(next(iter(ref.lms.values())), [(o.prompt_ids, o.ref_ids) for o in observations]),
+                        provider=config.name, run_id=run_id)
         try:
             scored = {
                 dt: score_observations(store, scorer, observations, progress=stage.reporter(f"reference scoring ({dt})"))

@@ -66,7 +66,8 @@ from typing import Any
 
 import numpy as np
 
-from auditor.detectors.noise_floor import KLFloor, NoiseFloor, compute_noise_floor
+from auditor.detectors.noise_floor import FloorAccumulator, KLFloor, NoiseFloor
+from auditor.memory import StageNeed, floor_block_rows, floor_need, model_shape
 
 __all__ = [
     "ENV_NOISE_DIR",
@@ -83,6 +84,7 @@ __all__ = [
     "compute_floors",
     "floor_cache_key",
     "floor_is_cached",
+    "floor_memory_need",
     "floor_prompts",
     "get_floors",
     "merge_floors",
@@ -399,8 +401,21 @@ def compute_floors(
     batch_size: int = FLOOR_BATCH_SIZE,
     seed: int = FLOOR_SEED,
     progress: Callable[[str, int, int], None] | None = None,
+    spill_dir: str | os.PathLike[str] | None = None,
 ) -> FloorSet:
     """Measure the noise floor of every reference precision in ``ref_lms`` (see module docstring).
+
+    Memory is bounded by blocks, not by vocabulary × positions (issue 41: the old measurement kept
+    every variant's ``[positions, V]`` rows and their float64 copies, 23 GB for gemma-3-270m). Per
+    honest variant: its continuations are generated one prompt at a time (``[max_new_tokens, V]``
+    float32 rows) and the rows are appended to a temporary file (:class:`_RowSpill`, ``positions ×
+    V × 4`` bytes of *disk*, 1.7 GB for gemma-3-270m's 1,664 positions, deleted after the
+    variant); the reference then teacher-forces the continuations in the same batches as before
+    (``reference.scoring.score_continuations`` with a ``row_sink``: ``2 × logit_rows × V × 4``
+    bytes, 512 MiB at any V), and each chunk of reference rows meets the variant's rows read back
+    from the file in a :class:`~auditor.detectors.noise_floor.FloorAccumulator`, ``block_rows`` at
+    a time (``64 × block_rows × V`` bytes). What is kept is ~1.2 KB per position and variant.
+    The numbers are bit-identical to reducing all rows at once (tests/audit/test_noise_memory.py).
 
     Args:
         ref_lms: reference dtype (``float32``, ``bfloat16``) → ``reference.models.LoadedModel`` of
@@ -412,6 +427,8 @@ def compute_floors(
         batch_size: teacher-forcing batch size.
         seed: ``torch.manual_seed`` of the measurement; prompt ``i`` decodes with seed ``seed + i``.
         progress: ``progress(stage, done, total)`` callback.
+        spill_dir: directory of the temporary row file (default: the system's temporary directory;
+            :func:`get_floors` passes the floor cache directory, on disk rather than a tmpfs).
 
     Returns:
         FloorSet (``key`` and cache fields left to :func:`get_floors`).
@@ -422,7 +439,6 @@ def compute_floors(
     import torch
 
     from reference.drafter_specs import make_drafter
-    from reference.scoring import score_continuations
     from reference.speculative import speculative_generate
     from reference.verify import StrictVerifier
     from simulator.profiles import get_profile
@@ -447,70 +463,50 @@ def compute_floors(
     t0 = time.perf_counter()
     total = len(variants) * len(prompts)
     done = 0
-    conts: dict[str, list[list[int]]] = {}
-    rows: dict[str, np.ndarray] = {}
-    groups: dict[str, np.ndarray] = {}
-    where: dict[str, np.ndarray] = {}  # per row: its 0-based position in the continuation
+    per_ref: dict[str, list[NoiseFloor]] = {r: [] for r in refs}
+    cross: dict[str, dict[str, float]] = {r: {} for r in refs}
+    n_pos: dict[str, int] = {}
     for name, prof in variants.items():
         base = model_in(prof.dtype)
         served = _served(base, prof.logit_noise)
         drafter = make_drafter(prof.default_drafter, base.model)
         eos = list(base.eos_token_ids)
         cs: list[list[int]] = []
-        rs: list[np.ndarray] = []
         gs: list[str] = []
-        ps: list[int] = []
-        for i, ids in enumerate(prompts):
-            served.model.nonce = 1_000 + i
-            res = speculative_generate(
-                served, list(ids), drafter=drafter, k=k, max_new_tokens=max_new_tokens, temperature=0.0,
-                eos_token_ids=eos, verifier=StrictVerifier(), return_logprobs=True, seed=int(seed) + i,
-                adaptive_k=False,  # a fixed depth: one split into verify forwards, whatever the policy
-            )
-            toks = list(res.token_ids)
-            lp = res.logprobs
-            if lp is None or not toks:
-                cs.append([])
-            else:
-                cs.append(toks)
-                rs.append(lp.float().numpy()[: len(toks)])
-                gs.extend([prompt_names[i]] * len(toks))
-                ps.extend(range(len(toks)))
-            done += 1
-            if progress is not None:
-                progress(f"noise floor: {name}", done, total)
-        conts[name] = cs
-        rows[name] = np.concatenate(rs) if rs else np.zeros((0, 1), np.float32)
-        groups[name] = np.asarray(gs, dtype=object)
-        where[name] = np.asarray(ps, dtype=np.int64)
-    floors: dict[str, NoiseFloor] = {}
-    cross: dict[str, dict[str, float]] = {}
-    with torch.inference_mode():
-        for r in refs:
-            per_variant = []
-            cross[r] = {}
-            for name in variants:
-                keep = [j for j, c in enumerate(conts[name]) if c]
-                sc = score_continuations(
-                    ref_lms[r], [prompts[j] for j in keep], [conts[name][j] for j in keep], top_k=0, full=True,
-                    batch_size=batch_size,
+        ps: list[int] = []  # per row: its 0-based position in the continuation
+        with _RowSpill(int(base.model.config.vocab_size), spill_dir) as spill:
+            for i, ids in enumerate(prompts):
+                served.model.nonce = 1_000 + i
+                res = speculative_generate(
+                    served, list(ids), drafter=drafter, k=k, max_new_tokens=max_new_tokens, temperature=0.0,
+                    eos_token_ids=eos, verifier=StrictVerifier(), return_logprobs=True, seed=int(seed) + i,
+                    adaptive_k=False,  # a fixed depth: one split into verify forwards, whatever the policy
                 )
-                ref_rows = np.concatenate([s.full_logprobs for s in sc]).astype(np.float64)
-                prov = rows[name].astype(np.float64)
-                p = np.exp(ref_rows)
-                cross[r][name] = float((p * (ref_rows - prov)).sum(1).mean())
+                toks = list(res.token_ids)
+                lp = res.logprobs
+                if lp is None or not toks:
+                    cs.append([])
+                else:
+                    cs.append(toks)
+                    spill.append(lp.float().numpy()[: len(toks)])
+                    gs.extend([prompt_names[i]] * len(toks))
+                    ps.extend(range(len(toks)))
+                del res, lp
+                done += 1
+                if progress is not None:
+                    progress(f"noise floor: {name}", done, total)
+            n_pos[name] = spill.rows
+            for r in refs:
+                acc = _score_against(ref_lms[r], name, prompts, cs, spill, batch_size)
+                cross[r][name] = acc.mean_full_kl(name)
                 if name in honest.get(r, ()):
-                    per_variant.append(
-                        compute_noise_floor(
-                            ref_rows, prov, prompt_ids=groups[name], positions=where[name], variant_names=[name],
-                            model=f"{ref_lms[r].name}@{ref_lms[r].revision}/{r}",
-                            meta={"reference_dtype": r, "variant": name},
-                        )
-                    )
-                del ref_rows, p
-            floors[r] = merge_floors(per_variant)
+                    per_ref[r].append(acc.finish(
+                        prompt_ids=np.asarray(gs, dtype=object), positions=np.asarray(ps, dtype=np.int64),
+                        model=f"{ref_lms[r].name}@{ref_lms[r].revision}/{r}", meta={"reference_dtype": r, "variant": name},
+                    ))
+                del acc
+    floors = {r: merge_floors(per_ref[r]) for r in refs}
     first = next(iter(ref_lms.values()))
-    n_pos = {name: int(rows[name].shape[0]) for name in variants}
     return FloorSet(
         model=str(first.name),
         revision=str(first.revision),
@@ -531,6 +527,78 @@ def compute_floors(
             "honest": {r: list(honest.get(r, ())) for r in refs},
         },
     )
+
+
+class _RowSpill:
+    """A temporary file of float32 ``[rows, V]`` log-prob rows: appended in order, read back by row.
+
+    Holds one honest variant's rows while the reference is teacher-forced (no mapping, so neither
+    RSS nor the address space grows with it); the file is deleted on close.
+
+    Args:
+        vocab_size: V; directory: where the file lives (None: the system's temporary directory).
+    """
+
+    def __init__(self, vocab_size: int, directory: str | os.PathLike[str] | None = None) -> None:
+        import tempfile
+
+        self.v = int(vocab_size)
+        self.rows = 0
+        self._f = tempfile.TemporaryFile(prefix="floor-rows-", dir=directory)  # noqa: SIM115  # closed by __exit__
+
+    def __enter__(self) -> _RowSpill:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._f.close()
+
+    def append(self, rows: np.ndarray) -> None:
+        """Append ``[n, V]`` rows (written as float32).
+
+        Raises:
+            ValueError: a row width other than V.
+        """
+        a = np.ascontiguousarray(rows, dtype=np.float32)
+        if a.ndim != 2 or a.shape[1] != self.v:
+            raise ValueError(f"rows {a.shape} must be [n, V={self.v}]")
+        self._f.seek(0, os.SEEK_END)
+        a.tofile(self._f)
+        self.rows += a.shape[0]
+
+    def read(self, start: int, n: int) -> np.ndarray:
+        """Rows ``start .. start + n - 1`` as a ``[n, V]`` float32 array.
+
+        Raises:
+            ValueError: rows beyond what was appended.
+        """
+        if start < 0 or n < 0 or start + n > self.rows:
+            raise ValueError(f"rows {start}..{start + n - 1} outside 0..{self.rows - 1}")
+        self._f.flush()
+        self._f.seek(start * self.v * 4)
+        return np.fromfile(self._f, dtype=np.float32, count=n * self.v).reshape(n, self.v)
+
+
+def _score_against(ref_lm: Any, name: str, prompts: Sequence[Sequence[int]], conts: Sequence[Sequence[int]],
+                   spill: _RowSpill, batch_size: int) -> FloorAccumulator:
+    """Teacher-force the non-empty ``conts`` with ``ref_lm`` and reduce each chunk of its rows with the
+    variant ``name``'s rows (``spill``, rows in prompt order) in a :class:`FloorAccumulator`
+    (``full_kl=True``); memory: see :func:`compute_floors`."""
+    from reference.scoring import score_continuations
+
+    keep = [j for j, c in enumerate(conts) if c]
+    first_row = np.concatenate([[0], np.cumsum([len(conts[j]) for j in keep])]).astype(int)
+    acc = FloorAccumulator(spill.rows, spill.v, [name], full_kl=True, block_rows=floor_block_rows())
+
+    def sink(item: int, t0: int, rows: Any) -> None:
+        start = int(first_row[item]) + t0
+        ref_rows = rows.numpy()
+        for s in range(0, ref_rows.shape[0], acc.block_rows):
+            e = min(ref_rows.shape[0], s + acc.block_rows)
+            acc.add(start + s, ref_rows[s:e], [spill.read(start + s, e - s)])
+
+    score_continuations(ref_lm, [prompts[j] for j in keep], [conts[j] for j in keep], top_k=0, full=True,
+                        batch_size=batch_size, row_sink=sink)
+    return acc
 
 
 def _floor_file(
@@ -556,6 +624,21 @@ def floor_is_cached(
     measurement), and the cache file it reads or writes."""
     *_, path = _floor_file(ref_lms, n_prompts, max_new_tokens, cache_dir)
     return path.is_file(), path
+
+
+def floor_memory_need(ref_lms: Mapping[str, Any], *, n_prompts: int | None = None,
+                      max_new_tokens: int | None = None) -> StageNeed:
+    """Upper bound of the extra memory :func:`get_floors` needs to measure the floor of ``ref_lms``
+    (``auditor.memory.floor_need``: one block of rows at a time; a bf16 copy when the reference is
+    float32 only and a bf16 honest profile is measured)."""
+    n = FLOOR_PROMPTS if n_prompts is None else int(n_prompts)
+    t = FLOOR_MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
+    from simulator.profiles import get_profile
+
+    first = next(iter(ref_lms.values()))
+    bf16 = "bfloat16" not in ref_lms and any(
+        get_profile(name).dtype == "bfloat16" for r in ref_lms for name in HONEST_BY_REFERENCE.get(r, ()))
+    return floor_need(model_shape(first), n_positions=n * t, max_new_tokens=t, needs_bf16_copy=bf16)
 
 
 def get_floors(
@@ -591,9 +674,10 @@ def get_floors(
         except (ValueError, KeyError, TypeError):
             pass  # corrupt: recompute
     max_new_tokens = FLOOR_MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
-    fs = compute_floors(ref_lms, prompt_names=names, prompts=prompts, max_new_tokens=max_new_tokens, progress=progress)
-    fs.key = key
     d.mkdir(parents=True, exist_ok=True)
+    fs = compute_floors(ref_lms, prompt_names=names, prompts=prompts, max_new_tokens=max_new_tokens, progress=progress,
+                        spill_dir=d)
+    fs.key = key
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(fs.to_json(), encoding="utf-8")
     tmp.replace(path)

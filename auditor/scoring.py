@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
+    from auditor.memory import StageNeed
     from auditor.observations import Observation
     from auditor.store import Store
     from reference.models import LoadedModel
@@ -37,6 +38,7 @@ __all__ = [
     "Scorer",
     "local_scorers",
     "score_observations",
+    "scoring_memory_need",
 ]
 
 #: Reference alternatives kept per position (top-K, with the emitted token's own logprob).
@@ -95,6 +97,23 @@ class LocalScorer:
 def local_scorers(models: Mapping[str, LoadedModel], batch_size: int = SCORE_BATCH_SIZE) -> dict[str, Scorer]:
     """reference dtype → :class:`LocalScorer` of that model."""
     return {dt: LocalScorer(lm, dt, batch_size) for dt, lm in models.items()}
+
+
+def scoring_memory_need(lm: LoadedModel, items: Sequence[tuple[Sequence[int], Sequence[int]]],
+                        batch_size: int = SCORE_BATCH_SIZE) -> StageNeed:
+    """Upper bound of the extra memory :func:`score_observations` needs with a local reference
+    (``auditor.memory.scoring_need``): one ``logit_rows`` chunk of ``[rows, V]`` float32 logits, one
+    forward of at most ``reference.scoring.DEFAULT_TOKEN_BUDGET`` padded tokens, and ~400 bytes kept
+    per position (top-20 ids and logprobs, never a full row).
+
+    Args:
+        lm: the reference; items: per observation (prompt ids, continuation ids); batch_size: sequences per forward.
+    """
+    from auditor.memory import model_shape, scoring_need
+    from reference.scoring import DEFAULT_TOKEN_BUDGET
+
+    return scoring_need(model_shape(lm), n_positions=sum(len(c) for _, c in items), token_budget=DEFAULT_TOKEN_BUDGET,
+                        batch_size=batch_size, longest=max((len(p) + len(c) for p, c in items), default=0))
 
 
 # ------------------------------------------------------------------------------------------ cache

@@ -22,7 +22,7 @@ default special tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,6 +217,19 @@ def _reduce_rows(
     return chosen, ti, tv, tail, fl
 
 
+def _to_sink(row_sink: Callable[[int, int, torch.Tensor], None], rows: torch.Tensor,
+             owner: Sequence[tuple[int, int]], s: int) -> None:
+    """Pass ``rows`` (flat rows ``s .. s + n - 1`` of a batch) to ``row_sink`` one item segment at a time."""
+    j = 0
+    while j < rows.shape[0]:
+        item, first = owner[s + j]
+        e = j
+        while e < rows.shape[0] and owner[s + e][0] == item:
+            e += 1
+        row_sink(item, s + j - first, rows[j:e])
+        j = e
+
+
 def score_continuations(
     lm: Any,
     prompts: Sequence[Sequence[int]],
@@ -227,6 +240,7 @@ def score_continuations(
     batch_size: int = 64,
     token_budget: int = DEFAULT_TOKEN_BUDGET,
     logit_rows: int | None = None,
+    row_sink: Callable[[int, int, torch.Tensor], None] | None = None,
 ) -> list[ScoredContinuation]:
     """Teacher-force each continuation after its prompt and return the target's logprobs.
 
@@ -235,7 +249,8 @@ def score_continuations(
     The vocabulary projection runs on the continuation positions only, ``logit_rows`` rows at a
     time (:data:`HIDDEN_HEAD_MODEL_TYPES`; other architectures use the model's logits for the
     kept positions), so peak extra memory is about ``token_budget`` activations plus
-    ``logit_rows * V * 4`` bytes (+ ``T * V * 4`` per item when ``full``). The same code runs on
+    ``2 * logit_rows * V * 4`` bytes (logits and their log-sum-exp work array; + ``T * V * 4`` per
+    item when ``full`` keeps the rows, nothing more when a ``row_sink`` takes them). The same code runs on
     CPU, one GPU (``cuda:N``) and a ``device_map="auto"`` model spread over several GPUs: inputs
     go to the input embedding's device, results come back to host memory.
 
@@ -245,6 +260,11 @@ def score_continuations(
         continuations: per item, the continuation ids (may be empty).
         top_k: number of top alternatives per position (0..V).
         full: also return the full ``[T, V]`` float32 log-softmax (memory grows with T * V).
+        row_sink: instead of returning them (``full_logprobs`` stays None), pass the full rows to
+            ``row_sink(item, t0, rows)`` as they are computed: ``rows`` is ``[n, V]`` float32 CPU
+            log-softmax of item ``item``'s positions ``t0 .. t0 + n - 1`` (at most ``logit_rows``
+            rows, valid during the call only). Every position of every item is passed exactly once,
+            batch by batch (:func:`plan_batches` order), positions of an item in increasing order.
         batch_size: at most this many sequences per forward (>= 1).
         token_budget: at most this many padded tokens per forward (>= 1); a longer single item
             is scored alone.
@@ -263,13 +283,14 @@ def score_continuations(
     rows_per_chunk = logit_rows_for(V) if logit_rows is None else int(logit_rows)
     if rows_per_chunk < 1:
         raise ValueError(f"logit_rows={logit_rows} must be >= 1")
+    keep_full = full and row_sink is None
     results: list[ScoredContinuation | None] = [None] * len(items)
     todo = []
     for i, (_, co) in enumerate(items):
         if not co:
             results[i] = ScoredContinuation(
                 [], np.zeros(0), np.zeros((0, top_k), dtype=np.int64), np.zeros((0, top_k), dtype=np.float64),
-                np.zeros((0, V), dtype=np.float32) if full else None, np.zeros(0),
+                np.zeros((0, V), dtype=np.float32) if keep_full else None, np.zeros(0),
             )
         else:
             todo.append(i)
@@ -288,7 +309,9 @@ def score_continuations(
             sel_r: list[int] = []
             sel_c: list[int] = []
             targets: list[int] = []
-            for r, (_, pr, co) in enumerate(batch):
+            owner: list[tuple[int, int]] = []  # per flat row: (item, start row of that item)
+            for r, (i_item, pr, co) in enumerate(batch):
+                owner.extend([(i_item, len(targets))] * len(co))
                 seq = [*pr, *co]
                 ids[r, L - len(seq):] = torch.tensor(seq)
                 mask[r, L - len(seq):] = 1
@@ -316,15 +339,19 @@ def score_continuations(
                     x = head(x)
                     if softcap:
                         x = torch.tanh(x / softcap) * softcap
-                ch, ti, tv, tail, fl = _reduce_rows(x, tgt_all[s: s + rows_per_chunk].to(x.device), top_k, full)
+                ch, ti, tv, tail, fl = _reduce_rows(x, tgt_all[s: s + rows_per_chunk].to(x.device), top_k,
+                                                    full or row_sink is not None)
+                if row_sink is not None and fl is not None:
+                    _to_sink(row_sink, fl.float().cpu(), owner, s)
+                    fl = None
                 parts.append((ch.double().cpu(), ti.cpu(), tv.double().cpu(), tail.double().cpu(),
                               fl.float().cpu() if fl is not None else None))
-                del x
+                del x, fl
             chosen = torch.cat([p[0] for p in parts]).numpy()
             top_i = torch.cat([p[1] for p in parts]).numpy().astype(np.int64)
             top_v = torch.cat([p[2] for p in parts]).numpy()
             tails = torch.cat([p[3] for p in parts]).numpy()
-            fulls = torch.cat([p[4] for p in parts if p[4] is not None]).numpy() if full else None  # all set when full
+            fulls = torch.cat([p[4] for p in parts if p[4] is not None]).numpy() if keep_full else None  # all set then
             off = 0
             for i, _, co in batch:
                 T = len(co)

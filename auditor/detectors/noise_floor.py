@@ -51,11 +51,13 @@ __all__ = [
     "BAND_SAFETY",
     "DEFAULT_MARGIN_BAND",
     "DEFAULT_TOP_M",
+    "FLOOR_BLOCK_ROWS",
     "GAIN_GRID_STEP",
     "LOG_KL_EPS",
     "MIN_MARGIN_BAND",
     "MIN_POSITION_BUCKET",
     "POSITION_BUCKET_STARTS",
+    "FloorAccumulator",
     "KLFloor",
     "NoiseFloor",
     "compute_noise_floor",
@@ -85,6 +87,9 @@ MIN_POSITION_BUCKET = 32
 GAIN_GRID_STEP = 0.01
 #: Competitors of the reference top-1 whose gain the survival measures: its next K tokens.
 GAIN_COMPETITORS = 63
+#: Rows of ``[rows, V]`` reduced at once by :class:`FloorAccumulator` (its working memory is about
+#: ``64 × rows × V`` bytes: 256 MiB at V = 262,144).
+FLOOR_BLOCK_ROWS = 16
 
 
 def gain_grid_key(m: float) -> str:
@@ -284,8 +289,13 @@ def compute_noise_floor(
     band_safety: float = BAND_SAFETY,
     model: str | None = None,
     meta: Mapping[str, Any] | None = None,
+    block_rows: int | None = None,
 ) -> NoiseFloor:
     """Measure the honest noise floor from teacher-forced reference rows and honest-variant rows.
+
+    The rows are reduced :data:`FLOOR_BLOCK_ROWS` at a time by a :class:`FloorAccumulator` (the
+    streaming form the pipeline uses when the rows do not fit in memory); the result does not
+    depend on the block size.
 
     Args:
         ref_rows: [N, V] float logits or log-probs of the reference (e.g. fp32) at N positions.
@@ -302,6 +312,7 @@ def compute_noise_floor(
         band_quantile: quantile of |Δ(logp1 − logp2)| that defines the near-tie band.
         band_safety: multiplier on that quantile (see BAND_SAFETY).
         model, meta: provenance stored in the record.
+        block_rows: rows reduced at once (default :data:`FLOOR_BLOCK_ROWS`).
 
     Returns:
         A :class:`NoiseFloor`.
@@ -326,107 +337,237 @@ def compute_noise_floor(
         if variant_names is not None
         else [f"variant{i}" for i in range(len(variants))]
     )
-    if len(names) != len(variants):
-        raise ValueError(
-            f"variant_names has {len(names)} names for {len(variants)} variants"
-        )
-    if not 0.5 < band_quantile <= 1.0:
-        raise ValueError(f"band_quantile must be in (0.5, 1], got {band_quantile}")
-    n, v = ref.shape
-    groups = (
-        np.arange(n)
-        if prompt_ids is None
-        else np.asarray([str(p) for p in np.asarray(prompt_ids, object).reshape(-1)])
-    )
-    if groups.size != n:
-        raise ValueError(f"prompt_ids has {groups.size} entries, ref_rows {n} rows")
-    pos = None if positions is None else np.asarray(positions, dtype=np.int64).reshape(-1)
-    if pos is not None and (pos.size != n or (pos < 0).any()):
-        raise ValueError(f"positions must be {n} non-negative ints (one per row), got {pos.size}")
-    layout = None if pos is None else _PositionLayout.of(groups, pos)
-    ref_lp = _log_softmax_rows(ref)
-    if not np.all(np.isfinite(ref_lp.max(1))):
-        raise ValueError("ref_rows contains a row without finite values")
-    ref_top = _top_m(ref_lp, GAIN_COMPETITORS + 1)  # [N, K+1] the top-1 and its competitors, descending
-    ref_top2 = ref_top[:, :2]
-    rows = np.arange(n)
-    ref_margin = ref_lp[rows, ref_top2[:, 0]] - ref_lp[rows, ref_top2[:, 1]]
+    acc = FloorAccumulator(ref.shape[0], ref.shape[1], names, top_m=top_m, block_rows=block_rows)
+    acc.add(0, ref, [np.asarray(h) for h in variants])
+    return acc.finish(prompt_ids=prompt_ids, positions=positions, band_quantile=band_quantile,
+                      band_safety=band_safety, model=model, meta=meta)
 
-    band_raw = 0.0
-    dq: dict[str, float] = {}
-    per_variant_flip: list[tuple[np.ndarray, np.ndarray]] = []
-    lifts: list[np.ndarray] = []  # per variant [N, K+1]: h(ref top-(K+1)) − h(ref top-1), nats
-    kl_by_m: dict[str, KLFloor] = {}
-    for name, hv in zip(names, variants, strict=True):
-        h = np.asarray(hv)
-        if h.shape != ref.shape:
+
+class FloorAccumulator:
+    """The noise floor of N positions, fed ``[b, V]`` rows a block at a time (bounded memory).
+
+    The floor's statistics need, per position, only a few numbers from the full-vocabulary rows;
+    :meth:`add` reduces the rows to them, :data:`FLOOR_BLOCK_ROWS` rows at a time, and drops the
+    rows. Kept per position (float64, the precision the statistics are computed in, so the result
+    is bit-identical to reducing all rows at once):
+
+    - shared: the reference's top-(K+1) log-probs (K = :data:`GAIN_COMPETITORS`), its top-1/top-2
+      margin — ``8 × (K + 2)`` = 528 bytes;
+    - per honest variant: |Δ margin|, the honest lift of the reference's top-(K+1) over its top-1,
+      argmax flip and its reference gap, per width M the bucketed KL and mean |Δlogprob|, and the
+      full-vocabulary KL(reference || variant) — ``8 × (K + 1) + 8 × 3 + 1 + 16 × len(top_m)`` = 633
+      bytes with the default widths.
+
+    That is 528 + 633 × variants bytes per position (+ 8 with ``full_kl``) (1.2 KB for one variant, the pipeline's case),
+    whatever the vocabulary. Working memory of one :meth:`add` block: about eight
+    ``[block_rows, V]`` float64/int64 arrays (log-softmax of both sides, ``argpartition`` indices,
+    exponentials), i.e. ``64 × block_rows × V`` bytes — 256 MiB at V = 262,144 and 16 rows —, freed
+    before the next block.
+
+    Args:
+        n_positions: N; vocab_size: V (>= 2); variant_names: the honest variants' names, in the
+            order :meth:`add` receives their rows; top_m: provider widths M with a KL floor;
+        block_rows: rows reduced at once (>= 1; default :data:`FLOOR_BLOCK_ROWS`);
+        full_kl: also keep the full-vocabulary KL per position (:meth:`mean_full_kl`).
+
+    Raises:
+        ValueError: N < 2, V < 2, no variant, a bad block size.
+    """
+
+    def __init__(
+        self,
+        n_positions: int,
+        vocab_size: int,
+        variant_names: Sequence[str],
+        *,
+        top_m: Sequence[int] = DEFAULT_TOP_M,
+        block_rows: int | None = None,
+        full_kl: bool = False,
+    ) -> None:
+        n, v = int(n_positions), int(vocab_size)
+        if n < 2 or v < 2:
             raise ValueError(
-                f"honest variant {name!r} has shape {h.shape}, reference {ref.shape}"
+                f"ref_rows must be [N>=2, V>=2] logits or log-probs, got shape ({n}, {v})"
             )
-        h_lp = _log_softmax_rows(h)
-        if not np.all(np.isfinite(h_lp.max(1))):
+        self.names = list(variant_names)
+        if not self.names:
+            raise ValueError("honest_rows must hold at least one [N, V] variant")
+        self.block_rows = FLOOR_BLOCK_ROWS if block_rows is None else int(block_rows)
+        if self.block_rows < 1:
+            raise ValueError(f"block_rows={block_rows} must be >= 1")
+        self.n, self.v = n, v
+        self.widths = [int(m) for m in top_m if 1 <= int(m) <= v]
+        k1 = min(GAIN_COMPETITORS + 1, v)
+        self.ref_top_lp = np.zeros((n, k1))
+        self.ref_margin = np.zeros(n)
+        nv = len(self.names)
+        self.delta = np.zeros((nv, n))
+        self.lift = np.zeros((nv, n, k1))
+        self.flip = np.zeros((nv, n), dtype=bool)
+        self.gap = np.zeros((nv, n))
+        self.full_kl = np.zeros((nv, n)) if full_kl else None
+        self.kl = {m: np.zeros((nv, n)) for m in self.widths}
+        self.mad = {m: np.zeros((nv, n)) for m in self.widths}
+        self._filled = np.zeros(n, dtype=bool)
+
+    def add(self, start: int, ref_rows: np.ndarray, honest_rows: Sequence[np.ndarray]) -> None:
+        """Reduce positions ``start .. start + b - 1``.
+
+        Args:
+            start: index of the first row among the N positions.
+            ref_rows: [b, V] float reference logits or log-probs.
+            honest_rows: per variant (constructor order) [b, V] float rows at the same positions.
+
+        Raises:
+            ValueError: a shape mismatch, rows beyond N, a row without finite values.
+        """
+        ref = np.asarray(ref_rows)
+        b = ref.shape[0] if ref.ndim == 2 else -1
+        if ref.ndim != 2 or ref.shape[1] != self.v or not 0 <= start <= self.n - b:
             raise ValueError(
-                f"honest variant {name!r} contains a row without finite values"
+                f"ref_rows {ref.shape} at row {start} must be [b, V={self.v}] within N={self.n} positions"
             )
-        h_margin = h_lp[rows, ref_top2[:, 0]] - h_lp[rows, ref_top2[:, 1]]
-        delta = np.abs(
-            np.nan_to_num(ref_margin - h_margin, nan=0.0, posinf=0.0, neginf=0.0)
+        if len(honest_rows) != len(self.names):
+            raise ValueError(
+                f"variant_names has {len(self.names)} names for {len(honest_rows)} variants"
+            )
+        for name, h in zip(self.names, honest_rows, strict=True):
+            if np.shape(h) != ref.shape:
+                raise ValueError(
+                    f"honest variant {name!r} has shape {np.shape(h)}, reference {ref.shape}"
+                )
+        for s in range(0, b, self.block_rows):
+            e = min(b, s + self.block_rows)
+            self._add_block(start + s, ref[s:e], [np.asarray(h)[s:e] for h in honest_rows])
+
+    def _add_block(self, start: int, ref: np.ndarray, honest: Sequence[np.ndarray]) -> None:
+        sl = slice(start, start + ref.shape[0])
+        ref_lp = _log_softmax_rows(ref)
+        if not np.all(np.isfinite(ref_lp.max(1))):
+            raise ValueError("ref_rows contains a row without finite values")
+        k1 = self.ref_top_lp.shape[1]
+        ref_top = _top_m(ref_lp, k1)  # [b, K+1] the top-1 and its competitors, descending
+        rows = np.arange(ref.shape[0])
+        ref_top_lp = ref_lp[rows[:, None], ref_top]
+        top1, top2 = ref_top[:, 0], ref_top[:, 1]
+        ref_margin = ref_lp[rows, top1] - ref_lp[rows, top2]
+        self.ref_top_lp[sl] = ref_top_lp
+        self.ref_margin[sl] = ref_margin
+        raw = np.asarray(ref, dtype=np.float64) if self.full_kl is not None else None
+        for i, (name, hv) in enumerate(zip(self.names, honest, strict=True)):
+            h_lp = _log_softmax_rows(hv)
+            if not np.all(np.isfinite(h_lp.max(1))):
+                raise ValueError(
+                    f"honest variant {name!r} contains a row without finite values"
+                )
+            h_margin = h_lp[rows, top1] - h_lp[rows, top2]
+            self.delta[i, sl] = np.abs(
+                np.nan_to_num(ref_margin - h_margin, nan=0.0, posinf=0.0, neginf=0.0)
+            )
+            self.lift[i, sl] = h_lp[rows[:, None], ref_top] - h_lp[rows, top1][:, None]
+            h_arg = h_lp.argmax(1)
+            self.flip[i, sl] = h_arg != top1
+            self.gap[i, sl] = ref_lp[rows, top1] - ref_lp[rows, h_arg]
+            if self.full_kl is not None and raw is not None:  # KL(reference || variant), rows as given
+                self.full_kl[i, sl] = (np.exp(raw) * (raw - np.asarray(hv, dtype=np.float64))).sum(1)
+            for m in self.widths:
+                ids = _top_m(h_lp, m)
+                kl, mad, _ = bucketed_kl(np.take_along_axis(ref_lp, ids, 1), np.take_along_axis(h_lp, ids, 1))
+                self.kl[m][i, sl] = kl
+                self.mad[m][i, sl] = mad
+            del h_lp
+        self._filled[sl] = True
+
+    def mean_full_kl(self, variant: str) -> float:
+        """Mean over the N positions of the full-vocabulary KL(reference || ``variant``) in nats,
+        with both rows taken as log-probs as given (the pipeline passes log-softmax rows).
+
+        Raises:
+            ValueError: the accumulator was built without ``full_kl=True``.
+        """
+        if self.full_kl is None:
+            raise ValueError("build the FloorAccumulator with full_kl=True to read mean_full_kl")
+        return float(self.full_kl[self.names.index(variant)].mean())
+
+    def finish(
+        self,
+        *,
+        prompt_ids: Sequence[object] | np.ndarray | None = None,
+        positions: Sequence[int] | np.ndarray | None = None,
+        band_quantile: float = 0.999,
+        band_safety: float = BAND_SAFETY,
+        model: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> NoiseFloor:
+        """The :class:`NoiseFloor` of the N positions (arguments as in :func:`compute_noise_floor`).
+
+        Raises:
+            ValueError: a row was never added, bad prompt_ids/positions/quantile.
+        """
+        if not 0.5 < band_quantile <= 1.0:
+            raise ValueError(f"band_quantile must be in (0.5, 1], got {band_quantile}")
+        if not self._filled.all():
+            raise ValueError(f"rows {np.flatnonzero(~self._filled)[:5].tolist()}... were never added")
+        n = self.n
+        groups = (
+            np.arange(n)
+            if prompt_ids is None
+            else np.asarray([str(p) for p in np.asarray(prompt_ids, object).reshape(-1)])
         )
-        qs = np.quantile(delta, (band_quantile,) + _QUANTILES)
-        band_raw = max(band_raw, float(qs[0]))
-        for q, val in zip(_QUANTILES, qs[1:], strict=True):
-            dq[str(q)] = max(dq.get(str(q), 0.0), float(val))
-        lifts.append(h_lp[rows[:, None], ref_top] - h_lp[rows, ref_top2[:, 0]][:, None])
-        h_arg = h_lp.argmax(1)
-        flip = h_arg != ref_top2[:, 0]
-        gap = ref_lp[rows, ref_top2[:, 0]] - ref_lp[rows, h_arg]
-        per_variant_flip.append((flip, gap))
-        for m in top_m:
-            m = int(m)
-            if m < 1 or m > v:
-                continue
-            ids = _top_m(h_lp, m)
-            prov = np.take_along_axis(h_lp, ids, 1)
-            rlp = np.take_along_axis(ref_lp, ids, 1)
-            kl, mad, _ = bucketed_kl(rlp, prov)
-            y = np.log(kl + LOG_KL_EPS)
-            vc = variance_components(y, groups)
-            rec = KLFloor(
-                m=m,
-                variant=name,
-                mean_kl=float(kl.mean()),
-                sd_kl=float(kl.std(ddof=1)),
-                quantiles={
-                    str(q): float(val)
-                    for q, val in zip(_QUANTILES, np.quantile(kl, _QUANTILES), strict=True)
-                },
-                mean_abs_dlogprob=float(np.nanmean(mad))
-                if np.any(~np.isnan(mad))
-                else 0.0,
-                log_kl=vc.to_dict(),
-                positions={} if layout is None else layout.record(y),
-            )
-            prev = kl_by_m.get(str(m))
-            if prev is None or rec.log_kl["mean"] > prev.log_kl["mean"]:
-                kl_by_m[str(m)] = rec
-    band = max(MIN_MARGIN_BAND, band_safety * band_raw)
-    gain_survival = _gain_survival(lifts, ref_lp[rows[:, None], ref_top], band)
-    flip_rate = max(float(f.mean()) for f, _ in per_variant_flip)
-    clear_rate = max(float((f & (g > band)).mean()) for f, g in per_variant_flip)
-    return NoiseFloor(
-        model=model,
-        variants=names,
-        n_positions=int(n),
-        n_prompts=int(np.unique(groups).size),
-        margin_band=float(band),
-        margin_delta_quantiles=dq,
-        honest_flip_rate=flip_rate,
-        clear_mismatch_rate=clear_rate,
-        kl=kl_by_m,
-        eps=LOG_KL_EPS,
-        meta=dict(meta or {}),
-        margin_gain_survival=gain_survival,
-    )
+        if groups.size != n:
+            raise ValueError(f"prompt_ids has {groups.size} entries, ref_rows {n} rows")
+        pos = None if positions is None else np.asarray(positions, dtype=np.int64).reshape(-1)
+        if pos is not None and (pos.size != n or (pos < 0).any()):
+            raise ValueError(f"positions must be {n} non-negative ints (one per row), got {pos.size}")
+        layout = None if pos is None else _PositionLayout.of(groups, pos)
+        band_raw = 0.0
+        dq: dict[str, float] = {}
+        kl_by_m: dict[str, KLFloor] = {}
+        for i, name in enumerate(self.names):
+            qs = np.quantile(self.delta[i], (band_quantile,) + _QUANTILES)
+            band_raw = max(band_raw, float(qs[0]))
+            for q, val in zip(_QUANTILES, qs[1:], strict=True):
+                dq[str(q)] = max(dq.get(str(q), 0.0), float(val))
+            for m in self.widths:
+                kl, mad = self.kl[m][i], self.mad[m][i]
+                y = np.log(kl + LOG_KL_EPS)
+                vc = variance_components(y, groups)
+                rec = KLFloor(
+                    m=m,
+                    variant=name,
+                    mean_kl=float(kl.mean()),
+                    sd_kl=float(kl.std(ddof=1)),
+                    quantiles={
+                        str(q): float(val)
+                        for q, val in zip(_QUANTILES, np.quantile(kl, _QUANTILES), strict=True)
+                    },
+                    mean_abs_dlogprob=float(np.nanmean(mad))
+                    if np.any(~np.isnan(mad))
+                    else 0.0,
+                    log_kl=vc.to_dict(),
+                    positions={} if layout is None else layout.record(y),
+                )
+                prev = kl_by_m.get(str(m))
+                if prev is None or rec.log_kl["mean"] > prev.log_kl["mean"]:
+                    kl_by_m[str(m)] = rec
+        band = max(MIN_MARGIN_BAND, band_safety * band_raw)
+        gain_survival = _gain_survival(list(self.lift), self.ref_top_lp, band)
+        flip_rate = max(float(f.mean()) for f in self.flip)
+        clear_rate = max(float((f & (g > band)).mean()) for f, g in zip(self.flip, self.gap, strict=True))
+        return NoiseFloor(
+            model=model,
+            variants=list(self.names),
+            n_positions=int(n),
+            n_prompts=int(np.unique(groups).size),
+            margin_band=float(band),
+            margin_delta_quantiles=dq,
+            honest_flip_rate=flip_rate,
+            clear_mismatch_rate=clear_rate,
+            kl=kl_by_m,
+            eps=LOG_KL_EPS,
+            meta=dict(meta or {}),
+            margin_gain_survival=gain_survival,
+        )
 
 
 def _bucket_of(starts: np.ndarray, pos: np.ndarray) -> np.ndarray:
