@@ -231,7 +231,8 @@ def probe_write(config: Path, name: str = PROVIDER) -> dict[str, Any]:
                            "--write", "--json"], capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"providers probe exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    obj, _ = json.JSONDecoder().raw_decode(proc.stdout[proc.stdout.index("{"):])  # text may follow the JSON
+    return dict(obj)
 
 
 class BackgroundTraffic:
