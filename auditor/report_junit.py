@@ -62,6 +62,7 @@ def render_junit(report: AuditReport) -> str:
         ("alpha", r.alpha),
         ("suite", f"{r.suite} v{r.suite_version}"),
         ("reference", f"{(r.reference or {}).get('model')}@{(r.reference or {}).get('revision')}"),
+        ("card", (r.reference or {}).get("card")),
         ("tokens", (r.tokens or {}).get("total")),
         ("cost_usd", r.cost_usd),
     ):

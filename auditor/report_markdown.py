@@ -91,6 +91,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Verdict", f"**{r.verdict}** (exit code {r.exit_code}; rule `{vd.get('rule', '—')}`)"),
         ("Reference", f"`{ref.get('model')}` revision `{ref.get('revision')}` ({ref.get('dtype')})"
          + (f"; honest variants compared: {', '.join(ref.get('variants') or [])}" if ref.get("variants") else "")),
+        *((("Model card", _md(str(ref["card"]))),) if ref.get("card") else ()),
         ("Probe suite", f"`{r.suite}` v{r.suite_version}" + (f" (digest `{r.suite_digest}`)" if r.suite_digest else "")),
         ("Significance", f"family-wise α = {r.alpha:g} (Holm over {vd.get('n_tests', '—')} tests)"),
         ("Tokens", f"{tk.get('prompt', 0)} prompt + {tk.get('completion', 0)} completion = {tk.get('total', 0)}"
