@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from auditor.detectors.speculation import speculation_line
+from auditor.precision_estimate import estimate_rows
 from auditor.report_base import (
     IMPLICATIONS,
     AuditReport,
@@ -131,6 +132,11 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
                 "| deviation | question | outcome | power | deciding test | positions missing |",
                 "|---|---|---|---:|---|---:|"]
         out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rules_out_rows(r.rules_out)] + [""]
+    if (est := r.precision_estimate) is not None:
+        out += ["## Measured precision", "", _md(str(est["sentence"])) + ".", "",
+                "| class | precision class | calibrated ratio to the floor | outcome | distance (SDs) |",
+                "|---|---|---:|---|---:|"]
+        out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in estimate_rows(est)] + [""]
     checks = r.preflight_checks
     if checks:
         out.append("## Parameter-compliance pre-flight")

@@ -53,6 +53,7 @@ __all__ = [
     "checkpoint_recipe",
     "parse_cards",
     "resolve_kv_cache",
+    "stored_card",
 ]
 
 WeightFormat = Literal["bf16", "fp16", "fp32", "fp8-block", "int4", "mxfp4"]
@@ -407,25 +408,27 @@ def resolve_kv_cache(card: ModelCard, qc: Mapping[str, Any] | None = None, compu
     return "fp8" if checkpoint_recipe(qc)["kv_cache"] == "fp8" else compute_dtype
 
 
+
+def stored_card(stored: Mapping[str, Any] | None, reference_model: str | None) -> ModelCard | None:
+    """The card a stored run used: its provider snapshot's ``card`` (a dumped :class:`ModelCard`), else the
+    bundled card of its reference model, else None. A malformed stored card gives None (never raises)."""
+    if isinstance(stored, Mapping):
+        try:
+            return ModelCard.model_validate(dict(stored))
+        except ValidationError:
+            return None
+    return card_for_reference(reference_model)
+
+
 def card_description(stored: Mapping[str, Any] | None, reference_model: str | None, reference_dtype: str | None = None
                      ) -> str:
-    """The report's "which card was used" line from a run's stored provider snapshot.
-
-    Args:
-        stored: the snapshot's ``provider["card"]`` (a dumped :class:`ModelCard`), or None.
-        reference_model: the run's reference model (its bundled card applies when ``stored`` is None).
-        reference_dtype: the reference's dtype, named when no card applies.
+    """The report's "which card was used" line from a run's stored provider snapshot (:func:`stored_card`).
 
     Returns:
         :meth:`ModelCard.describe`, or "no card: the reference computed in DTYPE is taken as the native
-        precision". A malformed stored card is described as such (never raises).
+        precision" (also for a malformed stored card, never raises).
     """
-    if isinstance(stored, Mapping):
-        try:
-            return ModelCard.model_validate(dict(stored)).describe()
-        except ValidationError:
-            return "card: unreadable stored card"
-    bundled = card_for_reference(reference_model)
-    if bundled is not None:
-        return bundled.describe()
+    card = stored_card(stored, reference_model)
+    if card is not None:
+        return card.describe()
     return f"no card: the reference computed in {reference_dtype or 'its dtype'} is taken as the native precision"
