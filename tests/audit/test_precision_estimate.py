@@ -141,3 +141,25 @@ def test_matching_claim_and_pass_and_not_applicable() -> None:
     assert _report("RELAXED_VERIFICATION", 3.0, 0.2, None).precision_estimate is None
     assert estimate_precision("QUANTIZATION", [{"name": "logprob-divergence", "ran": False}]) is None
     assert estimate_precision("QUANTIZATION", [{"name": "logprob-divergence", "ran": True, "details": "junk"}]) is None
+
+
+def test_stored_run_states_the_card_and_the_claim(tmp_path) -> None:
+    """report_from_store reads the card (the bundled one when the snapshot names none) and the claim."""
+    from auditor.report import report_from_store
+    from auditor.store import models as orm
+    from auditor.store.db import open_store
+    from tests.fixtures_store import seed_demo
+
+    store = open_store(f"sqlite:///{tmp_path / 'a.db'}")
+    with store.session() as s:
+        rid = seed_demo(s, calibration=False)["runs"]["sim-int4"][-1]
+    with store.session() as s:
+        run = s.get(orm.AuditRun, rid)
+        snap = dict(run.config_snapshot or {})
+        snap["provider"] = {**(snap.get("provider") or {}), "claimed_precision": "bf16"}
+        run.config_snapshot = snap
+    with store.session() as s:
+        ref = report_from_store(s, rid).reference
+    store.close()
+    assert ref["card"].startswith("card smollm2-135m-instruct: weights fp32 (dequantized from gguf:Q4_1)")
+    assert ref["card_precision"] == "fp32" and ref["claimed_precision"] == "bf16"
