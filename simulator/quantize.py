@@ -36,8 +36,7 @@ from typing import Any
 
 import torch
 
-LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-FP8_E4M3_MAX = 448.0
+from reference.native import FP8_E4M3_MAX, iter_decoder_linears
 
 
 @dataclass
@@ -189,13 +188,6 @@ def _fallback(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
     if scheme == "fp8":
         return rtn_fp8_per_tensor(w.float())
     raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4, int3 or fp8")
-
-
-def iter_decoder_linears(model: Any):
-    """Yield ``(qualified_name, nn.Linear)`` for the decoder layers' projection matrices."""
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in LINEAR_NAMES:
-            yield name, mod
 
 
 def quant_cache_dir() -> Path:

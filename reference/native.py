@@ -1,4 +1,4 @@
-"""Native low-precision formats for the test bed of native models (issue 36, item 3; first part).
+"""Native low-precision formats for the test bed of native models (issue 36, item 3).
 
 Fake quantization (quantize, then dequantize to the working dtype) of the formats the model cards
 (``probes/model_card.py``, docs/model-cards.md) declare, so that a native-FP8 or native-INT4 variant
@@ -22,20 +22,60 @@ without error. Shapes the block or group does not divide raise ``ValueError`` (t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from simulator.quantize import FP8_E4M3_MAX, iter_decoder_linears
+#: The decoder's projection matrices every weight format quantizes (embeddings, norms and the LM head stay
+#: in the compute dtype, as DeepSeek-V3, Kimi K2 and gpt-oss ship them).
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: Largest finite float8 e4m3 (``torch.float8_e4m3fn``; OCP 8-bit floating point spec, E4M3).
+FP8_E4M3_MAX = 448.0
+#: Block / tile sizes a native variant of a model tries, largest first (:func:`native_block`).
+NATIVE_BLOCKS = (128, 64, 32)
 
 __all__ = [
+    "FP8_E4M3_MAX",
+    "LINEAR_NAMES",
+    "NATIVE_BLOCKS",
     "fp8_block_fake_quant",
     "fp8_tile_fake_quant",
     "install_act_fp8_tiles",
     "int4_group_fake_quant",
+    "is_decoder_linear_key",
+    "iter_decoder_linears",
     "make_native_weights",
+    "native_block",
 ]
+
+
+def iter_decoder_linears(model: Any) -> Iterator[tuple[str, torch.nn.Linear]]:
+    """Yield ``(qualified_name, nn.Linear)`` for the decoder layers' projection matrices (:data:`LINEAR_NAMES`)."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in LINEAR_NAMES:
+            yield name, mod
+
+
+def native_block(shapes: Iterable[Sequence[int]]) -> int:
+    """The largest of :data:`NATIVE_BLOCKS` dividing both dimensions of every [out, in] decoder weight shape:
+    the square weight block and activation tile of a model's native-FP8 variant (128 for gemma-3-270m;
+    64 for SmolLM2-135M, whose hidden size 576 is 4.5 x 128).
+
+    Raises:
+        ValueError: no shape given, or none divides (the message names the shapes).
+    """
+    sh = {(int(s[0]), int(s[1])) for s in shapes}
+    for b in NATIVE_BLOCKS:
+        if sh and all(o % b == 0 and i % b == 0 for o, i in sh):
+            return b
+    raise ValueError(f"no block of {list(NATIVE_BLOCKS)} divides the decoder weight shapes {sorted(sh)}")
+
+
+def is_decoder_linear_key(key: str) -> bool:
+    """A state-dict key of a decoder projection weight (``model.layers.3.mlp.up_proj.weight``)."""
+    parts = key.split(".")
+    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in LINEAR_NAMES
 
 
 def _e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -126,11 +166,12 @@ def make_native_weights(model: Any, fmt: str, *, block: Sequence[int] = (128, 12
     lins = list(iter_decoder_linears(model))
     if not lins:
         raise ValueError("no decoder linear layer found")
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        return fp8_block_fake_quant(w, block) if fmt == "fp8-block" else int4_group_fake_quant(w, group)
+
     if fmt == "fp8-block":
-        fn = lambda w: fp8_block_fake_quant(w, block)
         bad = [n for n, m in lins if m.weight.shape[0] % block[0] or m.weight.shape[1] % block[1]]
     elif fmt == "int4":
-        fn = lambda w: int4_group_fake_quant(w, group)
         bad = [n for n, m in lins if m.weight.shape[1] % group]
     else:
         raise ValueError(f"unknown native format {fmt!r}; use fp8-block or int4")
@@ -155,7 +196,7 @@ def install_act_fp8_tiles(model: Any, tile: int = 128) -> int:
     if bad:
         raise ValueError(f"activation tile {tile} does not divide the input dimension of {bad[0]}")
 
-    def hook(_m: torch.nn.Module, args: tuple) -> tuple:
+    def hook(_m: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (fp8_tile_fake_quant(args[0], tile), *args[1:])
 
     for _, m in lins:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from simulator.native import (
+from reference.native import (
     fp8_block_fake_quant,
     fp8_tile_fake_quant,
     install_act_fp8_tiles,
