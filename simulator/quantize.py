@@ -473,9 +473,15 @@ def apply_runtime_quant(model: Any, profile: Any, tokenizer: Any = None) -> dict
     out: dict = {}
     act = getattr(profile, "act_quant", None)
     kv = getattr(profile, "kv_cache_dtype", None)
-    if act is not None:
+    if act == "fp8-tile":  # issue 36: native FP8 GEMMs quantize activations per 1 x block tile
+        from reference.native import install_act_fp8_tiles, native_block
+
+        tile = native_block(tuple(m.weight.shape) for _, m in iter_decoder_linears(model))
+        out["act_quant"] = f"fp8-e4m3-per-1x{tile}"
+        out["act_quant_linears"] = install_act_fp8_tiles(model, tile)
+    elif act is not None:
         if act != "int8":
-            raise ValueError(f"act_quant={act!r}: only 'int8' (dynamic per token) is supported")
+            raise ValueError(f"act_quant={act!r}: only 'int8' (dynamic per token) or 'fp8-tile' is supported")
         out["act_quant"] = "int8-per-token"
         out["act_quant_linears"] = install_act_int8(model)
     if kv is not None:

@@ -72,3 +72,4 @@ def test_native_variant_of_a_model() -> None:
     assert not torch.equal(after, before) and torch.isfinite(after).all()
     with pytest.raises(ValueError, match="unknown native format"):
         make_native_weights(m, "mxfp4")
+
