@@ -322,14 +322,8 @@ def _reference(config: ProviderConfig, opts: CheckOptions) -> ReferenceSetup:
     ref = resolve_reference(config.reference, claimed_model=config.model, config_path=opts.config_path,
                             dtypes=[opts.dtype] if opts.dtype else opts.reference_dtypes, device=opts.device,
                             models=opts.reference_models)
-    from probes.config import ConfigError, provider_card
-
     try:
-        try:
-            card = provider_card(config)
-        except ConfigError as exc:
-            raise AuditError(str(exc), parameter="card") from None
-        check_card(card, ref, provider=config.name)
+        check_card(config, ref)
     except BaseException:
         ref.close()
         raise

@@ -20,7 +20,7 @@ from auditor.errors import AuditError
 
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.scoring import Scorer
-    from probes.config import ReferenceConfig
+    from probes.config import ProviderConfig, ReferenceConfig
     from probes.model_card import ModelCard
     from reference.models import LoadedModel
 
@@ -203,21 +203,36 @@ class ReferenceSetup:
             close()
 
 
-def check_card(card: ModelCard | None, ref: ReferenceSetup, *, provider: str) -> None:
+def check_card(config: ProviderConfig | ModelCard | None, ref: ReferenceSetup, *, provider: str | None = None) -> None:
     """Refuse a model card the loaded local reference contradicts (issue 36, item 1): a block or group
     size that does not divide its weight shapes, or a recipe its ``config.json``'s own
     ``quantization_config`` contradicts (:func:`probes.model_card.check_shapes`,
     :func:`probes.model_card.check_quantization_config`). No-op without a card or local weights.
 
+    Args:
+        config: the provider (its card: :func:`probes.config.provider_card`) or the card itself.
+        ref: the audit's reference; provider: the name in messages (default the config's).
+
     Raises:
-        AuditError: ``parameter="card"`` (exit 3), naming ``providers.NAME.card...`` and the fix.
+        AuditError: ``parameter="card"`` (exit 3), naming ``providers.NAME.card...`` and the fix (also for a
+            card name no loaded file defines).
     """
-    if card is None or not ref.lms:
-        return
     import json
     from pathlib import Path
 
-    from probes.model_card import CardError, check_quantization_config, check_shapes
+    from probes.config import ConfigError, provider_card
+    from probes.model_card import CardError, ModelCard, check_quantization_config, check_shapes
+
+    if isinstance(config, ModelCard) or config is None:
+        card = config
+    else:
+        provider = provider or config.name
+        try:
+            card = provider_card(config)
+        except ConfigError as exc:
+            raise AuditError(str(exc), parameter="card") from None
+    if card is None or not ref.lms:
+        return
 
     lm = next(iter(ref.lms.values()))
     qc = getattr(getattr(lm.model, "config", None), "quantization_config", None)
