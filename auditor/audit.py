@@ -69,6 +69,7 @@ from auditor.observations import Observation, aligned_ids, excluded_summary, loa
 from auditor.planning import load_suite_spec, plan_budget, provider_config
 from auditor.reference_setup import (
     _MODELS,  # noqa: F401  # re-exported: tests and the scheduler share loaded models through it
+    check_card,
     check_device,
     check_reference_api,
     get_reference_models,
@@ -325,9 +326,15 @@ def _reference(config: ProviderConfig, opts: CheckOptions) -> ReferenceSetup:
     check_device(opts.device, opts.dtype)
     if not opts.reference_models:
         check_reference_api(config.reference, config.api, opts.config_path)
-    return resolve_reference(config.reference, claimed_model=config.model, config_path=opts.config_path,
-                             dtypes=[opts.dtype] if opts.dtype else opts.reference_dtypes, device=opts.device,
-                             models=opts.reference_models)
+    ref = resolve_reference(config.reference, claimed_model=config.model, config_path=opts.config_path,
+                            dtypes=[opts.dtype] if opts.dtype else opts.reference_dtypes, device=opts.device,
+                            models=opts.reference_models)
+    try:
+        check_card(config, ref)
+    except BaseException:
+        ref.close()
+        raise
+    return ref
 
 
 # ------------------------------------------------------------------------------------------ analysis

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,12 +20,14 @@ from auditor.errors import AuditError
 
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.scoring import Scorer
-    from probes.config import ReferenceConfig
+    from probes.config import ProviderConfig, ReferenceConfig
+    from probes.model_card import ModelCard
     from reference.models import LoadedModel
 
 __all__ = [
     "NOT_TESTED_WITHOUT_REFERENCE",
     "ReferenceSetup",
+    "check_card",
     "check_device",
     "check_reference_api",
     "get_reference_models",
@@ -198,6 +201,53 @@ class ReferenceSetup:
         close = getattr(self.backend, "close", None)
         if callable(close):
             close()
+
+
+def check_card(config: ProviderConfig | ModelCard | None, ref: ReferenceSetup, *, provider: str | None = None) -> None:
+    """Refuse a model card the loaded local reference contradicts (issue 36, item 1): a block or group
+    size that does not divide its weight shapes, or a recipe its ``config.json``'s own
+    ``quantization_config`` contradicts (:func:`probes.model_card.check_shapes`,
+    :func:`probes.model_card.check_quantization_config`). No-op without a card or local weights.
+
+    Args:
+        config: the provider (its card: :func:`probes.config.provider_card`) or the card itself.
+        ref: the audit's reference; provider: the name in messages (default the config's).
+
+    Raises:
+        AuditError: ``parameter="card"`` (exit 3), naming ``providers.NAME.card...`` and the fix (also for a
+            card name no loaded file defines).
+    """
+    import json
+    from pathlib import Path
+
+    from probes.config import ConfigError, provider_card
+    from probes.model_card import CardError, ModelCard, check_quantization_config, check_shapes
+
+    if isinstance(config, ModelCard) or config is None:
+        card = config
+    else:
+        provider = provider or config.name
+        try:
+            card = provider_card(config)
+        except ConfigError as exc:
+            raise AuditError(str(exc), parameter="card") from None
+    if card is None or not ref.lms:
+        return
+
+    lm = next(iter(ref.lms.values()))
+    qc = getattr(getattr(lm.model, "config", None), "quantization_config", None)
+    cfg = Path(str(lm.path)) / "config.json"
+    if cfg.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            qc = json.loads(cfg.read_text(encoding="utf-8")).get("quantization_config", qc)
+    if qc is not None and not isinstance(qc, Mapping):
+        qc = qc.to_dict() if hasattr(qc, "to_dict") else None
+    where = f"providers.{provider}.card ({card.name})"
+    try:
+        check_quantization_config(card, qc, where=where)
+        check_shapes(card, {n: tuple(p.shape) for n, p in lm.model.named_parameters()}, where=where)
+    except CardError as exc:
+        raise AuditError(str(exc), parameter="card") from None
 
 
 def _is_local_or_hub(m: str) -> bool:

