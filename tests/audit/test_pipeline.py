@@ -249,7 +249,9 @@ def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> No
     stages: list[str] = []
     normalize_callers: set[str] = set()
     normalize_during: set[str] = set()  # the pipeline stage entered last when the normalizer ran
-    infra = ("auditor.store", "auditor.util", "auditor.errors")
+    # infrastructure, not stages: the store, helpers, errors, and the memory guard each stage calls before it
+    # starts (auditor.memory, issue 41: it checks the floor and the scoring stage, so it sits between them)
+    infra = ("auditor.store", "auditor.util", "auditor.errors", "auditor.memory")
     teardown = ("close", "__exit__")
 
     def prof(frame, event, arg):
