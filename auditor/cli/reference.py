@@ -34,6 +34,14 @@ def _load(model: str, dtype: str, device: str, device_map: str | None = None):
 ref_app = typer.Typer(help="Reference decoding and teacher-forced scoring on the local model.", no_args_is_help=True)
 
 
+#: The model-loading and output options every reference command shares (one declaration each).
+_MODEL_OPT = typer.Option(DEFAULT_MODEL, "--model", help="smollm2-135m-instruct | gemma-3-270m | local dir | .gguf | HF id.")
+_DTYPE_OPT = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16")
+_DEVICE_OPT = typer.Option("auto", "--device", help="auto (CUDA when available) | cpu | cuda | cuda:N")
+_DEVICE_MAP_OPT = typer.Option(None, "--device-map", help="auto: spread the model over every visible GPU.")
+_JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
+
+
 @ref_app.command("generate")
 def generate(
     prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
@@ -46,11 +54,11 @@ def generate(
     top_k: int = typer.Option(0, "--top-k", help="Top-k filter (0 = off)."),
     seed: int = typer.Option(None, "--seed", help="Seed for sampling and verification draws."),
     no_adaptive: bool = typer.Option(False, "--fixed-k", help="Always verify k drafts (no adaptive k)."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", help="smollm2-135m-instruct | gemma-3-270m | local dir | .gguf | HF id."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16"),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when available) | cpu | cuda | cuda:N"),
-    device_map: str = typer.Option(None, "--device-map", help="auto: spread the model over every visible GPU."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    model: str = _MODEL_OPT,
+    dtype: str = _DTYPE_OPT,
+    device: str = _DEVICE_OPT,
+    device_map: str = _DEVICE_MAP_OPT,
+    as_json: bool = _JSON_OPT,
 ) -> None:
     """Generate with (speculative) decoding; prints tokens and speed statistics."""
     from reference.drafter_specs import make_drafter
@@ -92,11 +100,11 @@ def score(
     continuation: str = typer.Option(..., "--continuation", help="Continuation text to teacher-force."),
     chat: bool = typer.Option(False, "--chat", help="Apply the chat template to the prompt."),
     top_k: int = typer.Option(5, "--top-k", min=0, help="Alternatives per position."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", help="smollm2-135m-instruct | gemma-3-270m | local dir | .gguf | HF id."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16"),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when available) | cpu | cuda | cuda:N"),
-    device_map: str = typer.Option(None, "--device-map", help="auto: spread the model over every visible GPU."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    model: str = _MODEL_OPT,
+    dtype: str = _DTYPE_OPT,
+    device: str = _DEVICE_OPT,
+    device_map: str = _DEVICE_MAP_OPT,
+    as_json: bool = _JSON_OPT,
 ) -> None:
     """Teacher-forced logprobs of a continuation after a prompt (one forward pass)."""
     from reference.scoring import encode_prompt, score_continuations
