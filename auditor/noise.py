@@ -176,7 +176,7 @@ class FloorSet:
             honest_flip_rate=max(f.honest_flip_rate for f in fl),
         )
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """A small JSON-able summary for reports: per reference the band, rates and mean KL by M."""
         refs = {}
         for r, f in self.floors.items():
@@ -293,7 +293,7 @@ def floor_prompts(tokenizer: Any, n: int = FLOOR_PROMPTS, suite: str = FLOOR_SUI
 
     probes = [p for p in load_suite(suite).probes if p.mode in ("greedy", "logprob")]
     # interleave workloads so that a small n still covers code, math, chat and repetition
-    by_w: dict[str, list] = {}
+    by_w: dict[str, list[Any]] = {}
     for p in probes:
         by_w.setdefault(p.workload, []).append(p)
     order: list[Any] = []

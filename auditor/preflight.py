@@ -133,7 +133,7 @@ class PreflightCheck:
     p_value: float | None = None
     statistic: float | None = None
     n: int = 0
-    evidence: dict = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,8 +145,8 @@ class PreflightReport:
     """
 
     checks: list[PreflightCheck]
-    exchanges: list[dict] = field(default_factory=list)
-    convention: dict = field(default_factory=dict)
+    exchanges: list[dict[str, Any]] = field(default_factory=list)
+    convention: dict[str, Any] = field(default_factory=dict)
 
     def check(self, name: str) -> PreflightCheck | None:
         """The check called ``name``, or None."""
@@ -157,7 +157,7 @@ class PreflightReport:
         """Checks that ran and failed."""
         return [c for c in self.checks if c.passed is False]
 
-    def template_mismatch(self) -> dict | None:
+    def template_mismatch(self) -> dict[str, Any] | None:
         """``{provider_prompt_tokens, reference_prompt_tokens}`` when the prompt-token check failed."""
         c = self.check("prompt-tokens")
         if c is None or c.passed is not False:
@@ -185,7 +185,7 @@ class PreflightReport:
             ))
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able record (``from_dict`` inverts it)."""
         return {"checks": [asdict(c) for c in self.checks], "exchanges": self.exchanges,
                 "failed": [c.name for c in self.failed], "convention": self.convention}
@@ -199,7 +199,7 @@ class PreflightReport:
 
 
 # ------------------------------------------------------------------------------------------ plan
-def plan_preflight(config: ProviderConfig, max_tokens: int = PREFLIGHT_MAX_TOKENS) -> list[tuple[str, dict]]:
+def plan_preflight(config: ProviderConfig, max_tokens: int = PREFLIGHT_MAX_TOKENS) -> list[tuple[str, dict[str, Any]]]:
     """The pre-flight requests ``(key, body)`` for ``config`` (non-streaming). Pure.
 
     ``max_tokens``: completion tokens of the greedy and sampled requests (>= 8).
@@ -216,8 +216,8 @@ def plan_preflight(config: ProviderConfig, max_tokens: int = PREFLIGHT_MAX_TOKEN
         raise ValueError(f"max_tokens={max_tokens}: the pre-flight needs at least 8 tokens per request")
     default_max = max_tokens
 
-    def body(messages: list[dict], *, temperature: float, max_tokens: int = default_max,
-             seed: int | None = None, top_p: float | None = None) -> dict:
+    def body(messages: list[dict[str, Any]], *, temperature: float, max_tokens: int = default_max,
+             seed: int | None = None, top_p: float | None = None) -> dict[str, Any]:
         b: dict[str, Any] = {"model": config.model, "max_tokens": max_tokens, "temperature": temperature}
         if config.api == "chat":
             b["messages"] = messages
@@ -258,7 +258,7 @@ def stop_string(text: str) -> str | None:
     return None
 
 
-def stop_request(greedy_body: dict, text: str) -> dict | None:
+def stop_request(greedy_body: dict[str, Any], text: str) -> dict[str, Any] | None:
     """The ``stop`` request: the greedy request again with ``stop`` = :func:`stop_string` of its answer."""
     s = stop_string(text)
     if s is None:
@@ -267,10 +267,10 @@ def stop_request(greedy_body: dict, text: str) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------------ run
-async def _send_all(config: ProviderConfig, transport: Any, api_key: str | None, max_tokens: int) -> list[dict]:
+async def _send_all(config: ProviderConfig, transport: Any, api_key: str | None, max_tokens: int) -> list[dict[str, Any]]:
     from probes.client import ProbeClient
 
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     async with ProbeClient(config, transport=transport, api_key=api_key, max_attempts=2) as client:
         jobs = plan_preflight(config, max_tokens)
         for key, body in jobs:
@@ -282,7 +282,7 @@ async def _send_all(config: ProviderConfig, transport: Any, api_key: str | None,
     return out
 
 
-def _exchange(key: str, body: dict, res: Any) -> dict:
+def _exchange(key: str, body: dict[str, Any], res: Any) -> dict[str, Any]:
     text = res.response_text or ""
     keep_json = res.json is not None and len(text) <= MAX_STORED_JSON_CHARS
     return {"key": key, "request": body, "ok": bool(res.success), "error": res.error,
@@ -310,7 +310,7 @@ def run_preflight(config: ProviderConfig, tokenizer: Any = None, *, transport: A
 
 
 # ------------------------------------------------------------------------------------------ evaluate
-def _norm(api: str, ex: dict | None) -> NormalizedResponse | None:
+def _norm(api: str, ex: dict[str, Any] | None) -> NormalizedResponse | None:
     if ex is None or not ex.get("ok") or ex.get("truncated_body"):
         return None
     return normalize_response(api, ex["request"], response=ex.get("json"),
@@ -334,7 +334,7 @@ def poisson_binomial_cdf(k: int, probs: Sequence[float]) -> float:
 
 def _greedy_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
     n = k = 0
-    examples: list[dict] = []
+    examples: list[dict[str, Any]] = []
     for resp in norms:
         tags = think_tag_positions(resp.tokens)  # possibly forced by a thinking budget: no sample
         for i, t in enumerate(resp.tokens):
@@ -361,7 +361,7 @@ def _greedy_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
 
 
 def _region_counts(norms: Sequence[NormalizedResponse], convention: LogprobConvention = RANKED,
-                   ) -> tuple[list[tuple[float, float]], list[tuple[int, int]], list[dict]]:
+                   ) -> tuple[list[tuple[float, float]], list[tuple[int, int]], list[dict[str, Any]]]:
     """Per sampled position: (tau_unlisted, tau_low) and whether the emitted token fell in each region.
 
     The listed set is the position's certified top-m under ``convention``
@@ -369,7 +369,7 @@ def _region_counts(norms: Sequence[NormalizedResponse], convention: LogprobConve
     always listed, so only the best entries, fixed whatever was drawn, may define the regions."""
     taus: list[tuple[float, float]] = []
     hits: list[tuple[int, int]] = []
-    examples: list[dict] = []
+    examples: list[dict[str, Any]] = []
     for resp in norms:
         tags = think_tag_positions(resp.tokens)
         for i, t in enumerate(resp.tokens):
@@ -434,7 +434,7 @@ def _same_check(name: str, a: NormalizedResponse | None, b: NormalizedResponse |
                           n=2, evidence={"first_difference": diverge, "texts": [a.text[:200], b.text[:200]]})
 
 
-def evaluate_preflight(api: str, exchanges: Sequence[dict], tokenizer: Any = None,
+def evaluate_preflight(api: str, exchanges: Sequence[dict[str, Any]], tokenizer: Any = None,
                        reasoning_opener: str | None = None) -> PreflightReport:
     """Checks from the stored pre-flight exchanges (pure; see the module docstring).
 
@@ -484,7 +484,7 @@ def evaluate_preflight(api: str, exchanges: Sequence[dict], tokenizer: Any = Non
 
 
 
-def _prompt_tokens_check(api: str, ex: dict | None, n: NormalizedResponse | None, tokenizer: Any,
+def _prompt_tokens_check(api: str, ex: dict[str, Any] | None, n: NormalizedResponse | None, tokenizer: Any,
                          opener: str | None = None) -> PreflightCheck:
     if ex is None or n is None:
         return PreflightCheck("prompt-tokens", "template", None, "prompt tokens: the request failed")
@@ -506,7 +506,7 @@ def _prompt_tokens_check(api: str, ex: dict | None, n: NormalizedResponse | None
 
 
 # ------------------------------------------------------------------------------------------ pipeline
-def provider_failures(store: Any, run_id: str) -> dict:
+def provider_failures(store: Any, run_id: str) -> dict[str, Any]:
     """``{"failed", "total", "kinds": {kind: n}}`` over a run's probes (kind = the last attempt's error kind)."""
     from auditor.store import queries as q
 
@@ -539,12 +539,12 @@ class PreflightContext:
     """
 
     report: PreflightReport | None
-    failures: dict
+    failures: dict[str, Any]
     detector_results: tuple[DetectorResult, ...]
     verdict_kwargs: Mapping[str, Any]
 
     @classmethod
-    def of(cls, report: PreflightReport | None, failures: dict) -> PreflightContext:
+    def of(cls, report: PreflightReport | None, failures: dict[str, Any]) -> PreflightContext:
         """The context of ``report`` and ``failures``, its derived fields filled in."""
         return cls(report, failures, tuple(report.detector_results()) if report is not None else (),
                    {"provider_failures": failures,
@@ -570,7 +570,7 @@ def preflight_stage(store: Any, run_id: str, config: ProviderConfig, tokenizer: 
     if os.environ.get("SPEC_AUDITOR_PREFLIGHT", "1") == "0":
         run_requests = False
 
-    def run_summary(s: Any) -> dict:
+    def run_summary(s: Any) -> dict[str, Any]:
         run = q.get_run(s, run_id)
         if run is None:
             raise KeyError(f"no run with id {run_id!r}")

@@ -197,7 +197,7 @@ def _unpack_tokens(rows: Sequence[Mapping[str, Any]]) -> list[TokenRecord]:
             for i, r in enumerate(rows)]
 
 
-async def _send(config: ProviderConfig, bodies: Sequence[dict], transport: Any) -> list[Any]:
+async def _send(config: ProviderConfig, bodies: Sequence[dict[str, Any]], transport: Any) -> list[Any]:
     from probes.client import ProbeClient
 
     async with ProbeClient(config, transport=transport) as client:

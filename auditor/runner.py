@@ -475,7 +475,7 @@ class _AttemptWriter:
     attempt, the normalized response, the probe's status and the run's usage (:meth:`finalize`).
     """
 
-    def __init__(self, store: Store, rid: str, config: Any, payloads: dict[str, dict], pending: list[tuple[int, str, int]],
+    def __init__(self, store: Store, rid: str, config: Any, payloads: dict[str, dict[str, Any]], pending: list[tuple[int, str, int]],
                  secrets: list[str]) -> None:
         from auditor.usage_estimate import UsageEstimates
         from probes.wire import stored_body_cap
@@ -611,7 +611,7 @@ class _ProgressDisplay:
             self.bar.stop()
 
 
-async def _send_pending(client: Any, keys: list[str], payloads: dict[str, dict], writer: ThreadPoolExecutor,
+async def _send_pending(client: Any, keys: list[str], payloads: dict[str, dict[str, Any]], writer: ThreadPoolExecutor,
                         attempts: _AttemptWriter, display: _ProgressDisplay, n_max: int, n_workers: int,
                         deadline_s: float | None) -> bool:
     """Send the pending probes ``keys`` on ``n_workers`` workers, storing every attempt in order on

@@ -96,7 +96,7 @@ _DEVIATIONS = frozenset(str(v) for v in VerdictKind if v not in (VerdictKind.PAS
 _UNDETERMINED = frozenset(str(v) for v in UNDETERMINED_CAUSES)
 
 
-def _details_of(v: object) -> dict:
+def _details_of(v: object) -> dict[str, Any]:
     """A look's verdict details (``Verdict.details`` or ``AuditReport.verdict_details``; {} when it has none)."""
     d = getattr(v, "verdict_details", None)
     if not isinstance(d, dict):
@@ -223,7 +223,7 @@ class SequentialDesign:
             prev = a
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"looks": list(self.looks), "alpha": self.alpha, "spending": self.spending,
                 "accept_power": self.accept_power, "require_rules_out": self.require_rules_out,
                 "resolve_cause": self.resolve_cause, "look_alphas": self.look_alphas()}
@@ -249,7 +249,7 @@ class LookDecision:
     verdict: str
     stop: bool
     action: str
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 class Decided(Protocol):
@@ -341,7 +341,7 @@ class SequentialAudit:
         else:
             v = verdict_at(min(a_k, 0.999999))
         verdict = str(getattr(v, "verdict", v))
-        info: dict = {}
+        info: dict[str, Any] = {}
         ro = _rules_out_of(v)
         if self._required is None and ro is not None and self.design.require_rules_out:
             self._required = frozenset(_reachable(ro, int(tokens), self.design.max_tokens))
@@ -388,7 +388,7 @@ class SequentialAudit:
             self.final = v
         return d
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """JSON-able record: design, every look, the final verdict and tokens used."""
         return {
             "method": "group-sequential, Lan-DeMets alpha spending, union bound over looks",
@@ -400,7 +400,7 @@ class SequentialAudit:
         }
 
 
-def _short_of(records: list | None, accept_power: float | None) -> list[RuleOut]:
+def _short_of(records: list[Any] | None, accept_power: float | None) -> list[RuleOut]:
     """Classes a PASS at this look does not yet rule out: the verdict's "not ruled out" ones and,
     before the last look with an ``accept_power`` above RULE_OUT_POWER, also those ruled out at less
     than that power. An early PASS needs the design's early-acceptance power against every class, as
@@ -413,7 +413,7 @@ def _short_of(records: list | None, accept_power: float | None) -> list[RuleOut]
     return out
 
 
-def _reachable(records: Sequence[RuleOut | dict], tokens: int, max_tokens: int) -> list[str]:
+def _reachable(records: Sequence[RuleOut | dict[str, Any]], tokens: int, max_tokens: int) -> list[str]:
     """Classes an audit of this design can rule out within its cap, judged at the first look.
 
     A class is required when it is ruled out already, or when the positions its most powerful
@@ -434,7 +434,7 @@ def _reachable(records: Sequence[RuleOut | dict], tokens: int, max_tokens: int) 
     return out
 
 
-def _rules_out_of(v: object) -> list | None:
+def _rules_out_of(v: object) -> list[Any] | None:
     """The rules-out record of a look's verdict (``Verdict.details`` or ``AuditReport.verdict_details``)."""
     ro = _details_of(v).get("rules_out")
     return ro if isinstance(ro, list) else None
@@ -591,7 +591,7 @@ def run_sequential_check(
         box: dict[str, Any] = {}
 
         def verdict_at(a: float, power: float | None = None, _plan: Suite = plan, _rid: str | None = run_id,
-                       _box: dict = box) -> AuditReport:
+                       _box: dict[str, Any] = box) -> AuditReport:
             rep = run_check(provider_name, suite=_plan, budget_tokens=None, alpha=a, resume=_rid, power=power,
                             on_analysis=lambda rec: _box.__setitem__("record", rec), **check_kwargs)
             _box["report"] = rep

@@ -278,7 +278,7 @@ class Verdict:
 
     verdict: str
     reason: str
-    details: dict
+    details: dict[str, Any]
     results: list[DetectorResult] = field(default_factory=list)
 
     @property
@@ -365,7 +365,7 @@ def decide_verdict(
         r = by.get(name)
         return bool(r is not None and r.ran and r.p_adjusted is not None and r.p_adjusted <= alpha)
 
-    def det(r: DetectorResult) -> dict:
+    def det(r: DetectorResult) -> dict[str, Any]:
         return {
             "ran": r.ran,
             "p_value": _f(r.p_value),
@@ -378,7 +378,7 @@ def decide_verdict(
             "reason": r.reason,
         }
 
-    details: dict = {
+    details: dict[str, Any] = {
         "alpha": alpha,
         "n_tests": len(ran),
         "detectors": {r.name: det(r) for r in adj},
@@ -401,7 +401,7 @@ def decide_verdict(
     elif any(r.ran and r.p_adjusted is not None for r in adj):
         # a deviation was found: still record each family's power, so that the buyer's other
         # question (auditor.questions) can be answered; no budget is suggested for a rejection
-        scratch: dict = {}
+        scratch: dict[str, Any] = {}
         _budget(adj, alpha, power, floor, scratch, n_tests=n_power)
         details["power"], details["power_families"] = scratch["power"], scratch["power_families"]
     secondary = [c for c in _other_causes(ctx, cause) if c.rule != cause.rule]
@@ -437,7 +437,7 @@ def decide_verdict(
     reason = cause.reason
     if secondary:
         reason += "; also " + "; ".join(f"{c.kind} ({c.short})" for c in secondary)
-    verdict = Verdict(str(cause.kind), reason, cast(dict, json_safe(details)), adj)
+    verdict = Verdict(str(cause.kind), reason, cast(dict[str, Any], json_safe(details)), adj)
     return _tokenizer_substitution(verdict, tokenizer_mismatch) if tokenizer_mismatch else verdict
 
 
@@ -484,7 +484,7 @@ class _Cause:
     #: named as the milder cause, :func:`auditor.verdict_cause.milder_cause_clause`)
     established: bool = True
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         ev = []
         for n in self.deciding:
             r = self.by.get(n)
@@ -498,7 +498,7 @@ class _Cause:
 class _Ctx:
     by: dict[str, DetectorResult]
     rejects: Callable[[str], bool]
-    details: dict
+    details: dict[str, Any]
 
     @property
     def lp(self) -> DetectorResult | None:
@@ -811,7 +811,8 @@ def _mild(c: _Ctx) -> bool:
     return ratio is not None and ratio <= MILD_DIVERGENCE_MAX_RATIO and top1 >= MILD_DIVERGENCE_MIN_TOP1
 
 
-def _no_rejection(adj, alpha: float, power: float, floor, details: dict, n_tests: int) -> _Cause:
+def _no_rejection(adj: Sequence[DetectorResult], alpha: float, power: float, floor: NoiseFloor | None,
+                  details: dict[str, Any], n_tests: int) -> _Cause:
     """Rule 0 / rule 5: nothing rejects → PASS when powered, else INCONCLUSIVE with a budget."""
     if not any(r.ran and r.p_adjusted is not None for r in adj):
         budget = _budget(adj, alpha, power, floor, details, n_tests=1)

@@ -349,7 +349,7 @@ def template_note(t: Mapping[str, object]) -> str:
             "the reference-free tests were scored; the reference comparisons were set aside, not counted against it")
 
 
-def failure_summary(f: Mapping[str, Any] | None) -> dict | None:
+def failure_summary(f: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """``{"failed", "total", "share", "kinds"}`` of a run's failed probes (kinds by count, descending), or None
     when nothing is known (``f`` empty or no probe counted)."""
     if not f:

@@ -19,8 +19,10 @@ calibration's resampled audits repeat them), and their binomial / Poisson tails 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from scipy import special, stats
@@ -84,7 +86,7 @@ def _near_tie_power(n: np.ndarray | int, bound: float, r1: float, alpha: float) 
     return np.asarray(binom_sf(c - 1, n, r1))
 
 
-def _invert(pw, power: float, n_max: int = 1_000_000, guess: float | None = None) -> int | None:
+def _invert(pw: Callable[[np.ndarray], np.ndarray], power: float, n_max: int = 1_000_000, guess: float | None = None) -> int | None:
     """Smallest n in [1, n_max] with ``pw(n) >= power`` (``pw`` vectorised over integer n; assumed
     to grow with n up to the discreteness of exact tests): the first crossing on a geometric grid
     over [1, n_max] (refined around ``guess``, a normal approximation, when given), then every n of
@@ -359,12 +361,13 @@ def _powered(name: str) -> tuple[TestKind, float] | None:
     return (s.test, s.power_target.value) if s is not None and s.power_target is not None else None
 
 
-def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
+def _budget(adj: Sequence[DetectorResult], alpha: float, power: float, floor: NoiseFloor | None,
+            details: dict[str, Any], n_tests: int) -> int | None:
     """Fill details['power'], details['power_families'] and details['suggested_budget_tokens']
     (extra tokens that would make every tested family adequate — or, when nothing ran, the
     smallest budget for a greedy or sampling audit); return the latter."""
     alpha_test = alpha / max(1, n_tests)
-    pw: dict[str, dict] = {}
+    pw: dict[str, dict[str, Any]] = {}
     for r in adj:
         req = (
             required_positions(r, alpha_test=alpha_test, power=power, floor=floor)
@@ -383,7 +386,7 @@ def _budget(adj, alpha, power, floor, details, n_tests: int) -> int | None:
         }
     details["power"] = pw
     ran_names = {r.name for r in adj if r.ran}
-    fams: dict[str, dict] = {}
+    fams: dict[str, dict[str, Any]] = {}
     for fam, members in POWER_FAMILIES.items():
         ran_m = [m for m in members if m in ran_names and m in pw]
         with_req = [m for m in members if m in pw]
@@ -420,6 +423,6 @@ def _required_default(name: str, alpha_test: float, power: float) -> int | None:
     if test == TestKind.CLEAR_MISMATCH:
         return _greedy_required(1e-3, target, alpha_test, power)
     if test == TestKind.ARGMAX:
-        za, zb = stats.norm.isf(alpha_test), stats.norm.ppf(power)
+        za, zb = float(stats.norm.isf(alpha_test)), float(stats.norm.ppf(power))
         return math.ceil((za + zb) ** 2 * 0.2 / target**2)
     return None
