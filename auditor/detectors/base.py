@@ -667,7 +667,7 @@ class EvidenceBatch:
 
         What ``json_safe`` makes of the row, built directly: the ids and strings are already JSON values,
         the rounded logprobs become None where not finite, and each ``extra`` value (floats rounded)
-        goes through :func:`_json_value`.
+        goes through :func:`~auditor.util.json_safe`.
         """
         fin = math.isfinite
         row: dict[str, Any] = {
@@ -697,19 +697,8 @@ class EvidenceBatch:
         if not math.isnan(v := float(self.provider_token_logprobs[i])):
             row["provider_token_logprob"] = v if fin(v := round(v, 6)) else None
         for k, x in extra.items():
-            row[k] = _json_value(_r(x) if isinstance(x, (float, np.floating)) else x)
+            row[k] = json_safe(_r(x) if isinstance(x, (float, np.floating)) else x)
         return row
-
-
-def _json_value(v: Any) -> Any:
-    """``json_safe(v)``: Python ints, strs, bools and None as they are, a float or None when not
-    finite, anything else through :func:`~auditor.util.json_safe`."""
-    t = type(v)
-    if t is float:
-        return v if math.isfinite(v) else None
-    if t is int or t is str or t is bool or v is None:
-        return v
-    return json_safe(v)
 
 
 def _r(x: float | np.floating[Any]) -> float:
