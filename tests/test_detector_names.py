@@ -11,6 +11,7 @@ name: only a literal whose whole value is a detector name counts.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from auditor.detectors import DetectorName
@@ -47,3 +48,11 @@ def test_bare_name_check_sees_literals_and_not_prose() -> None:
         "w = DetectorName.GREEDY_MATCH\n"
     )
     assert _bare_names(src) == [(1, "greedy-match"), (2, "self-tail")]
+
+
+def test_architecture_lists_every_detector_name() -> None:
+    """docs/ARCHITECTURE.md's "Registry keys" sentence names every member (and nothing else)."""
+    text = (_ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    sentence = text.split("Registry keys", 1)[1].split("(`tests/", 1)[0]
+    listed = set(re.findall(r"\b[a-z]+(?:-[a-z0-9]+)+\b", sentence.split(":", 1)[1]))
+    assert listed == {m.value for m in DetectorName}
