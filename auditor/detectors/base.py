@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, NamedTuple, cast
@@ -639,28 +639,13 @@ class EvidenceBatch:
         return np.asarray((self.provider_top_ids >= 0).sum(1), dtype=np.int64)
 
     def subset(self, mask: np.ndarray) -> EvidenceBatch:
-        """A batch restricted to the positions where mask [N] bool (or an index array) selects."""
+        """A batch restricted to the positions where mask [N] bool (or an index array) selects.
 
-        def take(a: np.ndarray | None) -> np.ndarray | None:
-            return None if a is None else a[mask]
-
-        return EvidenceBatch(
-            prompt_ids=self.prompt_ids[mask],
-            positions=self.positions[mask],
-            token_ids=self.token_ids[mask],
-            temperatures=self.temperatures[mask],
-            ref_top_ids=take(self.ref_top_ids),
-            ref_top_logprobs=take(self.ref_top_logprobs),
-            ref_token_logprobs=take(self.ref_token_logprobs),
-            ref_full_logprobs=take(self.ref_full_logprobs),
-            provider_top_ids=self.provider_top_ids[mask],
-            provider_top_logprobs=self.provider_top_logprobs[mask],
-            provider_token_logprobs=self.provider_token_logprobs[mask],
-            provider_trusted=self.provider_trusted[mask],
-            ref_at_provider_top=take(self.ref_at_provider_top),
-            token_texts=take(self.token_texts),
-            token_spans=take(self.token_spans),
-        )
+        Every field is a per-position array (first axis N) or None (class docstring), so each is indexed."""
+        cut: dict[str, Any] = {  # np.ndarray | None per field
+            f.name: None if (a := getattr(self, f.name)) is None else a[mask] for f in fields(self)
+        }
+        return replace(self, **cut)
 
     def evidence_row(self, i: int, **extra: Any) -> dict[str, Any]:
         """A JSON-able evidence dict for position i (prompt, position, token, reference top-5, ...).
