@@ -372,14 +372,22 @@ def _answer(key: str, answer: Answer, evidence: str) -> QuestionAnswer:
     return QuestionAnswer(key, QUESTIONS[key], answer, evidence)
 
 
-def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
-    no = _no(verdict, d, _PRECISION_KINDS)
-    if no is not None:
-        return _answer("precision", "no", no)
+def _settled(key: str, verdict: str, d: Mapping[str, object], kinds: Sequence[str]) -> QuestionAnswer | None:
+    """The answer to question ``key`` when the verdict alone settles it, checked in this order: "no" (the
+    verdict names one of ``kinds``), "not established" (an undetermined pair), "not tested" (rule
+    0-provider-failures); None when the detectors must be read."""
+    if (no := _no(verdict, d, kinds)) is not None:
+        return _answer(key, "no", no)
     if (which := _not_established(verdict, d)) is not None:
-        return _answer("precision", "not established", which)
+        return _answer(key, "not established", which)
     if (fail := _failures(d)) is not None:
-        return _answer("precision", "not tested", fail)
+        return _answer(key, "not tested", fail)
+    return None
+
+
+def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
+    if (settled := _settled("precision", verdict, d, _PRECISION_KINDS)) is not None:
+        return settled
     if not any(_ran(d, m) for m in MODEL_DETECTORS):
         nt = _map(d.get("not_tested"))
         if any(k in nt for k in _PRECISION_KINDS):
@@ -404,13 +412,8 @@ def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
 
 
 def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnswer) -> QuestionAnswer:
-    no = _no(verdict, d, _VERIFICATION_KINDS)
-    if no is not None:
-        return _answer("verification", "no", no)
-    if (which := _not_established(verdict, d)) is not None:
-        return _answer("verification", "not established", which)
-    if (fail := _failures(d)) is not None:
-        return _answer("verification", "not tested", fail)
+    if (settled := _settled("verification", verdict, d, _VERIFICATION_KINDS)) is not None:
+        return settled
     fam = _family(d, "acceptance", ACCEPTANCE_DETECTORS)
     ran = any(_ran(d, m) for m in ACCEPTANCE_DETECTORS)
     if precision.answer == "no":

@@ -385,16 +385,7 @@ def gof_result(
     t = gof_test(view, rng)
     u = t["u"]
     order = np.argsort(-np.abs(u - 0.5), kind="stable")[:n_evidence]
-    ev = [
-        batch.evidence_row(
-            int(view.idx[j]),
-            u=float(u[j]),
-            rank=int(view.token_rank[j]),
-            margin=_margin(view, j),
-        )
-        for j in order
-    ]
-    return _view_result(batch, view, name, t, t["statistic"], ev, {
+    return _view_result(batch, view, name, t, t["statistic"], order, {"u": u, "rank": view.token_rank}, {
         "mean_u": float(u.mean()),
         "frac_u_below_0.1": t["frac_low"],
         "frac_u_above_0.9": t["frac_high"],
@@ -410,13 +401,21 @@ def _view_result(
     name: str,
     t: Mapping[str, Any],
     statistic: float,
-    evidence: list[dict[str, Any]],
+    order: np.ndarray,
+    columns: Mapping[str, np.ndarray],
     details: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
 ) -> DetectorResult:
     """The DetectorResult of sampling test ``t`` (``gof_test``/``argmax_test``/``tail_test`` output) on
     ``view``: p_value, effect and ci from ``t``, n = the view's positions; the details are ``details``, then
-    the view's ``source`` and ``n_prompts``, then ``extra``."""
+    the view's ``source`` and ``n_prompts``, then ``extra``.
+
+    Evidence: one row per view index in ``order`` (strongest first, already cut to ``n_evidence``), with
+    each of ``columns`` ([len(view)] numeric arrays) at that index as a Python number, then the margin."""
+    evidence = [
+        batch.evidence_row(int(view.idx[j]), **{k: v[j].item() for k, v in columns.items()}, margin=_margin(view, j))
+        for j in order
+    ]
     return DetectorResult(
         name=name,
         statistic=statistic,
@@ -438,13 +437,7 @@ def argmax_result(
     # strongest: argmax emitted where it was least likely
     cand = np.flatnonzero(t["is_argmax"])
     order = cand[np.argsort(p1[cand], kind="stable")][:n_evidence]
-    ev = [
-        batch.evidence_row(
-            int(view.idx[j]), p_argmax=float(p1[j]), margin=_margin(view, j)
-        )
-        for j in order
-    ]
-    return _view_result(batch, view, name, t, t["z"], ev, {
+    return _view_result(batch, view, name, t, t["z"], order, {"p_argmax": p1}, {
         "observed": t["observed"],
         "expected": t["expected"],
         "argmax_rate": t["argmax_rate"],
@@ -474,13 +467,7 @@ def tail_result(
     tau, in_tail = t["tau"], t["in_tail"]
     cand = np.flatnonzero(~in_tail)
     order = cand[np.argsort(-tau[cand], kind="stable")][:n_evidence]
-    ev = [
-        batch.evidence_row(
-            int(view.idx[j]), tail_mass=float(tau[j]), margin=_margin(view, j)
-        )
-        for j in order
-    ]
-    return _view_result(batch, view, name, t, t["z"], ev, {
+    return _view_result(batch, view, name, t, t["z"], order, {"tail_mass": tau}, {
         "observed": t["observed"],
         "expected": t["expected"],
         "tail_ratio": t["effect"],
