@@ -80,7 +80,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from auditor.detectors import DETECTORS, POWER_FAMILIES, Mode, PowerFamily, detectors_where
+from auditor.detectors import DETECTORS, POWER_FAMILIES, DetectorName, Mode, PowerFamily, detectors_where
 from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
 from auditor.util import finite, fmt_p
 from auditor.verdict import DEFAULT_POWER, UNDETERMINED_CAUSES, VerdictKind
@@ -132,11 +132,11 @@ _MEANS = {str(VerdictKind.QUANTIZATION): "quantized weights (the precision quest
 _ACCUSATIONS = tuple(str(k) for k in VerdictKind if k not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE))
 #: rule prefix → the detectors that decide a primary cause of that rule (``auditor.verdict``).
 _RULE_DETECTORS = (
-    ("2-", ("logprob-divergence",)),
-    ("3-", ("greedy-match",)),
+    ("2-", (DetectorName.LOGPROB_DIVERGENCE,)),
+    ("3-", (DetectorName.GREEDY_MATCH,)),
     ("4", _SAMPLING_TESTS),
-    ("1-self-greedy", ("self-greedy",)),
-    ("1u-unverified-tokens", ("self-greedy",)),
+    ("1-self-greedy", (DetectorName.SELF_GREEDY,)),
+    ("1u-unverified-tokens", (DetectorName.SELF_GREEDY,)),
     ("6-preflight-greedy", ("preflight-greedy-top1",)),
     ("6-preflight-sampling", ("preflight-top-p",)),
 )
@@ -372,14 +372,22 @@ def _answer(key: str, answer: Answer, evidence: str) -> QuestionAnswer:
     return QuestionAnswer(key, QUESTIONS[key], answer, evidence)
 
 
-def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
-    no = _no(verdict, d, _PRECISION_KINDS)
-    if no is not None:
-        return _answer("precision", "no", no)
+def _settled(key: str, verdict: str, d: Mapping[str, object], kinds: Sequence[str]) -> QuestionAnswer | None:
+    """The answer to question ``key`` when the verdict alone settles it, checked in this order: "no" (the
+    verdict names one of ``kinds``), "not established" (an undetermined pair), "not tested" (rule
+    0-provider-failures); None when the detectors must be read."""
+    if (no := _no(verdict, d, kinds)) is not None:
+        return _answer(key, "no", no)
     if (which := _not_established(verdict, d)) is not None:
-        return _answer("precision", "not established", which)
+        return _answer(key, "not established", which)
     if (fail := _failures(d)) is not None:
-        return _answer("precision", "not tested", fail)
+        return _answer(key, "not tested", fail)
+    return None
+
+
+def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
+    if (settled := _settled("precision", verdict, d, _PRECISION_KINDS)) is not None:
+        return settled
     if not any(_ran(d, m) for m in MODEL_DETECTORS):
         nt = _map(d.get("not_tested"))
         if any(k in nt for k in _PRECISION_KINDS):
@@ -404,13 +412,8 @@ def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
 
 
 def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnswer) -> QuestionAnswer:
-    no = _no(verdict, d, _VERIFICATION_KINDS)
-    if no is not None:
-        return _answer("verification", "no", no)
-    if (which := _not_established(verdict, d)) is not None:
-        return _answer("verification", "not established", which)
-    if (fail := _failures(d)) is not None:
-        return _answer("verification", "not tested", fail)
+    if (settled := _settled("verification", verdict, d, _VERIFICATION_KINDS)) is not None:
+        return settled
     fam = _family(d, "acceptance", ACCEPTANCE_DETECTORS)
     ran = any(_ran(d, m) for m in ACCEPTANCE_DETECTORS)
     if precision.answer == "no":
@@ -437,12 +440,12 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
                 "speculative verification is strict"))
     accused = any(k in _ACCUSATIONS for k, _, _ in _causes(verdict, d))
     if not ran:
-        g = _map(_map(d.get("power")).get("greedy-match"))
-        if not accused and _ran(d, "greedy-match") and not _det(d, "greedy-match").get("rejects") and g.get("adequate"):
+        g = _map(_map(d.get("power")).get(DetectorName.GREEDY_MATCH))
+        if not accused and _ran(d, DetectorName.GREEDY_MATCH) and not _det(d, DetectorName.GREEDY_MATCH).get("rejects") and g.get("adequate"):
             return _answer("verification", "yes", (
                 f"at temperature 0 only: greedy tokens match the reference argmax (greedy-match Holm-adjusted p = "
-                f"{fmt_p(_p_adj(d, 'greedy-match'))} on {_n(_det(d, 'greedy-match').get('n'))} positions, "
-                f"{_n(g.get('required_positions'))} needed for {_POWER} against {_target_meaning('greedy-match')}), which "
+                f"{fmt_p(_p_adj(d, DetectorName.GREEDY_MATCH))} on {_n(_det(d, DetectorName.GREEDY_MATCH).get('n'))} positions, "
+                f"{_n(g.get('required_positions'))} needed for {_POWER} against {_target_meaning(DetectorName.GREEDY_MATCH)}), which "
                 "a greedy verifier accepting non-argmax drafts at clear margins would break; sampled verification was "
                 "not tested (no sampling probes)") + _rules_out_note(d, "verification"))
         return _answer("verification", "not tested",
@@ -538,15 +541,15 @@ def _figure(det: Mapping[str, object]) -> str | None:
     details = _map(det.get("details"))
     effect = finite(det.get("effect"))
     n = _n(det.get("n"))
-    if name == "logprob-divergence" and (r := finite(details.get("ratio_to_floor"))) is not None:
+    if name == DetectorName.LOGPROB_DIVERGENCE and (r := finite(details.get("ratio_to_floor"))) is not None:
         return (f"the reported probabilities differ from the original model's {_times(r)} times as much as honest "
                 f"serving varies (over {n} positions)")
-    if name == "greedy-match" and effect is not None:
+    if name == DetectorName.GREEDY_MATCH and effect is not None:
         return f"greedy tokens differ from the original model's where it is confident at {effect:.1%} of {n} positions"
-    if name in ("sampling-argmax", "self-argmax") and effect is not None:
+    if name in (DetectorName.SAMPLING_ARGMAX, DetectorName.SELF_ARGMAX) and effect is not None:
         return (f"the most likely token is emitted {effect:.2f} times more per sampled token than the model's own "
                 f"distribution allows (over {n} sampled tokens)")
-    if name == "greedy-near-tie" and effect is not None:
+    if name == DetectorName.GREEDY_NEAR_TIE and effect is not None:
         return f"greedy tokens flip to the runner-up at near-ties at a rate of {effect:.2f} (over {n} near-ties)"
     return None
 
@@ -571,7 +574,7 @@ def plain_headline(verdict: str, detectors: Sequence[Mapping[str, object]], reas
         first = reason.split(";")[0].strip().rstrip(".")
         return f"{lead}: {first[:200]}." if first else f"{lead}."
     if verdict == str(VerdictKind.PASS):
-        fig = next((f for d in dets if d.get("name") == "logprob-divergence" and (f := _figure(d))), None)
+        fig = next((f for d in dets if d.get("name") == DetectorName.LOGPROB_DIVERGENCE and (f := _figure(d))), None)
         return f"{lead}; {fig}." if fig else f"{lead}."
     rejecting = sorted((d for d in dets if d.get("rejects")),
                        key=lambda d: p if (p := finite(d.get("p_adjusted"))) is not None else 1.0)

@@ -271,24 +271,17 @@ def summarize_run(store: Store, run_id: str, *, elapsed_s: float | None = None, 
             kinds[kind] = kinds.get(kind, 0) + int(n)
             if int(n) > examples.get(kind, (0, ""))[0]:
                 examples[kind] = (int(n), detail.strip())
-        lat = [
-            float(x)
-            for x in s.scalars(
-                select(ProbeAttempt.latency_s).where(
-                    ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_(None), ProbeAttempt.latency_s.is_not(None)
+        # seconds, of the attempts that succeeded (error NULL) and recorded the figure
+        lat, ttft = (
+            [
+                float(x)
+                for x in s.scalars(
+                    select(col).where(ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_(None), col.is_not(None))
                 )
-            )
-            if x is not None  # always: selected IS NOT NULL
-        ]
-        ttft = [
-            float(x)
-            for x in s.scalars(
-                select(ProbeAttempt.ttft_s).where(
-                    ProbeAttempt.run_id == run_id, ProbeAttempt.error.is_(None), ProbeAttempt.ttft_s.is_not(None)
-                )
-            )
-            if x is not None  # always: selected IS NOT NULL
-        ]
+                if x is not None  # always: selected IS NOT NULL
+            ]
+            for col in (ProbeAttempt.latency_s, ProbeAttempt.ttft_s)
+        )
         run = det.run
         return RunSummary(
             run_id=run.id,

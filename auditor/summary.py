@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from auditor.detectors import DetectorName
 from auditor.detectors.speculation import StreamTiming, estimate_speculation
 from auditor.util import finite
 
@@ -153,9 +154,9 @@ def headline_summary(
         ``scored_positions``, ``aligned_positions`` (1:1), ``unaligned_positions``, ``provider_tokens``.
     """
     by = {r.name: r for r in results}
-    lp = by.get("logprob-divergence")
+    lp = by.get(DetectorName.LOGPROB_DIVERGENCE)
     lp = lp if lp is not None and lp.ran else None
-    g = by.get("greedy-match")
+    g = by.get(DetectorName.GREEDY_MATCH)
     g = g if g is not None and g.ran else None
     n_tok = sum(len(o.tokens) for o in observations)
     summary: dict[str, Any] = {

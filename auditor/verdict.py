@@ -618,7 +618,7 @@ def _self_greedy(c: _Ctx) -> _Cause:
             f"positions (e.g. {pos}): tokens no decoding parameter picks — drafts accepted without strict "
             f"verification (e.g. speculative decoding with greedy requests batched beside sampled ones) "
             f"(self-greedy p_adj={r.p_adjusted:.3g})",
-            "1u-unverified-tokens", ["self-greedy"],
+            "1u-unverified-tokens", [DetectorName.SELF_GREEDY],
             f"{n_unv} unverified greedy tokens, self-greedy p_adj={r.p_adjusted:.3g}",
         )
     return c.cause(

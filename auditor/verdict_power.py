@@ -31,6 +31,7 @@ from auditor.detectors import DETECTORS, MODES, POWER_FAMILIES, POWER_TARGETS, T
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import binom_isf, binom_sf, poisson_isf  # scipy.stats' tails, bit for bit
+from auditor.util import finite
 
 __all__ = ["DEFAULT_POWER", "POWER_FAMILIES", "POWER_TARGETS", "power_at", "power_effect", "required_positions",
            "tokens_per_position"]
@@ -340,11 +341,7 @@ def power_effect(result: DetectorResult) -> float | None:
     if powered is None or not result.ran:
         return None
     x = (result.details or {}).get("geometric_ratio") if powered[0] == TestKind.KL else result.effect
-    try:
-        v = float(x) if x is not None else math.nan
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+    return finite(x)
 
 
 def _target_effect(result: DetectorResult, model: _PowerModel) -> float:

@@ -1,34 +1,8 @@
 """Provider configuration: which OpenAI-compatible endpoint to audit, and how to talk to it.
 
 File format (TOML, read with :mod:`tomllib`): one table per provider under ``providers``,
-keyed by the provider's name (kebab-case)::
-
-    # providers.toml
-    [providers.local-sim]
-    base_url = "http://127.0.0.1:8000/v1"     # the part before /chat/completions
-    model = "smollm2-135m-instruct"
-    api = "chat"                               # or "completions" (legacy /v1/completions)
-    api_key_env = "LOCAL_SIM_API_KEY"          # the NAME of an env var; never the key itself
-    reference = "smollm2-135m-instruct"        # HF id, local path, or the bundled default
-    timeout_s = 60
-    extra_body = { top_p = 1.0 }
-    headers = { "X-Team" = "audits" }
-
-    [providers.local-sim.capabilities]         # `auditor providers probe NAME --write` fills this
-    max_top_logprobs = 20
-    n = true
-    seed = true
-    echo = false
-    streaming = true
-    logprobs = true
-
-    [providers.local-sim.rate_limits]
-    requests_per_s = 20
-    concurrency = 8
-
-    [providers.local-sim.pricing]
-    usd_per_1m_input = 0.10
-    usd_per_1m_output = 0.30
+keyed by the provider's name (kebab-case). :data:`EXAMPLE_PROVIDERS_TOML` (below; ``auditor providers
+list --example`` prints it) is the annotated example: every key, what it holds, and which are optional.
 
 The ``[providers.NAME]`` form was chosen over ``[[providers]]`` arrays because names must be
 unique and a table key makes a duplicate a TOML syntax error instead of a silent override.
@@ -805,17 +779,20 @@ def write_capabilities(
 EXAMPLE_PROVIDERS_TOML = '''\
 # spec-auditor providers file. One [providers.NAME] table per endpoint.
 [providers.local-sim]
-base_url = "http://127.0.0.1:8000/v1"
+base_url = "http://127.0.0.1:8000/v1"      # the part before /chat/completions
 model = "smollm2-135m-instruct"
-api = "chat"
-# api_key_env = "MY_PROVIDER_API_KEY"   # name of the env var holding the key
-reference = "smollm2-135m-instruct"
+api = "chat"                               # or "completions" (legacy /v1/completions)
+# api_key_env = "MY_PROVIDER_API_KEY"      # the NAME of an env var holding the key; never the key itself
+reference = "smollm2-135m-instruct"        # HF id, local path, or the bundled default
 timeout_s = 60
+# extra_body = { top_p = 1.0 }             # merged into every request body
+# headers = { "X-Team" = "audits" }        # sent with every request (redacted in snapshots when secret-looking)
 
-[providers.local-sim.capabilities]
+[providers.local-sim.capabilities]         # `auditor providers probe NAME --write` fills this
 max_top_logprobs = 20
 n = true
 seed = true
+# echo = false                             # prompt-token logprobs via echo (api = "completions" only)
 streaming = true
 logprobs = true
 
@@ -823,7 +800,7 @@ logprobs = true
 requests_per_s = 50
 concurrency = 8
 
-[providers.local-sim.pricing]
+[providers.local-sim.pricing]              # USD per million tokens (the simulator is free)
 usd_per_1m_input = 0.0
 usd_per_1m_output = 0.0
 '''

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime as dt
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,3 +105,57 @@ def test_fmt_p_and_md_cell() -> None:
     assert fmt_p(np.float32(0.25)) == "0.250"
     assert [fmt_p(x) for x in (None, True, float("nan"), float("inf"), "x")] == ["—"] * 5
     assert md_cell("a|b`c\nd") == "a\\|b'c d"
+
+
+# -- one home: auditor/util.py holds the only `finite` and `json_safe` (docs/ARCHITECTURE.md, L7) --
+
+_PRODUCT = ("auditor", "probes", "reference", "simulator", "dashboard")
+_ROOT = Path(__file__).resolve().parents[1]
+_HELPER_NAMES = {"finite", "json_safe"}
+
+
+def _product_functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    out = []
+    for part in _PRODUCT:
+        for path in sorted((_ROOT / part).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            rel = path.relative_to(_ROOT).as_posix()
+            out += [(rel, n) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return out
+
+
+def _is_finite_or_none(node: ast.expr | None) -> bool:
+    """``x if math.isfinite(x) else None`` (any spelling of ``isfinite``): the body of ``finite``."""
+    return (
+        isinstance(node, ast.IfExp)
+        and isinstance(node.orelse, ast.Constant) and node.orelse.value is None
+        and isinstance(node.test, ast.Call)
+        and (ast.unparse(node.test.func).endswith("isfinite"))
+        and len(node.test.args) == 1 and ast.unparse(node.test.args[0]) == ast.unparse(node.body)
+    )
+
+
+def test_one_definition_of_each_helper() -> None:
+    """No second ``finite`` / ``json_safe`` (public, private or a ``_json_…``/``_finite`` variant) in
+    the product, and no function that re-implements ``finite`` by returning ``x if isfinite(x) else
+    None``: callers import ``auditor.util``'s."""
+    functions = _product_functions()
+    homes = sorted({rel for rel, f in functions if f.name in _HELPER_NAMES})
+    assert homes == ["auditor/util.py"], homes
+    copies = [
+        f"{rel}:{f.lineno} {f.name}" for rel, f in functions
+        if rel != "auditor/util.py" and (
+            f.name.lstrip("_") in _HELPER_NAMES
+            or f.name.startswith(("_json_value", "_json_safe", "_jsonable", "_finite_or_none"))
+            or (f.body and isinstance(f.body[-1], ast.Return) and _is_finite_or_none(f.body[-1].value))
+        )
+    ]
+    assert not copies, f"copies of auditor.util.finite/json_safe (import them instead): {copies}"
+
+
+def test_copy_detector_sees_a_copy() -> None:
+    """The check above is not vacuous: it recognises the shape it forbids."""
+    src = "def f(x):\n    v = float(x)\n    return v if math.isfinite(v) else None\n"
+    ret = ast.parse(src).body[0].body[-1]  # type: ignore[attr-defined]
+    assert _is_finite_or_none(ret.value)
+    assert not _is_finite_or_none(ast.parse("v if v > 0 else None", mode="eval").body)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from auditor.audit import run_reference_detectors
-from auditor.detectors import EvidenceBatch
+from auditor.detectors import DetectorName, EvidenceBatch
 from auditor.verdict import DEFAULT_POWER, Verdict, decide_verdict
 from auditor.verdict_power import power_effect
 from probes.suites import load_suite
@@ -336,7 +336,7 @@ def audit_verdict(
         batches = {"float32": batches}
     results = run_reference_detectors(batches, floors, seed=seed)
     fl = getattr(floors, "floors", None) or {}
-    lp = next((r for r in results if r.name == "logprob-divergence" and r.ran), None)
+    lp = next((r for r in results if r.name == DetectorName.LOGPROB_DIVERGENCE and r.ran), None)
     lp_floor = fl.get(lp.details.get("nearest_reference")) if lp is not None else None
     return decide_verdict(results, alpha, floor=lp_floor or fl.get(next(iter(batches))),
                           power=DEFAULT_POWER if power is None else power)

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from auditor.calibration.metrics import record_suite
+from auditor.detectors import DetectorName
 
 __all__ = ["EFFECT_SIZES_PATH", "MIN_RAN_SHARE", "effect_sizes_from_records", "write_effect_sizes"]
 
@@ -28,7 +29,8 @@ __all__ = ["EFFECT_SIZES_PATH", "MIN_RAN_SHARE", "effect_sizes_from_records", "w
 EFFECT_SIZES_PATH = Path(__file__).with_name("effect_sizes.json")
 #: A cell's median counts for a detector only when the detector ran in at least this share of its audits.
 MIN_RAN_SHARE = 0.5
-_SELF_FROM_REFERENCE = {"self-argmax": "sampling-argmax", "self-tail": "sampling-tail"}
+_SELF_FROM_REFERENCE = {DetectorName.SELF_ARGMAX: DetectorName.SAMPLING_ARGMAX,
+                        DetectorName.SELF_TAIL: DetectorName.SAMPLING_TAIL}
 
 
 def _effect(records: Sequence[Mapping], profile: str, detector: str) -> tuple[float, str, int] | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, NamedTuple, cast
@@ -639,35 +639,20 @@ class EvidenceBatch:
         return np.asarray((self.provider_top_ids >= 0).sum(1), dtype=np.int64)
 
     def subset(self, mask: np.ndarray) -> EvidenceBatch:
-        """A batch restricted to the positions where mask [N] bool (or an index array) selects."""
+        """A batch restricted to the positions where mask [N] bool (or an index array) selects.
 
-        def take(a: np.ndarray | None) -> np.ndarray | None:
-            return None if a is None else a[mask]
-
-        return EvidenceBatch(
-            prompt_ids=self.prompt_ids[mask],
-            positions=self.positions[mask],
-            token_ids=self.token_ids[mask],
-            temperatures=self.temperatures[mask],
-            ref_top_ids=take(self.ref_top_ids),
-            ref_top_logprobs=take(self.ref_top_logprobs),
-            ref_token_logprobs=take(self.ref_token_logprobs),
-            ref_full_logprobs=take(self.ref_full_logprobs),
-            provider_top_ids=self.provider_top_ids[mask],
-            provider_top_logprobs=self.provider_top_logprobs[mask],
-            provider_token_logprobs=self.provider_token_logprobs[mask],
-            provider_trusted=self.provider_trusted[mask],
-            ref_at_provider_top=take(self.ref_at_provider_top),
-            token_texts=take(self.token_texts),
-            token_spans=take(self.token_spans),
-        )
+        Every field is a per-position array (first axis N) or None (class docstring), so each is indexed."""
+        cut: dict[str, Any] = {  # np.ndarray | None per field
+            f.name: None if (a := getattr(self, f.name)) is None else a[mask] for f in fields(self)
+        }
+        return replace(self, **cut)
 
     def evidence_row(self, i: int, **extra: Any) -> dict[str, Any]:
         """A JSON-able evidence dict for position i (prompt, position, token, reference top-5, ...).
 
         What ``json_safe`` makes of the row, built directly: the ids and strings are already JSON values,
         the rounded logprobs become None where not finite, and each ``extra`` value (floats rounded)
-        goes through :func:`_json_value`.
+        goes through :func:`~auditor.util.json_safe`.
         """
         fin = math.isfinite
         row: dict[str, Any] = {
@@ -697,19 +682,8 @@ class EvidenceBatch:
         if not math.isnan(v := float(self.provider_token_logprobs[i])):
             row["provider_token_logprob"] = v if fin(v := round(v, 6)) else None
         for k, x in extra.items():
-            row[k] = _json_value(_r(x) if isinstance(x, (float, np.floating)) else x)
+            row[k] = json_safe(_r(x) if isinstance(x, (float, np.floating)) else x)
         return row
-
-
-def _json_value(v: Any) -> Any:
-    """``json_safe(v)``: Python ints, strs, bools and None as they are, a float or None when not
-    finite, anything else through :func:`~auditor.util.json_safe`."""
-    t = type(v)
-    if t is float:
-        return v if math.isfinite(v) else None
-    if t is int or t is str or t is bool or v is None:
-        return v
-    return json_safe(v)
 
 
 def _r(x: float | np.floating[Any]) -> float:

@@ -37,8 +37,8 @@ from __future__ import annotations
 import numpy as np
 
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
-from .greedy import GREEDY_TEMPERATURE_MAX, MIN_HONEST_CLEAR_RATE, clear_mismatch_test
-from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
+from .greedy import GREEDY_TEMPERATURE_MAX, clear_mismatch_result, clear_mismatch_test, honest_band_and_rate
+from .noise_floor import NoiseFloor
 from .sampling import (
     TAIL_TOP_P,
     SamplingView,
@@ -174,12 +174,9 @@ def self_greedy(
     lp_tok = np.where(np.isnan(lp_tok), bound, lp_tok)
     contra = tok != ids[:, 0]
     gap = np.where(contra, np.maximum(lp1 - lp_tok, 0.0), 0.0)
-    band = floor.margin_band if floor is not None else DEFAULT_MARGIN_BAND
-    r0 = max(
-        floor.clear_mismatch_rate if floor is not None else 0.0, MIN_HONEST_CLEAR_RATE
-    )
+    band, r0 = honest_band_and_rate(floor)
     t = clear_mismatch_test(contra, gap, band, r0, rng)
-    clear = t.pop("clear")
+    clear = t["clear"]
     ref_gap = np.full(idx.size, np.nan)
     if batch.has_reference:
         ref = batch.reference()
@@ -191,40 +188,11 @@ def self_greedy(
          "gap": float(gap[j]), "reference_gap": None if np.isnan(ref_gap[j]) else float(ref_gap[j])}
         for j in np.flatnonzero(unverified)[np.argsort(-gap[unverified], kind="stable")][:UNVERIFIED_EVIDENCE]
     ]
-    order = np.lexsort((-gap, ~clear))
-    evidence = []
-    for j in order[:n_evidence]:
-        if not contra[j]:
-            break
-        evidence.append(
-            batch.evidence_row(
-                int(idx[j]),
-                provider_top1=int(ids[j, 0]),
-                gap=float(gap[j]),
-                margin=float(gap[j]),
-                clear=bool(clear[j]),
-            )
-        )
-    return DetectorResult(
-        name=name,
-        statistic=float(t["k"]),
-        p_value=t["p_value"],
-        effect=t["rate"],
-        effect_ci=t["ci"],
-        n=n,
-        evidence=evidence,
-        reason=None
-        if floor is not None
-        else f"no noise floor: default band {DEFAULT_MARGIN_BAND} nats",
+    return clear_mismatch_result(
+        batch, name, idx, contra, gap, t, floor, n_evidence,
+        agreement=("agreement", "n_contradiction"),
+        row_ints={"provider_top1": ids[:, 0]},
         details={
-            "agreement": float(1.0 - contra.mean()),
-            "n_contradiction": int(contra.sum()),
-            "n_near_tie": t["near"],
-            "n_clear": t["k"],
-            "band": float(band),
-            "r0": float(r0),
-            "p_randomized": t["p_randomized"],
-            "n_prompts": int(np.unique(batch.prompt_ids[idx]).size),
             "n_unverified": int(unverified.sum()),
             "unverified_gap_nats": UNVERIFIED_GAP_NATS,
             "unverified_positions": unv_rows,

@@ -142,38 +142,68 @@ def greedy_match(
         )
     band, r0 = honest_band_and_rate(floor)
     t = clear_mismatch_test(mismatch, gap, band, r0, rng)
-    clear = t.pop("clear")
+    return clear_mismatch_result(batch, name, idx, mismatch, gap, t, floor, n_evidence,
+                                 agreement=("match_rate", "n_mismatch"))
+
+
+def clear_mismatch_result(
+    batch: EvidenceBatch,
+    name: str,
+    idx: np.ndarray,
+    mismatch: np.ndarray,
+    gap: np.ndarray,
+    t: dict[str, Any],
+    floor: NoiseFloor | None,
+    n_evidence: int,
+    *,
+    agreement: tuple[str, str],
+    row_ints: dict[str, np.ndarray] | None = None,
+    details: dict[str, Any] | None = None,
+) -> DetectorResult:
+    """The DetectorResult of a clear-mismatch test (``greedy-match`` against the reference argmax,
+    ``self-greedy`` against the provider's own reported top-1).
+
+    Args:
+        idx: [n] int batch positions tested; mismatch: [n] bool; gap: [n] float nats (0 where matching).
+        t: :func:`clear_mismatch_test`'s output on them (``clear`` [n] bool still in it).
+        agreement: the details keys for the agreement rate (1 − mismatch share) and the mismatch count.
+        row_ints: extra int columns ([n] arrays) written first in each evidence row.
+        details: extra details, after the common ones (agreement, counts, band, r0, p_randomized, n_prompts).
+
+    Returns: statistic = clear-mismatch count, p_value = the exact one-sided binomial, effect = the
+    clear-mismatch rate (Wilson CI); evidence = the mismatching positions, clear ones first, then by gap.
+    """
+    band, r0 = honest_band_and_rate(floor)
+    clear = t["clear"]
     order = np.lexsort((-gap, ~clear))  # clear first, then by gap descending
     evidence = []
     for j in order[:n_evidence]:
         if not mismatch[j]:
             break
-        i = int(idx[j])
+        extra = {k: int(v[j]) for k, v in (row_ints or {}).items()}
         evidence.append(
-            batch.evidence_row(
-                i, gap=float(gap[j]), margin=float(gap[j]), clear=bool(clear[j])
-            )
+            batch.evidence_row(int(idx[j]), **extra, gap=float(gap[j]), margin=float(gap[j]), clear=bool(clear[j]))
         )
-    match_rate = float(1.0 - mismatch.mean())
     return DetectorResult(
         name=name,
         statistic=float(t["k"]),
         p_value=t["p_value"],
         effect=t["rate"],
         effect_ci=t["ci"],
-        n=n,
+        n=int(idx.size),
         evidence=evidence,
         reason=None
         if floor is not None
         else f"no noise floor: default band {DEFAULT_MARGIN_BAND} nats",
         details={
-            "match_rate": match_rate,
-            "n_mismatch": int(mismatch.sum()),
+            agreement[0]: float(1.0 - mismatch.mean()),
+            agreement[1]: int(mismatch.sum()),
             "n_near_tie": t["near"],
             "n_clear": t["k"],
             "band": float(band),
             "r0": float(r0),
             "p_randomized": t["p_randomized"],
             "n_prompts": int(np.unique(batch.prompt_ids[idx]).size),
+            **(details or {}),
         },
     )

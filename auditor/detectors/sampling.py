@@ -36,6 +36,7 @@ renormalised here).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -384,33 +385,46 @@ def gof_result(
     t = gof_test(view, rng)
     u = t["u"]
     order = np.argsort(-np.abs(u - 0.5), kind="stable")[:n_evidence]
-    ev = [
-        batch.evidence_row(
-            int(view.idx[j]),
-            u=float(u[j]),
-            rank=int(view.token_rank[j]),
-            margin=_margin(view, j),
-        )
+    return _view_result(batch, view, name, t, t["statistic"], order, {"u": u, "rank": view.token_rank}, {
+        "mean_u": float(u.mean()),
+        "frac_u_below_0.1": t["frac_low"],
+        "frac_u_above_0.9": t["frac_high"],
+        "pit_draws": t["draws"],
+        "p_single_draw": t["p_single"],
+        "p_median_draw": t["p_median"],
+    })
+
+
+def _view_result(
+    batch: EvidenceBatch,
+    view: SamplingView,
+    name: str,
+    t: Mapping[str, Any],
+    statistic: float,
+    order: np.ndarray,
+    columns: Mapping[str, np.ndarray],
+    details: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> DetectorResult:
+    """The DetectorResult of sampling test ``t`` (``gof_test``/``argmax_test``/``tail_test`` output) on
+    ``view``: p_value, effect and ci from ``t``, n = the view's positions; the details are ``details``, then
+    the view's ``source`` and ``n_prompts``, then ``extra``.
+
+    Evidence: one row per view index in ``order`` (strongest first, already cut to ``n_evidence``), with
+    each of ``columns`` ([len(view)] numeric arrays) at that index as a Python number, then the margin."""
+    evidence = [
+        batch.evidence_row(int(view.idx[j]), **{k: v[j].item() for k, v in columns.items()}, margin=_margin(view, j))
         for j in order
     ]
     return DetectorResult(
         name=name,
-        statistic=t["statistic"],
+        statistic=statistic,
         p_value=t["p_value"],
         effect=t["effect"],
         effect_ci=t["ci"],
         n=len(view),
-        evidence=ev,
-        details={
-            "mean_u": float(u.mean()),
-            "frac_u_below_0.1": t["frac_low"],
-            "frac_u_above_0.9": t["frac_high"],
-            "pit_draws": t["draws"],
-            "p_single_draw": t["p_single"],
-            "p_median_draw": t["p_median"],
-            "source": view.source,
-            "n_prompts": _n_prompts(batch, view),
-        },
+        evidence=evidence,
+        details={**details, "source": view.source, "n_prompts": _n_prompts(batch, view), **(extra or {})},
     )
 
 
@@ -423,38 +437,21 @@ def argmax_result(
     # strongest: argmax emitted where it was least likely
     cand = np.flatnonzero(t["is_argmax"])
     order = cand[np.argsort(p1[cand], kind="stable")][:n_evidence]
-    ev = [
-        batch.evidence_row(
-            int(view.idx[j]), p_argmax=float(p1[j]), margin=_margin(view, j)
-        )
-        for j in order
-    ]
-    return DetectorResult(
-        name=name,
-        statistic=t["z"],
-        p_value=t["p_value"],
-        effect=t["effect"],
-        effect_ci=t["ci"],
-        n=len(view),
-        evidence=ev,
-        details={
-            "observed": t["observed"],
-            "expected": t["expected"],
-            "argmax_rate": t["argmax_rate"],
-            "expected_rate": t["expected_rate"],
-            "excess_per_position": t["effect"],
-            "var_per_position": t["sd"] ** 2 / max(1, len(view)),
-            "n_tested": t["n_tested"],
-            "min_p_argmax_tested": t["min_p"],
-            "scan_threshold": t["scan_threshold"],
-            "scan_observed": t["scan_observed"],
-            "scan_expected": t["scan_expected"],
-            "scan_n": t["scan_n"],
-            "p_randomized": t["p_randomized"],
-            "source": view.source,
-            "n_prompts": _n_prompts(batch, view),
-        },
-    )
+    return _view_result(batch, view, name, t, t["z"], order, {"p_argmax": p1}, {
+        "observed": t["observed"],
+        "expected": t["expected"],
+        "argmax_rate": t["argmax_rate"],
+        "expected_rate": t["expected_rate"],
+        "excess_per_position": t["effect"],
+        "var_per_position": t["sd"] ** 2 / max(1, len(view)),
+        "n_tested": t["n_tested"],
+        "min_p_argmax_tested": t["min_p"],
+        "scan_threshold": t["scan_threshold"],
+        "scan_observed": t["scan_observed"],
+        "scan_expected": t["scan_expected"],
+        "scan_n": t["scan_n"],
+        "p_randomized": t["p_randomized"],
+    })
 
 
 def tail_result(
@@ -470,34 +467,15 @@ def tail_result(
     tau, in_tail = t["tau"], t["in_tail"]
     cand = np.flatnonzero(~in_tail)
     order = cand[np.argsort(-tau[cand], kind="stable")][:n_evidence]
-    ev = [
-        batch.evidence_row(
-            int(view.idx[j]), tail_mass=float(tau[j]), margin=_margin(view, j)
-        )
-        for j in order
-    ]
-    return DetectorResult(
-        name=name,
-        statistic=t["z"],
-        p_value=t["p_value"],
-        effect=t["effect"],
-        effect_ci=t["ci"],
-        n=len(view),
-        evidence=ev,
-        details={
-            "observed": t["observed"],
-            "expected": t["expected"],
-            "tail_ratio": t["effect"],
-            "deficit_per_position": t["deficit"],
-            "mean_tail_mass": t["mean_tail_mass"],
-            "top_p": float(top_p),
-            "p_randomized": t["p_randomized"],
-            "source": view.source,
-            "n_prompts": _n_prompts(batch, view),
-            **({"emission": emission_fit(view.top_probs, view.token_rank)}
-               if t["p_value"] <= EMISSION_FIT_MAX_P else {}),
-        },
-    )
+    return _view_result(batch, view, name, t, t["z"], order, {"tail_mass": tau}, {
+        "observed": t["observed"],
+        "expected": t["expected"],
+        "tail_ratio": t["effect"],
+        "deficit_per_position": t["deficit"],
+        "mean_tail_mass": t["mean_tail_mass"],
+        "top_p": float(top_p),
+        "p_randomized": t["p_randomized"],
+    }, {"emission": emission_fit(view.top_probs, view.token_rank)} if t["p_value"] <= EMISSION_FIT_MAX_P else None)
 
 
 def _margin(view: SamplingView, j: int) -> float:

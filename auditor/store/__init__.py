@@ -12,7 +12,7 @@ Migrations live in ``auditor/store/migrations`` (see ``alembic/README.md``); mod
 :mod:`auditor.store.models` are the authoritative schema.
 """
 
-from auditor.store import queries
+from auditor.store import models, queries
 from auditor.store.db import (
     ENV_DB_URL,
     Store,
@@ -27,51 +27,21 @@ from auditor.store.db import (
     resolve_db_url,
     upgrade,
 )
-from auditor.store.models import (
-    Alert,
-    AuditRun,
-    Base,
-    CalibrationResult,
-    DetectorResultRow,
-    NormalizedToken,
-    Probe,
-    ProbeAttempt,
-    Provider,
-    ReferenceCache,
-    Schedule,
-    VerdictRow,
-    metadata,
-    new_run_id,
-    utcnow,
-)
+from auditor.store.models import *  # noqa: F403  (the names in auditor.store.models.__all__)
 
-__all__ = [
+__all__ = [  # the models (auditor.store.models.__all__), then the engine/session helpers
+    *models.__all__,
     "ENV_DB_URL",
-    "Alert",
-    "AuditRun",
-    "Base",
-    "CalibrationResult",
-    "DetectorResultRow",
-    "NormalizedToken",
-    "Probe",
-    "ProbeAttempt",
-    "Provider",
-    "ReferenceCache",
-    "Schedule",
     "Store",
     "StoreError",
-    "VerdictRow",
     "current_revision",
     "default_db_path",
     "downgrade",
     "head_revision",
     "make_engine",
-    "metadata",
-    "new_run_id",
     "open_store",
     "queries",
     "redact_url",
     "resolve_db_url",
     "upgrade",
-    "utcnow",
 ]
