@@ -51,9 +51,9 @@ from typing import Any, Literal
 from scipy import stats
 
 from auditor.detectors import DetectorName
-from auditor.detectors.logprob import LOGPROB_POSITIONS, kl_floor_ratio, kl_floor_text
+from auditor.detectors.logprob import LOGPROB_POSITIONS, kl_floor_ratio
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, load_effect_sizes
-from auditor.util import finite
+from auditor.util import finite, kl_floor_text
 from auditor.verdict import VerdictKind
 
 __all__ = [

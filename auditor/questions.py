@@ -80,8 +80,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from auditor.detectors import DETECTORS, POWER_FAMILIES, Mode, PowerFamily, detectors_where
-from auditor.detectors.logprob import LOGPROB_POSITIONS, kl_floor_ratio, kl_floor_text
-from auditor.util import finite, fmt_p
+from auditor.detectors.logprob import LOGPROB_POSITIONS, kl_floor_ratio
+from auditor.util import finite, fmt_p, kl_floor_text
 from auditor.verdict import DEFAULT_POWER, UNDETERMINED_CAUSES, VerdictKind
 from auditor.verdict_cause import DECISIVE_WITHOUT_LOGPROBS
 

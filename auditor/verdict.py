@@ -129,12 +129,12 @@ from auditor.detectors import (
     detectors_where,
 )
 from auditor.detectors.base import DetectorResult
-from auditor.detectors.logprob import kl_floor_ratio, kl_floor_text
+from auditor.detectors.logprob import kl_floor_ratio
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
 from auditor.util import finite as _f
-from auditor.util import json_safe
+from auditor.util import json_safe, kl_floor_text
 from auditor.verdict_cause import (
     SAMPLED_FLIP_MAX_SIGMA,
     blind_near_tie_note,

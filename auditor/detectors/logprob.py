@@ -53,7 +53,6 @@ __all__ = [
     "MARGIN_BIN_EDGES",
     "bootstrap_mean_ci",
     "kl_floor_ratio",
-    "kl_floor_text",
     "logprob_divergence",
     "logprob_positions",
     "margin_flip_stats",
@@ -99,12 +98,6 @@ def kl_floor_ratio(details: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return r if np.isfinite(r) and r > 0 else None
-
-
-def kl_floor_text(ratio: float) -> str:
-    """``ratio`` (:func:`kl_floor_ratio`) as every report prints it: three significant figures below 100,
-    whole numbers above, e.g. ``"1890"``, ``"145"``, ``"1.4"``, ``"0.699"`` (the caller adds the unit words)."""
-    return f"{ratio:.0f}" if ratio >= 100 else f"{ratio:.3g}"
 
 
 def logprob_positions(
