@@ -355,7 +355,7 @@ def test_standing_answers_from_its_audits_and_opens_with_them() -> None:
     assert by["verification"]["answer"] == "yes" and by["verification"]["suite"] == "verification"
     assert "suite verification, run run-new" in by["verification"]["evidence"]
     md = render_standing(st, "markdown").splitlines()
-    assert md[2] == "| Question | Answer | Evidence |" and md[4].startswith(f"| {PRECISION_QUESTION} | **no** |")
+    assert md[2] == "| Question | Answer | In plain words |" and md[4].startswith(f"| {PRECISION_QUESTION} | **no** |")
     text = render_standing(st, "text").splitlines()
     assert text[1].startswith(f"  {PRECISION_QUESTION} no") and text[2].startswith(f"  {VERIFICATION_QUESTION} yes")
     assert json.loads(render_standing(st, "json"))["questions"][0]["answer"] == "no"
