@@ -395,7 +395,7 @@ def _plain(key: str, answer: str, evidence: str) -> str:
     if (key, answer) in _PLAIN_ANSWERS:
         return _PLAIN_ANSWERS[(key, answer)]
     if answer == "not tested" and evidence.startswith("the served model differs from the reference"):
-        return "the served model already differs from the original, so its verification could not be checked apart."
+        return "the served model already differs from the original, so its verification could not be checked on its own."
     if answer == "not established":
         return ("something deviates, but it may be reduced precision or relaxed verification, and "
                 "this audit cannot say which.")

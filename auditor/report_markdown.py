@@ -198,8 +198,10 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Tokens per stream chunk", fmt_num(s.get("mean_tokens_per_chunk"), 3)
          + (f" (histogram {json.dumps(s.get('tokens_per_chunk'))})" if s.get("tokens_per_chunk") else "")),
         ("Speculation (evidence)", speculation_line(s.get("speculation")) or "—"),
-        ("Mean KL vs reference", f"{fmt_num(s.get('mean_kl'))} nats" if s.get("mean_kl") is not None else "—"),
-        ("Honest noise floor (mean KL)", f"{fmt_num(s.get('noise_floor'))} nats" if s.get("noise_floor") is not None else "—"),
+        ("Mean KL vs reference (arithmetic mean)", f"{fmt_num(s.get('mean_kl'))} nats" if s.get("mean_kl") is not None else "—"),
+        ("Honest noise floor (arithmetic mean KL)",
+         f"{fmt_num(s.get('noise_floor'))} nats; the KL-vs-floor figure above is the geometric mean's ratio"
+         if s.get("noise_floor") is not None else "—"),
         ("Greedy clear-mismatch rate", fmt_num(s.get("clear_mismatch_rate")) if s.get("clear_mismatch_rate") is not None else "—"),
         ("Probes", (f"{r.probes.get('ok', 0)} ok, {r.probes.get('failed', 0)} failed of {r.probes.get('total', 0)}; "
                     f"{r.probes.get('attempts', 0)} attempts ({r.probes.get('retries', 0)} retries)")),

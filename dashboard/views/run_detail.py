@@ -373,7 +373,7 @@ def render(db_url: str, filters: Filters) -> None:
         ["alpha", fmt_num(d["alpha"])],
         ["Throughput / TTFT p50 / TPOT p50", f"{fmt_num(d['tokens_per_s'], 4)} tokens/s / {fmt_ms(d['ttft_median_s'])} / {fmt_ms(d['tpot_median_s'])}"],
         ["KL × honest floor", f"{kl_floor_text(d['kl_floor_ratio'])}×" if d.get("kl_floor_ratio") is not None else "—"],
-        ["Mean KL / noise floor", f"{fmt_num(d['mean_kl'])} / {fmt_num(d['noise_floor'])} nats"],
+        ["Mean KL / noise floor (arithmetic means)", f"{fmt_num(d['mean_kl'])} / {fmt_num(d['noise_floor'])} nats"],
         ["Greedy clear-mismatch rate", fmt_pct(d["clear_mismatch_rate"])],
     ]  # fmt: skip
     causes = causes_md(d)
