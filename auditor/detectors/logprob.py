@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from auditor.util import finite
+
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
 from .noise_floor import NoiseFloor
 from .stats import RngLike, as_rng, bucketed_kl, mean_variance_under, norm_sf
@@ -93,11 +95,8 @@ def kl_floor_ratio(details: Any) -> float | None:
     """
     if not isinstance(details, Mapping):
         return None
-    try:
-        r = float(details.get("geometric_ratio"))
-    except (TypeError, ValueError):
-        return None
-    return r if np.isfinite(r) and r > 0 else None
+    r = finite(details.get("geometric_ratio"))
+    return r if r is not None and r > 0 else None
 
 
 def logprob_positions(
