@@ -21,9 +21,12 @@ Renderers (all pure functions of the report; :func:`render` dispatches on the fo
 
 Every renderer opens with the buyer's two questions (issue 14, :mod:`auditor.questions`): "Is the model
 served at its original precision?" and "Is speculative verification strict (lossless)?", each
-answered yes / no / not tested with its evidence (JSON: the top-level ``questions`` list of
-``{key, question, answer, evidence}``; JUnit: ``question.*`` properties and the suite's
-``system-out``).
+answered in plain words first (``QuestionAnswer.plain``, then the headline; issue 38, item 6) with its
+evidence in figures below (JSON: the top-level ``questions`` list of ``{key, question, answer, plain,
+evidence}``; JUnit: ``question.*`` properties and the suite's ``system-out``). Each figure and account has
+one home (issue 38): the KL-vs-floor ratio is :func:`auditor.detectors.logprob.kl_floor_ratio` everywhere,
+"ruled out" comes from the audit's power record (:mod:`auditor.rules_out`, shown once; the precision estimate
+defers to it), and the verdict's reason is quoted once (:func:`auditor.report_base.reason_shown`).
 
 Every renderer shows every cause, not only the primary one (issue 13): the verdict's
 ``secondary_causes`` with their deciding evidence, the provider failures (share and kinds) when
