@@ -45,14 +45,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from scipy import stats
 
 from auditor.detectors import DetectorName
-from auditor.rules_out import EffectSizes, load_effect_sizes
-from auditor.util import finite
+from auditor.detectors.logprob import LOGPROB_POSITIONS, kl_floor_ratio
+from auditor.rules_out import RULE_OUT_POWER, EffectSizes, load_effect_sizes
+from auditor.util import finite, kl_floor_text
 from auditor.verdict import VerdictKind
 
 __all__ = [
@@ -94,7 +95,7 @@ BITS: Mapping[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8":
 _CLAIM_GROUP = {8: "8-bit weights, activations or KV cache", 4: "4-bit weights"}
 _DET = str(DetectorName.LOGPROB_DIVERGENCE)
 
-Status = Literal["consistent", "ruled out"]
+Status = Literal["consistent", "ruled out", "not ruled out"]
 Outcome = Literal["matches", "does not match", "cannot tell"]
 
 
@@ -106,7 +107,9 @@ class ClassFit:
         key: calibration class key (``int4``) or :data:`NATIVE`; label: its report name.
         precision: its precision class (:data:`PRECISION_GROUPS`).
         ratio: its calibrated geometric-mean KL / floor ratio (native: 1).
-        status: ``consistent`` | ``ruled out``; direction: ``too small`` / ``too large`` when ruled out.
+        status: ``consistent`` | ``ruled out`` | ``not ruled out`` (the audit's power record says it lacks the
+            power to rule the class out although the effect is far from it: :func:`estimate_from_ratio`,
+            ``rules_out``); direction: ``too small`` / ``too large`` when ruled out, the power when not ruled out.
         distance: ``(log R − m_c) / sqrt(s² + τ²)`` (standardized; signed).
     """
 
@@ -180,6 +183,7 @@ class PrecisionEstimate:
             by.setdefault(c.precision, []).append(c)
         yes = [g for g, cs in by.items() if any(c.status == "consistent" for c in cs)]
         no = [g for g, cs in by.items() if all(c.status == "ruled out" for c in cs)]
+        maybe = [g for g, cs in by.items() if g not in yes and g not in no]
         if self.best in yes:
             parts = ["consistent with " + ", ".join([self.best] + [g for g in yes if g != self.best])]
         else:
@@ -188,8 +192,12 @@ class PrecisionEstimate:
                      + (", consistent with " + ", ".join(yes) if yes else ", consistent with no calibrated class")]
         if no:
             parts.append("rules out " + ", ".join(no))
+        for g in maybe:
+            weak = [f"{c.label}: {c.direction}" for c in by[g] if c.status == "not ruled out" and c.direction]
+            parts.append(f"does not rule out {g}" + (f" ({', '.join(weak)})" if weak else ""))
         lo, hi = math.exp(math.log(self.ratio) - self.width), math.exp(math.log(self.ratio) + self.width)
-        parts.append(f"measured {_x(self.ratio)} the honest floor (interval {_x(lo)}-{_x(hi)}, {self.n} positions)")
+        parts.append(f"measured {_x(self.ratio)} the honest floor (interval {_x(lo)}-{_x(hi)}, {self.n} "
+                     f"{LOGPROB_POSITIONS})")
         if self.claim is not None:
             parts.append(self.claim.sentence())
         return "; ".join(parts)
@@ -200,7 +208,7 @@ class PrecisionEstimate:
 
 
 def _x(r: float) -> str:
-    return f"{r:.3g}x"
+    return kl_floor_text(r) + "x"
 
 
 def _classes(table: EffectSizes) -> list[tuple[str, str, str, float]]:
@@ -243,6 +251,7 @@ def estimate_from_ratio(
     card: str | None = None,
     effect_sizes: EffectSizes | None = None,
     tau: float = TAU,
+    rules_out: Sequence[Mapping[str, Any]] | None = None,
 ) -> PrecisionEstimate:
     """The estimate from an observed ratio R > 0 and the standard error of log R (module docstring).
 
@@ -254,6 +263,11 @@ def estimate_from_ratio(
         card: the card's description, kept for the report.
         effect_sizes: the table (default :func:`auditor.rules_out.load_effect_sizes`).
         tau: between-setting spread (:data:`TAU`).
+        rules_out: the audit's power record (``details["rules_out"]``, :mod:`auditor.rules_out`; PASS and
+            INCONCLUSIVE audits), the one source of "ruled out" whenever it covers a class (issue 38: a
+            report must never call a class both ruled out and not): a class it rules out is ``ruled
+            out``; a class it does not rule out, which the effect alone would, is ``not ruled out`` with
+            the power in ``direction``; a class the effect is consistent with stays ``consistent``.
 
     Raises:
         ValueError: a non-positive or non-finite ratio, a negative or non-finite log_se, an unknown claim.
@@ -263,6 +277,8 @@ def estimate_from_ratio(
     if not (math.isfinite(log_se) and log_se >= 0):
         raise ValueError(f"log_se must be finite and >= 0, got {log_se!r}")
     table = effect_sizes if effect_sizes is not None else load_effect_sizes()
+    power_records = {str(r.get("key")): r for r in (rules_out or []) if isinstance(r, Mapping)
+                     and r.get("status") in ("ruled out", "not ruled out")}
     y = math.log(ratio)
     sd = math.sqrt(log_se * log_se + tau * tau)
     zc = float(stats.norm.ppf(1 - alpha / 2))
@@ -275,7 +291,8 @@ def estimate_from_ratio(
             ok, direction = d <= zc, "too large"
         else:
             ok, direction = abs(d) <= zc, ("too large" if d > 0 else "too small")
-        fits.append(ClassFit(key, label, group, r, "consistent" if ok else "ruled out", None if ok else direction, d))
+        fit = ClassFit(key, label, group, r, "consistent" if ok else "ruled out", None if ok else direction, d)
+        fits.append(_with_power_record(fit, power_records.get(key)))
     quant = [f for f in fits if f.precision != _SUBSTITUTE]
     nearest = min(quant, key=lambda f: abs(f.distance) if f.key != NATIVE else max(f.distance, 0.0))
     check = None
@@ -285,14 +302,27 @@ def estimate_from_ratio(
     return PrecisionEstimate(ratio, log_se, int(n), w, nearest.precision, nearest.key, tuple(fits), check, card)
 
 
+def _with_power_record(fit: ClassFit, rec: Mapping[str, Any] | None) -> ClassFit:
+    """``fit`` with its status taken from the audit's power record ``rec`` when there is one (see
+    :func:`estimate_from_ratio`, ``rules_out``)."""
+    if rec is None:
+        return fit
+    if rec.get("status") == "ruled out":
+        return fit if fit.status == "ruled out" else replace(fit, status="ruled out", direction=f"at {RULE_OUT_POWER:.0%} power")
+    if fit.status == "consistent":
+        return fit
+    p = finite(rec.get("power"))
+    return replace(fit, status="not ruled out", direction=f"power {p:.0%}" if p is not None else "too little power")
+
+
 def _check_claim(claimed: str, keys: tuple[str, ...], fits: Sequence[ClassFit], y: float, s: float,
                  w: float) -> ClaimCheck:
     mine = [f for f in fits if f.key in keys]
     others = [f for f in fits if f.key not in keys and f.precision != _SUBSTITUTE]  # substitution: the verdict's
     if not mine:
         return ClaimCheck(claimed, (), "cannot tell", None, None)
-    ok_mine = any(f.status == "consistent" for f in mine)
-    ok_other = any(f.status == "consistent" for f in others)
+    ok_mine = any(f.status != "ruled out" for f in mine)
+    ok_other = any(f.status != "ruled out" for f in others)
     outcome: Outcome = "does not match" if not ok_mine else ("cannot tell" if ok_other else "matches")
     a = min(mine, key=lambda f: abs(y - math.log(f.ratio)))
     b = min(others, key=lambda f: abs(math.log(a.ratio) - math.log(f.ratio))) if others else None
@@ -319,6 +349,7 @@ def estimate_precision(
     card_precision: str | None = None,
     card: str | None = None,
     effect_sizes: EffectSizes | None = None,
+    rules_out: Sequence[Mapping[str, Any]] | None = None,
 ) -> PrecisionEstimate | None:
     """The estimate of a report (its stored detector dicts), or None when it does not apply: a verdict
     outside :data:`ESTIMATED_VERDICTS`, logprob-divergence did not run, or its ratio / statistic is
@@ -327,7 +358,7 @@ def estimate_precision(
     Args:
         verdict: the verdict kind; detectors: the report's detector dicts (``name``, ``ran``,
             ``statistic``, ``n``, ``details.geometric_ratio``).
-        alpha, claimed, card_precision, card, effect_sizes: as :func:`estimate_from_ratio`.
+        alpha, claimed, card_precision, card, effect_sizes, rules_out: as :func:`estimate_from_ratio`.
     """
     if verdict not in ESTIMATED_VERDICTS:
         return None
@@ -336,7 +367,7 @@ def estimate_precision(
         return None
     raw = d.get("details")
     det: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    r, z = finite(det.get("geometric_ratio")), finite(d.get("statistic"))
+    r, z = kl_floor_ratio(det), finite(d.get("statistic"))
     if r is None or r <= 0 or z is None or z == 0 or math.log(r) == 0:
         return None
     se = math.log(r) / z
@@ -349,7 +380,7 @@ def estimate_precision(
     except (TypeError, ValueError):
         n = 0
     return estimate_from_ratio(r, se, n, alpha=alpha, claimed=claimed, card_precision=card_precision, card=card,
-                               effect_sizes=effect_sizes)
+                               effect_sizes=effect_sizes, rules_out=rules_out)
 
 
 def estimate_rows(est: Mapping[str, Any] | None) -> list[list[str]]:

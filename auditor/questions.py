@@ -34,8 +34,9 @@ Precision
     4. **yes** when the ``model`` family ran and is adequate (``details["power_families"]``, or
        for older audits derived from ``details["power"]``): evidence names each adequate test's
        positions, the positions it needed and its target effect (3% clear greedy mismatches /
-       a KL three times the honest noise floor), then which precision classes the audit rules out at
-       95% power against their calibrated effects (``details["rules_out"]``, auditor.rules_out).
+       a KL three times the honest noise floor). Which deviation classes the audit rules out
+       (``details["rules_out"]``, auditor.rules_out) is not repeated here: every report shows that
+       account once, in its own part (issue 38, item 3).
     5. **undecided** otherwise: the model tests ran and found nothing, but with too few positions (with
        the positions had and needed, and the missing positions), or with no power record (audits stored
        before the verdict recorded power on rejections lack it).
@@ -47,16 +48,14 @@ Verification
        when self-argmax (the provider's own reported distribution) ran with enough positions and
        did not reject, else **not tested**.
     3. **yes** when the ``acceptance`` family (sampling-argmax, self-argmax) ran and is adequate
-       (target: 0.08 extra argmax emissions per sampled position), then which verification classes
-       the audit rules out (as for precision).
+       (target: 0.08 extra argmax emissions per sampled position).
     4. **not tested** when the provider does not follow the requested decoding
        (DECODING_NONCOMPLIANT as the verdict or a secondary cause): the evidence names the
        non-compliance (served greedily, truncated sampling, ...) and its deciding p-value.
     5. **yes, at temperature 0 only** for a greedy-only audit (no acceptance test ran) that found
        nothing (no accusation, primary or secondary) and whose greedy-match ran with enough
        positions: greedy tokens match the reference argmax, which a lossy greedy verifier would
-       break at clear margins; the evidence says that sampled verification was not tested, then which
-       verification classes the audit rules out (``greedy-relaxed`` through greedy-near-tie's power).
+       break at clear margins; the evidence says that sampled verification was not tested.
     6. **not tested** otherwise when no sampled tokens were tested (with the reasons) or the served
        model differs from the reference so its sampling could not be compared with it; **undecided**
        when the acceptance tests ran and found nothing with too few sampled positions (missing
@@ -81,8 +80,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from auditor.detectors import DETECTORS, POWER_FAMILIES, DetectorName, Mode, PowerFamily, detectors_where
-from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
-from auditor.util import finite, fmt_p
+from auditor.detectors.logprob import LOGPROB_POSITIONS, kl_floor_ratio
+from auditor.util import finite, fmt_p, kl_floor_text
 from auditor.verdict import DEFAULT_POWER, UNDETERMINED_CAUSES, VerdictKind
 from auditor.verdict_cause import DECISIVE_WITHOUT_LOGPROBS
 
@@ -158,23 +157,31 @@ class QuestionAnswer:
     Attributes:
         key: ``"precision"`` or ``"verification"``.
         question: the question, verbatim (:data:`QUESTIONS`).
-        answer: ``"yes"``, ``"no"`` or ``"not tested"``.
+        answer: ``"yes"``, ``"no"``, ``"undecided"``, ``"not tested"`` or ``"not established"``.
         evidence: one sentence: the deciding detector and p-value ("no"), the power and target
             effect ("yes"), or why the audit could not answer ("not tested").
+        plain: the answer in plain words, no statistic (issue 38, item 6: what a report's first lines say;
+            ``evidence`` follows below them), e.g. "it serves the model at reduced precision (quantized)." after the answer "no" ("" only for answers built by hand).
     """
 
     key: str
     question: str
     answer: Answer
     evidence: str
+    plain: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        """``{"key", "question", "answer", "evidence"}`` (strings, JSON-ready)."""
-        return {"key": self.key, "question": self.question, "answer": self.answer, "evidence": self.evidence}
+        """``{"key", "question", "answer", "plain", "evidence"}`` (strings, JSON-ready)."""
+        return {"key": self.key, "question": self.question, "answer": self.answer, "plain": self.plain,
+                "evidence": self.evidence}
 
     def line(self) -> str:
         """``"Is ...? yes — evidence"``, for plain-text output."""
         return f"{self.question} {self.answer} — {self.evidence}"
+
+    def plain_line(self) -> str:
+        """``"Is ...? no — it serves the model at reduced precision (quantized)."``: a report's first lines."""
+        return f"{self.question} {self.answer} — {self.plain or self.evidence}"
 
 
 # ------------------------------------------------------------------------------------------ reading details
@@ -354,22 +361,47 @@ def _no_power(d: Mapping[str, object], members: Sequence[str]) -> str:
             "be claimed")
 
 
-def _rules_out_note(d: Mapping[str, object], question: str) -> str:
-    """"; at 95% power against the calibrated effects: rules out ...; does not rule out ... (power ...)"
-    for the tested deviation classes of ``question`` (``details["rules_out"]``, auditor.rules_out); ""
-    when none is recorded."""
-    recs = [_map(r) for r in _list(d.get("rules_out"))]
-    mine = [r for r in recs if r.get("question") == question and r.get("status") in ("ruled out", "not ruled out")]
-    try:
-        text = rules_out_sentence(mine)
-    except (TypeError, ValueError):  # a malformed stored record
-        return ""
-    return f"; at {RULE_OUT_POWER:.0%} power against the calibrated effect sizes it {text}" if text else ""
-
-
 # ------------------------------------------------------------------------------------------ the two answers
 def _answer(key: str, answer: Answer, evidence: str) -> QuestionAnswer:
-    return QuestionAnswer(key, QUESTIONS[key], answer, evidence)
+    return QuestionAnswer(key, QUESTIONS[key], answer, evidence, _plain(key, answer, evidence))
+
+
+#: (question key, answer) → the answer in plain words (no statistic, no detector name); "no" on precision
+#: names its cause (:data:`_PLAIN_NO_PRECISION`).
+_PLAIN_ANSWERS: Mapping[tuple[str, str], str] = {
+    ("precision", "yes"): "its probabilities match the original model's as closely as honest serving does.",
+    ("precision", "no"): "it does not serve the declared model at its original precision.",
+    ("verification", "yes"): ("its sampled tokens follow the model's own probabilities, as strict "
+                              "verification requires."),
+    ("verification", "no"): ("it accepts draft tokens that strict verification would reject, so its output "
+                             "differs from what the model itself would produce."),
+}
+#: The precision cause a "no" names, in plain words (the verdict kind is the first word of the evidence).
+_PLAIN_NO_PRECISION: Mapping[str, str] = {
+    str(VerdictKind.QUANTIZATION): "it serves the model at reduced precision (quantized).",
+    str(VerdictKind.SUBSTITUTION): "it serves a different model.",
+    str(VerdictKind.QUANTIZATION_OR_SUBSTITUTION): "it serves a heavily quantized copy or a different model.",
+}
+
+
+def _plain(key: str, answer: str, evidence: str) -> str:
+    """The answer in plain words (:attr:`QuestionAnswer.plain`), from the answer and its evidence's first word."""
+    if answer == "no" and key == "precision":
+        kind = evidence.split(" ", 1)[0].rstrip(":")
+        return _PLAIN_NO_PRECISION.get(kind, _PLAIN_ANSWERS[(key, answer)])
+    if answer == "yes" and key == "verification" and evidence.startswith("at temperature 0 only"):
+        return ("for greedy (temperature 0) output only: its tokens are the model's own top choices; sampled "
+                "output was not tested.")
+    if (key, answer) in _PLAIN_ANSWERS:
+        return _PLAIN_ANSWERS[(key, answer)]
+    if answer == "not tested" and evidence.startswith("the served model differs from the reference"):
+        return "the served model already differs from the original, so its verification could not be checked on its own."
+    if answer == "not established":
+        return ("something deviates, but it may be reduced precision or relaxed verification, and "
+                "this audit cannot say which.")
+    if answer == "undecided":
+        return "the tests found nothing wrong, but the audit was too small to clear the provider."
+    return "this audit could not check it (the reason is below)."
 
 
 def _settled(key: str, verdict: str, d: Mapping[str, object], kinds: Sequence[str]) -> QuestionAnswer | None:
@@ -406,7 +438,7 @@ def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
         return _answer("precision", "undecided", "the model tests " + _no_power(d, MODEL_DETECTORS))
     if fam.get("adequate"):
         return _answer("precision", "yes", "no model difference found: " + _adequate_text(d, MODEL_DETECTORS)
-                       + _rules_out_note(d, "precision"))
+                       )
     return _answer("precision", "undecided", "the model tests ran and found nothing, but had "
                    + _shortfall_text(d, MODEL_DETECTORS, fam))
 
@@ -429,7 +461,7 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
             "compared with the reference's distribution to isolate the acceptance rule"))
     if ran and fam is not None and fam.get("adequate"):
         return _answer("verification", "yes", "no relaxed acceptance found: " + _adequate_text(d, ACCEPTANCE_DETECTORS)
-                       + _rules_out_note(d, "verification"))
+                       )
     for kind, primary, cause in _causes(verdict, d):
         if kind == "DECODING_NONCOMPLIANT":
             ev, rule = _deciding(d, primary, cause)
@@ -447,7 +479,7 @@ def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnsw
                 f"{fmt_p(_p_adj(d, DetectorName.GREEDY_MATCH))} on {_n(_det(d, DetectorName.GREEDY_MATCH).get('n'))} positions, "
                 f"{_n(g.get('required_positions'))} needed for {_POWER} against {_target_meaning(DetectorName.GREEDY_MATCH)}), which "
                 "a greedy verifier accepting non-argmax drafts at clear margins would break; sampled verification was "
-                "not tested (no sampling probes)") + _rules_out_note(d, "verification"))
+                "not tested (no sampling probes)"))
         return _answer("verification", "not tested",
                        "no sampled tokens were tested (" + _why_not_run(d, ACCEPTANCE_DETECTORS) + ")")
     if fam is None:
@@ -531,19 +563,18 @@ _PLAIN: Mapping[str, str] = {
 }
 
 
-def _times(r: float) -> str:
-    return f"{r:.0f}" if r >= 10 else f"{r:.1f}"
-
-
-def _figure(det: Mapping[str, object]) -> str | None:
-    """The one deciding figure of a detector that ran, in plain words; None when it has none."""
+def _figure(det: Mapping[str, object], scored: object = None) -> str | None:
+    """The one deciding figure of a detector that ran, in plain words; None when it has none. ``scored``: the
+    audit's positions compared with the reference (``tokens["scored_positions"]``), named beside the KL
+    figure's own positions."""
     name = det.get("name")
     details = _map(det.get("details"))
     effect = finite(det.get("effect"))
     n = _n(det.get("n"))
-    if name == DetectorName.LOGPROB_DIVERGENCE and (r := finite(details.get("ratio_to_floor"))) is not None:
-        return (f"the reported probabilities differ from the original model's {_times(r)} times as much as honest "
-                f"serving varies (over {n} positions)")
+    if name == DetectorName.LOGPROB_DIVERGENCE and (r := kl_floor_ratio(details)) is not None:
+        return (f"the reported probabilities differ from the original model's {kl_floor_text(r)} times as much as "
+                + (f"honest serving varies (over {n} of the {_n(scored)} positions compared)" if finite(scored)
+                   else f"honest serving varies (over {n} {LOGPROB_POSITIONS})"))
     if name == DetectorName.GREEDY_MATCH and effect is not None:
         return f"greedy tokens differ from the original model's where it is confident at {effect:.1%} of {n} positions"
     if name in (DetectorName.SAMPLING_ARGMAX, DetectorName.SELF_ARGMAX) and effect is not None:
@@ -554,7 +585,8 @@ def _figure(det: Mapping[str, object]) -> str | None:
     return None
 
 
-def plain_headline(verdict: str, detectors: Sequence[Mapping[str, object]], reason: str = "") -> str:
+def plain_headline(verdict: str, detectors: Sequence[Mapping[str, object]], reason: str = "",
+                   scored: object = None) -> str:
     """One plain sentence with the one deciding figure: what the report opens with after the two
     questions (issue 38, item 1); the statistics follow it.
 
@@ -563,6 +595,7 @@ def plain_headline(verdict: str, detectors: Sequence[Mapping[str, object]], reas
         detectors: the report's detector dicts (``name``, ``ran``, ``rejects``, ``p_adjusted``, ``effect``,
             ``n``, ``details``), as stored.
         reason: the verdict's reason sentence; its first clause is the headline of an INCONCLUSIVE audit.
+        scored: the audit's positions compared with the reference (``tokens["scored_positions"]``), or None.
 
     Returns:
         e.g. "Not at its original precision: the reported probabilities differ from the original model's
@@ -574,11 +607,11 @@ def plain_headline(verdict: str, detectors: Sequence[Mapping[str, object]], reas
         first = reason.split(";")[0].strip().rstrip(".")
         return f"{lead}: {first[:200]}." if first else f"{lead}."
     if verdict == str(VerdictKind.PASS):
-        fig = next((f for d in dets if d.get("name") == DetectorName.LOGPROB_DIVERGENCE and (f := _figure(d))), None)
+        fig = next((f for d in dets if d.get("name") == DetectorName.LOGPROB_DIVERGENCE and (f := _figure(d, scored))), None)
         return f"{lead}; {fig}." if fig else f"{lead}."
     rejecting = sorted((d for d in dets if d.get("rejects")),
                        key=lambda d: p if (p := finite(d.get("p_adjusted"))) is not None else 1.0)
-    fig = next((f for d in rejecting if (f := _figure(d))), None)
+    fig = next((f for d in rejecting if (f := _figure(d, scored))), None)
     if fig is None and rejecting:
         d = rejecting[0]
         fig = f"{d.get('name')} found it (Holm-adjusted p = {fmt_p(d.get('p_adjusted'))})"

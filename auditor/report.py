@@ -21,9 +21,12 @@ Renderers (all pure functions of the report; :func:`render` dispatches on the fo
 
 Every renderer opens with the buyer's two questions (issue 14, :mod:`auditor.questions`): "Is the model
 served at its original precision?" and "Is speculative verification strict (lossless)?", each
-answered yes / no / not tested with its evidence (JSON: the top-level ``questions`` list of
-``{key, question, answer, evidence}``; JUnit: ``question.*`` properties and the suite's
-``system-out``).
+answered in plain words first (``QuestionAnswer.plain``, then the headline; issue 38, item 6) with its
+evidence in figures below (JSON: the top-level ``questions`` list of ``{key, question, answer, plain,
+evidence}``; JUnit: ``question.*`` properties and the suite's ``system-out``). Each figure and account has
+one home (issue 38): the KL-vs-floor ratio is :func:`auditor.detectors.logprob.kl_floor_ratio` everywhere,
+"ruled out" comes from the audit's power record (:mod:`auditor.rules_out`, shown once; the precision estimate
+defers to it), and the verdict's reason is quoted once (:func:`auditor.report_base.reason_shown`).
 
 Every renderer shows every cause, not only the primary one (issue 13): the verdict's
 ``secondary_causes`` with their deciding evidence, the provider failures (share and kinds) when
@@ -61,6 +64,7 @@ from auditor.report_base import (
     fmt_effect,
     fmt_num,
     logprob_defects_line,
+    reason_shown,
     usage_note,
     usd,
 )
@@ -96,6 +100,13 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
 
     console = console or Console()
     colour = {0: "green", 1: "red", 2: "yellow"}[report.exit_code]
+    # issue 38, item 6: the first lines are plain words (the two answers, the headline); statistics below
+    questions = report.questions
+    for q in questions:
+        qc = {"yes": "green", "no": "red", "not established": "magenta", "not tested": "dim"}.get(q.answer, "yellow")
+        console.print(f"{q.question} [bold {qc}]{q.answer}[/bold {qc}] — {escape(q.plain or q.evidence)}",
+                      highlight=False)
+    console.print(f"[bold]In plain words:[/bold] {escape(report.headline)}", highlight=False)
     console.print(
         f"[bold]{report.provider}[/bold] ({report.model}) — run [bold]{report.run_id}[/bold], "
         f"suite {report.suite} v{report.suite_version}, reference {report.reference.get('model')} "
@@ -103,11 +114,10 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
         highlight=False,
     )
     if report.reference.get("card"):
-        console.print(f"native precision: {escape(str(report.reference['card']))}", highlight=False)
-    for q in report.questions:
-        qc = {"yes": "green", "no": "red", "not established": "magenta", "not tested": "dim"}.get(q.answer, "yellow")
-        console.print(f"{q.question} [bold {qc}]{q.answer}[/bold {qc}] — {escape(q.evidence)}", highlight=False)
-    console.print(f"[bold]In plain words:[/bold] {escape(report.headline)}", highlight=False)
+        console.print(f"original precision (model card): {escape(str(report.reference['card']))}", highlight=False)
+    console.print("[bold]Why, in figures:[/bold]", highlight=False)
+    for q in questions:
+        console.print(f"  {q.key}: {escape(q.evidence)}", highlight=False)
     t = Table(title=f"detectors (Holm, family-wise α = {report.alpha:g})", title_justify="left")
     cols: tuple[tuple[str, Literal["left", "right"]], ...] = (
         ("detector", "left"), ("statistic", "right"), ("p", "right"), ("p (Holm)", "right"),
@@ -131,7 +141,8 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
             style=style,
         )
     console.print(t)
-    console.print(f"[bold {colour}]verdict: {report.verdict}[/bold {colour}] — {report.verdict_reason}", highlight=False)
+    console.print(f"[bold {colour}]verdict: {report.verdict}[/bold {colour}] — {escape(reason_shown(report))}",
+                  highlight=False)
     for c in report.secondary_causes:
         console.print(f"  also [bold red]{c.get('verdict')}[/bold red] ({c.get('rule')}): {c.get('reason')} "
                       f"[{evidence_str(c)}]", highlight=False)
@@ -178,7 +189,7 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
     console.print(
         f"cost: {tk.get('prompt', 0)} prompt + {tk.get('completion', 0)} completion tokens = {tk.get('total', 0)} tokens, "
         f"{usd(report.cost_usd)}" + (f" ({est})" if est else "")
-        + f"; {tk.get('scored_positions', 0)} positions scored against the reference"
+        + f"; {tk.get('scored_positions', 0)} positions compared with the reference"
         + (f"; {', '.join(speed)}" if speed else "")
         + (f"; wall {report.wall_s:.1f} s" if report.wall_s is not None else ""),
         highlight=False,

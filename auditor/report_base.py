@@ -20,6 +20,7 @@ from typing import Any, cast
 from auditor.detectors import DETECTORS, DetectorName
 from auditor.precision_estimate import estimate_precision
 from auditor.questions import QuestionAnswer, answer_questions, plain_headline
+from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
 from auditor.util import fmt_p as _fmt_p
 from auditor.util import json_safe
 from auditor.verdict import EXIT_CODES
@@ -38,8 +39,10 @@ __all__ = [
     "excluded_line",
     "exit_code_for",
     "failure_line",
+    "finding_implication",
     "fmt_effect",
     "fmt_num",
+    "reason_shown",
     "tok",
     "usage_note",
     "usd",
@@ -166,7 +169,8 @@ class AuditReport:
         (:func:`auditor.precision_estimate.estimate_precision`); None when it does not apply."""
         ref = self.reference or {}
         est = estimate_precision(self.verdict, self.detectors, alpha=self.alpha, claimed=ref.get("claimed_precision"),
-                                 card_precision=ref.get("card_precision"), card=ref.get("card"))
+                                 card_precision=ref.get("card_precision"), card=ref.get("card"),
+                                 rules_out=self.rules_out)
         return est.to_dict() if est is not None else None
 
     @property
@@ -182,7 +186,8 @@ class AuditReport:
     @property
     def headline(self) -> str:
         """The verdict in one plain sentence with its deciding figure (:func:`auditor.questions.plain_headline`)."""
-        head = plain_headline(self.verdict, self.detectors, self.verdict_reason)
+        head = plain_headline(self.verdict, self.detectors, self.verdict_reason,
+                              (self.tokens or {}).get("scored_positions"))
         claim = (self.precision_estimate or {}).get("claim") or {}
         if claim.get("outcome") == "does not match":
             est = self.precision_estimate or {}
@@ -368,6 +373,47 @@ def cause_flip_line(report: AuditReport) -> str | None:
         out += f"; reference's continuations via echo: not available ({d.get('reference_path_reason')})"
     path = ((report.verdict_details or {}).get("cause_confidence") or {}).get("path")
     return out + (f"; decided by the {path} path" if path in ("provider", "reference", "sampled") else "")
+
+
+#: What a rejecting greedy-near-tie saw, without a cause: the registry's finding names the verifier, which a
+#: verdict may not (issue 38, item 4).
+_NEAR_TIE_SEEN = ("at temperature 0 the provider emits the reference's runner-up at near-ties more often than honest "
+                  "numeric noise can flip them")
+
+
+def finding_implication(report: AuditReport, name: str, stored: str | None = None) -> str:
+    """What a rejecting detector's finding implies, as every report shows it: the stored implication
+    (``verdict_details["findings"][i]["implication"]``) or the registry's (:data:`IMPLICATIONS`); for
+    ``greedy-near-tie`` when the audit's verification answer is neither "no" nor "not established", the
+    flips without a cause and a plain statement that the finding does not accuse the verifier (the verdict
+    attributes them to the served model), so a near-tie finding never reads as an accusation the two
+    answers do not make."""
+    base = IMPLICATIONS.get(name, "")
+    text = stored or base
+    if name != DetectorName.GREEDY_NEAR_TIE:
+        return text
+    ver = next((q for q in report.questions if q.key == "verification"), None)
+    if ver is None or ver.answer in ("no", "not established"):
+        return text
+    extra = text[len(base):] if base and text.startswith(base) else ""
+    causes = [report.verdict] if report.exit_code == 1 else []
+    causes += [str(c.get("verdict")) for c in report.secondary_causes if c.get("verdict")]
+    why = (f"the audit attributes the flips to {' and '.join(causes)} (the served model's own probabilities move "
+           "at near-ties)" if causes else "the audit does not attribute the flips to verification")
+    return (f"{_NEAR_TIE_SEEN}{extra}; this finding does not accuse the verifier: {why}, and its answer to "
+            f"\"{ver.question}\" is {ver.answer}")
+
+
+def reason_shown(report: AuditReport) -> str:
+    """The verdict's reason as reports quote it: the stored reason without the rules-out sentence a PASS reason
+    ends with (``auditor.verdict`` appends it), since every report shows that account once, in its own
+    rules-out part (issue 38, item 3: the same paragraph was printed three times)."""
+    reason = report.verdict_reason or ""
+    if report.rules_out:
+        tail = f"; {rules_out_sentence(report.rules_out)} (at {RULE_OUT_POWER:.0%} power against the calibrated effect sizes)"
+        if reason.endswith(tail):
+            return reason[: -len(tail)]
+    return reason
 
 
 def check_mark(c: dict) -> str:

@@ -14,21 +14,28 @@ import json
 import xml.etree.ElementTree as ET
 
 from auditor.report_base import (
-    IMPLICATIONS,
     AuditReport,
     concurrency_line,
     deadline_line,
     evidence_rows,
     excluded_line,
     failure_line,
+    finding_implication,
     fmt_effect,
     logprob_defects_line,
+    reason_shown,
     usage_note,
 )
 from auditor.rules_out import RULE_OUT_POWER, rules_out_sentence
 from auditor.util import fmt_p as _fmt_p
 
 __all__ = ["render_junit"]
+
+
+def _stored_implication(r: AuditReport, name: str) -> str | None:
+    """The implication stored with detector ``name``'s finding (``verdict_details["findings"]``), or None."""
+    return next((str(f.get("implication")) for f in (r.verdict_details or {}).get("findings") or []
+                 if isinstance(f, dict) and f.get("detector") == name and f.get("implication")), None)
 
 
 def render_junit(report: AuditReport) -> str:
@@ -70,6 +77,7 @@ def render_junit(report: AuditReport) -> str:
     questions = r.questions
     for q in questions:
         ET.SubElement(props, "property", name=f"question.{q.key}", value=q.answer)
+        ET.SubElement(props, "property", name=f"question.{q.key}.plain", value=q.plain)
         ET.SubElement(props, "property", name=f"question.{q.key}.evidence", value=q.evidence)
     ET.SubElement(props, "property", name="headline", value=r.headline)
     cls = f"spec-auditor.{r.provider}"
@@ -82,7 +90,7 @@ def render_junit(report: AuditReport) -> str:
                 tc,
                 "failure",
                 type="rejects",
-                message=f"p_adjusted={_fmt_p(d.get('p_adjusted'))} <= alpha={r.alpha:g}: {IMPLICATIONS.get(d['name'], '')}",
+                message=f"p_adjusted={_fmt_p(d.get('p_adjusted'))} <= alpha={r.alpha:g}: {finding_implication(r, d['name'], _stored_implication(r, d['name']))}",
             )
             f.text = json.dumps(
                 {"statistic": d.get("statistic"), "effect": d.get("effect"), "effect_ci": d.get("effect_ci"),
@@ -95,12 +103,12 @@ def render_junit(report: AuditReport) -> str:
             so.text = f"p={_fmt_p(d.get('p_value'))} p_adjusted={_fmt_p(d.get('p_adjusted'))} effect={fmt_effect(d)} n={d.get('n')}"
     tc = ET.SubElement(ts, "testcase", classname=cls, name="verdict", time=f"{(r.wall_s or 0.0):.3f}")
     if r.exit_code == 1:
-        ET.SubElement(tc, "failure", type=r.verdict, message=r.verdict_reason)
+        ET.SubElement(tc, "failure", type=r.verdict, message=reason_shown(r))
     elif r.exit_code == 2:
-        ET.SubElement(tc, "error", type=r.verdict, message=r.verdict_reason)
+        ET.SubElement(tc, "error", type=r.verdict, message=reason_shown(r))
     else:
         so = ET.SubElement(tc, "system-out")
-        so.text = r.verdict_reason
+        so.text = reason_shown(r)
     for c in causes:
         tc = ET.SubElement(ts, "testcase", classname=cls, name=f"cause:{c.get('verdict')}:{c.get('rule')}", time="0")
         f = ET.SubElement(tc, "failure", type=str(c.get("verdict")), message=str(c.get("reason")))
@@ -140,6 +148,8 @@ def render_junit(report: AuditReport) -> str:
         if est.get("claim"):
             ET.SubElement(props, "property", name="claimed_precision",
                           value=f"{est['claim'].get('claimed')}: {est['claim'].get('outcome')}")
-    ET.SubElement(ts, "system-out").text = "\n".join([q.line() for q in questions] + notes)
+    # plain words first (issue 38, item 6), then the figures
+    ET.SubElement(ts, "system-out").text = "\n".join([q.plain_line() for q in questions] + [r.headline]
+                                                      + [q.line() for q in questions] + notes)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

@@ -15,7 +15,6 @@ from typing import Any
 from auditor.detectors.speculation import speculation_line
 from auditor.precision_estimate import estimate_rows
 from auditor.report_base import (
-    IMPLICATIONS,
     AuditReport,
     cause_flip_line,
     check_mark,
@@ -26,9 +25,11 @@ from auditor.report_base import (
     evidence_str,
     excluded_line,
     failure_line,
+    finding_implication,
     fmt_effect,
     fmt_num,
     logprob_defects_line,
+    reason_shown,
     tok,
     usage_note,
     usd,
@@ -75,14 +76,21 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
     out: list[str] = []
     out.append(f"# Inference audit: {r.provider} — **{r.verdict}**")
     out.append("")
-    out.append("| Question | Answer | Evidence |")
+    # issue 38, item 6: plain words first (the two answers, the headline), the figures below them
+    questions = r.questions
+    out.append("| Question | Answer | In plain words |")
     out.append("|---|---|---|")
-    for q in r.questions:
-        out.append(f"| {q.question} | **{q.answer}** | {_md(q.evidence)} |")
+    for q in questions:
+        out.append(f"| {q.question} | **{q.answer}** | {_md(q.plain or q.evidence)} |")
     out.append("")
     out.append(f"**In plain words:** {_md(r.headline)}")
     out.append("")
-    out.append(f"> {r.verdict_reason}")
+    out.append("## Why, in figures")
+    out.append("")
+    for q in questions:
+        out.append(f"- **{q.key}** ({q.answer}): {_md(q.evidence)}")
+    out.append("")
+    out.append(f"> {_md(reason_shown(r))}")
     out.append("")
     out.append("| | |")
     out.append("|---|---|")
@@ -98,7 +106,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Tokens", f"{tk.get('prompt', 0)} prompt + {tk.get('completion', 0)} completion = {tk.get('total', 0)}"
          + (" (estimated)" if usage_note(s) else "")
          + (f" (budget {tk['budget']} completion tokens)" if tk.get("budget") else "")
-         + f"; {tk.get('scored_positions', 0)} positions scored"),
+         + f"; {tk.get('scored_positions', 0)} positions compared with the reference"),
         ("Cost", usd(r.cost_usd) + (f" ({usage_note(s)})" if usage_note(s) else "")),  # issue 13: never silent
         ("Provider failures", failure_line(r.provider_failures) or "none"),
         ("Excluded responses", _md(excluded_line(r.excluded_responses) or "none")),
@@ -114,8 +122,8 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
 
     out.append("## Every cause found")
     out.append("")
-    if r.exit_code == 1:
-        out.append(f"- **{r.verdict}** (primary, rule `{vd.get('rule', '—')}`): {_md(r.verdict_reason.split('; also ')[0])}")
+    if r.exit_code == 1:  # its reason is quoted once, under "Why, in figures" (issue 38, item 3)
+        out.append(f"- **{r.verdict}** (primary, rule `{vd.get('rule', '—')}`): the reason quoted above.")
     else:
         out.append(f"- No primary cause: **{r.verdict}** (rule `{vd.get('rule', '—')}`).")
     for c in r.secondary_causes:
@@ -154,7 +162,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         for f in findings:
             out.append(
                 f"- **{f.get('detector')}** (Holm-adjusted p = {_fmt_p(f.get('p_adjusted'))}): "
-                f"{f.get('implication') or IMPLICATIONS.get(f.get('detector'), '')}"
+                f"{_md(finding_implication(r, str(f.get('detector')), f.get('implication')))}"
             )
     else:
         out.append(f"- No detector rejects at family-wise α = {r.alpha:g}.")
@@ -190,8 +198,10 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         ("Tokens per stream chunk", fmt_num(s.get("mean_tokens_per_chunk"), 3)
          + (f" (histogram {json.dumps(s.get('tokens_per_chunk'))})" if s.get("tokens_per_chunk") else "")),
         ("Speculation (evidence)", speculation_line(s.get("speculation")) or "—"),
-        ("Mean KL vs reference", f"{fmt_num(s.get('mean_kl'))} nats" if s.get("mean_kl") is not None else "—"),
-        ("Honest noise floor (mean KL)", f"{fmt_num(s.get('noise_floor'))} nats" if s.get("noise_floor") is not None else "—"),
+        ("Mean KL vs reference (arithmetic mean)", f"{fmt_num(s.get('mean_kl'))} nats" if s.get("mean_kl") is not None else "—"),
+        ("Honest noise floor (arithmetic mean KL)",
+         f"{fmt_num(s.get('noise_floor'))} nats; the KL-vs-floor figure above is the geometric mean's ratio"
+         if s.get("noise_floor") is not None else "—"),
         ("Greedy clear-mismatch rate", fmt_num(s.get("clear_mismatch_rate")) if s.get("clear_mismatch_rate") is not None else "—"),
         ("Probes", (f"{r.probes.get('ok', 0)} ok, {r.probes.get('failed', 0)} failed of {r.probes.get('total', 0)}; "
                     f"{r.probes.get('attempts', 0)} attempts ({r.probes.get('retries', 0)} retries)")),

@@ -399,7 +399,9 @@ def load_standing(
 def _text(st: Standing) -> str:
     lines = [f"{st.provider} ({st.model}) — combined standing over recent audits (window {st.window_days:g} days "
              f"to {st.as_of}): {st.standing or 'no audit'}"]
-    lines += [f"  {q['question']} {q['answer']} — {q['evidence']}" for q in st.questions]
+    # plain words first (issue 38, item 6), then the figures
+    lines += [f"  {q['question']} {q['answer']} — {q.get('plain') or q['evidence']}" for q in st.questions]
+    lines += [f"  why ({q['key']}): {q['evidence']}" for q in st.questions if q.get("plain")]
     lines.append(f"  {st.reason}")
     for a in st.audits:
         lines.append(f"  suite {a['suite']}: {a['verdict']} — run {a['run_id']} at {a['started_at']} (rule {a['rule']})")
@@ -416,8 +418,10 @@ def _text(st: Standing) -> str:
 
 def _markdown(st: Standing) -> str:
     out = [f"# Provider standing: {_md(st.provider)} — **{st.standing or 'no audit'}**", "",
-           "| Question | Answer | Evidence |", "|---|---|---|"]
-    out += [f"| {q['question']} | **{q['answer']}** | {_md(q['evidence'])} |" for q in st.questions]
+           "| Question | Answer | In plain words |", "|---|---|---|"]
+    out += [f"| {q['question']} | **{q['answer']}** | {_md(q.get('plain') or q['evidence'])} |" for q in st.questions]
+    out += ["", "## Why, in figures", ""] + [f"- **{q['key']}** ({q['answer']}): {_md(q['evidence'])}"
+                                              for q in st.questions]
     out += ["", f"> {_md(st.reason)}", "",
            f"Model `{_md(st.model)}`; the newest audit per suite within {st.window_days:g} days up to {st.as_of}.", "",
            "## Recent audits", "", "| suite | verdict | run | started | rule |", "|---|---|---|---|---|"]
@@ -455,6 +459,7 @@ def _junit(st: Standing) -> str:
         ET.SubElement(props, "property", name=k, value="" if v is None else str(v))
     for q in st.questions:
         ET.SubElement(props, "property", name=f"question.{q['key']}", value=str(q["answer"]))
+        ET.SubElement(props, "property", name=f"question.{q['key']}.plain", value=str(q.get("plain") or ""))
         ET.SubElement(props, "property", name=f"question.{q['key']}.evidence", value=str(q["evidence"]))
     for a in st.audits:
         tc = ET.SubElement(ts, "testcase", classname=f"spec-auditor.standing.{st.provider}", name=f"suite {a['suite']}", time="0")

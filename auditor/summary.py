@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditor.detectors import DetectorName
+from auditor.detectors.logprob import kl_floor_ratio
 from auditor.detectors.speculation import StreamTiming, estimate_speculation
 from auditor.util import finite
 
@@ -149,7 +150,8 @@ def headline_summary(
             in the evidence batch.
 
     Returns:
-        (summary, tokens_extra): ``mean_kl`` and ``noise_floor`` (nats/position),
+        (summary, tokens_extra): ``mean_kl`` and ``noise_floor`` (nats/position), ``kl_floor_ratio``
+        (:func:`auditor.detectors.logprob.kl_floor_ratio`, dimensionless),
         ``clear_mismatch_rate``, ``nearest_reference``, ``scored_positions``; and the counts
         ``scored_positions``, ``aligned_positions`` (1:1), ``unaligned_positions``, ``provider_tokens``.
     """
@@ -162,6 +164,9 @@ def headline_summary(
     summary: dict[str, Any] = {
         "mean_kl": _by_ref_effect(lp, ref0) if lp is not None else None,
         "noise_floor": _floor_mean_kl(floors, ref0, lp),
+        # the one KL-vs-floor figure every report shows (issue 38, item 1), for the dashboard, which cannot
+        # import the detectors: never recomputed there from mean_kl / noise_floor
+        "kl_floor_ratio": kl_floor_ratio(lp.details) if lp is not None else None,
         "clear_mismatch_rate": _by_ref_effect(g, ref0) if g is not None else None,
         "nearest_reference": (lp.details.get("nearest_reference") if lp is not None
                               else g.details.get("nearest_reference") if g is not None else None),

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, overload
 
-__all__ = ["JSONValue", "committed_calibration_path", "finite", "fmt_p", "json_safe", "md_cell"]
+__all__ = ["JSONValue", "committed_calibration_path", "finite", "fmt_p", "json_safe", "kl_floor_text", "md_cell"]
 
 #: What :func:`json_safe` returns: strict JSON data (RFC 8259; no NaN/Infinity).
 JSONValue = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
@@ -96,6 +96,13 @@ def json_safe(obj: object, *, bytes_encoding: Literal["latin-1", "utf-8"] = "lat
         listed: object = tolist()
         return json_safe(listed, bytes_encoding=bytes_encoding)
     return str(obj)
+
+
+def kl_floor_text(ratio: float) -> str:
+    """The KL-vs-floor ratio (``auditor.detectors.logprob.kl_floor_ratio``) as every report and the dashboard
+    print it: three significant figures below 100, whole numbers above, e.g. ``"1890"``, ``"145"``, ``"1.4"``,
+    ``"0.699"`` (the caller adds the unit words)."""
+    return f"{ratio:.0f}" if ratio >= 100 else f"{ratio:.3g}"
 
 
 def fmt_p(p: object) -> str:

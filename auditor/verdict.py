@@ -129,11 +129,12 @@ from auditor.detectors import (
     detectors_where,
 )
 from auditor.detectors.base import DetectorResult
+from auditor.detectors.logprob import kl_floor_ratio
 from auditor.detectors.noise_floor import NoiseFloor
 from auditor.detectors.stats import holm
 from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
 from auditor.util import finite as _f
-from auditor.util import json_safe
+from auditor.util import json_safe, kl_floor_text
 from auditor.verdict_cause import (
     SAMPLED_FLIP_MAX_SIGMA,
     blind_near_tie_note,
@@ -539,7 +540,7 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
             return c.cause(
                 VerdictKind.DECODING_NONCOMPLIANT,
                 f"greedy tokens differ clearly from the reference argmax at {rate:.1%} of positions while the "
-                f"provider's reported logprobs match the reference ({c.lp_ratio:.3g}x the floor): the served tokens "
+                f"provider's reported logprobs match the reference (geometric-mean KL {_shown_ratio(c.lp)}x the honest floor): the served tokens "
                 f"are not the argmax of the distribution it reports (greedy-match p_adj={g.p_adjusted:.3g})",
                 "3-greedy-decode-path", [DetectorName.GREEDY_MATCH], f"greedy-match p_adj={g.p_adjusted:.3g}",
             )
@@ -631,13 +632,21 @@ def _self_greedy(c: _Ctx) -> _Cause:
     )
 
 
+def _shown_ratio(lp: DetectorResult | None) -> str:
+    """The KL-vs-floor figure a reason quotes: the one every report shows
+    (:func:`auditor.detectors.logprob.kl_floor_ratio`, geometric-mean KL / floor), "?" when missing."""
+    r = kl_floor_ratio((lp.details or {}) if lp is not None else None)
+    return kl_floor_text(r) if r is not None else "?"
+
+
 def _logprob_cause(c: _Ctx) -> _Cause:
     lp = c.by[DetectorName.LOGPROB_DIVERGENCE]
     d = lp.details or {}
     kl, top1 = lp.effect, d.get("top1_agreement", 1.0)
-    ratio = d.get("ratio_to_floor", float("nan"))
+    ratio = d.get("ratio_to_floor", float("nan"))  # decides "mild"; the reason shows the one reported figure
+    shown = _shown_ratio(lp)
     tail = f"(logprob-divergence p_adj={lp.p_adjusted:.3g})"
-    short = f"logprob KL {ratio:.3g}x the floor, p_adj={lp.p_adjusted:.3g}"
+    short = f"geometric-mean KL {shown}x the honest floor, p_adj={lp.p_adjusted:.3g}"
     fc = flip_cause(d, SUBSTITUTION_MIN_FLIP_RATIO)  # the reference path (echo) decides when informative
     if fc.confidence is not None:
         c.details["cause_confidence"] = fc.confidence
@@ -645,7 +654,7 @@ def _logprob_cause(c: _Ctx) -> _Cause:
     if fc.substitution and fc.value is not None:
         return c.cause(
             VerdictKind.SUBSTITUTION,
-            f"reported logprobs diverge from the reference (mean KL {kl:.3g} nats, {ratio:.3g}x the honest floor, "
+            f"reported logprobs diverge from the reference (mean KL {kl:.3g} nats; geometric-mean KL {shown}x the honest floor, "
             f"top-1 agreement {top1:.0%}) in a way quantization does not explain: {flips}, "
             f"{fc.value / SUBSTITUTION_MIN_FLIP_RATIO:.2g}x the threshold — a different model {tail}",
             "2-logprob-substitution", [DetectorName.LOGPROB_DIVERGENCE], short,
@@ -653,7 +662,7 @@ def _logprob_cause(c: _Ctx) -> _Cause:
     if kl >= SUBSTITUTION_MIN_MEAN_KL and top1 <= SUBSTITUTION_MAX_TOP1_AGREEMENT:
         return c.cause(
             VerdictKind.QUANTIZATION_OR_SUBSTITUTION,
-            f"reported logprobs diverge far beyond production quantization: mean KL {kl:.3g} nats ({ratio:.3g}x the "
+            f"reported logprobs diverge far beyond production quantization: mean KL {kl:.3g} nats (geometric-mean KL {shown}x the "
             f"honest floor), reported top-1 agrees with the reference argmax at only {top1:.0%} of positions — the "
             f"served model is not the declared one at its original precision, but heavily degraded weights (3-bit "
             f"class) and another model both diverge this far, and the flip test does not single out another model: "
@@ -672,7 +681,7 @@ def _logprob_cause(c: _Ctx) -> _Cause:
     return c.cause(
         VerdictKind.QUANTIZATION,
         f"reported logprobs diverge from the reference beyond the honest noise floor: mean KL {kl:.3g} nats, "
-        f"{ratio:.3g}x the floor, top-1 agreement {top1:.0%} — {what}; {flips}{milder} {tail}",
+        f"geometric-mean KL {shown}x the honest floor, top-1 agreement {top1:.0%} — {what}; {flips}{milder} {tail}",
         "2-logprob-quantization", [DetectorName.LOGPROB_DIVERGENCE], short, established=not milder,
     )
 

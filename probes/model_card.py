@@ -31,6 +31,7 @@ Pure data and validation (L3: no torch).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -438,15 +439,32 @@ def stored_card(stored: Mapping[str, Any] | None, reference_model: str | None) -
     return card_for_reference(reference_model)
 
 
+def _plain_card(card: ModelCard) -> str:
+    """:meth:`ModelCard.describe`, or for ``dequantized_from`` weights a plain sentence: the published file is the
+    original, the reference expands its values exactly, so only further rounding is a deviation."""
+    src = card.weights.dequantized_from
+    if not src:
+        return card.describe()
+    bits = re.search(r"Q(\d+)", src)
+    width = f"{bits.group(1)}-bit " if bits else ""
+    fmt = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(card.weights.format, card.weights.format)
+    return (f"card {card.name}: the model is published as {width}weights ({src}); the reference computes in {fmt} "
+            f"with exactly those values (each stored weight expanded without rounding), so serving the published "
+            f"weights unchanged is the original precision and any change to them (re-quantizing, fewer bits) is a "
+            f"deviation; activations {card.activations.describe()}, KV cache {card.kv_cache}")
+
+
 def card_description(stored: Mapping[str, Any] | None, reference_model: str | None, reference_dtype: str | None = None
                      ) -> str:
     """The report's "which card was used" line from a run's stored provider snapshot (:func:`stored_card`).
 
     Returns:
-        :meth:`ModelCard.describe`, or "no card: the reference computed in DTYPE is taken as the native
+        :meth:`ModelCard.describe`; for a card whose weights are ``dequantized_from`` a quantized file, what the
+        reference computes and why in plain words (issue 38, item 5: "fp32 dequantized from Q4_1" read as
+        "the reference is a degraded copy"); or "no card: the reference computed in DTYPE is taken as the native
         precision" (also for a malformed stored card, never raises).
     """
     card = stored_card(stored, reference_model)
     if card is not None:
-        return card.describe()
+        return _plain_card(card)
     return f"no card: the reference computed in {reference_dtype or 'its dtype'} is taken as the native precision"

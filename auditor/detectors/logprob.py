@@ -36,11 +36,13 @@ quantization predicts few flips; a different model flips there far more often.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from scipy import stats
+
+from auditor.util import finite
 
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
 from .noise_floor import NoiseFloor
@@ -48,9 +50,11 @@ from .stats import RngLike, as_rng, bucketed_kl, mean_variance_under, norm_sf
 
 __all__ = [
     "CONFIDENT_MARGIN_SIGMAS",
+    "LOGPROB_POSITIONS",
     "LOGPROB_TEMPERATURES",
     "MARGIN_BIN_EDGES",
     "bootstrap_mean_ci",
+    "kl_floor_ratio",
     "logprob_divergence",
     "logprob_positions",
     "margin_flip_stats",
@@ -71,6 +75,28 @@ _MAD_TO_SD = 1.482602218505602  # 1 / Φ^{-1}(3/4)
 #: Width of the KL the test statistic y is computed on (None: the width M the provider listed; the
 #: effect, the ratios and the flip statistics always use M). docs/detectors.md: the top-1 width.
 TEST_WIDTH: int | None = None
+
+
+#: What the positions behind the KL-vs-floor figure are, named the same wherever the figure is shown (issue 38,
+#: item 1: "334 positions" beside "633 positions scored" read as two counts of one thing).
+LOGPROB_POSITIONS = "positions with reported probabilities"
+
+
+def kl_floor_ratio(details: Any) -> float | None:
+    """The KL-vs-floor figure every report, reason and headline shows (issue 38: one home, one number):
+    the geometric-mean KL / honest floor ratio ``R = exp(ȳ − μ0)`` of a logprob-divergence result's
+    ``details`` (``details["geometric_ratio"]``: the test statistic's own effect, the unit of the
+    registry's power target and of the calibrated effect sizes, what ``auditor.precision_estimate``
+    places among the precision classes). ``details["ratio_to_floor"]`` (arithmetic mean KL / floor mean KL)
+    stays a decision input of ``auditor.verdict`` and is never shown beside it.
+
+    Returns:
+        R (> 0, dimensionless), or None when ``details`` is not a mapping or holds no finite positive ratio.
+    """
+    if not isinstance(details, Mapping):
+        return None
+    r = finite(details.get("geometric_ratio"))
+    return r if r is not None and r > 0 else None
 
 
 def logprob_positions(

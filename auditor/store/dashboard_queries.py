@@ -87,6 +87,7 @@ SUMMARY_KEYS = (
     "tpot_median_s",
     "mean_kl",
     "noise_floor",
+    "kl_floor_ratio",
     "clear_mismatch_rate",
 )
 

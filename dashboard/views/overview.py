@@ -10,6 +10,7 @@ from typing import Any
 
 import streamlit as st
 
+from auditor.util import kl_floor_text
 from dashboard import data
 from dashboard.render import (
     answer_badge,
@@ -43,12 +44,15 @@ HEADERS = [
 ]
 
 
-def _kl_cell(kl: Any, floor: Any) -> str:
+def _kl_cell(kl: Any, floor: Any, ratio: Any = None) -> str:
+    """The KL × floor cell: the stored ``kl_floor_ratio`` (the figure every report shows, issue 38 item 1) with the
+    mean KL; runs stored before it show only the mean KL in nats (a ratio of the summary means would be a
+    second, different number for the same thing)."""
+    if ratio is not None:
+        return f"**{kl_floor_text(ratio)}×**" + (f" ({fmt_num(kl)} nats)" if kl is not None else "")
     if kl is None:
         return "—"
-    if floor:
-        return f"**{kl / floor:.1f}×** ({fmt_num(kl)} nats)"
-    return f"{fmt_num(kl)} nats"
+    return f"{fmt_num(kl)} nats" + (f" (floor {fmt_num(floor)})" if floor else "")
 
 
 def answer_cell(r: dict[str, Any], key: str) -> str:
@@ -86,7 +90,7 @@ def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
                 answer_cell(r, "precision"),
                 answer_cell(r, "verification"),
                 standing_cell(r),
-                _kl_cell(r["mean_kl"], r["noise_floor"]),
+                _kl_cell(r["mean_kl"], r["noise_floor"], r.get("kl_floor_ratio")),
                 verdict_badge(r["verdict"]) + (f" ({escape_md(r['suite'])})" if r.get("suite") else ""),
                 date,
                 escape_md(r["model"] or "—"),

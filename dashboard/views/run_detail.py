@@ -13,6 +13,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from auditor.util import kl_floor_text
 from dashboard import data
 from dashboard.render import (
     answer_badge,
@@ -229,12 +230,15 @@ def chunk_histogram(hist: dict[int, int]) -> alt.Chart:
 
 def questions_table(questions: list[dict[str, Any]]) -> str:
     """Markdown table of the buyer's two questions (``run_detail``'s ``questions``: question, answer
-    badge, evidence; every text escaped); "" when there are none (no verdict yet)."""
+    badge, the answer in plain words, then the evidence in figures; every text escaped; issue 38, item 6:
+    plain words before statistics); "" when there are none (no verdict yet). Answers stored before they
+    carried ``plain`` show "—" there."""
     if not questions:
         return ""
     rows = [[escape_md(q.get("question")), answer_badge(q.get("answer")),
-             escape_md(q.get("evidence"), max_len=600)] for q in questions]
-    return md_table(["Question", "Answer", "Evidence"], rows)
+             escape_md(q.get("plain") or "—", max_len=300), escape_md(q.get("evidence"), max_len=600)]
+            for q in questions]
+    return md_table(["Question", "Answer", "In plain words", "Evidence in figures"], rows)
 
 
 #: Badge colour of each rules-out status.
@@ -368,7 +372,8 @@ def render(db_url: str, filters: Filters) -> None:
         ["Cost", escape_md(fmt_usd(d["cost_usd"]))],
         ["alpha", fmt_num(d["alpha"])],
         ["Throughput / TTFT p50 / TPOT p50", f"{fmt_num(d['tokens_per_s'], 4)} tokens/s / {fmt_ms(d['ttft_median_s'])} / {fmt_ms(d['tpot_median_s'])}"],
-        ["Mean KL / noise floor", f"{fmt_num(d['mean_kl'])} / {fmt_num(d['noise_floor'])} nats"],
+        ["KL × honest floor", f"{kl_floor_text(d['kl_floor_ratio'])}×" if d.get("kl_floor_ratio") is not None else "—"],
+        ["Mean KL / noise floor (arithmetic means)", f"{fmt_num(d['mean_kl'])} / {fmt_num(d['noise_floor'])} nats"],
         ["Greedy clear-mismatch rate", fmt_pct(d["clear_mismatch_rate"])],
     ]  # fmt: skip
     causes = causes_md(d)

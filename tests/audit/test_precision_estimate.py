@@ -161,5 +161,6 @@ def test_stored_run_states_the_card_and_the_claim(tmp_path) -> None:
     with store.session() as s:
         ref = report_from_store(s, rid).reference
     store.close()
-    assert ref["card"].startswith("card smollm2-135m-instruct: weights fp32 (dequantized from gguf:Q4_1)")
+    assert ref["card"].startswith("card smollm2-135m-instruct: the model is published as 4-bit weights (gguf:Q4_1); "
+                                  "the reference computes in float32 with exactly those values")
     assert ref["card_precision"] == "fp32" and ref["claimed_precision"] == "bf16"

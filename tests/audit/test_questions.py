@@ -114,13 +114,14 @@ def test_pass_greedy_only_verification_holds_at_temperature_zero_only() -> None:
     assert v.answer == "yes"
     assert v.evidence.startswith("at temperature 0 only") and "non-argmax drafts at clear margins" in v.evidence
     assert "sampled verification was not tested" in v.evidence
-    # the greedy-relaxed class (near-ties only) is stated through greedy-near-tie's rules-out record
+    # the greedy-relaxed class (near-ties only) is stated through greedy-near-tie's rules-out record, which
+    # reports show once, in their rules-out part, not in the answer (issue 38, item 3)
     d = details(sampling=False)
     d["rules_out"] = [{"key": "greedy-relaxed", "label": "greedy acceptance of near-tie runner-ups",
                        "question": "verification", "status": "ruled out", "ruled_out": True, "power": 0.99,
                        "detector": "greedy-near-tie", "n": 120}]
     _, v2 = answers("PASS", d)
-    assert v2.answer == "yes" and "rules out greedy acceptance of near-tie runner-ups" in v2.evidence
+    assert v2.answer == "yes" and "rules out" not in v2.evidence
 
 
 def test_greedy_only_with_too_few_greedy_positions_is_undecided_not_untested() -> None:
@@ -311,8 +312,8 @@ def test_markdown_json_text_and_junit_open_with_the_two_questions() -> None:
     rep = make_report()
     md = render_markdown(rep).splitlines()
     assert md[0].startswith("# Inference audit: acme")
-    assert md[2] == "| Question | Answer | Evidence |"
-    assert md[4].startswith(f"| {PRECISION_QUESTION} | **no** | QUANTIZATION established by logprob-divergence")
+    assert md[2] == "| Question | Answer | In plain words |"
+    assert md[4] == f"| {PRECISION_QUESTION} | **no** | it serves the model at reduced precision (quantized). |"
     assert md[5].startswith(f"| {VERIFICATION_QUESTION} | **not tested** |")
     assert md.index("> REASON-SENTENCE") > 5
 
@@ -320,7 +321,7 @@ def test_markdown_json_text_and_junit_open_with_the_two_questions() -> None:
     assert next(iter(d)) == "questions" and "questions" in JSON_FIELDS
     assert [(q["key"], q["question"], q["answer"]) for q in d["questions"]] == [
         ("precision", PRECISION_QUESTION, "no"), ("verification", VERIFICATION_QUESTION, "not tested")]
-    assert set(d["questions"][0]) == {"key", "question", "answer", "evidence"}
+    assert set(d["questions"][0]) == {"key", "question", "answer", "plain", "evidence"}
     assert AuditReport.from_dict(d).to_dict() == d
 
     from rich.console import Console
@@ -354,7 +355,7 @@ def test_standing_answers_from_its_audits_and_opens_with_them() -> None:
     assert by["verification"]["answer"] == "yes" and by["verification"]["suite"] == "verification"
     assert "suite verification, run run-new" in by["verification"]["evidence"]
     md = render_standing(st, "markdown").splitlines()
-    assert md[2] == "| Question | Answer | Evidence |" and md[4].startswith(f"| {PRECISION_QUESTION} | **no** |")
+    assert md[2] == "| Question | Answer | In plain words |" and md[4].startswith(f"| {PRECISION_QUESTION} | **no** |")
     text = render_standing(st, "text").splitlines()
     assert text[1].startswith(f"  {PRECISION_QUESTION} no") and text[2].startswith(f"  {VERIFICATION_QUESTION} yes")
     assert json.loads(render_standing(st, "json"))["questions"][0]["answer"] == "no"

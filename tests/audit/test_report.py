@@ -32,7 +32,7 @@ def make_report(verdict: str = "QUANTIZATION") -> AuditReport:
          "effect_ci": [0.002, 0.03], "n": 300, "reason": None, "rejects": False, "evidence": [], "details": {}},
         {"name": "logprob-divergence", "ran": True, "statistic": 6.1, "p_value": 1e-9, "p_adjusted": 3e-9,
          "effect": 0.21, "effect_ci": [0.1, 0.3], "n": 280, "reason": None, "rejects": True, "evidence": [ev] * 3,
-         "details": {"ratio_to_floor": 210.0, "top1_agreement": 0.86}},
+         "details": {"ratio_to_floor": 270.0, "geometric_ratio": 210.0, "top1_agreement": 0.86}},
         {"name": "sampling-gof", "ran": False, "statistic": None, "p_value": None, "p_adjusted": None, "effect": None,
          "effect_ci": [None, None], "n": 4, "reason": "too few sampled positions with a reference (4 < 10)",
          "rejects": False, "evidence": [], "details": {}},
@@ -167,14 +167,15 @@ def test_every_format_shows_what_the_audit_rules_out() -> None:
     props = {p.get("name"): p.get("value") for p in root.iter("property")}
     assert "rules out int4 weights" in props["rules_out"] and "not tested: " in props["rules_out"]
     assert "rules out int4 weights" in root.find("testsuite").findall("system-out")[-1].text
-    # the precision answer cites it; the dashboard table shows it; an old run without it shows nothing
+    # one home (issue 38, item 3): the precision answer does not repeat it; the dashboard table shows it; an
+    # old run without it shows nothing
     prec = answer_questions(rep.verdict, rep.verdict_details)[0]
-    assert prec.answer == "yes" and "it rules out int4 weights" in prec.evidence
+    assert prec.answer == "yes" and "rules out" not in prec.evidence
     table = rules_out_table(rep.rules_out)
     assert "int4 weights" in table and "green-badge[ruled out]" in table
     assert rules_out_table(None) == "" and rules_out_table([{"bogus": 1}]).count("\n") >= 2
     old = make_report("PASS")
-    assert old.rules_out == [] and "rules out" not in render_markdown(old)
+    assert old.rules_out == [] and "## What this audit rules out" not in render_markdown(old)
     assert "rules_out" not in {p.get("name") for p in ET.fromstring(render_junit(old)).iter("property")}
 
 
