@@ -370,6 +370,34 @@ PROFILES: dict[str, Profile] = {
             "QUANTIZATION",
             act_quant="fp8-tile",
         ),
+        # --- issue 36, item 3: serving below the card (names distinct from issue 35's reasoning profiles) ---
+        Profile(
+            "native-fp8-int4",
+            "Below an FP8 card: the FP8 model re-quantized to int4 weights (group-wise affine, group 64, RTN of the "
+            "FP8 weights) with the card's FP8 activation tiles kept (W4A8); serve with --model NAME+fp8.",
+            "quantized",
+            "QUANTIZATION",
+            weight_quant="int4",
+            act_quant="fp8-tile",
+        ),
+        Profile(
+            "native-fp8-kv-fp8",
+            "Below an FP8 card whose KV cache is full precision: the card's FP8 weights and activation tiles plus "
+            "an fp8 E4M3 KV cache (static per-layer scales, as kv-fp8); serve with --model NAME+fp8.",
+            "quantized",
+            "QUANTIZATION",
+            act_quant="fp8-tile",
+            kv_cache_dtype="fp8",
+        ),
+        Profile(
+            "native-int4-int3",
+            "Below an INT4 card: the INT4 model re-quantized to int3 weights (group-wise affine, group 32, the "
+            "card's group); serve with --model NAME+int4.",
+            "quantized",
+            "QUANTIZATION",
+            weight_quant="int3",
+            group_size=32,
+        ),
         Profile(
             "greedy-relaxed",
             "At temperature 0 a draft in the target's top-2 within 0.5 nats of the argmax is accepted "
