@@ -328,7 +328,7 @@ def apply_card(ref: ReferenceSetup, card: ModelCard | None) -> ReferenceSetup:
     every local reference model is replaced by a copy that computes the card: the native weights
     dequantized exactly (on the card's grid), FP8 e4m3 activations per 1 x T tile on the decoder
     linears' inputs (``reference.native.install_act_fp8_tiles``, DeepSeek-V3 §3.3), an FP8 KV cache with
-    static per-layer scales (``simulator.quantize.install_kv_fp8``). Its revision becomes
+    static per-layer scales (``reference.native.install_kv_fp8``). Its revision becomes
     ``REVISION+card:STEP,STEP`` so that the reference cache and the noise floor (``auditor.noise``, keyed
     by revision) are the card's: the floor's honest variants (``HONEST_BY_REFERENCE``) are then served
     *from the card-computing model* — the card in float32 decoded speculatively (FP8 rounding flips from
@@ -379,7 +379,7 @@ def _card_model(lm: LoadedModel, card: ModelCard, steps: Sequence[str]) -> Loade
     import copy
 
     from reference.models import LoadedModel
-    from reference.native import install_act_fp8_tiles, make_native_weights
+    from reference.native import KV_CALIBRATION_TEXT, install_act_fp8_tiles, install_kv_fp8, make_native_weights
 
     model = copy.deepcopy(lm.model)
     w = card.weights
@@ -393,8 +393,6 @@ def _card_model(lm: LoadedModel, card: ModelCard, steps: Sequence[str]) -> Loade
             elif step.startswith("act-fp8-1x"):
                 install_act_fp8_tiles(model, int(step.removeprefix("act-fp8-1x")))
             elif step == "kv-fp8":
-                from simulator.quantize import KV_CALIBRATION_TEXT, install_kv_fp8
-
                 install_kv_fp8(model, list(lm.tokenizer.encode(KV_CALIBRATION_TEXT)))
     except ValueError as exc:
         raise AuditError(f"providers card {card.name!r} cannot be computed on the reference {lm.name!r}: {exc}. Fix: "

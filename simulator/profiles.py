@@ -81,7 +81,7 @@ class Profile:
             at no cost; strict verification of such a draft is lossless, so the profile's bias is
             exactly its acceptance rule), or ``none`` (plain sampling step).
         kv_cache_dtype: ``fp8``: keys/values read through fp8 E4M3 with static per-layer scales
-            (``simulator.quantize.install_kv_fp8``); None = full precision.
+            (``reference.native.install_kv_fp8``); None = full precision.
         act_quant: ``int8``: decoder linears' inputs fake-quantized to int8 per token (W8A8 with
             ``weight_quant="int8"``); ``fp8-tile``: to FP8 e4m3 per 1 x T tile, T the model's native block
             (``reference.native.native_block``: DeepSeek-V3's 1x128 activation quantization); None = full precision.
@@ -365,7 +365,8 @@ PROFILES: dict[str, Profile] = {
             "native-fp8",
             "FP8 e4m3 activations per 1xT tile on the decoder linears' inputs (T = the model's native block, "
             "DeepSeek-V3 section 3.3), weights as loaded: served with --model NAME+fp8 it is honest native-FP8 "
-            "serving (FP8 weights and activations); against a float32 reference (no FP8 card applied) it deviates.",
+            "serving (FP8 weights and activations), which passes against the variant's FP8 card (the reference computes "
+            "the card); against a bf16/fp32 card it deviates (the verdict below).",
             "quantized",
             "QUANTIZATION",
             act_quant="fp8-tile",

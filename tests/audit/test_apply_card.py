@@ -80,3 +80,15 @@ def test_a_card_the_reference_cannot_compute_is_exit_3(fp8_lm) -> None:
     with pytest.raises(AuditError, match=r"tile 48 does not divide") as ei:
         apply_card(_ref(fp8_lm), odd)
     assert ei.value.parameter == "card"
+
+
+def test_fp8_kv_card_reads_keys_and_values_through_fp8(tiny_lm) -> None:
+    from reference.native import KV_FP8_ATTN
+
+    kv = ModelCard(name="k", weights=WeightsSpec(format="bf16"), kv_cache="fp8")
+    ref = apply_card(_ref(tiny_lm), kv)
+    lm = ref.lms["float32"]
+    assert lm.revision == "tiny-llama-seed0+card:kv-fp8"
+    assert lm.model.config._attn_implementation == KV_FP8_ATTN != tiny_lm.model.config._attn_implementation
+    scales = [layer.self_attn.kv_fp8_scales for layer in lm.model.model.layers]
+    assert len(scales) == 2 and all(k > 0 and v > 0 for k, v in scales)
