@@ -7,7 +7,8 @@ simulator serving each honestly and below its card:
   card's FP8 activation tiles and the floor is measured over the card's honest variants
   (``auditor.reference_setup.apply_card``);
 - the same provider against a bf16 card → QUANTIZATION: the card matters, and the report says which card;
-- int4 of the FP8 model (``native-fp8-int4``) against the FP8 card → QUANTIZATION;
+- int4 of the FP8 model (``native-fp8-int4``) and an FP8 KV cache under the FP8 card's fp32 KV cache
+  (``native-fp8-kv-fp8``) against the FP8 card → QUANTIZATION;
 - honest native-INT4 (``honest-fp32`` on ``tiny+int4``) → PASS; int3 of it (``native-int4-int3``) → QUANTIZATION.
 
 Floors: 16 prompts x 16 tokens per honest variant; the floor's own sampling variance enters every logprob
@@ -43,6 +44,7 @@ CASES = [
     ("fp8", "native-fp8", None, "PASS", 0, 1000),
     ("fp8", "native-fp8", BF16_CARD, "QUANTIZATION", 1, 400),
     ("fp8", "native-fp8-int4", None, "QUANTIZATION", 1, 400),
+    ("fp8", "native-fp8-kv-fp8", None, "QUANTIZATION", 1, 400),
     ("int4", "honest-fp32", None, "PASS", 0, 1000),
     ("int4", "native-int4-int3", None, "QUANTIZATION", 1, 400),
 ]
