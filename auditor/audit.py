@@ -69,6 +69,7 @@ from auditor.observations import Observation, aligned_ids, excluded_summary, loa
 from auditor.planning import load_suite_spec, plan_budget, provider_config
 from auditor.reference_setup import (
     _MODELS,  # noqa: F401  # re-exported: tests and the scheduler share loaded models through it
+    apply_card,
     check_card,
     check_device,
     check_reference_api,
@@ -330,7 +331,7 @@ def _reference(config: ProviderConfig, opts: CheckOptions) -> ReferenceSetup:
                             dtypes=[opts.dtype] if opts.dtype else opts.reference_dtypes, device=opts.device,
                             models=opts.reference_models)
     try:
-        check_card(config, ref)
+        ref = apply_card(ref, check_card(config, ref))  # issue 36 item 2: the reference computes the card
     except BaseException:
         ref.close()
         raise

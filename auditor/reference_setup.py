@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "NOT_TESTED_WITHOUT_REFERENCE",
     "ReferenceSetup",
+    "apply_card",
+    "card_steps",
     "check_card",
     "check_device",
     "check_reference_api",
@@ -203,23 +206,39 @@ class ReferenceSetup:
             close()
 
 
-def check_card(config: ProviderConfig | ModelCard | None, ref: ReferenceSetup, *, provider: str | None = None) -> None:
+def _checkpoint_qc(lm: LoadedModel) -> Mapping[str, object] | None:
+    """The checkpoint's own ``quantization_config``: its ``config.json``'s, else the loaded model config's, else None."""
+    import json
+    from pathlib import Path
+
+    qc = getattr(getattr(lm.model, "config", None), "quantization_config", None)
+    cfg = Path(str(lm.path)) / "config.json"
+    if cfg.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            qc = json.loads(cfg.read_text(encoding="utf-8")).get("quantization_config", qc)
+    if qc is not None and not isinstance(qc, Mapping):
+        qc = qc.to_dict() if hasattr(qc, "to_dict") else None
+    return qc
+
+
+def check_card(config: ProviderConfig | ModelCard | None, ref: ReferenceSetup, *,
+               provider: str | None = None) -> ModelCard | None:
     """Refuse a model card the loaded local reference contradicts (issue 36, item 1): a block or group
     size that does not divide its weight shapes, or a recipe its ``config.json``'s own
     ``quantization_config`` contradicts (:func:`probes.model_card.check_shapes`,
-    :func:`probes.model_card.check_quantization_config`). No-op without a card or local weights.
+    :func:`probes.model_card.check_quantization_config`). No check without a card or local weights.
 
     Args:
         config: the provider (its card: :func:`probes.config.provider_card`) or the card itself.
         ref: the audit's reference; provider: the name in messages (default the config's).
 
+    Returns:
+        The card (None: no card), for :func:`apply_card`.
+
     Raises:
         AuditError: ``parameter="card"`` (exit 3), naming ``providers.NAME.card...`` and the fix (also for a
             card name no loaded file defines).
     """
-    import json
-    from pathlib import Path
-
     from probes.config import ConfigError, provider_card
     from probes.model_card import CardError, ModelCard, check_quantization_config, check_shapes
 
@@ -232,22 +251,156 @@ def check_card(config: ProviderConfig | ModelCard | None, ref: ReferenceSetup, *
         except ConfigError as exc:
             raise AuditError(str(exc), parameter="card") from None
     if card is None or not ref.lms:
-        return
+        return card
 
     lm = next(iter(ref.lms.values()))
-    qc = getattr(getattr(lm.model, "config", None), "quantization_config", None)
-    cfg = Path(str(lm.path)) / "config.json"
-    if cfg.is_file():
-        with contextlib.suppress(OSError, ValueError):
-            qc = json.loads(cfg.read_text(encoding="utf-8")).get("quantization_config", qc)
-    if qc is not None and not isinstance(qc, Mapping):
-        qc = qc.to_dict() if hasattr(qc, "to_dict") else None
     where = f"providers.{provider}.card ({card.name})"
     try:
-        check_quantization_config(card, qc, where=where)
+        check_quantization_config(card, _checkpoint_qc(lm), where=where)
         check_shapes(card, {n: tuple(p.shape) for n, p in lm.model.named_parameters()}, where=where)
     except CardError as exc:
         raise AuditError(str(exc), parameter="card") from None
+    return card
+
+
+def _off_grid(model: object, card: ModelCard) -> list[str]:
+    """Decoder projection weights of ``model`` that are not on the card's weight grid (applying the format
+    would change them); ``[]`` for float formats, ``mxfp4`` (taken as loaded) and an on-grid checkpoint."""
+    import torch
+
+    from reference.native import fp8_block_fake_quant, int4_group_fake_quant, iter_decoder_linears
+
+    w = card.weights
+    if w.format == "fp8-block" and w.block_size is not None:
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return fp8_block_fake_quant(x, w.block_size or (128, 128))
+    elif w.format == "int4" and w.group is not None:
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return int4_group_fake_quant(x, w.group or 32)
+    else:
+        return []
+    with torch.no_grad():
+        return [n for n, m in iter_decoder_linears(model)
+                if not torch.equal(fn(m.weight.data).to(m.weight.dtype), m.weight.data)]
+
+
+def card_steps(card: ModelCard | None, lm: LoadedModel, qc: Mapping[str, object] | None = None) -> tuple[str, ...]:
+    """What the reference must do beyond computing the loaded weights in its dtype to compute ``card``.
+
+    Steps, in order: ``weights-fp8-block-RxC`` / ``weights-int4-gG`` (the loaded weights are not on the
+    card's grid: they are moved onto it, :func:`reference.native.make_native_weights` — the exact
+    dequantization of a native checkpoint is on its grid already and needs nothing), ``act-fp8-1xT``
+    (the card's FP8 activation tiles on the decoder linears' inputs), ``kv-fp8`` (the card's KV cache,
+    ``auto`` resolved against the checkpoint's ``quantization_config``, is FP8).
+
+    Returns:
+        () for no card and for float cards with a float KV cache: the plain reference computes them.
+
+    Raises:
+        AuditError: ``parameter="card"``: an activation tile with more than one row (only per-token
+            tiles, [1, T], are computed).
+    """
+    from probes.model_card import resolve_kv_cache
+
+    if card is None:
+        return ()
+    steps: list[str] = []
+    w = card.weights
+    if w.dequantized_from is None and _off_grid(lm.model, card):
+        steps.append(f"weights-fp8-block-{w.block_size[0]}x{w.block_size[1]}" if w.format == "fp8-block" and w.block_size
+                     else f"weights-int4-g{w.group}")
+    a = card.activations
+    if a.format == "fp8" and a.tile is not None:
+        if a.tile[0] != 1:
+            raise AuditError(f"cards.{card.name}.activations.tile: {list(a.tile)} has {a.tile[0]} rows; the reference "
+                             "computes per-token tiles only. Fix: use [1, T] (DeepSeek-V3: [1, 128]).", parameter="card")
+        steps.append(f"act-fp8-1x{a.tile[1]}")
+    if resolve_kv_cache(card, qc, compute_dtype="fp32") == "fp8":
+        steps.append("kv-fp8")
+    return tuple(steps)
+
+
+def apply_card(ref: ReferenceSetup, card: ModelCard | None) -> ReferenceSetup:
+    """The reference computing the card (issue 36, item 2).
+
+    For a card whose native serving path computes beyond the loaded weights in their dtype
+    (:func:`card_steps`: FP8 activation tiles, an FP8 KV cache, weights to move onto the card's grid),
+    every local reference model is replaced by a copy that computes the card: the native weights
+    dequantized exactly (on the card's grid), FP8 e4m3 activations per 1 x T tile on the decoder
+    linears' inputs (``reference.native.install_act_fp8_tiles``, DeepSeek-V3 §3.3), an FP8 KV cache with
+    static per-layer scales (``reference.native.install_kv_fp8``). Its revision becomes
+    ``REVISION+card:STEP,STEP`` so that the reference cache and the noise floor (``auditor.noise``, keyed
+    by revision) are the card's: the floor's honest variants (``HONEST_BY_REFERENCE``) are then served
+    *from the card-computing model* — the card in float32 decoded speculatively (FP8 rounding flips from
+    another reduction order), with kernel noise on the logits, and in bfloat16 around the FP8 GEMMs — so
+    that honest native serving sits inside the floor. Loaded copies are kept per process (``_MODELS``).
+
+    Float cards (bf16, fp16, fp32) with a float KV cache, weight-only native formats whose checkpoint is on
+    its grid (``+int4``), no card, and references without local weights (vLLM, none) return ``ref``
+    unchanged (with a note for a card); float32 stays the default.
+
+    Raises:
+        AuditError: ``parameter="card"``: the card cannot be computed on this model (a tile that does not
+            divide a linear's input, a multi-row tile, a model without Llama-style attention for FP8 KV).
+    """
+    from auditor.scoring import local_scorers
+
+    if card is None or ref.kind != "local" or not ref.lms:
+        return ref
+    first = next(iter(ref.lms.values()))
+    qc = _checkpoint_qc(first)
+    steps = card_steps(card, first, qc)
+    notes = list(ref.notes or [])
+    if not steps:
+        notes.append(f"reference computes {card.describe()}: the loaded weights in {ref.dtype_label} are the card's "
+                     "computation (no activation or KV quantization; weights on the card's grid)")
+        return dataclasses.replace(ref, notes=notes)
+    lms: dict[str, LoadedModel] = {}
+    for dt, lm in ref.lms.items():
+        with _MODELS_LOCK:  # a copy per loaded model and card computation, made once per process
+            own = next((k for k, v in _MODELS.items() if v is lm), None)
+            key = None if own is None else (*own, "card:" + ",".join(steps))
+            got = _MODELS.get(key) if key is not None else None
+            if got is None:
+                got = _card_model(lm, card, steps)
+                if key is not None:
+                    _MODELS[key] = got
+        lms[dt] = got
+    notes.append(f"reference computes {card.describe()} ({', '.join(steps)}); noise floor measured over the card's "
+                 "honest variants: the card in float32 served speculatively, with kernel noise on the logits, and in "
+                 "bfloat16 around its low-precision GEMMs")
+    new_first = next(iter(lms.values()))
+    return dataclasses.replace(ref, scorers=dict(local_scorers(lms)), lms=lms, revision=str(new_first.revision),
+                               notes=notes)
+
+
+def _card_model(lm: LoadedModel, card: ModelCard, steps: Sequence[str]) -> LoadedModel:
+    """A deep copy of ``lm`` computing ``card`` (:func:`apply_card`); raises AuditError ``parameter="card"``."""
+    import copy
+
+    from reference.models import LoadedModel
+    from reference.native import KV_CALIBRATION_TEXT, install_act_fp8_tiles, install_kv_fp8, make_native_weights
+
+    model = copy.deepcopy(lm.model)
+    w = card.weights
+    try:
+        for step in steps:
+            if step.startswith("weights-"):
+                dt = next(model.parameters()).dtype
+                model.float()
+                make_native_weights(model, w.format, block=w.block_size or (128, 128), group=w.group or 32)
+                model.to(dt)
+            elif step.startswith("act-fp8-1x"):
+                install_act_fp8_tiles(model, int(step.removeprefix("act-fp8-1x")))
+            elif step == "kv-fp8":
+                install_kv_fp8(model, list(lm.tokenizer.encode(KV_CALIBRATION_TEXT)))
+    except ValueError as exc:
+        raise AuditError(f"providers card {card.name!r} cannot be computed on the reference {lm.name!r}: {exc}. Fix: "
+                         "use a card whose block / tile sizes divide this model's linear layers.",
+                         parameter="card") from None
+    model.eval()
+    return LoadedModel(model=model, tokenizer=lm.tokenizer, name=lm.name, path=lm.path,
+                       revision=f"{lm.revision}+card:{','.join(steps)}", dtype=lm.dtype, device=lm.device)
 
 
 def _is_local_or_hub(m: str) -> bool:

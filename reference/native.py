@@ -13,6 +13,9 @@ of a bundled model can be made (weights moved onto the format's grid once) and s
 - :func:`int4_group_fake_quant` — symmetric INT4 weights, one scale per ``group`` input values,
   scale = amax(group) / 7, values in [-8, 7] (Kimi K2-Thinking's weight-only group-32 INT4,
   compressed-tensors ``pack-quantized``, symmetric).
+- :func:`install_kv_fp8` — an FP8 e4m3 KV cache with static per-layer scales amax/448 (vLLM
+  ``--kv-cache-dtype fp8`` with calibrated ``k_scale``/``v_scale``): the simulator's ``kv-fp8`` profiles
+  and a reference computing a card whose KV cache is FP8 (``auditor.reference_setup.apply_card``).
 
 A format applied twice gives the same weights as applied once (the values lie on the grid), which is
 what makes a native variant's reference exact: the reference dequantizes the variant's weights
@@ -37,11 +40,15 @@ NATIVE_BLOCKS = (128, 64, 32)
 
 __all__ = [
     "FP8_E4M3_MAX",
+    "KV_CALIBRATION_TEXT",
+    "KV_FP8_ATTN",
     "LINEAR_NAMES",
     "NATIVE_BLOCKS",
     "fp8_block_fake_quant",
+    "fp8_e4m3_fake_quant",
     "fp8_tile_fake_quant",
     "install_act_fp8_tiles",
+    "install_kv_fp8",
     "int4_group_fake_quant",
     "is_decoder_linear_key",
     "iter_decoder_linears",
@@ -202,3 +209,105 @@ def install_act_fp8_tiles(model: Any, tile: int = 128) -> int:
     for _, m in lins:
         m.register_forward_pre_hook(hook)
     return len(lins)
+
+
+# ------------------------------------------------------------------------------------ FP8 KV cache
+KV_FP8_ATTN = "spec_auditor_kv_fp8"
+#: Fixed calibration text for the static KV scales (deterministic; no data set is downloaded).
+KV_CALIBRATION_TEXT = (
+    "The committee met on Tuesday to review the budget. After a long discussion about schools, roads "
+    "and the new library, they agreed to postpone the vote. def add(a, b):\n    return a + b\n"
+    "Photosynthesis converts light energy into chemical energy stored in glucose. 1, 2, 3, 5, 8, 13."
+)
+
+
+def fp8_e4m3_fake_quant(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """Round ``x`` (any shape, float) to E4M3 with a fixed scale (saturating at ±448·scale); same dtype.
+
+    With a fixed scale the round trip is idempotent, so quantizing the whole (past + new) K/V on
+    every read equals storing each entry quantized once, as an fp8 KV cache does.
+    """
+    s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).clamp_min(torch.finfo(torch.float32).tiny)
+    y = torch.clamp(x.float() / s, -FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return (y.to(torch.float32) * s).to(x.dtype)
+
+
+def _kv_fp8_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, **kwargs: Any) -> Any:
+    """SDPA attention reading K/V through an fp8 E4M3 round trip with the layer's static scales."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    scales = getattr(module, "kv_fp8_scales", None)
+    if scales is not None:
+        key = fp8_e4m3_fake_quant(key, scales[0])
+        value = fp8_e4m3_fake_quant(value, scales[1])
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register_kv_fp8_attention() -> None:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(KV_FP8_ATTN, _kv_fp8_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(KV_FP8_ATTN, sdpa_mask)
+
+
+def _attention_modules(model: Any) -> list[torch.nn.Module]:
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError("kv-fp8 needs a Llama-style model with model.layers[*].self_attn")
+    return [layer.self_attn for layer in layers]
+
+
+def install_kv_fp8(model: Any, calibration_ids: list[int]) -> dict[str, Any]:
+    """Serve ``model`` with an fp8 E4M3 KV cache: static per-layer (per-tensor) scales amax/448.
+
+    Scale choice: one scale for K and one for V per layer, amax over a calibration forward of
+    ``calibration_ids`` (post-RoPE keys, as the cache stores them) divided by 448 — the recipe of
+    vLLM's ``--calculate-kv-scales`` / llm-compressor's calibrated ``k_scale``/``v_scale``
+    (vLLM docs, "Quantized KV Cache"). Values beyond the calibrated range saturate. Queries and
+    weights stay full precision. Implemented as a registered transformers attention function
+    that rounds K and V (past and new) through ``torch.float8_e4m3fn`` before SDPA.
+
+    Returns:
+        ``{"kv_cache_dtype": "fp8_e4m3", "k_scales": [...], "v_scales": [...]}`` (per layer).
+
+    Raises:
+        ValueError: not a Llama-style model, or empty ``calibration_ids``.
+    """
+    if not calibration_ids:
+        raise ValueError("install_kv_fp8: calibration_ids is empty; pass the calibration text's token ids")
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    _register_kv_fp8_attention()
+    mods = _attention_modules(model)
+    amax: dict[int, list[float]] = {}
+
+    def recorder(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, **kwargs: Any) -> Any:
+        i = mods.index(module)
+        a = amax.setdefault(i, [0.0, 0.0])
+        a[0] = max(a[0], float(key.detach().abs().max()))
+        a[1] = max(a[1], float(value.detach().abs().max()))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register("spec_auditor_kv_record", recorder)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("spec_auditor_kv_record", sdpa_mask)
+    old = model.config._attn_implementation
+    model.config._attn_implementation = "spec_auditor_kv_record"
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(calibration_ids)]), use_cache=False)
+    finally:
+        model.config._attn_implementation = old
+    scales: list[tuple[float, float]] = []
+    for i, m in enumerate(mods):
+        k, v = amax.get(i, [FP8_E4M3_MAX, FP8_E4M3_MAX])
+        scales.append((max(k, 1e-12) / FP8_E4M3_MAX, max(v, 1e-12) / FP8_E4M3_MAX))
+        object.__setattr__(m, "kv_fp8_scales", scales[-1])  # a plain attribute, read by _kv_fp8_attention
+    model.config._attn_implementation = KV_FP8_ATTN
+    return {"kv_cache_dtype": "fp8_e4m3", "k_scales": [s[0] for s in scales], "v_scales": [s[1] for s in scales]}

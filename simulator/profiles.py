@@ -81,7 +81,7 @@ class Profile:
             at no cost; strict verification of such a draft is lossless, so the profile's bias is
             exactly its acceptance rule), or ``none`` (plain sampling step).
         kv_cache_dtype: ``fp8``: keys/values read through fp8 E4M3 with static per-layer scales
-            (``simulator.quantize.install_kv_fp8``); None = full precision.
+            (``reference.native.install_kv_fp8``); None = full precision.
         act_quant: ``int8``: decoder linears' inputs fake-quantized to int8 per token (W8A8 with
             ``weight_quant="int8"``); ``fp8-tile``: to FP8 e4m3 per 1 x T tile, T the model's native block
             (``reference.native.native_block``: DeepSeek-V3's 1x128 activation quantization); None = full precision.
@@ -365,10 +365,39 @@ PROFILES: dict[str, Profile] = {
             "native-fp8",
             "FP8 e4m3 activations per 1xT tile on the decoder linears' inputs (T = the model's native block, "
             "DeepSeek-V3 section 3.3), weights as loaded: served with --model NAME+fp8 it is honest native-FP8 "
-            "serving (FP8 weights and activations); against a float32 reference (no FP8 card applied) it deviates.",
+            "serving (FP8 weights and activations), which passes against the variant's FP8 card (the reference computes "
+            "the card); against a bf16/fp32 card it deviates (the verdict below).",
             "quantized",
             "QUANTIZATION",
             act_quant="fp8-tile",
+        ),
+        # --- issue 36, item 3: serving below the card (names distinct from issue 35's reasoning profiles) ---
+        Profile(
+            "native-fp8-int4",
+            "Below an FP8 card: the FP8 model re-quantized to int4 weights (group-wise affine, group 64, RTN of the "
+            "FP8 weights) with the card's FP8 activation tiles kept (W4A8); serve with --model NAME+fp8.",
+            "quantized",
+            "QUANTIZATION",
+            weight_quant="int4",
+            act_quant="fp8-tile",
+        ),
+        Profile(
+            "native-fp8-kv-fp8",
+            "Below an FP8 card whose KV cache is full precision: the card's FP8 weights and activation tiles plus "
+            "an fp8 E4M3 KV cache (static per-layer scales, as kv-fp8); serve with --model NAME+fp8.",
+            "quantized",
+            "QUANTIZATION",
+            act_quant="fp8-tile",
+            kv_cache_dtype="fp8",
+        ),
+        Profile(
+            "native-int4-int3",
+            "Below an INT4 card: the INT4 model re-quantized to int3 weights (group-wise affine, group 32, the "
+            "card's group); serve with --model NAME+int4.",
+            "quantized",
+            "QUANTIZATION",
+            weight_quant="int3",
+            group_size=32,
         ),
         Profile(
             "greedy-relaxed",

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from reference.native import FP8_E4M3_MAX, iter_decoder_linears
+from reference.native import FP8_E4M3_MAX, KV_CALIBRATION_TEXT, install_kv_fp8, iter_decoder_linears
 
 
 @dataclass
@@ -324,26 +324,6 @@ def quantize_model_weights(
 # runtime (activation / KV-cache) fake quantization: w8a8 and kv-fp8 profiles (issue 14)
 # ---------------------------------------------------------------------------------------------
 
-KV_FP8_ATTN = "spec_auditor_kv_fp8"
-#: Fixed calibration text for the static KV scales (deterministic; no data set is downloaded).
-KV_CALIBRATION_TEXT = (
-    "The committee met on Tuesday to review the budget. After a long discussion about schools, roads "
-    "and the new library, they agreed to postpone the vote. def add(a, b):\n    return a + b\n"
-    "Photosynthesis converts light energy into chemical energy stored in glucose. 1, 2, 3, 5, 8, 13."
-)
-
-
-def fp8_e4m3_fake_quant(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-    """Round ``x`` (any shape, float) to E4M3 with a fixed scale (saturating at ±448·scale); same dtype.
-
-    With a fixed scale the round trip is idempotent, so quantizing the whole (past + new) K/V on
-    every read equals storing each entry quantized once, as an fp8 KV cache does.
-    """
-    s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).clamp_min(torch.finfo(torch.float32).tiny)
-    y = torch.clamp(x.float() / s, -FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-    return (y.to(torch.float32) * s).to(x.dtype)
-
-
 def int8_per_token_fake_quant(x: torch.Tensor) -> torch.Tensor:
     """Dynamic symmetric int8 per token: each row along the last dim scaled by max|x_row|/127; same dtype.
 
@@ -375,85 +355,6 @@ def install_act_int8(model: Any) -> int:
     if n == 0:
         raise ValueError("w8a8: no decoder linear layers found (expected Llama-style *_proj)")
     return n
-
-
-def _kv_fp8_attention(module, query, key, value, attention_mask, **kwargs):
-    """SDPA attention reading K/V through an fp8 E4M3 round trip with the layer's static scales."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    scales = getattr(module, "kv_fp8_scales", None)
-    if scales is not None:
-        key = fp8_e4m3_fake_quant(key, scales[0])
-        value = fp8_e4m3_fake_quant(value, scales[1])
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-def _register_kv_fp8_attention() -> None:
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-    from transformers.modeling_utils import AttentionInterface
-
-    AttentionInterface.register(KV_FP8_ATTN, _kv_fp8_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(KV_FP8_ATTN, sdpa_mask)
-
-
-def _attention_modules(model: Any) -> list[torch.nn.Module]:
-    base = getattr(model, "model", None)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise ValueError("kv-fp8 needs a Llama-style model with model.layers[*].self_attn")
-    return [layer.self_attn for layer in layers]
-
-
-def install_kv_fp8(model: Any, calibration_ids: list[int]) -> dict:
-    """Serve ``model`` with an fp8 E4M3 KV cache: static per-layer (per-tensor) scales amax/448.
-
-    Scale choice: one scale for K and one for V per layer, amax over a calibration forward of
-    ``calibration_ids`` (post-RoPE keys, as the cache stores them) divided by 448 — the recipe of
-    vLLM's ``--calculate-kv-scales`` / llm-compressor's calibrated ``k_scale``/``v_scale``
-    (vLLM docs, "Quantized KV Cache"). Values beyond the calibrated range saturate. Queries and
-    weights stay full precision. Implemented as a registered transformers attention function
-    that rounds K and V (past and new) through ``torch.float8_e4m3fn`` before SDPA.
-
-    Returns:
-        ``{"kv_cache_dtype": "fp8_e4m3", "k_scales": [...], "v_scales": [...]}`` (per layer).
-
-    Raises:
-        ValueError: not a Llama-style model, or empty ``calibration_ids``.
-    """
-    if not calibration_ids:
-        raise ValueError("install_kv_fp8: calibration_ids is empty; pass the calibration text's token ids")
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    _register_kv_fp8_attention()
-    mods = _attention_modules(model)
-    amax: dict[int, list[float]] = {}
-
-    def recorder(module, query, key, value, attention_mask, **kwargs):
-        i = mods.index(module)
-        a = amax.setdefault(i, [0.0, 0.0])
-        a[0] = max(a[0], float(key.detach().abs().max()))
-        a[1] = max(a[1], float(value.detach().abs().max()))
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-    from transformers.modeling_utils import AttentionInterface
-
-    AttentionInterface.register("spec_auditor_kv_record", recorder)
-    ALL_MASK_ATTENTION_FUNCTIONS.register("spec_auditor_kv_record", sdpa_mask)
-    old = model.config._attn_implementation
-    model.config._attn_implementation = "spec_auditor_kv_record"
-    try:
-        with torch.no_grad():
-            model(input_ids=torch.tensor([list(calibration_ids)]), use_cache=False)
-    finally:
-        model.config._attn_implementation = old
-    scales: list[tuple[float, float]] = []
-    for i, m in enumerate(mods):
-        k, v = amax.get(i, [FP8_E4M3_MAX, FP8_E4M3_MAX])
-        scales.append((max(k, 1e-12) / FP8_E4M3_MAX, max(v, 1e-12) / FP8_E4M3_MAX))
-        object.__setattr__(m, "kv_fp8_scales", scales[-1])  # a plain attribute, read by _kv_fp8_attention
-    model.config._attn_implementation = KV_FP8_ATTN
-    return {"kv_cache_dtype": "fp8_e4m3", "k_scales": [s[0] for s in scales], "v_scales": [s[1] for s in scales]}
 
 
 def apply_runtime_quant(model: Any, profile: Any, tokenizer: Any = None) -> dict:

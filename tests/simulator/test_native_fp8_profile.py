@@ -34,3 +34,18 @@ def test_native_fp8_profile_quantizes_activations_per_tile(tiny_lm) -> None:
         lp4 = torch.log_softmax(int4.model(input_ids=ids, use_cache=False).logits[0].double(), -1)
     kl = lambda p, q: float((p.exp() * (p - q)).sum(-1).mean())
     assert 0 < kl(ref, lp) < kl(ref, lp4)
+
+
+def test_below_the_card_profiles_build(tiny_lm) -> None:
+    """issue 36 item 3: int4 of the FP8 model (W4A8), FP8 KV under an FP8 card, int3 of the INT4 model at its group."""
+    from simulator.engine import build_served_model
+    from simulator.profiles import get_profile
+
+    _m, w4 = build_served_model(get_profile("native-fp8-int4"), tiny_lm)
+    assert w4.quant["scheme"] == "int4" and w4.quant["act_quant"] == "fp8-e4m3-per-1x32"
+    _m, kv = build_served_model(get_profile("native-fp8-kv-fp8"), tiny_lm)
+    assert kv.quant["kv_cache_dtype"] == "fp8_e4m3" and kv.quant["act_quant"] == "fp8-e4m3-per-1x32"
+    _m, w3 = build_served_model(get_profile("native-int4-int3"), tiny_lm)
+    assert w3.quant["scheme"] == "int3" and w3.quant["group_size"] == 32 and "act_quant" not in w3.quant
+    assert {get_profile(n).expected_verdict for n in ("native-fp8-int4", "native-fp8-kv-fp8", "native-int4-int3")} \
+        == {"QUANTIZATION"}
