@@ -18,7 +18,10 @@ two paths interleaved (old, new, old, new, ...) ``--repeats`` times per model. P
 - ``floor extra``: the floor stage's own peak over the RSS it started from (the child resets its
   RSS high-water mark by writing ``5`` to ``/proc/self/clear_refs`` once the model is loaded, then
   reads ``VmHWM`` − ``VmRSS``-at-start from ``/proc/self/status``), so model loading does not hide it;
-- ``wall``: seconds of the floor stage alone.
+- ``wall``: seconds of the floor stage alone;
+- the high-water mark over the floor's start when each honest variant's first prompt is decoded
+  (``compute_floors``'s progress callback): which variant's set-up or the previous one's scoring
+  reached the peak.
 
 RSS, not tracemalloc: torch's tensors are not allocated through Python's allocator. Printed: the
 median of each figure per path, the ratios old/new, and whether the floors agree (``NoiseFloor``
@@ -139,13 +142,19 @@ def worker(model: str, path: str, n_prompts: int, tokens: int, threads: int) -> 
     with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
         f.write("5")  # reset VmHWM: the floor's own peak, not the model load's
     rss0 = _status_kib("VmRSS")
+    marks: list[tuple[str, int, float]] = []
+
+    def progress(stage: str, done: int, total: int) -> None:  # high-water mark after each decoded prompt
+        marks.append((stage, done, _status_kib("VmHWM") / 1024))
+
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="floor-bench-") as d:
         if old is not None:
-            fs = old.compute_floors({"float32": lm}, prompt_names=names, prompts=prompts, max_new_tokens=tokens)
+            fs = old.compute_floors({"float32": lm}, prompt_names=names, prompts=prompts, max_new_tokens=tokens,
+                                    progress=progress)
         else:
             fs = compute_floors({"float32": lm}, prompt_names=names, prompts=prompts, max_new_tokens=tokens,
-                                spill_dir=d)
+                                spill_dir=d, progress=progress)
     wall = time.perf_counter() - t0
     hwm = _status_kib("VmHWM")
     return {
@@ -153,7 +162,19 @@ def worker(model: str, path: str, n_prompts: int, tokens: int, threads: int) -> 
         "positions": int(sum(fs.meta["positions"].values())), "wall_s": wall,
         "rss_start_mib": rss0 / 1024, "floor_extra_mib": (hwm - rss0) / 1024,
         "floors": {r: f.to_dict() for r, f in fs.floors.items()}, "cross_kl": fs.cross_kl,
+        "hwm_by_variant_mib": _first_mark_of_each_stage(marks, rss0 / 1024),
     }
+
+
+def _first_mark_of_each_stage(marks: list[tuple[str, int, float]], rss0_mib: float) -> dict[str, float]:
+    """Per progress stage (``noise floor: VARIANT``), the RSS high-water mark over the floor's start
+    (MiB) when its first prompt was decoded: it covers the previous variant's scoring and this one's
+    set-up (the bfloat16 weight copy) and decoding; ``end`` is the whole stage."""
+    out: dict[str, float] = {}
+    for stage, _, hwm in marks:
+        out.setdefault(stage.removeprefix("noise floor: "), hwm - rss0_mib)
+    out["end"] = _status_kib("VmHWM") / 1024 - rss0_mib
+    return out
 
 
 # ----------------------------------------------------------------------------- parent
@@ -214,6 +235,7 @@ def summarize(model: str, recs: list[dict[str, Any]]) -> dict[str, Any]:
         if rs:
             out[path] = {k: statistics.median(r[k] for r in rs) for k in ("peak_mib", "floor_extra_mib", "wall_s")}
             out[path]["runs"] = len(rs)
+            out[path]["hwm_by_variant_mib"] = rs[-1].get("hwm_by_variant_mib", {})  # last run's
     if "old" in out and "new" in out:
         out["ratio_old_new"] = {k: out["old"][k] / out["new"][k] for k in ("peak_mib", "floor_extra_mib", "wall_s")}
         olds = [r for r in recs if r["path"] == "old"]
@@ -271,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = s[path]
                 print(f"  {path}: peak RSS {r['peak_mib']:8.0f} MiB   floor extra {r['floor_extra_mib']:8.0f} MiB"
                       f"   floor wall {r['wall_s']:7.1f} s")
+                print("       high-water mark over the floor's start, at the first prompt of: "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in r["hwm_by_variant_mib"].items()) + " MiB")
         if "ratio_old_new" in s and agree is not None:
             q = s["ratio_old_new"]
             print(f"  old/new: peak RSS {q['peak_mib']:.2f}×, floor extra {q['floor_extra_mib']:.2f}×, "
