@@ -13,8 +13,8 @@ The estimates are upper bounds of the *additional* memory of the stage (the refe
 already loaded and counted by the machine), in bytes:
 
 - noise floor: a bfloat16 copy of the weights for the honest-bf16 variant when the reference is
-  float32 (``4 × params`` while it is cast), the decoding rows (``2 × max_new_tokens × V × 4``),
-  one scoring chunk (``2 × logit_rows × V × 4``: the logits and the log-sum-exp work array), one
+  float32 (``2 × params``: each weight is cast as it is copied), the decoding rows
+  (``2 × max_new_tokens × V × 4``), one scoring chunk (``2 × logit_rows × V × 4``: the logits and the log-sum-exp work array), one
   accumulator block (``64 × block_rows × V``) and ~1.2 KB kept per floor position;
 - reference scoring: one chunk (``2 × logit_rows × V × 4``), the forward's activations
   (``token_budget × (8 × hidden + 3 × intermediate) × 4`` plus the attention scores
@@ -189,7 +189,7 @@ def floor_need(shape: ModelShape, *, n_positions: int, max_new_tokens: int, need
     """
     v = shape.vocab_size
     rows = floor_block_rows() if block_rows is None else int(block_rows)
-    cast = 4 * shape.n_params if needs_bf16_copy else 0
+    cast = 2 * shape.n_params if needs_bf16_copy else 0
     decode = 2 * (max_new_tokens + 8) * v * 4
     chunk = _chunk_bytes(v)
     block = 64 * rows * v + rows * v * 4
