@@ -55,6 +55,7 @@ gemma-3-270m, whose 262k-token vocabulary makes every forward costly) and re-use
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 import os
@@ -478,7 +479,8 @@ def compute_floors(
     per_ref: dict[str, list[NoiseFloor]] = {r: [] for r in refs}
     cross: dict[str, dict[str, float]] = {r: {} for r in refs}
     n_pos: dict[str, int] = {}
-    for name, prof in variants.items():
+    order = list(variants.items())
+    for idx, (name, prof) in enumerate(order):
         base = model_in(prof.dtype)
         served = _served(base, prof.logit_noise)
         drafter = make_drafter(prof.default_drafter, base.model)
@@ -508,6 +510,13 @@ def compute_floors(
                 if progress is not None:
                     progress(f"noise floor: {name}", done, total)
             n_pos[name] = spill.rows
+            # issue 41: a cast copy (e.g. the bf16 honest copy of a float32 reference) is dropped once
+            # the last variant in its dtype has decoded, before scoring: scoring uses the references
+            # only, so the copy's params × 2 bytes are not resident beside the scoring block.
+            if prof.dtype not in ref_lms and all(p.dtype != prof.dtype for _, p in order[idx + 1:]):
+                models.pop(prof.dtype, None)
+            del base, served, drafter
+            gc.collect()
             for r in refs:
                 acc = _score_against(ref_lms[r], name, prompts, cs, spill, batch_size)
                 cross[r][name] = acc.mean_full_kl(name)
