@@ -14,13 +14,13 @@ import json
 import xml.etree.ElementTree as ET
 
 from auditor.report_base import (
-    IMPLICATIONS,
     AuditReport,
     concurrency_line,
     deadline_line,
     evidence_rows,
     excluded_line,
     failure_line,
+    finding_implication,
     fmt_effect,
     logprob_defects_line,
     usage_note,
@@ -82,7 +82,7 @@ def render_junit(report: AuditReport) -> str:
                 tc,
                 "failure",
                 type="rejects",
-                message=f"p_adjusted={_fmt_p(d.get('p_adjusted'))} <= alpha={r.alpha:g}: {IMPLICATIONS.get(d['name'], '')}",
+                message=f"p_adjusted={_fmt_p(d.get('p_adjusted'))} <= alpha={r.alpha:g}: {finding_implication(r, d['name'])}",
             )
             f.text = json.dumps(
                 {"statistic": d.get("statistic"), "effect": d.get("effect"), "effect_ci": d.get("effect_ci"),
