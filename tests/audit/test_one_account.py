@@ -15,33 +15,14 @@ import xml.etree.ElementTree as ET
 
 from rich.console import Console
 
-from auditor.detectors import DetectorResult
 from auditor.preflight import evaluate_preflight, plan_preflight
 from auditor.report import render
 from auditor.report_base import AuditReport
 from auditor.verdict import Verdict, VerdictKind, decide_verdict
 from probes.config import ProviderConfig
+from tests.verdict_results import mk, quiet, with_
 
 RELAXED_IMPLICATION = "greedy verification accepts non-argmax drafts"
-
-
-def mk(name: str, p: float, *, n: int = 2000, statistic: float = 0.0, effect: float = 0.0, **details: object
-       ) -> DetectorResult:
-    return DetectorResult(name, statistic, p, effect, (effect, effect), n, [], details=dict(details))
-
-
-def quiet(n: int = 2000) -> list[DetectorResult]:
-    return [mk("greedy-match", 1.0, n=n, r0=1e-3, band=0.2),
-            mk("logprob-divergence", 0.6, n=n, effect=1e-4, ratio_to_floor=1.0, top1_agreement=0.99, m=5, n_prompts=40),
-            mk("sampling-gof", 0.5, n=n),
-            mk("sampling-argmax", 0.4, n=n, expected_rate=0.6, excess_per_position=0.0, argmax_rate=0.6),
-            mk("sampling-tail", 0.5, n=n, mean_tail_mass=0.05, tail_ratio=1.0, deficit_per_position=0.0),
-            mk("self-greedy", 1.0, n=n, r0=1e-3, band=0.2)]
-
-
-def with_(results: list[DetectorResult], *new: DetectorResult) -> list[DetectorResult]:
-    names = {r.name for r in new}
-    return [r for r in results if r.name not in names] + list(new)
 
 
 def int4_with_logprobs() -> Verdict:

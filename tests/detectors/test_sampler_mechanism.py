@@ -16,30 +16,11 @@ from auditor.standing import SEVERITY
 from auditor.verdict import EXIT_CODES, UNDETERMINED_CAUSES, VerdictKind, decide_verdict
 from auditor.verdict_cause import DECISIVE_EMISSION_MARGIN
 from benchmarks.emission_margin import ACCEPTANCE, TRUNCATION, K, decisive_margin, draw, lm_rows, simulate, wrong_rates
+from tests.verdict_results import mk, quiet, with_
 
 PAIR = VerdictKind.RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT
 NO_SPEC = {"detected": False, "mean_accepted_tokens_per_step": 1.0, "ci95": [1.0, 1.0]}
 SPEC = {"detected": True, "mean_accepted_tokens_per_step": 2.6, "ci95": [2.3, 2.9]}
-
-
-def mk(name: str, p: float, *, n: int = 2000, statistic: float = 0.0, effect: float = 0.0, **details: object
-       ) -> DetectorResult:
-    return DetectorResult(name, statistic, p, effect, (effect, effect), n, [], details=dict(details))
-
-
-def quiet(n: int = 2000) -> list[DetectorResult]:
-    """A clean, powered audit: nothing rejects."""
-    return [mk("greedy-match", 1.0, n=n, r0=1e-3, band=0.2),
-            mk("logprob-divergence", 0.6, n=n, effect=1e-4, ratio_to_floor=1.0, top1_agreement=0.99, m=5, n_prompts=40),
-            mk("sampling-gof", 0.5, n=n),
-            mk("sampling-argmax", 0.4, n=n, expected_rate=0.6, excess_per_position=0.0, argmax_rate=0.6),
-            mk("sampling-tail", 0.5, n=n, mean_tail_mass=0.05, tail_ratio=1.0, deficit_per_position=0.0),
-            mk("self-greedy", 1.0, n=n, r0=1e-3, band=0.2)]
-
-
-def with_(results: list[DetectorResult], *new: DetectorResult) -> list[DetectorResult]:
-    names = {r.name for r in new}
-    return [r for r in results if r.name not in names] + list(new)
 
 
 def sampler(lr: float, *, argmax: bool = True) -> list[DetectorResult]:
