@@ -429,16 +429,18 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
     ev = evidence_stage(observations, scored, tokenizer, api=config.api, tokenizer_is_claimed=ref.tokenizer_is_claimed)
     results = _with_reference_path(detect(ev.batches, floors, observations, tokenizer, seed=opts.seed,
                                           self_batch=ev.self_batch), rp)
-    # 10. verdict
+    # 10. verdict, read with the speculation fingerprint of the run's streams (rule 4, issue 37 item 8)
     ref0 = next(iter(ref.scorers), ref.dtype_label)
+    speed = speed_summary(store, run_id)
     verdict = decide_verdict([*results, *pre.detector_results], opts.alpha,
                              floor=_deciding_floor(results, floors, ref0) if floors is not None else None,
                              power=DEFAULT_POWER if opts.power is None else opts.power,
-                             tokenizer_mismatch=ev.tokenizer_mismatch,
+                             tokenizer_mismatch=ev.tokenizer_mismatch, speculation=speed.get("speculation"),
                              **_with_excluded(pre.verdict_kwargs, excluded))
     verdict = _mark_not_tested(verdict, ref)
     # 11. summary
-    summary, tokens_extra = summary_stage(store, run_id, verdict.results, floors, ref0, observations, ev.n_positions)
+    summary, tokens_extra = summary_stage(store, run_id, verdict.results, floors, ref0, observations, ev.n_positions,
+                                          speed=speed)
     if ev.convention:
         summary["logprob_convention"] = ev.convention  # issue 40: how the provider spells its logprobs
     details = dict(verdict.details)

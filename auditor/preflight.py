@@ -332,6 +332,24 @@ def poisson_binomial_cdf(k: int, probs: Sequence[float]) -> float:
     return float(min(1.0, dist[: max(0, k) + 1].sum())) if k >= 0 else 0.0
 
 
+#: Per-token anomalies (``probes.normalize``) that make a logprob unusable (it is then None).
+_UNUSABLE_LOGPROB = {"nonfinite_logprob": "NaN or infinite", "positive_logprob": "positive",
+                     "sentinel_logprob": "placeholder", "masked_logit": "masked-logit"}
+
+
+def _unusable(norms: Sequence[NormalizedResponse]) -> str | None:
+    """Why a decoding check could not run although its requests were answered (issue 37 item 6): tokens came
+    back, but their logprobs were unusable — "could not run: logprobs unusable (...)"; None when no token
+    carried such an anomaly (then nothing was answered with logprobs, or the request failed)."""
+    toks = [t for r in norms for t in r.tokens]
+    kinds = sorted({_UNUSABLE_LOGPROB[a] for t in toks for a in t.anomalies if a in _UNUSABLE_LOGPROB})
+    if not kinds:
+        return None
+    bad = sum(1 for t in toks if t.logprob is None)
+    return (f"could not run: logprobs unusable — {len(norms)} requests answered, but {bad} of their {len(toks)} "
+            f"tokens came back with {' / '.join(kinds)} logprobs")
+
+
 def _greedy_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
     n = k = 0
     examples: list[dict[str, Any]] = []
@@ -350,7 +368,8 @@ def _greedy_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
                     examples.append({"position": t.index, "emitted": t.token, "emitted_logprob": t.logprob,
                                      "own_top1": top[0], "own_top1_logprob": top[1], "gap": gap})
     if n == 0:
-        return PreflightCheck("greedy-top1", "decoding", None, "no temperature-0 token with logprobs came back")
+        return PreflightCheck("greedy-top1", "decoding", None,
+                              _unusable(norms) or "no temperature-0 token with logprobs came back")
     p = float(stats.binom.sf(k - 1, n, GREEDY_R0)) if k else 1.0
     ok = p > 1e-3
     summary = (f"at temperature 0 every emitted token was the provider's own top-1 ({n} positions)" if k == 0 else
@@ -399,8 +418,8 @@ def _top_p_check(norms: Sequence[NormalizedResponse], convention: LogprobConvent
     listed set follows the provider's ``convention`` (recorded in the evidence)."""
     taus, hits, examples = _region_counts(norms, convention)
     if not taus:
-        return PreflightCheck("top-p", "decoding", None,
-                              "no temperature-1 token with top_logprobs came back (needs top_logprobs >= 2)")
+        return PreflightCheck("top-p", "decoding", None, _unusable(norms)
+                              or "no temperature-1 token with top_logprobs came back (needs top_logprobs >= 2)")
     obs_u, obs_l = (sum(h[i] for h in hits) for i in (0, 1))
     exp_u, exp_l = (float(sum(t[i] for t in taus)) for i in (0, 1))
     p_u = poisson_binomial_cdf(obs_u, [t[0] for t in taus])

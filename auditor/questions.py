@@ -20,6 +20,10 @@ Both questions
     0. **not established** (after rule 1 of each) when QUANTIZATION_OR_RELAXED_VERIFICATION is the verdict
        or a secondary cause: a deviation was found that is either quantized weights or relaxed greedy
        verification, and the evidence cannot tell which (issue 37, item 2).
+    0s. RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT (the sampled tokens deviate: lossy speculative acceptance
+       or a server-side top-k / top-p / min-p, not established which; issue 37, item 8): verification is **not
+       established** (after its rule 1); precision is answered by its own rules and its evidence ends by saying
+       that the sampler deviation is not established either way and does not bear on precision.
 
 Precision
     1. **no** when QUANTIZATION, SUBSTITUTION or QUANTIZATION_OR_SUBSTITUTION is the verdict or one of
@@ -83,7 +87,7 @@ from auditor.detectors import DETECTORS, POWER_FAMILIES, DetectorName, Mode, Pow
 from auditor.detectors.logprob import LOGPROB_POSITIONS, kl_floor_ratio
 from auditor.util import finite, fmt_p, kl_floor_text
 from auditor.verdict import DEFAULT_POWER, UNDETERMINED_CAUSES, VerdictKind
-from auditor.verdict_cause import DECISIVE_WITHOUT_LOGPROBS
+from auditor.verdict_cause import DECIDES_SAMPLER, DECISIVE_WITHOUT_LOGPROBS
 
 __all__ = [
     "ACCEPTANCE_DETECTORS",
@@ -121,13 +125,23 @@ _POWER = f"the audit's target power ({DEFAULT_POWER:.0%} by default)"
 _PRECISION_KINDS = (str(VerdictKind.QUANTIZATION), str(VerdictKind.SUBSTITUTION),
                     str(VerdictKind.QUANTIZATION_OR_SUBSTITUTION))
 _VERIFICATION_KINDS = (str(VerdictKind.RELAXED_VERIFICATION),)
-#: Undetermined verdicts whose two causes answer different questions: each question is then "not established".
-_SPLIT = tuple(str(k) for k, pair in UNDETERMINED_CAUSES.items()
-               if {str(pair[0]), str(pair[1])} & set(_PRECISION_KINDS) and {str(pair[0]), str(pair[1])} & set(_VERIFICATION_KINDS))
-#: What each cause of an undetermined pair means, in the evidence of "not established".
+#: Undetermined verdicts whose causes do not all answer a question "no" → the questions one of its causes answers:
+#: each is then "not established" (QUANTIZATION_OR_SUBSTITUTION answers precision "no" with either cause).
+_OPEN: Mapping[str, frozenset[str]] = {
+    str(k): frozenset(q for q, kinds in (("precision", _PRECISION_KINDS), ("verification", _VERIFICATION_KINDS))
+                      if {str(pair[0]), str(pair[1])} & set(kinds))
+    for k, pair in UNDETERMINED_CAUSES.items() if not {str(pair[0]), str(pair[1])} <= set(_PRECISION_KINDS)}
+#: What each cause of an undetermined pair means, in the evidence of "not established" (per pair where it differs).
 _MEANS = {str(VerdictKind.QUANTIZATION): "quantized weights (the precision question)",
           str(VerdictKind.RELAXED_VERIFICATION): "relaxed greedy verification (the verification question)",
           str(VerdictKind.SUBSTITUTION): "another model"}
+_SAMPLER_PAIR = str(VerdictKind.RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT)
+_MEANS_IN = {_SAMPLER_PAIR: {
+    str(VerdictKind.RELAXED_VERIFICATION): "lossy speculative acceptance (verification is not strict)",
+    str(VerdictKind.DECODING_NONCOMPLIANT): ("a server-side top-k / top-p / min-p nobody asked for (decoding "
+                                             "non-compliance, which says nothing about verification)")}}
+#: rule of an undetermined cause → what a decisive audit needs.
+_NEEDS = {"3n-model-or-verification": DECISIVE_WITHOUT_LOGPROBS, "4-mechanism-undetermined": DECIDES_SAMPLER}
 _ACCUSATIONS = tuple(str(k) for k in VerdictKind if k not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE))
 #: rule prefix → the detectors that decide a primary cause of that rule (``auditor.verdict``).
 _RULE_DETECTORS = (
@@ -330,17 +344,28 @@ def _no(verdict: str, d: Mapping[str, object], kinds: Sequence[str]) -> str | No
     return None
 
 
-def _not_established(verdict: str, d: Mapping[str, object]) -> str | None:
-    """The evidence of "not established" when the verdict or a secondary cause is an undetermined pair whose
-    two causes answer different questions (QUANTIZATION_OR_RELAXED_VERIFICATION), else None."""
+def _not_established(verdict: str, d: Mapping[str, object], key: str) -> str | None:
+    """The evidence of "not established" for question ``key`` when the verdict or a secondary cause is an
+    undetermined pair one of whose causes answers it (:data:`_OPEN`), else None."""
     for kind, primary, cause in _causes(verdict, d):
-        if kind in _SPLIT:
-            a, b = (_MEANS.get(str(c), str(c)) for c in UNDETERMINED_CAUSES[VerdictKind(kind)])
+        if key in _OPEN.get(kind, ()):
+            means = _MEANS_IN.get(kind, _MEANS)
+            a, b = (means.get(str(c), str(c)) for c in UNDETERMINED_CAUSES[VerdictKind(kind)])
             rule = str(d.get("rule") if primary else cause.get("rule"))
-            need = f"; {DECISIVE_WITHOUT_LOGPROBS}" if rule == "3n-model-or-verification" else ""
+            need = f"; {_NEEDS[rule]}" if rule in _NEEDS else ""
             return (f"a deviation was found, but not established which: {a} or {b} — "
                     + _cause_evidence(kind, d, primary, cause) + need)
     return None
+
+
+def _sampler_note(verdict: str, d: Mapping[str, object]) -> str:
+    """What the precision answer adds when the sampler pair (RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT) was
+    found: it is not established either way and does not bear on precision; "" otherwise."""
+    if not any(k == _SAMPLER_PAIR for k, _, _ in _causes(verdict, d)):
+        return ""
+    return (f"; separately, the sampled tokens deviate ({_SAMPLER_PAIR}: lossy speculative acceptance or a "
+            "server-side top-k / top-p / min-p, not established which — see the verification question), which does "
+            "not bear on precision")
 
 
 def _failures(d: Mapping[str, object]) -> str | None:
@@ -410,7 +435,7 @@ def _settled(key: str, verdict: str, d: Mapping[str, object], kinds: Sequence[st
     0-provider-failures); None when the detectors must be read."""
     if (no := _no(verdict, d, kinds)) is not None:
         return _answer(key, "no", no)
-    if (which := _not_established(verdict, d)) is not None:
+    if (which := _not_established(verdict, d, key)) is not None:
         return _answer(key, "not established", which)
     if (fail := _failures(d)) is not None:
         return _answer(key, "not tested", fail)
@@ -504,6 +529,8 @@ def answer_questions(verdict: str, details: Mapping[str, object] | None) -> list
     d = _map(details)
     try:
         precision = _precision(str(verdict), d)
+        if precision.answer != "no" and (note := _sampler_note(str(verdict), d)):
+            precision = replace(precision, evidence=precision.evidence + note)
     except (TypeError, ValueError, AttributeError, KeyError) as exc:  # malformed stored details
         precision = _answer("precision", "not tested", f"the stored verdict details could not be read ({exc})")
     try:
@@ -557,6 +584,9 @@ _PLAIN: Mapping[str, str] = {
     str(VerdictKind.RELAXED_VERIFICATION): "Speculative verification is not strict",
     str(VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION): (
         "A deviation was found: quantized weights or relaxed verification, the evidence cannot tell which"),
+    str(VerdictKind.RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT): (
+        "The sampled tokens deviate: relaxed speculative verification or the provider's own truncation of sampling, "
+        "the evidence cannot tell which"),
     str(VerdictKind.DECODING_NONCOMPLIANT): (
         "The provider does not decode as requested, so its sampled tokens cannot show whether verification is strict"),
     str(VerdictKind.INCONCLUSIVE): "No decision",

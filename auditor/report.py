@@ -125,7 +125,7 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
     for col, just in cols:
         t.add_column(col, justify=just)
     for d in report.detectors:
-        out = detector_outcome(d, report.alpha)
+        out = detector_outcome(d, report.alpha, report.explained)
         style = "red" if out == "REJECTS" else ("dim" if out == "not run" else "")
         if not d.get("ran"):
             t.add_row(d["name"], "", "", "", "", str(d.get("n") or 0), f"not run: {d.get('reason') or ''}", style=style)
@@ -146,6 +146,10 @@ def render_text(report: AuditReport, console: Any | None = None) -> None:
     for c in report.secondary_causes:
         console.print(f"  also [bold red]{c.get('verdict')}[/bold red] ({c.get('rule')}): {c.get('reason')} "
                       f"[{evidence_str(c)}]", highlight=False)
+    for f in report.findings:
+        if f.get("explained_by"):
+            console.print(f"  not a separate cause: {f.get('detector')} — {escape(str(f.get('implication') or ''))}",
+                          highlight=False)
     if fl_cause := cause_flip_line(report):
         console.print(f"  {escape(fl_cause)}", highlight=False)
     if report.rules_out:

@@ -174,6 +174,17 @@ class AuditReport:
         return est.to_dict() if est is not None else None
 
     @property
+    def findings(self) -> list[dict]:
+        """The rejecting detectors with their implications (``verdict_details["findings"]``); one that the
+        established cause explains carries ``explained_by`` (the verdict kind) and is no separate cause."""
+        return [f for f in (self.verdict_details or {}).get("findings") or [] if isinstance(f, dict)]
+
+    @property
+    def explained(self) -> dict[str, str]:
+        """Detector → the verdict kind that explains its rejection (findings with ``explained_by``)."""
+        return {str(f.get("detector")): str(f["explained_by"]) for f in self.findings if f.get("explained_by")}
+
+    @property
     def excluded_responses(self) -> dict | None:
         """Responses kept away from every detector (``responses``, ``tokens``, ``reasons``, ...), None if none."""
         return (self.summary or {}).get("excluded_responses") or None
@@ -249,10 +260,15 @@ def fmt_effect(d: dict) -> str:
     return eff
 
 
-def detector_outcome(d: dict, alpha: float) -> str:
+def detector_outcome(d: dict, alpha: float, explained: Mapping[str, str] | None = None) -> str:
+    """"not run", "ok", "REJECTS" or, for a rejection the established cause explains (``explained``:
+    detector → verdict kind, :attr:`AuditReport.explained`), "REJECTS (explained by KIND)"."""
     if not d.get("ran"):
         return "not run"
-    return "REJECTS" if d.get("rejects") else "ok"
+    if not d.get("rejects"):
+        return "ok"
+    by = (explained or {}).get(str(d.get("name")))
+    return f"REJECTS (explained by {by})" if by else "REJECTS"
 
 
 def usd(x: Any) -> str:
@@ -387,7 +403,11 @@ def finding_implication(report: AuditReport, name: str, stored: str | None = Non
     ``greedy-near-tie`` when the audit's verification answer is neither "no" nor "not established", the
     flips without a cause and a plain statement that the finding does not accuse the verifier (the verdict
     attributes them to the served model), so a near-tie finding never reads as an accusation the two
-    answers do not make."""
+    answers do not make. ``stored`` defaults to the implication of ``name``'s finding in
+    :attr:`AuditReport.findings` (which says so when the established cause explains it, issue 37 item 6)."""
+    if stored is None:
+        f = next((f for f in report.findings if f.get("detector") == name), None)
+        stored = str(f.get("implication")) if f is not None and f.get("implication") else None
     base = IMPLICATIONS.get(name, "")
     text = stored or base
     if name != DetectorName.GREEDY_NEAR_TIE:

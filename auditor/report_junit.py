@@ -32,12 +32,6 @@ from auditor.util import fmt_p as _fmt_p
 __all__ = ["render_junit"]
 
 
-def _stored_implication(r: AuditReport, name: str) -> str | None:
-    """The implication stored with detector ``name``'s finding (``verdict_details["findings"]``), or None."""
-    return next((str(f.get("implication")) for f in (r.verdict_details or {}).get("findings") or []
-                 if isinstance(f, dict) and f.get("detector") == name and f.get("implication")), None)
-
-
 def render_junit(report: AuditReport) -> str:
     """JUnit XML: a ``testsuite`` per audit, a ``testcase`` per detector and one for the verdict."""
     r = report
@@ -90,7 +84,7 @@ def render_junit(report: AuditReport) -> str:
                 tc,
                 "failure",
                 type="rejects",
-                message=f"p_adjusted={_fmt_p(d.get('p_adjusted'))} <= alpha={r.alpha:g}: {finding_implication(r, d['name'], _stored_implication(r, d['name']))}",
+                message=f"p_adjusted={_fmt_p(d.get('p_adjusted'))} <= alpha={r.alpha:g}: {finding_implication(r, d['name'])}",
             )
             f.text = json.dumps(
                 {"statistic": d.get("statistic"), "effect": d.get("effect"), "effect_ci": d.get("effect_ci"),

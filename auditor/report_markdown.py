@@ -131,6 +131,8 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
                    f"— deciding evidence: {_md(evidence_str(c))}")
     if not r.secondary_causes:
         out.append(f"- No other cause is established at family-wise α = {r.alpha:g}.")
+    for det, by in r.explained.items():
+        out.append(f"- Not a separate cause: {det} rejects, explained by {by} (see Findings).")
     if fl_cause := cause_flip_line(r):
         out.append(f"- Quantized copy or different model: {_md(fl_cause)}.")
     out.append("")
@@ -178,7 +180,7 @@ def render_markdown(report: AuditReport, *, evidence_per_detector: int = 5) -> s
         if d.get("ran"):
             out.append(
                 f"| {d['name']} | {fmt_num(d.get('statistic'))} | {_fmt_p(d.get('p_value'))} | "
-                f"{_fmt_p(d.get('p_adjusted'))} | {_md(fmt_effect(d))} | {d.get('n')} | {detector_outcome(d, r.alpha)} |"
+                f"{_fmt_p(d.get('p_adjusted'))} | {_md(fmt_effect(d))} | {d.get('n')} | {detector_outcome(d, r.alpha, r.explained)} |"
             )
         else:
             out.append(f"| {d['name']} | | | | | {d.get('n') or 0} | not run: {_md(d.get('reason') or '')} |")

@@ -13,11 +13,13 @@ At look k the whole audit decision — every detector, Holm across them, the dec
 (``auditor.verdict.decide_verdict``) — is taken at level α_k, on all tokens seen so far:
 
 - a deviation verdict (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, QUANTIZATION_OR_SUBSTITUTION,
-  QUANTIZATION_OR_RELAXED_VERIFICATION, DECODING_NONCOMPLIANT)
+  QUANTIZATION_OR_RELAXED_VERIFICATION, RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT, DECODING_NONCOMPLIANT)
   stops the audit: **reject** — except that with ``resolve_cause`` (``--resolve-cause``) a deviation whose
   cause is not established — QUANTIZATION_OR_SUBSTITUTION ("not the declared weights at their precision;
   heavy quantization or another model"), QUANTIZATION_OR_RELAXED_VERIFICATION (quantized weights or a lossy
-  greedy verifier: more sampled tokens can tell them apart), or a QUANTIZATION whose verdict records
+  greedy verifier: more sampled tokens can tell them apart), RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT (lossy
+  acceptance or a server-side truncation: more sampled tokens widen the emission models' margin), or a
+  QUANTIZATION whose verdict records
   ``details["cause_established"] = False`` (named as the milder cause: its flips do not rule out another
   model) — does not stop it before the last look: the rejection stands
   (action ``reject-resolve``) and the audit goes on probing to tell the two causes apart. A later

@@ -20,7 +20,8 @@ The overall standing (:data:`SEVERITY`, worst first):
     precision; which of the two undetermined) > QUANTIZATION (the weights or their arithmetic changed) >
     QUANTIZATION_OR_RELAXED_VERIFICATION (one of the two; which undetermined: each undetermined pair sits just
     below the worse of its two causes) > RELAXED_VERIFICATION (lossy speculative decoding) >
-    DECODING_NONCOMPLIANT (the request's decoding
+    RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT (the sampler deviates; lossy acceptance or a server-side
+    truncation, which undetermined) > DECODING_NONCOMPLIANT (the request's decoding
     parameters are not followed) > INCONCLUSIVE > PASS. The standing is the worst of the recent
     audits' verdicts: any accusation wins over PASS and INCONCLUSIVE; INCONCLUSIVE when no audit
     accuses but one did not decide; PASS only when every recent suite passed. Exit codes as for one
@@ -88,7 +89,8 @@ __all__ = [
 DEFAULT_WINDOW_DAYS = 7.0
 #: Verdicts, worst first: the standing is the first of these that a recent audit reached.
 SEVERITY = ("SUBSTITUTION", "QUANTIZATION_OR_SUBSTITUTION", "QUANTIZATION", "QUANTIZATION_OR_RELAXED_VERIFICATION",
-            "RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT", "INCONCLUSIVE", "PASS")
+            "RELAXED_VERIFICATION", "RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT", "DECODING_NONCOMPLIANT",
+            "INCONCLUSIVE", "PASS")
 #: The verdicts that accuse the provider (exit code 1).
 ACCUSATIONS = SEVERITY[:-2]  # every verdict but INCONCLUSIVE and PASS
 _EXIT = {v: (1 if v in ACCUSATIONS else 2 if v == "INCONCLUSIVE" else 0) for v in SEVERITY}

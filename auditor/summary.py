@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditor.detectors import DetectorName
@@ -189,12 +189,16 @@ def summary_stage(
     ref0: str,
     observations: Sequence[Observation],
     n_positions: int,
+    *,
+    speed: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, int]]:
     """The summary stage: (``{**speed_summary, **headline summary}``, tokens_extra) — the run summary's
-    figures (:func:`speed_summary` of ``run_id``'s attempts, then :func:`headline_summary` of the
-    other arguments, whose keys win) and the position counts."""
+    figures (:func:`speed_summary` of ``run_id``'s attempts, or ``speed`` when the pipeline measured it
+    already for the verdict, then :func:`headline_summary` of the other arguments, whose keys win) and the
+    position counts."""
     headline, tokens_extra = headline_summary(results, floors, ref0, observations, n_positions)
-    return {**speed_summary(store, run_id), **headline, "logprob_defects": logprob_defects(store, run_id)}, tokens_extra
+    sp = dict(speed) if speed is not None else speed_summary(store, run_id)
+    return {**sp, **headline, "logprob_defects": logprob_defects(store, run_id)}, tokens_extra
 
 
 def logprob_defects(store: Store, run_id: str) -> dict[str, Any] | None:

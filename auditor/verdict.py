@@ -37,6 +37,9 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
 3h. ``greedy-heterogeneity`` rejects (a per-request scan: some requests mismatch, the pool does not)
    → the rule-3 cause on the outlying requests' clear-mismatch rate: part of the traffic is served
    differently (a mixture such as load-dependent routing to a cheaper replica).
+3h-logprob. ``logprob-heterogeneity`` rejects (a per-request scan of the logprob divergence; issue 37 item 4)
+   → QUANTIZATION, or QUANTIZATION_OR_SUBSTITUTION when the outlying requests' mean KL is at least
+   SUBSTITUTION_MIN_MEAN_KL: a minority of requests reports another distribution.
 3n. ``greedy-near-tie`` rejects (greedy-match does not): at T=0 the reference's runner-up is emitted at
    near-ties (margin within the band) more often than honest numeric noise can flip them →
    RELAXED_VERIFICATION (greedy speculative verification accepts non-argmax drafts), unless most flips
@@ -125,6 +128,7 @@ from auditor.detectors import (
     REFERENCE_DETECTORS,
     SELF_SAMPLING_DETECTORS,
     DetectorName,
+    Mode,
     TestKind,
     detectors_where,
 )
@@ -136,6 +140,7 @@ from auditor.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_
 from auditor.util import finite as _f
 from auditor.util import json_safe, kl_floor_text
 from auditor.verdict_cause import (
+    DECIDES_SAMPLER,
     SAMPLED_FLIP_MAX_SIGMA,
     blind_near_tie_note,
     emission_cause,
@@ -146,9 +151,11 @@ from auditor.verdict_cause import (
     milder_cause_clause,
     near_tie_blind,
     near_tie_reason,
+    no_speculation_seen,
     p_adjusted_text,
     sampled_flip_cause,
     set_aside,
+    speculation_clause,
     template_note,
 )
 from auditor.verdict_power import (
@@ -183,6 +190,11 @@ class VerdictKind(StrEnum):
     #: A deviation that is either quantized weights or a lossy greedy verifier, and the evidence cannot tell
     #: which (issue 37 item 2: near-tie flips without the provider's own top_logprobs; rule 3n).
     QUANTIZATION_OR_RELAXED_VERIFICATION = "QUANTIZATION_OR_RELAXED_VERIFICATION"
+    #: The sampled tokens deviate (a thinned tail, an over-emitted argmax) and the evidence cannot tell lossy
+    #: speculative acceptance from a server-side top-k / top-p / min-p (issue 37 item 8: the emission models'
+    #: margin is below DECISIVE_EMISSION_MARGIN, or they lean to acceptance while the speculation fingerprint saw
+    #: no speculation).
+    RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT = "RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT"
     DECODING_NONCOMPLIANT = "DECODING_NONCOMPLIANT"
     INCONCLUSIVE = "INCONCLUSIVE"
 
@@ -194,6 +206,8 @@ UNVERIFIED_MIN_TOKENS = 3
 UNDETERMINED_CAUSES: Mapping[VerdictKind, tuple[VerdictKind, VerdictKind]] = {
     VerdictKind.QUANTIZATION_OR_SUBSTITUTION: (VerdictKind.QUANTIZATION, VerdictKind.SUBSTITUTION),
     VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION: (VerdictKind.QUANTIZATION, VerdictKind.RELAXED_VERIFICATION),
+    VerdictKind.RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT: (VerdictKind.RELAXED_VERIFICATION,
+                                                                VerdictKind.DECODING_NONCOMPLIANT),
 }
 
 
@@ -205,6 +219,7 @@ EXIT_CODES = {
     VerdictKind.SUBSTITUTION: 1,
     VerdictKind.QUANTIZATION_OR_SUBSTITUTION: 1,
     VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION: 1,
+    VerdictKind.RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT: 1,
     VerdictKind.DECODING_NONCOMPLIANT: 1,
     VerdictKind.INCONCLUSIVE: 2,
 }
@@ -313,6 +328,7 @@ def decide_verdict(
     template_mismatch: Mapping[str, object] | None = None,
     tokenizer_mismatch: Mapping[str, Any] | None = None,
     effect_sizes: EffectSizes | None = None,
+    speculation: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """Apply Holm at family-wise level ``alpha`` across the detectors that ran, then the rules above.
 
@@ -333,6 +349,10 @@ def decide_verdict(
             None or empty = no such evidence.
         effect_sizes: the calibration's effect sizes per deviation class for ``details["rules_out"]``
             (default: the packaged table, ``auditor.rules_out.load_effect_sizes``).
+        speculation: the audit's speculation fingerprint (``auditor.detectors.speculation.SpeculationEstimate
+            .to_dict()``: ``detected`` True / False / None, ``mean_accepted_tokens_per_step``, ...); None = not
+            measured. ``detected`` False (no speculation seen) keeps rule 4 from naming RELAXED_VERIFICATION (the
+            undetermined pair instead); ``detected`` True makes a pre-flight top-p rejection alone the pair.
 
     Returns:
         Verdict (``results`` carries the Holm-adjusted copies; ``details["secondary_causes"]``
@@ -394,7 +414,9 @@ def decide_verdict(
     ]
     if template_mismatch:
         details["template_mismatch"] = dict(template_mismatch)
-    ctx = _Ctx(by, rejects, details)
+    if speculation is not None:
+        details["speculation"] = {k: speculation.get(k) for k in ("detected", "mean_accepted_tokens_per_step", "ci95")}
+    ctx = _Ctx(by, rejects, details, speculation)
     cause = _primary_cause(ctx)
     n_power = max(1, sum(1 for r in ran if r.name not in PREFLIGHT_CHECKS))
     if cause is None:
@@ -406,6 +428,7 @@ def decide_verdict(
         _budget(adj, alpha, power, floor, scratch, n_tests=n_power)
         details["power"], details["power_families"] = scratch["power"], scratch["power_families"]
     secondary = [c for c in _other_causes(ctx, cause) if c.rule != cause.rule]
+    _explain_findings(details["findings"], cause, secondary, rejects)
     fail = failure_summary(provider_failures)
     if fail is not None:
         details["provider_failures"] = fail
@@ -500,6 +523,12 @@ class _Ctx:
     by: dict[str, DetectorResult]
     rejects: Callable[[str], bool]
     details: dict[str, Any]
+    speculation: Mapping[str, Any] | None = None
+
+    @property
+    def no_speculation(self) -> bool:
+        """The speculation fingerprint saw no speculation (``detected`` False)."""
+        return no_speculation_seen(self.speculation)
 
     @property
     def lp(self) -> DetectorResult | None:
@@ -518,7 +547,8 @@ class _Ctx:
     def lp_consistent(self) -> bool:
         lp, ratio = self.lp, self.lp_ratio
         return bool(lp is not None and lp.ran and not self.lp_sig and ratio is not None
-                    and ratio <= LOGPROBS_CONSISTENT_MAX_RATIO)
+                    and ratio <= LOGPROBS_CONSISTENT_MAX_RATIO
+                    and not self.rejects(DetectorName.LOGPROB_HETEROGENEITY))  # some requests' logprobs differ
 
     def cause(self, kind: VerdictKind, reason: str, rule: str, deciding: Sequence[str], short: str, *,
               established: bool = True) -> _Cause:
@@ -558,6 +588,8 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
         )
     if rejects(DetectorName.GREEDY_HETEROGENEITY):
         return _mixture_cause(c)
+    if rejects(DetectorName.LOGPROB_HETEROGENEITY):
+        return _logprob_mixture_cause(c)
     if rejects(DetectorName.GREEDY_NEAR_TIE):
         r = c.by[DetectorName.GREEDY_NEAR_TIE]
         if 2 * int((d := r.details or {}).get("flips_own_top1") or 0) > int(d.get("flips_with_provider_list") or 0) > 0:
@@ -575,6 +607,14 @@ def _primary_cause(c: _Ctx) -> _Cause | None:
         return s
     for name in PREFLIGHT_CHECKS:
         if rejects(name):
+            if name == "preflight-top-p" and (c.speculation or {}).get("detected") is True:
+                r = by[name]
+                return _sampler_undetermined(
+                    c, f"pre-flight: with temperature 1 and top_p=1 the sampled tokens fell among the provider's own "
+                    f"least likely tokens {int(r.statistic)} times where "
+                    f"{float((r.details or {}).get('expected') or math.nan):.1f} were expected ({name} "
+                    f"p_adj={r.p_adjusted:.3g})", [name],
+                    f"{speculation_clause(c.speculation)}, and lossy acceptance thins the tail as a truncation does")
             return _preflight_cause(c, name)
     return None
 
@@ -603,6 +643,32 @@ def _mixture_cause(c: _Ctx) -> _Cause:
                            "degraded replica or another model, which greedy tokens alone cannot tell" if far
                            else "; a degraded (e.g. quantized) replica for those requests"),
                    "3h-mixture-" + ("model-deviation" if far else "quantization"), [DetectorName.GREEDY_HETEROGENEITY], short)
+
+
+def _logprob_mixture_cause(c: _Ctx) -> _Cause:
+    """Rule 3h-logprob: the per-request logprob scan rejects while the pooled logprob test and the greedy tests do
+    not — a minority of requests reports another distribution (issue 37 item 4: 10% of requests from an int4 copy).
+    QUANTIZATION_OR_SUBSTITUTION when the outlying requests' mean KL is beyond SUBSTITUTION_MIN_MEAN_KL (the range
+    where heavily degraded weights and another model look alike), else QUANTIZATION."""
+    h = c.by[DetectorName.LOGPROB_HETEROGENEITY]
+    d = h.details or {}
+    k, n_req = int(d.get("outlier_requests") or 0), int(d.get("n_requests") or 0)
+    kl = d.get("outlier_mean_kl")
+    kl = float(kl) if kl is not None else float(h.effect)
+    ratio = d.get("outlier_ratio_to_floor") or d.get("worst_ratio_to_floor")
+    short = f"logprob-heterogeneity p_adj={h.p_adjusted:.3g}"
+    far = kl >= SUBSTITUTION_MIN_MEAN_KL
+    what = (f"{max(k, 1)} of {n_req} requests report logprobs that diverge from the reference (their mean KL "
+            f"{kl:.3g} nats" + (f", {float(ratio):.3g}x the honest floor" if ratio is not None else "")
+            + f"; worst request z = {float(d.get('worst_z') or math.nan):.3g}) while the others match: part of the "
+              f"traffic is served differently ({short})")
+    return c.cause(VerdictKind.QUANTIZATION_OR_SUBSTITUTION if far else VerdictKind.QUANTIZATION,
+                   what + ("; a divergence this far in those requests is beyond production quantization: a heavily "
+                           "degraded replica or another model" if far
+                           else "; a replica computing the declared model in a cheaper numeric format (e.g. quantized "
+                                "weights) for those requests"),
+                   "3h-logprob-mixture-" + ("model-deviation" if far else "quantization"),
+                   [DetectorName.LOGPROB_HETEROGENEITY], short)
 
 
 def _self_greedy(c: _Ctx) -> _Cause:
@@ -730,29 +796,57 @@ def _sampling_cause(c: _Ctx, *, reference: bool, record_shape: bool = False) -> 
     if em is not None and record_shape:  # emission models decide (issue 14 item 5); else the shape ratio
         c.details["cause_confidence"] = em.confidence
     shape_trunc = tratio <= TAIL_MISSING_MAX_RATIO or deficit >= TRUNCATION_SHAPE_RATIO * max(excess, 0.0)
+    em_text = f"; {em.text}" if em else ""
+    if tail_sig and em is not None and not em.decisive and (em.truncation or arg_sig):
+        return _sampler_undetermined(
+            c, f"the sampled tokens deviate from the distribution: only {tratio:.0%} of the expected "
+            f"low-probability-tail emissions, argmax excess {excess:.3g}/position ({p_adjusted_text(by, rej)}){em_text}",
+            rej, "the emission models' margin is below the one that decides")
     if tail_sig and (em.truncation if em is not None else shape_trunc):
         return c.cause(
             VerdictKind.DECODING_NONCOMPLIANT,
             f"sampled tokens follow a truncated distribution nobody asked for: only {tratio:.0%} of the "
             f"expected low-probability-tail emissions (deficit {deficit:.3g}/position vs argmax excess "
             f"{excess:.3g}/position; {p_adjusted_text(by, tail_names)}"
-            f"{'; ' + em.text if em else ''}) — a server-side top-k / top-p / min-p default",
+            f"{em_text}) — a server-side top-k / top-p / min-p default",
             "4b-truncated", rej, f"sampling truncated, {tratio:.0%} of the tail, {p_adjusted_text(by, tail_names)}")
     if arg_sig:
+        what = (f"sampled tokens over-emit the argmax by {excess:.3g} per position (rate {arate:.1%}) with the "
+                f"tail {'intact' if tratio > 0.8 else 'only partly thinned'} ({tratio:.0%} of expected{em_text})")
+        if c.no_speculation:
+            return _sampler_undetermined(c, f"{what} ({p_adjusted_text(by, arg_names)})", rej,
+                                         speculation_clause(c.speculation))
         return c.cause(
             VerdictKind.RELAXED_VERIFICATION,
-            f"sampled tokens over-emit the argmax by {excess:.3g} per position (rate {arate:.1%}) with the "
-            f"tail {'intact' if tratio > 0.8 else 'only partly thinned'} ({tratio:.0%} of expected"
-            f"{'; ' + em.text if em else ''}): the signature of lossy speculative acceptance ({p_adjusted_text(by, arg_names)})",
+            f"{what}: the signature of lossy speculative acceptance ({p_adjusted_text(by, arg_names)})",
             "4c-relaxed", rej, f"argmax over-emitted, {p_adjusted_text(by, arg_names)}")
     self_sig = any(rejects(k) for k in SELF_SAMPLING_DETECTORS)
     if c.lp_consistent or self_sig or excess > 0:
+        if c.no_speculation:
+            return _sampler_undetermined(
+                c, f"sampled tokens do not follow the distribution the provider reports "
+                f"({p_adjusted_text(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position", rej,
+                speculation_clause(c.speculation))
         return c.cause(
             VerdictKind.RELAXED_VERIFICATION,
             "sampled tokens do not follow the distribution the provider reports "
             f"({p_adjusted_text(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position",
             "4d-relaxed", rej, p_adjusted_text(by, gof_names + tail_names))
     return _sampled_model_cause(c, rej, p_adjusted_text(by, gof_names + tail_names))
+
+
+def _sampler_undetermined(c: _Ctx, what: str, rej: Sequence[str], why: str) -> _Cause:
+    """Rule ``4-mechanism-undetermined``: the sampled tokens deviate, but the evidence does not establish whether
+    lossy speculative acceptance or a server-side truncation is the cause (``why``: the emission models'
+    margin is below DECISIVE_EMISSION_MARGIN, or the speculation fingerprint saw no speculation) →
+    RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT (issue 37 item 8)."""
+    return c.cause(
+        VerdictKind.RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT,
+        f"{what}: lossy speculative acceptance or a server-side top-k / top-p / min-p nobody asked for, but not "
+        f"established which — {why}; {DECIDES_SAMPLER}",
+        "4-mechanism-undetermined", rej,
+        f"sampler deviates, relaxed acceptance or truncation undetermined, {p_adjusted_text(c.by, rej)}",
+        established=False)
 
 
 def _sampled_model_cause(c: _Ctx, rej: list[str], pstr: str) -> _Cause:
@@ -801,10 +895,62 @@ def _other_causes(c: _Ctx, primary: _Cause) -> list[_Cause]:
         s = _sampling_cause(c, reference=c.lp_consistent or _mild(c))
         if s is not None:
             out.append(s)
+    sampler = _sampler_cause(primary, out)
     for name in PREFLIGHT_CHECKS:
-        if c.rejects(name):
+        if c.rejects(name) and not (name == "preflight-top-p" and sampler is not None):
             out.append(_preflight_cause(c, name))
     return out
+
+
+def _sampler_cause(primary: _Cause, secondary: Sequence[_Cause]) -> _Cause | None:
+    """The rule-4 cause established for the sampled tokens that the pre-flight top-p check cannot add to:
+    RELAXED_VERIFICATION (the emission models prefer acceptance, or the argmax is over-emitted) or the
+    undetermined pair. Both thin the tail the pre-flight reads, so its rejection is explained by that cause,
+    not a separate DECODING_NONCOMPLIANT (issue 37 item 6)."""
+    kinds = (VerdictKind.RELAXED_VERIFICATION, VerdictKind.RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT)
+    return next((x for x in (primary, *secondary) if x.rule.startswith("4") and x.kind in kinds), None)
+
+
+#: Primary-cause rules under which a greedy-near-tie rejection is part of the established cause's picture:
+#: a decode-path difference, a quantized, other or mixed model also moves near-ties (rules 1-3h come first).
+_NEAR_TIE_EXPLAINED = ("1-self-greedy", "2-", "3-", "3h-")  # 3h-logprob-mixture-* included
+
+
+def _explain_findings(findings: list[dict[str, Any]], primary: _Cause, secondary: Sequence[_Cause],
+                      rejects: Callable[[str], bool]) -> None:
+    """Mark in place each finding that the established cause explains: ``explained_by`` (the verdict kind) and
+    the implication says so, so that no report lists it as a separate cause (issue 37 item 6). A rejecting
+    greedy-near-tie under a decode-path or model cause (rules 1-3h); the pre-flight top-p check under a rule-4
+    RELAXED_VERIFICATION or the undetermined sampler pair (:func:`_sampler_cause`); the reference sampling tests
+    under a model cause that no sampling cause claims (the reference's distribution is not the served one);
+    the greedy findings the decode path explains (:func:`auditor.verdict_cause.explained_by_decode_path`)."""
+    causes = (primary, *secondary)
+    claimed = {n for x in causes for n in x.deciding}
+    sampler = _sampler_cause(primary, secondary)
+    model = primary.kind in (VerdictKind.QUANTIZATION, VerdictKind.SUBSTITUTION,
+                             VerdictKind.QUANTIZATION_OR_SUBSTITUTION) and primary.rule.startswith(("2-", "3"))
+    ref_sampling = {str(n) for n in detectors_where(mode=Mode.SAMPLING, needs_reference=True)}
+    for f in findings:
+        name = str(f.get("detector"))
+        by: VerdictKind | None = None
+        why = ""
+        if name in claimed:
+            continue
+        if explained_by_decode_path(name, rejects):
+            by = VerdictKind.DECODING_NONCOMPLIANT
+        elif name == DetectorName.GREEDY_NEAR_TIE and primary.rule.startswith(_NEAR_TIE_EXPLAINED):
+            by, why = primary.kind, ("a decode path that differs and weights that differ (quantized, another or a "
+                                     "mixed model) move near-ties too")
+        elif name == "preflight-top-p" and sampler is not None:
+            by, why = sampler.kind, "lossy acceptance thins the tail the pre-flight reads, as a truncation does"
+        elif model and name in ref_sampling:
+            by, why = primary.kind, "the reference's distribution is not the served one, so its sampling tests see the model difference"
+        if by is None:
+            continue
+        f["explained_by"] = str(by)
+        if why:
+            f["implication"] = (f"{f.get('implication')}; here explained by the established cause ({by}: {why}), "
+                                "not a separate cause")
 
 
 def _mild(c: _Ctx) -> bool:

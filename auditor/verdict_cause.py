@@ -45,10 +45,11 @@ from auditor.detectors import IMPLICATIONS, PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorName, DetectorResult
 from auditor.util import finite
 
-__all__ = ["DECISIVE_WITHOUT_LOGPROBS", "SAMPLED_FLIP_MAX_SIGMA", "SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause",
+__all__ = ["DECIDES_SAMPLER", "DECISIVE_EMISSION_MARGIN", "DECISIVE_WITHOUT_LOGPROBS", "SAMPLED_FLIP_MAX_SIGMA", "SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause",
            "blind_near_tie_note", "emission_cause", "explained_by_decode_path",
            "failure_summary", "flip_cause", "flip_rate_interval", "implication", "milder_cause_clause",
-           "near_tie_blind", "near_tie_reason", "p_adjusted_text", "sampled_flip_cause", "set_aside", "template_note"]
+           "near_tie_blind", "near_tie_reason", "no_speculation_seen", "p_adjusted_text", "sampled_flip_cause", "set_aside",
+           "speculation_clause", "template_note"]
 
 #: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
 _DECODE_PATH_EXPLAINS = (DetectorName.GREEDY_MATCH, DetectorName.GREEDY_HETEROGENEITY, DetectorName.GREEDY_NEAR_TIE)
@@ -219,17 +220,37 @@ def sampled_flip_cause(gof: DetectorResult | None, threshold: float) -> FlipCaus
     return FlipCause(sub, fc.value, text, conf)
 
 
+#: Rules 4b/4c (issue 37 item 8): the emission models name a mechanism only when one family's best law explains the
+#: sampled tokens better than the other's by at least this many nats (|log-likelihood ratio|); below it the verdict
+#: is the undetermined pair RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT. Derived by benchmarks/emission_margin.py
+#: (``--seeds 500 --positions 100``): the smallest margin (0.5-nat grid) at which none of ten emission mechanisms —
+#: top-p 0.8 / 0.95, min-p 0.05 / 0.1, top-k 5, llama.cpp's top-k 40 + top-p 0.95 + min-p 0.05 chain; typical
+#: acceptance, pro-rata 0.3 / 0.1, SGLang's single threshold 0.5 — is called the wrong family in more than 1% of
+#: 500 seeded simulations of 100 sampled positions (tests/detectors/test_emission_margin.py re-derives it on fewer
+#: seeds). Measured (500 seeds, 100 positions): typical acceptance decides it — called truncation beyond 3 nats in
+#: 3.8% of simulations, beyond 5 in 1.2%, beyond 5.5 in 1.0% — while every truncation law and the other acceptance
+#: laws stay <= 1.4% beyond 3 nats and <= 0.2% beyond 5.5 (an earlier seeding of the same script gave 6.0: typical
+#: 1.2% beyond 5.5). Margins the issue saw on real engines: llama.cpp (no speculation) 3.29 nats towards
+#: truncation, then 2.17 towards acceptance; the relaxed independent server 19-32 nats towards acceptance.
+DECISIVE_EMISSION_MARGIN = 5.5
+
+
 @dataclass(frozen=True)
 class EmissionCause:
     """Rule 4b/4c's evidence: which emission law explains the sampled tokens better.
 
     Attributes:
         truncation: the truncation family's best law beats the acceptance family's (log-lik ratio > 0).
+        decisive: by at least DECISIVE_EMISSION_MARGIN nats (else the mechanism is not established).
+        value: the log-likelihood ratio, truncation − acceptance (nats).
         text: the evidence as a clause of the verdict's reason.
-        confidence: ``details["cause_confidence"]`` (``path`` "emission-models", the ratio in nats).
+        confidence: ``details["cause_confidence"]`` (``path`` "emission-models", the ratio in nats, the
+            margin as ``threshold`` and ``decisive``).
     """
 
     truncation: bool
+    decisive: bool
+    value: float
     text: str
     confidence: dict[str, Any]
 
@@ -239,25 +260,52 @@ def emission_cause(tail: DetectorResult | None) -> EmissionCause | None:
 
     Truncation (a top-p / min-p nobody asked for: survivors renormalised pro rata) against lossy acceptance
     (the cut mass moved to the argmax, or every token's share λ moved to it), each the maximum-likelihood law
-    of its family on the audit's sampled tokens; the family with the larger likelihood names the cause — no
-    cut-off (both families have a shape and a leak parameter). Returns None when the fit is absent (older
-    results, or a tail p-value above ``EMISSION_FIT_MAX_P``): the verdict then uses the shape ratio.
+    of its family on the audit's sampled tokens; the family with the larger likelihood is the one the evidence
+    leans to, and it is *established* only when it wins by DECISIVE_EMISSION_MARGIN nats or more (both
+    families have a shape and a leak parameter). Returns None when the fit is absent (older results, or a tail
+    p-value above ``EMISSION_FIT_MAX_P``): the verdict then uses the shape ratio.
     """
     em = (tail.details or {}).get("emission") if tail is not None and tail.ran else None
     if not isinstance(em, Mapping) or em.get("log_lik_ratio") is None:
         return None
     lr = float(em["log_lik_ratio"])
     tr, ac = dict(em.get("truncation") or {}), dict(em.get("acceptance") or {})
+    decisive = abs(lr) >= DECISIVE_EMISSION_MARGIN
 
     def law(d: Mapping[str, Any]) -> str:
         return f"{d.get('cut')} {float(d.get('parameter') or 0):g}, leak {float(d.get('leak') or 0):g}"
 
     text = (f"of two emission laws fitted to the {em.get('n')} sampled tokens, truncation ({law(tr)}; survivors "
             f"renormalised) explains them {abs(lr):.3g} nats {'better' if lr > 0 else 'worse'} than lossy acceptance "
-            f"({law(ac)}; the mass moved to the argmax)")
-    conf = {"path": "emission-models", "statistic": "log_lik_ratio", "value": lr, "threshold": 0.0,
+            f"({law(ac)}; the mass moved to the argmax)"
+            + ("" if decisive else f", less than the {DECISIVE_EMISSION_MARGIN:g}-nat margin that decides"))
+    conf = {"path": "emission-models", "statistic": "log_lik_ratio", "value": lr,
+            "threshold": DECISIVE_EMISSION_MARGIN, "decisive": decisive,
             "truncation": tr, "acceptance": ac, "n": em.get("n")}
-    return EmissionCause(lr > 0, text, conf)
+    return EmissionCause(lr > 0, decisive, lr, text, conf)
+
+
+#: What a decisive audit of a deviating sampler needs (verdict rule ``4-mechanism-undetermined``).
+DECIDES_SAMPLER = (f"a decisive audit needs more sampled tokens (--suite verification: the emission models decide at a "
+                   f"{DECISIVE_EMISSION_MARGIN:g}-nat margin) and streaming, so that the speculation fingerprint can "
+                   "see whether the provider speculates")
+
+
+def no_speculation_seen(speculation: Mapping[str, Any] | None) -> bool:
+    """The audit's speculation fingerprint (``auditor.detectors.speculation``, ``{"detected", ...}``) says the
+    provider does not speculate (``detected`` is False); None, "cannot tell" or a detection are not that."""
+    return isinstance(speculation, Mapping) and speculation.get("detected") is False
+
+
+def speculation_clause(speculation: Mapping[str, Any] | None) -> str:
+    """The fingerprint as a clause of a verdict's reason, e.g. "the speculation fingerprint saw no speculation
+    (1.00 tokens per verification step)"; "" without a fingerprint that decided."""
+    if not isinstance(speculation, Mapping) or speculation.get("detected") is None:
+        return ""
+    m = speculation.get("mean_accepted_tokens_per_step")
+    per = f" ({float(m):.2f} tokens per verification step)" if isinstance(m, int | float) else ""
+    return ("the speculation fingerprint saw no speculation" if speculation.get("detected") is False
+            else "the speculation fingerprint saw speculation") + per
 
 
 #: What an audit of a provider without top_logprobs needs to tell quantization from lossy greedy verification.

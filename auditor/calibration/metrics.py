@@ -335,7 +335,7 @@ _UNDETERMINED = {str(v): {str(c) for c in pair} for v, pair in UNDETERMINED_CAUS
 
 def _cause_counts(records: Sequence[dict]) -> tuple[int, dict[str, int], int]:
     """(cause named right, undetermined per undetermined verdict, rejections) summed over ``records``; the
-    undetermined verdicts (QUANTIZATION_OR_SUBSTITUTION, QUANTIZATION_OR_RELAXED_VERIFICATION) are counted for
+    undetermined verdicts (``auditor.verdict.UNDETERMINED_CAUSES``) are counted for
     profiles whose expected verdict is one of that verdict's two causes."""
     ok = n = 0
     und: dict[str, int] = {}

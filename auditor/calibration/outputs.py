@@ -86,10 +86,12 @@ def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
            f"`auditor calibrate --merge`)" if meta.get("parts") else "") + ".\n"
     )
     L.append("Rejection = the audit names a deviation (QUANTIZATION, RELAXED_VERIFICATION, SUBSTITUTION, "
-             "QUANTIZATION_OR_SUBSTITUTION, QUANTIZATION_OR_RELAXED_VERIFICATION, DECODING_NONCOMPLIANT). On honest "
+             "QUANTIZATION_OR_SUBSTITUTION, QUANTIZATION_OR_RELAXED_VERIFICATION, "
+             "RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT, DECODING_NONCOMPLIANT). On honest "
              "profiles it is the **false-accusation rate**, on the others the **power**. Brackets: Clopper–Pearson 95% "
              "interval; *cause* = share of rejections that name the profile's cause (the undetermined pairs "
-             "QUANTIZATION_OR_SUBSTITUTION and QUANTIZATION_OR_RELAXED_VERIFICATION are not counted as right; the "
+             "QUANTIZATION_OR_SUBSTITUTION, QUANTIZATION_OR_RELAXED_VERIFICATION and "
+             "RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT are not counted as right; the "
              "targets table counts them apart from the wrong causes).\n")
     L.append("## Rejection rate by profile and budget (completion tokens per audit)\n")
     mixes_meta = {m.get("name"): m for m in (meta.get("mixes") or [meta.get("mix") or {}])}

@@ -17,9 +17,11 @@ from auditor.verdict_cause import DECISIVE_WITHOUT_LOGPROBS
 if TYPE_CHECKING:
     from probes.config import Capabilities, Pricing
 
-__all__ = ["PLAN_TARGETS", "make_plan"]
+__all__ = ["PLAN_TARGETS", "make_plan", "target_profiles"]
 
-#: ``auditor plan --target`` names → simulator profiles.
+#: ``auditor plan --target`` names → simulator profiles. ``any`` is every deviation class the calibration holds for
+#: the model (:func:`target_profiles`: mixtures, kv-fp8, w8a8, greedy-relaxed, ... included; issue 37 item 4 — it
+#: used to list six of them, and a 10% int4 mixture passed at the budget it advised).
 PLAN_TARGETS: dict[str, tuple[str, ...]] = {
     "int8": ("int8",),
     "int4": ("int4",),
@@ -27,8 +29,24 @@ PLAN_TARGETS: dict[str, tuple[str, ...]] = {
     "relaxed": ("relaxed-threshold",),
     "typical": ("typical-acceptance",),
     "substituted": ("substituted",),
-    "any": ("int8", "int4", "fp8", "relaxed-threshold", "typical-acceptance", "substituted"),
+    "any": (),
 }
+
+
+def target_profiles(target: str, rows: Sequence[dict]) -> tuple[str, ...]:
+    """The profiles a plan for ``target`` must reach: :data:`PLAN_TARGETS`, or for ``any`` every profile of ``rows``
+    (one model's calibration records) that is not honest (``honest`` false and an expected verdict other than
+    PASS), in the records' order.
+
+    Raises:
+        KeyError: unknown target.
+    """
+    if target not in PLAN_TARGETS:
+        raise KeyError(f"unknown target {target!r}; choose one of {list(PLAN_TARGETS)}")
+    if target != "any":
+        return PLAN_TARGETS[target]
+    return tuple(dict.fromkeys(str(r["profile"]) for r in rows
+                               if not r.get("honest") and r.get("expected_verdict", "") != "PASS"))
 
 def make_plan(
     rows: Sequence[dict],
@@ -44,7 +62,7 @@ def make_plan(
     The recommended budget is the smallest *calibrated* budget whose measured rejection rate
     reaches ``power`` (a measured point, not an extrapolation); the log-linear interpolation of
     the power curve is given as an estimate beside it. For ``target="any"`` every deviation of
-    :data:`PLAN_TARGETS` must reach the power (the largest of their budgets).
+    :func:`target_profiles` (every calibrated deviation class) must reach the power (the largest of their budgets).
 
     Args:
         rows: calibration records (:func:`load_calibration`).
@@ -64,11 +82,10 @@ def make_plan(
     Raises:
         KeyError: unknown target.
     """
-    if target not in PLAN_TARGETS:
-        raise KeyError(f"unknown target {target!r}; choose one of {list(PLAN_TARGETS)}")
     fixed = [r for r in rows if r.get("design", "fixed") == "fixed"]
     models = sorted({str(r.get("model")) for r in fixed})
     mine = [r for r in fixed if str(r.get("model")) == str(model)]
+    profiles = target_profiles(target, mine)
     plan: dict[str, Any] = {"model": model, "target": target, "power": power, "covered": bool(mine), "reached": False,
                             "rows": [], "notes": [], "budget_tokens": None, "usd": None, "command": None}
     if not mine:
@@ -81,17 +98,17 @@ def make_plan(
     options: list[dict[str, Any]] = []
     for m in mixes:
         usable = [r for r in mine if record_suite(r) == m and (_suite_cap(r) is None or r["budget_tokens"] <= _suite_cap(r))]
-        rows_m = _plan_rows(usable, target, power, pricing)
+        rows_m = _plan_rows(usable, profiles, power, pricing)
         ok = bool(rows_m) and all(r["tokens"] is not None for r in rows_m) and \
-            {r["profile"] for r in rows_m} == {p for p in PLAN_TARGETS[target] if any(x["profile"] == p for x in mine)}
+            {r["profile"] for r in rows_m} == {p for p in profiles if any(x["profile"] == p for x in mine)}
         worst = max((r["tokens"] for r in rows_m), default=None) if ok else None
         options.append({"suite": m, "rows": rows_m, "reached": ok, "budget_tokens": worst})
-    for p in PLAN_TARGETS[target]:
+    for p in profiles:
         if not any(r["profile"] == p for r in mine):
             plan["notes"].append(f"profile {p!r} is not in the calibration")
     good = [o for o in options if o["reached"]]
     if not good and len(options) > 1:
-        combo = _combine_suites(options, [p for p in PLAN_TARGETS[target] if any(x["profile"] == p for x in mine)])
+        combo = _combine_suites(options, [p for p in profiles if any(x["profile"] == p for x in mine)])
         if combo is not None:
             return _capability_notes(_combined_plan(plan, combo, target, power, model), capabilities)
     best = min(good, key=lambda o: (o["budget_tokens"], mixes.index(o["suite"]))) if good else options[0]
@@ -216,11 +233,11 @@ def _suite_cap(r: dict) -> int | None:
     return None if cap is None else int(cap)
 
 
-def _plan_rows(mine: Sequence[dict], target: str, power: float, pricing: Pricing | None) -> list[dict]:
+def _plan_rows(mine: Sequence[dict], profiles: Sequence[str], power: float, pricing: Pricing | None) -> list[dict]:
     """Per target profile of one probe mix: the smallest calibrated budget reaching ``power``."""
     honest = [r for r in mine if r.get("honest")]
     out_rows = []
-    for p in PLAN_TARGETS[target]:
+    for p in profiles:
         rs = sorted((r for r in mine if r["profile"] == p), key=lambda r: r["budget_tokens"])
         if not rs:
             continue

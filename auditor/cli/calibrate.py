@@ -296,7 +296,7 @@ def _print_records(records: list[dict], meta: dict, *, as_json: bool) -> None:
 def plan_cmd(
     provider: str | None = typer.Option(None, "--provider", help="Provider name (providers.toml): its reference model and prices."),
     model: str | None = typer.Option(None, "--model", help="Reference model name (instead of --provider)."),
-    target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | any."),
+    target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | any (every calibrated deviation class)."),
     power: float = typer.Option(0.95, "--power", min=0.01, max=0.999, help="Wanted power (rejection rate)."),
     config: str | None = typer.Option(None, "--config", help="providers.toml path."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),

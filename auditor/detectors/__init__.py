@@ -52,7 +52,7 @@ from .base import (
 )
 from .consistency import self_argmax, self_gof, self_greedy, self_tail
 from .greedy import greedy_match
-from .heterogeneity import greedy_heterogeneity
+from .heterogeneity import greedy_heterogeneity, logprob_heterogeneity
 from .logprob import logprob_divergence
 from .near_tie import greedy_near_tie
 from .noise_floor import NoiseFloor, compute_noise_floor
@@ -170,6 +170,7 @@ DetectorFn = Callable[..., DetectorResult]
 _Q, _S, _R, _D = "QUANTIZATION", "SUBSTITUTION", "RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT"
 _QS = "QUANTIZATION_OR_SUBSTITUTION"
 _QR = "QUANTIZATION_OR_RELAXED_VERIFICATION"
+_RD = "RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT"
 
 
 @dataclass(frozen=True)
@@ -312,25 +313,25 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                 power_family=PowerFamily.MODEL,
                 power_target=_KL_RATIO,
             ),
-            _paired_spec(DetectorName.SAMPLING_GOF, sampling_gof, TestKind.PIT, (_R, _Q, _S, _QS), False,
+            _paired_spec(DetectorName.SAMPLING_GOF, sampling_gof, TestKind.PIT, (_R, _Q, _S, _QS, _RD), False,
                          "randomized PIT uniformity (Cramér–von Mises)",
                          "sampled tokens do not follow the reference distribution"),
-            _paired_spec(DetectorName.SAMPLING_ARGMAX, sampling_argmax, TestKind.ARGMAX, (_R, _D), False,
+            _paired_spec(DetectorName.SAMPLING_ARGMAX, sampling_argmax, TestKind.ARGMAX, (_R, _D, _RD), False,
                          "argmax over-emission (relaxed acceptance)",
                          "argmax over-emitted (relaxed acceptance, or greedy serving)",
                          "the argmax is over-emitted when sampling (relaxed acceptance, or greedy serving)",
                          positions_note="; scanned over p(argmax) >= t from ARGMAX_TEST_MIN_P"),
-            _paired_spec(DetectorName.SAMPLING_TAIL, sampling_tail, TestKind.TAIL, (_D, _R, _Q), False,
+            _paired_spec(DetectorName.SAMPLING_TAIL, sampling_tail, TestKind.TAIL, (_D, _R, _Q, _RD), False,
                          "low-probability tail deficit (truncated sampling)",
                          "low-probability tail under-emitted (truncated sampling)",
                          "the low-probability tail is under-emitted (truncated sampling)"),
-            _paired_spec(DetectorName.SELF_GOF, self_gof, TestKind.PIT, (_R,), True,
+            _paired_spec(DetectorName.SELF_GOF, self_gof, TestKind.PIT, (_R, _RD), True,
                          "randomized PIT uniformity",
                          "sampled tokens do not follow the provider's own reported distribution"),
-            _paired_spec(DetectorName.SELF_ARGMAX, self_argmax, TestKind.ARGMAX, (_R, _D), True,
+            _paired_spec(DetectorName.SELF_ARGMAX, self_argmax, TestKind.ARGMAX, (_R, _D, _RD), True,
                          "top-1 over-emission", "own top-1 over-emitted (relaxed acceptance)",
                          "the provider's own top-1 is over-emitted when sampling"),
-            _paired_spec(DetectorName.SELF_TAIL, self_tail, TestKind.TAIL, (_D, _R), True,
+            _paired_spec(DetectorName.SELF_TAIL, self_tail, TestKind.TAIL, (_D, _R, _RD), True,
                          "tail deficit", "own tail under-emitted (truncated sampling)",
                          "the provider's own tail is under-emitted"),
             _paired_spec(DetectorName.SELF_GREEDY, self_greedy, TestKind.CLEAR_MISMATCH, (_D,), True,
@@ -370,6 +371,25 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
                         "non-argmax drafts",
                 power_family=None,
                 power_target=_NEAR_TIE_FLIPS,
+            ),
+            DetectorSpec(
+                DetectorName.LOGPROB_HETEROGENEITY,
+                logprob_heterogeneity,
+                "reported top_logprobs vs reference, request by request: the most divergent request's mean log KL "
+                "against the floor (Šidák over requests)",
+                needs_reference=True,
+                needs_top_logprobs=True,
+                mode=Mode.LOGPROB,
+                test=TestKind.SCAN,
+                positions="T in {0, 1}, trusted provider top_logprobs (>= floor width M), reference row; grouped by "
+                          "request (prompt)",
+                causes=(_Q, _QS),
+                implication="a minority of requests reports a distribution that differs from the reference (mixed "
+                            "serving, e.g. some requests routed to a quantized replica)",
+                finding="some requests' reported logprobs differ from the reference far more than honest serving "
+                        "allows, while others match: part of the traffic is served by another numeric format or model",
+                power_family=None,
+                power_target=None,
             ),
         )
     }

@@ -53,6 +53,7 @@ class DetectorName(StrEnum):
     SELF_GREEDY = "self-greedy"
     GREEDY_HETEROGENEITY = "greedy-heterogeneity"
     GREEDY_NEAR_TIE = "greedy-near-tie"
+    LOGPROB_HETEROGENEITY = "logprob-heterogeneity"
 
 
 #: Normalizer anomaly kinds (see ../shared/cases/README.md) after which a position's reported

@@ -31,7 +31,9 @@ The rank tests above need M >= 608 honest draws of the per-request statistic, mo
 a noise floor measures, so they are not in the verdict's Holm family. What is:
 :func:`greedy_heterogeneity` (registry key ``greedy-heterogeneity``), a per-request scan of the
 greedy clear mismatches against the floor's honest rate (an exact binomial per request, Šidák over
-requests), whose false-accusation rate the calibration measures on the honest profiles.
+requests), whose false-accusation rate the calibration measures on the honest profiles; and
+:func:`logprob_heterogeneity` (``logprob-heterogeneity``, issue 37 item 4), the same scan of the reported
+logprobs' divergence per request against the floor's random-effects model.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     "exceedance_test",
     "greedy_heterogeneity",
     "heterogeneity_test",
+    "logprob_heterogeneity",
     "max_power_bound",
     "max_rank_test",
 ]
@@ -230,5 +233,98 @@ def greedy_heterogeneity(
             "outlier_clear_rate": float(k_g[out].sum() / n_g[out].sum()) if out.any() else None,
             "band": float(band),
             "r0": float(r0),
+        },
+    )
+
+
+def logprob_heterogeneity(
+    batch: EvidenceBatch,
+    floor: NoiseFloor | None = None,
+    *,
+    rng: RngLike = 0,
+    n_evidence: int = 10,
+    name: str = DetectorName.LOGPROB_HETEROGENEITY,
+) -> DetectorResult:
+    """Per-request scan of the logprob divergence: do a minority of requests report another distribution?
+
+    ``logprob-divergence`` averages y = log(KL + eps) over every position (module ``auditor.detectors.logprob``),
+    so a provider that serves a fraction F of its requests from a degraded replica moves ȳ by about F times the
+    replica's shift — and not at all when the other requests sit *below* the honest floor (a server that matches
+    the fp32 reference exactly: KL ≈ 0, y ≈ log eps). Issue 37 item 4: a 10% int4 mixture had a mean KL 6-60x the
+    floor and p = 1.0. Here each request g (one prompt: its positions share a prefix) is tested on its own, on the
+    same positions and statistic as the pooled test (:func:`auditor.detectors.logprob.select_logprob_test`): with
+    n_g positions and mean ȳ_g, under the floor's one-way random-effects model (between-prompt σ_b², within σ_w²)
+
+        z_g = (ȳ_g − μ0_g) / sqrt(σ_b² + σ_w² / n_g + Var(μ̂0_g)),  p_g = 1 − Φ(z_g),
+
+    μ0_g the floor's mean at the request's own positions (``KLFloor.null_mean``, with its estimate's variance).
+    The statistic is the smallest p_g; its p-value the Šidák bound 1 − (1 − min p_g)^G over the G requests (valid
+    for independent requests; the shared floor estimate makes the z_g positively dependent, where Šidák stays
+    conservative). It joins the verdict's Holm family (rule 3h-logprob-mixture), so honest audits stay at α.
+
+    Args:
+        batch: evidence; the positions :func:`auditor.detectors.logprob.select_logprob_test` selects (reference,
+            trusted provider top_logprobs, T in {0, 1}), grouped by ``prompt_ids``.
+        floor: the model's noise floor (required, as for ``logprob-divergence``).
+        rng: unused (the test is not randomized); accepted for the registry's call signature.
+        n_evidence: positions of the most divergent request to list (largest KL first).
+
+    Returns:
+        DetectorResult: statistic = −log10(min p_g), p_value = Šidák bound, effect = mean KL (nats) of the most
+        divergent request, n = positions, details = {n_requests, worst_request, worst_positions, worst_z,
+        worst_ratio_to_floor (its mean KL over the floor's), outlier_requests (p_g <= 0.05 / G), outlier_mean_kl,
+        outlier_ratio_to_floor, floor_mean_kl, m}.
+    """
+    del rng
+    from .logprob import LOGPROB_TEMPERATURES, select_logprob_test
+
+    sel = select_logprob_test(batch, floor, LOGPROB_TEMPERATURES, name)
+    if isinstance(sel, DetectorResult):
+        return sel
+    idx = sel.idx
+    groups, inv = np.unique(batch.prompt_ids[idx], return_inverse=True)
+    if groups.size < MIN_REQUESTS:
+        return not_run(name, f"too few requests with provider top_logprobs ({groups.size} < {MIN_REQUESTS})",
+                       n=int(idx.size))
+    vc = sel.test_floor.components
+    n_g = np.bincount(inv).astype(np.float64)
+    ybar = np.bincount(inv, weights=sel.y) / n_g
+    klbar = np.bincount(inv, weights=sel.kl) / n_g
+    pos = batch.positions[idx]
+    z = np.empty(groups.size)
+    for g in range(groups.size):
+        mu0, var_mu = sel.test_floor.null_mean(pos[inv == g])
+        sd = float(np.sqrt(vc.sigma_b2 + vc.sigma_w2 / n_g[g] + var_mu))
+        z[g] = (ybar[g] - mu0) / sd if sd > 0 else (np.inf if ybar[g] > mu0 else 0.0)
+    p_g = stats.norm.sf(z)
+    g = int(np.argmin(p_g))
+    pmin = float(p_g[g])
+    n_req = int(groups.size)
+    p = float(-np.expm1(n_req * np.log1p(-pmin))) if pmin < 1.0 else 1.0
+    out = p_g <= 0.05 / n_req
+    fkl = float(sel.floor.mean_kl)
+    sel_g = np.flatnonzero(inv == g)
+    order = sel_g[np.argsort(-sel.kl[sel_g], kind="stable")][:n_evidence]
+    evidence = [batch.evidence_row(int(idx[j]), kl=float(sel.kl[j])) for j in order]
+    out_kl = float(np.sum(klbar[out] * n_g[out]) / n_g[out].sum()) if out.any() else None
+    return DetectorResult(
+        name=name,
+        statistic=float(-np.log10(max(pmin, 1e-300))),
+        p_value=min(1.0, max(0.0, p)),
+        effect=float(klbar[g]),
+        effect_ci=(float("nan"), float("nan")),
+        n=int(idx.size),
+        evidence=evidence,
+        details={
+            "n_requests": n_req,
+            "worst_request": str(groups[g]),
+            "worst_positions": int(n_g[g]),
+            "worst_z": float(z[g]),
+            "worst_ratio_to_floor": float(klbar[g] / fkl) if fkl > 0 else None,
+            "outlier_requests": int(out.sum()),
+            "outlier_mean_kl": out_kl,
+            "outlier_ratio_to_floor": out_kl / fkl if out_kl is not None and fkl > 0 else None,
+            "floor_mean_kl": fkl,
+            "m": sel.m,
         },
     )

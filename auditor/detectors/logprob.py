@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,11 +54,13 @@ __all__ = [
     "LOGPROB_POSITIONS",
     "LOGPROB_TEMPERATURES",
     "MARGIN_BIN_EDGES",
+    "LogprobTestRows",
     "bootstrap_mean_ci",
     "kl_floor_ratio",
     "logprob_divergence",
     "logprob_positions",
     "margin_flip_stats",
+    "select_logprob_test",
 ]
 
 #: Requested temperatures at which reported logprobs are compared with raw reference logprobs.
@@ -181,48 +184,13 @@ def logprob_divergence(
         top1_agreement, mean_abs_dlogprob, m, test_m (the width y was computed on: m unless
         :data:`TEST_WIDTH` narrows it), floor_mean_kl, n_prompts}.
     """
-    if not batch.has_reference:
-        return not_run(name, "no reference distribution available")
-    mask = logprob_positions(batch, temperatures)
-    n_all = int(mask.sum())
-    if n_all < MIN_POSITIONS:
-        return not_run(
-            name,
-            f"too few positions with provider top_logprobs ({n_all} < {MIN_POSITIONS})",
-            n=n_all,
-        )
-    if floor is None:
-        return not_run(
-            name,
-            "no noise floor computed for this model; run the calibration first",
-            n=n_all,
-        )
-    listed = batch.provider_listed[mask]
-    m = floor.choose_m(int(np.median(listed)))
-    if m is None:
-        return not_run(
-            name,
-            f"noise floor has no width <= {int(np.median(listed))} alternatives",
-            n=n_all,
-        )
-    mask &= batch.provider_listed >= m
-    idx = np.flatnonzero(mask)
+    sel = select_logprob_test(batch, floor, temperatures, name)
+    if isinstance(sel, DetectorResult):
+        return sel
+    idx, m, fl, fl_test, kl, y, prov_lp, ref_lp, m_test, n_all = (
+        sel.idx, sel.m, sel.floor, sel.test_floor, sel.kl, sel.y, sel.prov_lp, sel.ref_lp, sel.m_test, sel.n_all)
     n = idx.size
-    if n < MIN_POSITIONS:
-        return not_run(
-            name,
-            f"too few positions listing >= {m} alternatives ({n} < {MIN_POSITIONS})",
-            n=n,
-        )
-    fl = floor.kl_floor(m)
-    prov_lp = batch.provider_top_logprobs[idx, :m]
     ref = batch.reference()
-    ref_lp = ref.at_provider_top[idx, :m]
-    kl, mad, _ = bucketed_kl(ref_lp, prov_lp)
-    m_test = m if TEST_WIDTH is None else floor.choose_m(min(m, TEST_WIDTH)) or m
-    fl_test = fl if m_test == m else floor.kl_floor(m_test)
-    kl_test = kl if m_test == m else bucketed_kl(ref_lp[:, :m_test], prov_lp[:, :m_test])[0]
-    y = np.log(kl_test + floor.eps)
     groups = batch.prompt_ids[idx]
     _, inv = np.unique(groups, return_inverse=True)
     ng = np.bincount(inv).astype(np.float64)
@@ -264,8 +232,8 @@ def logprob_divergence(
             "null_mean_y": mu0,
             "position_adjustment": mu0 - vc.mean,
             "top1_agreement": float(top1.mean()),
-            "mean_abs_dlogprob": float(np.nanmean(mad))
-            if np.any(~np.isnan(mad))
+            "mean_abs_dlogprob": float(np.nanmean(sel.mad))
+            if np.any(~np.isnan(sel.mad))
             else None,
             "m": int(m),
             "test_m": int(m_test),
@@ -278,6 +246,80 @@ def logprob_divergence(
             **flips,
         },
     )
+
+
+@dataclass(frozen=True)
+class LogprobTestRows:
+    """The positions a logprob test compares and their per-position statistic (:func:`select_logprob_test`).
+
+    Attributes:
+        idx: [n] int64 batch rows used. m: the floor width (alternatives compared); m_test: the width of ``y``.
+        floor / test_floor: the floor's ``KLFloor`` at m and at m_test.
+        kl: [n] float64 bucketed KL at width m (nats); mad: [n] mean |Δlogprob| of the listed tokens.
+        y: [n] float64 log(KL + eps) at width m_test — the test statistic per position.
+        prov_lp / ref_lp: [n, m] provider and reference log-probs of the provider's listed tokens.
+        n_all: positions usable before dropping short lists.
+    """
+
+    idx: np.ndarray
+    m: int
+    m_test: int
+    floor: Any
+    test_floor: Any
+    kl: np.ndarray
+    mad: np.ndarray
+    y: np.ndarray
+    prov_lp: np.ndarray
+    ref_lp: np.ndarray
+    n_all: int
+
+
+def select_logprob_test(batch: EvidenceBatch, floor: NoiseFloor | None, temperatures: Sequence[float],
+                        name: str) -> LogprobTestRows | DetectorResult:
+    """The rows and per-position statistic y = log(KL + eps) that ``logprob-divergence`` (pooled) and
+    ``logprob-heterogeneity`` (per request) test, or the not-run result (named ``name``) saying why none."""
+    if not batch.has_reference:
+        return not_run(name, "no reference distribution available")
+    mask = logprob_positions(batch, temperatures)
+    n_all = int(mask.sum())
+    if n_all < MIN_POSITIONS:
+        return not_run(
+            name,
+            f"too few positions with provider top_logprobs ({n_all} < {MIN_POSITIONS})",
+            n=n_all,
+        )
+    if floor is None:
+        return not_run(
+            name,
+            "no noise floor computed for this model; run the calibration first",
+            n=n_all,
+        )
+    listed = batch.provider_listed[mask]
+    m = floor.choose_m(int(np.median(listed)))
+    if m is None:
+        return not_run(
+            name,
+            f"noise floor has no width <= {int(np.median(listed))} alternatives",
+            n=n_all,
+        )
+    mask &= batch.provider_listed >= m
+    idx = np.flatnonzero(mask)
+    n = idx.size
+    if n < MIN_POSITIONS:
+        return not_run(
+            name,
+            f"too few positions listing >= {m} alternatives ({n} < {MIN_POSITIONS})",
+            n=n,
+        )
+    fl = floor.kl_floor(m)
+    prov_lp = batch.provider_top_logprobs[idx, :m]
+    ref_lp = batch.reference().at_provider_top[idx, :m]
+    kl, mad, _ = bucketed_kl(ref_lp, prov_lp)
+    m_test = m if TEST_WIDTH is None else floor.choose_m(min(m, TEST_WIDTH)) or m
+    fl_test = fl if m_test == m else floor.kl_floor(m_test)
+    kl_test = kl if m_test == m else bucketed_kl(ref_lp[:, :m_test], prov_lp[:, :m_test])[0]
+    y = np.log(kl_test + floor.eps)
+    return LogprobTestRows(idx, int(m), int(m_test), fl, fl_test, kl, mad, y, prov_lp, ref_lp, n_all)
 
 
 def margin_flip_stats(

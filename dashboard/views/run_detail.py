@@ -282,6 +282,10 @@ def causes_md(d: dict[str, Any]) -> str:
                      + f": {escape_md(c.get('reason') or '', max_len=600)}" + (f" — deciding evidence: {ev}" if ev else ""))
     if not d.get("secondary_causes"):
         lines.append("- No other cause is established at the run's family-wise alpha.")
+    for fd in (d.get("verdict_details") or {}).get("findings") or []:  # issue 37 item 6: one account
+        if isinstance(fd, dict) and fd.get("explained_by"):
+            lines.append(f"- Not a separate cause: {escape_md(fd.get('detector'))} rejects, explained by "
+                         f"{verdict_badge(fd.get('explained_by'))}: {escape_md(fd.get('implication') or '', max_len=600)}")
     f = d.get("provider_failures") or {}
     if f.get("failed"):
         kinds = ", ".join(f"{escape_md(k)} {escape_md(v)}" for k, v in (f.get("kinds") or {}).items())

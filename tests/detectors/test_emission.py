@@ -14,38 +14,7 @@ from auditor.detectors import DetectorResult
 from auditor.detectors.emission import _cuts, _prefix_mass, emission_fit
 from auditor.detectors.sampling import SamplingView, tail_result
 from auditor.verdict import VerdictKind, decide_verdict
-
-K = 20  # listed top_logprobs of the reference (the pools list 20)
-
-
-def lm_rows(rng: np.random.Generator, n: int, vocab: int = 400) -> np.ndarray:
-    """[n, vocab] sorted distributions: confident and flat positions alike (Gumbel logits, random scale)."""
-    scale = rng.uniform(0.6, 4.0, size=(n, 1))
-    logits = rng.gumbel(size=(n, vocab)) * scale
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    return -np.sort(-p, axis=1)
-
-
-def draw(rng: np.random.Generator, rows: np.ndarray, mechanism: str) -> np.ndarray:
-    """Emitted ranks [n] (−1 beyond the listed K) under one emission mechanism."""
-    out = np.empty(rows.shape[0], np.int64)
-    for i, p in enumerate(rows):
-        if mechanism == "top-p":  # truncation at top_p = 0.8, survivors renormalised
-            kn = int(np.argmax(np.cumsum(p) >= 0.8)) + 1
-            q = np.where(np.arange(p.size) < kn, p, 0.0)
-            out[i] = rng.choice(p.size, p=q / q.sum())
-        elif mechanism == "typical":  # ideal draft d ~ p, rejected below min(0.09, 0.3 e^-H) → argmax
-            tau = min(0.09, 0.3 * np.exp(-float(-(p * np.log(p)).sum())))
-            d = int(rng.choice(p.size, p=p))
-            out[i] = d if p[d] > tau else 0
-        elif mechanism == "single":  # SGLang threshold_single 0.5 with an argmax draft
-            out[i] = 0 if p[0] >= 0.5 else int(rng.choice(p.size, p=p))
-        elif mechanism == "pro-rata":  # relaxed acceptance: 30% of every token's mass to the argmax
-            out[i] = 0 if rng.random() < 0.3 else int(rng.choice(p.size, p=p))
-        else:
-            out[i] = int(rng.choice(p.size, p=p))
-    return np.where(out < K, out, -1)
+from benchmarks.emission_margin import K, draw, lm_rows
 
 
 @pytest.mark.parametrize("mechanism,truncation", [("top-p", True), ("typical", False), ("pro-rata", False),

@@ -130,5 +130,9 @@ def test_audit_completes_and_blames_weights_only_on_logprobs(suite, llama_server
     assert shares["empty_done"] == 0, shares
     # the engine's decoding faults (repetition penalty before the greedy pick, server-side top-k /
     # min-p sampler defaults) are named next to whatever the logprobs say (docs/real-engines.md:
-    # DECODING_NONCOMPLIANT is the primary or a secondary cause of every suite, the default's included)
-    assert "DECODING_NONCOMPLIANT" in causes, (causes, rep["verdict_reason"])
+    # DECODING_NONCOMPLIANT is the primary or a secondary cause of every suite, the default's included) — or,
+    # where only the sampler speaks and the emission models' margin is not decisive, the undetermined pair
+    # (issue 37 item 8); never RELAXED_VERIFICATION: the server does not speculate
+    assert {"DECODING_NONCOMPLIANT", "RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT"} & set(causes), \
+        (causes, rep["verdict_reason"])
+    assert "RELAXED_VERIFICATION" not in causes, (causes, rep["verdict_reason"])
