@@ -410,8 +410,8 @@ def finding_implication(report: AuditReport, name: str, stored: str | None = Non
         stored = str(f.get("implication")) if f is not None and f.get("implication") else None
     base = IMPLICATIONS.get(name, "")
     text = stored or base
-    if name != DetectorName.GREEDY_NEAR_TIE:
-        return text
+    if name != DetectorName.GREEDY_NEAR_TIE or name in report.explained:
+        return text  # an explained finding's stored text already says which cause explains it (issue 37 item 6)
     ver = next((q for q in report.questions if q.key == "verification"), None)
     if ver is None or ver.answer in ("no", "not established"):
         return text
