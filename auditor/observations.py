@@ -67,7 +67,9 @@ class Observation:
 
     Attributes:
         probe_id, probe_key, mode, workload: from the ``probes`` row.
-        temperature: requested temperature; top_p: requested top_p (1.0 when not sent).
+        temperature: requested temperature; top_p: requested top_p (1.0 when not sent); top_k: requested
+            top_k (0 when not sent or -1). A provider's enforced values are in the request as sent
+            (``probes.config.EnforcedParams.apply``), so these are the law it samples from.
         request: the JSON body sent.
         prompt_ids: reference prompt token ids (chat template applied for ``api = chat``).
         tokens: ``probes.records.TokenRecord`` list, as stored (bytes of alternatives included).
@@ -102,6 +104,7 @@ class Observation:
     anomalies: list[str] = field(default_factory=list)
     provider_prompt_tokens: int | None = None
     tag_positions: frozenset[int] = frozenset()
+    top_k: int = 0
 
 
 # ------------------------------------------------------------------------------------------ read
@@ -257,6 +260,7 @@ def read_observations(store: Store, run_id: str, config: ProviderConfig, tokeniz
                     failures=list(al.failures), anomalies=anomalies,
                     provider_prompt_tokens=_usage_prompt_tokens(p.usage),
                     tag_positions=think_tag_positions(tokens),
+                    top_k=max(0, int(req["top_k"])) if isinstance(req.get("top_k"), int) else 0,
                 )
             )
     return ObservationSet(obs, excluded)

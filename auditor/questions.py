@@ -137,7 +137,9 @@ _RULE_DETECTORS = (
     ("4", _SAMPLING_TESTS),
     ("1-self-greedy", ("self-greedy",)),
     ("1u-unverified-tokens", ("self-greedy",)),
+    ("1s-reasoning-span", ("self-greedy",)),
     ("6-preflight-greedy", ("preflight-greedy-top1",)),
+    ("6s-preflight-reasoning-span", ("preflight-greedy-top1",)),
     ("6-preflight-sampling", ("preflight-top-p",)),
 )
 #: rule → what the decoding non-compliance is, for a verification "not tested".

@@ -38,12 +38,14 @@ import numpy as np
 
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
 from .greedy import GREEDY_TEMPERATURE_MAX, MIN_HONEST_CLEAR_RATE, clear_mismatch_test
+from .near_tie import span_counts
 from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
 from .sampling import (
     TAIL_TOP_P,
     SamplingView,
     _rank_of,
     argmax_result,
+    declared_law,
     gof_result,
     tail_result,
 )
@@ -72,7 +74,7 @@ def provider_view(batch: EvidenceBatch) -> SamplingView:
     s = probs.sum(1, keepdims=True)
     probs = np.where(s > 1.0, probs / np.maximum(s, 1e-300), probs)
     ranks = _rank_of(batch.provider_top_ids[idx], batch.token_ids[idx])
-    return SamplingView(idx.astype(np.int64), probs, ranks, "provider")
+    return declared_law(batch, SamplingView(idx.astype(np.int64), probs, ranks, "provider"))
 
 
 def _view_or_not_run(batch: EvidenceBatch, name: str) -> SamplingView | DetectorResult:
@@ -81,7 +83,7 @@ def _view_or_not_run(batch: EvidenceBatch, name: str) -> SamplingView | Detector
     if len(view) < MIN_POSITIONS:
         return not_run(
             name,
-            f"too few T=1 positions with trusted provider top_logprobs ({len(view)} < {MIN_POSITIONS})",
+            f"too few T=1 positions with trusted provider top_logprobs ({len(view)} < {MIN_POSITIONS}){view.left_out()}",
             n=len(view),
         )
     return view
@@ -146,7 +148,8 @@ def self_greedy(
     Returns:
         DetectorResult: statistic = clear-contradiction count, p_value = exact one-sided binomial
         against max(floor.clear_mismatch_rate, MIN_HONEST_CLEAR_RATE), effect = clear-contradiction
-        rate (Wilson CI), details = {agreement, n_contradiction, n_near_tie, band, r0, p_randomized}.
+        rate (Wilson CI), details = {agreement, n_contradiction, n_near_tie, band, r0, p_randomized, n_unverified,
+        and for a reasoning model ``spans``: per span its positions, clear contradictions and honest expectation}.
     """
     mask = (
         (batch.temperatures <= GREEDY_TEMPERATURE_MAX)
@@ -228,5 +231,9 @@ def self_greedy(
             "n_unverified": int(unverified.sum()),
             "unverified_gap_nats": UNVERIFIED_GAP_NATS,
             "unverified_positions": unv_rows,
+            # per span of a reasoning model's answer: positions, clear contradictions ("flips") and the
+            # honest expectation n * r0 (issue 35: a rule that relaxes only inside <think>)
+            **({"spans": by_span} if (by_span := span_counts(batch.token_spans, idx, clear, np.full(idx.size, r0)))
+               else {}),
         },
     )
