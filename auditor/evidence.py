@@ -116,11 +116,13 @@ def build_evidence(
     trusted = np.ones(n, bool)
     prompt_ids, positions, token_ids, temps, texts = [], [], [], [], []
     spans: list[str | None] = []
+    finals: list[float | None] = []  # last token of its streamed chunk (Observation.step_final)
     top_ps, top_ks = [], []  # the law each position was sampled from (a provider's enforced top_p / top_k)
     for j, (oi, ti) in enumerate(rows):
         o = observations[oi]
         t = o.tokens[ti]
         spans.append(t.span)
+        finals.append(None if o.step_final is None else float(o.step_final[ti]))
         top_ps.append(o.top_p if o.temperature > 0 else 1.0)
         top_ks.append(o.top_k if o.temperature > 0 else 0)
         prompt_ids.append(o.probe_key)
@@ -165,6 +167,7 @@ def build_evidence(
         token_spans=spans if any(sp == "reasoning" for sp in spans) else None,
         top_ps=top_ps if any(v < 1.0 for v in top_ps) else None,
         top_ks=top_ks if any(top_ks) else None,
+        step_final=finals if any(f is not None for f in finals) else None,
         **kw,
     )
     return batch, EvidenceIndex(rows)

@@ -138,6 +138,7 @@ _RULE_DETECTORS = (
     ("1-self-greedy", ("self-greedy",)),
     ("1u-unverified-tokens", ("self-greedy",)),
     ("1s-reasoning-span", ("self-greedy",)),
+    ("1d-unverified-drafts", ("self-greedy",)),
     ("6-preflight-greedy", ("preflight-greedy-top1",)),
     ("6s-preflight-reasoning-span", ("preflight-greedy-top1",)),
     ("6-preflight-sampling", ("preflight-top-p",)),

@@ -21,7 +21,12 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    between <think> and </think> is a verification rule (relaxed MTP acceptance inside the reasoning
    span, TensorRT-LLM #3865, ATOM #411) → RELAXED_VERIFICATION "inside the reasoning span",
    rule ``1s-reasoning-span`` (``6s-preflight-reasoning-span`` when the pre-flight's greedy-top1 check, rule 6,
-   is what shows it).
+   is what shows it) — or (1d) when the clear contradictions avoid the last token of the streamed steps
+   (self-greedy ``details["steps"]``: fewer at a chunk's last token than the chunk-final positions' share
+   predicts, one-sided exact binomial p <= alpha): a decoding parameter acts on every pick, and under
+   verification its departures end a step; departures only inside the steps are drafts emitted before
+   the target's own token without being verified (synthetic acceptance: vLLM ``rejection_sample_method:
+   synthetic``, SGLang ``SGLANG_SIMULATE_ACC_LEN``) → RELAXED_VERIFICATION, rule ``1d-unverified-drafts``.
 2. ``logprob-divergence`` rejects → SUBSTITUTION when the provider's top-1 leaves the reference
    argmax at positions where the reference is confident far more often than a quantization-like
    (isotropic) logit perturbation of the audit's own measured scale explains
@@ -639,6 +644,21 @@ def _self_greedy(c: _Ctx) -> _Cause:
             "1s-reasoning-span", [DetectorName.SELF_GREEDY],
             f"greedy tokens not its own top-1 inside the reasoning span, self-greedy p_adj={r.p_adjusted:.3g}",
         )
+    st = d.get("steps") or {}
+    if st.get("clear") and float(st.get("p_value", 1.0)) <= float(c.details["alpha"]):  # issue 35: synthetic acceptance
+        share = int(st["final_positions"]) / max(int(st["positions"]), 1)
+        return c.cause(
+            VerdictKind.RELAXED_VERIFICATION,
+            f"at temperature 0 the emitted token contradicts the provider's own reported top-1 at "
+            f"{int(r.statistic)} of {r.n} positions, and of the {int(st['clear'])} clear contradictions in streamed "
+            f"answers only {int(st['clear_final'])} fall on the last token of a streamed step where {share:.0%} of the "
+            f"positions are (binomial p={float(st['p_value']):.2g}): the departures are tokens inside each "
+            f"speculative step, never the target's own token that closes it — drafts emitted without verification "
+            f"(synthetic acceptance: vLLM rejection_sample_method=synthetic, SGLANG_SIMULATE_ACC_LEN, TensorRT-LLM "
+            f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS) (self-greedy p_adj={r.p_adjusted:.3g})",
+            "1d-unverified-drafts", [DetectorName.SELF_GREEDY],
+            f"greedy tokens not its own top-1 inside the streamed steps only, self-greedy p_adj={r.p_adjusted:.3g}",
+        )
     return c.cause(
         VerdictKind.DECODING_NONCOMPLIANT,
         f"at temperature 0 the emitted token contradicts the provider's own reported top-1 at "
@@ -812,7 +832,7 @@ def _other_causes(c: _Ctx, primary: _Cause) -> list[_Cause]:
         return []
     out: list[_Cause] = []
     if c.rejects(DetectorName.SELF_GREEDY) and primary.rule not in ("1-self-greedy", "1u-unverified-tokens",
-                                                                    "1s-reasoning-span"):
+                                                                    "1s-reasoning-span", "1d-unverified-drafts"):
         out.append(_self_greedy(c))
     if not primary.rule.startswith("4"):
         s = _sampling_cause(c, reference=c.lp_consistent or _mild(c))

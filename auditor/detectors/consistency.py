@@ -30,11 +30,24 @@ that was never verified. ``details["n_unverified"]`` counts them, ``details["unv
 names up to UNVERIFIED_EVIDENCE of them (``prompt_id``, ``position``, both gaps); the verdict
 (``auditor.verdict`` rule 1u) answers "strict verification? no" when they are most of the clear
 contradictions.
+
+Where the contradictions sit in the streamed steps (issue 35, synthetic acceptance): a speculative
+engine streams one chunk per verification step (vLLM, SGLang), whose last token is the target's own
+pick (the correction or bonus token) and the tokens before it accepted drafts. A decoding parameter
+(a penalty, another pick) acts on every pick alike — and under verification its departures end the step
+(the draft is rejected there), so they fall on chunk-final tokens at least as often as those are
+among the positions. Drafts emitted without verification (vLLM ``rejection_sample_method: synthetic``,
+SGLang ``SGLANG_SIMULATE_ACC_LEN``, TensorRT-LLM ``TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS``, ATOM
+``--spec-decode-acceptance-length``) depart inside the step and never at its last token.
+``details["steps"]`` (:func:`step_counts`) holds the streamed positions, the chunk-final ones, the clear
+contradictions among them, those at a chunk's last token, and the exact one-sided binomial p-value
+of that few (null share: the chunk-final positions' share); the verdict (rule 1d) reads it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
 from .greedy import GREEDY_TEMPERATURE_MAX, MIN_HONEST_CLEAR_RATE, clear_mismatch_test
@@ -51,7 +64,7 @@ from .sampling import (
 )
 from .stats import RngLike
 
-__all__ = ["UNVERIFIED_GAP_NATS", "provider_view", "self_argmax", "self_gof", "self_greedy", "self_tail"]
+__all__ = ["UNVERIFIED_GAP_NATS", "provider_view", "self_argmax", "self_gof", "self_greedy", "self_tail", "step_counts"]
 
 _T1_TOL = 1e-6
 #: Nats below the top-1 (the provider's own, and the reference's when known) from which a greedy
@@ -133,6 +146,34 @@ def self_tail(
     if isinstance(view, DetectorResult):
         return view
     return tail_result(batch, view, name, rng, n_evidence, top_p)
+
+
+def step_counts(step_final: np.ndarray | None, rows: np.ndarray, clear: np.ndarray) -> dict[str, float]:
+    """Where clear greedy contradictions sit in the streamed steps (see the module docstring).
+
+    Args:
+        step_final: [N] float64 of the batch (``EvidenceBatch.step_final``: 1 chunk-final, 0 inside, NaN
+            unknown) or None; rows: [n] int batch rows tested; clear: [n] bool clear contradiction.
+
+    Returns:
+        {} when no tested position has a known chunk; else ``positions`` (streamed, tested),
+        ``final_positions`` (the last token of their chunk), ``clear`` and ``clear_final`` (contradictions
+        among them / at a chunk's last token) and ``p_value``: P(X <= clear_final), X ~ Binomial(clear,
+        final_positions / positions) — small when the contradictions avoid the chunks' last tokens
+        (1.0 without contradictions, or when every chunk holds one token).
+    """
+    if step_final is None:
+        return {}
+    f = step_final[rows]
+    known = np.isfinite(f)
+    n = int(known.sum())
+    if n == 0:
+        return {}
+    final = known & (f == 1.0)
+    k, k_final = int((clear & known).sum()), int((clear & final).sum())
+    p = float(stats.binom.cdf(k_final, k, final.sum() / n)) if k else 1.0
+    return {"positions": n, "final_positions": int(final.sum()), "clear": k, "clear_final": k_final,
+            "p_value": min(p, 1.0)}
 
 
 def self_greedy(
@@ -235,5 +276,6 @@ def self_greedy(
             # honest expectation n * r0 (issue 35: a rule that relaxes only inside <think>)
             **({"spans": by_span} if (by_span := span_counts(batch.token_spans, idx, clear, np.full(idx.size, r0)))
                else {}),
+            **({"steps": by_step} if (by_step := step_counts(batch.step_final, idx, clear)) else {}),
         },
     )
