@@ -66,7 +66,7 @@ from auditor.detectors import DetectorName
 from auditor.errors import AuditError, AuditInterrupted, NothingToAuditError, failure_reason
 from auditor.evidence import build_evidence, evidence_stage
 from auditor.observations import Observation, aligned_ids, excluded_summary, load_observations, read_observations
-from auditor.planning import load_suite_spec, plan_budget, provider_config
+from auditor.planning import allowed_tests, impossible_tests, load_suite_spec, plan_budget, provider_config
 from auditor.reference_setup import (
     _MODELS,  # noqa: F401  # re-exported: tests and the scheduler share loaded models through it
     apply_card,
@@ -281,7 +281,7 @@ def run_check(provider_name: str, options: CheckOptions | None = None, /, **over
     t0 = time.perf_counter()
     opts.validate()
     cfg = provider_config(provider_name, opts.config_path, opts.provider_config)  # 1. plan
-    plan = plan_budget(load_suite_spec(opts.suite), opts.budget_tokens)
+    plan = plan_budget(allowed_tests(load_suite_spec(opts.suite), cfg), opts.budget_tokens)
     ref = _reference(cfg, opts)  # 2. reference: bad device, chat vs base model, dead vLLM: before any probe
     try:
         try:
@@ -438,6 +438,7 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
                              tokenizer_mismatch=ev.tokenizer_mismatch, speculation=speed.get("speculation"),
                              **_with_excluded(pre.verdict_kwargs, excluded))
     verdict = _mark_not_tested(verdict, ref)
+    verdict = _mark_impossible(verdict, impossible_tests(config))
     # 11. summary
     summary, tokens_extra = summary_stage(store, run_id, verdict.results, floors, ref0, observations, ev.n_positions,
                                           speed=speed)
@@ -511,6 +512,17 @@ def _mark_not_tested(verdict: Any, ref: ReferenceSetup) -> Any:
     details = dict(verdict.details)
     details["not_tested"] = dict.fromkeys(causes, "no reference (reference = 'none')")
     return dataclasses.replace(verdict, reason=f"{verdict.reason}; {note}", details=details)
+
+
+def _mark_impossible(verdict: Any, impossible: Mapping[str, str]) -> Any:
+    """The verdict with the questions the provider's enforced parameters made impossible said plainly in
+    its reason (``"; not tested: the provider enforces temperature = 1.0 ..."``) and in
+    ``details["impossible_tests"]`` (:func:`auditor.planning.impossible_tests`; issue 35 item 4)."""
+    if not impossible:
+        return verdict
+    details = {**verdict.details, "impossible_tests": dict(impossible)}
+    return dataclasses.replace(verdict, reason=f"{verdict.reason}; not tested: {'; '.join(impossible.values())}",
+                               details=details)
 
 
 def _deciding_floor(results: Sequence[Any], floors: FloorSet, ref0: str) -> Any:

@@ -101,8 +101,6 @@ def build_evidence(
     rows: list[tuple[int, int]] = []
     ref_rows: list[int] = []
     for oi, o in enumerate(observations):
-        if o.temperature > 0 and o.top_p < 1.0:
-            continue  # sampling tests assume the full distribution (top_p = 1)
         for ti, tid in enumerate(o.one_to_one):
             span = o.spans[ti]
             if tid is None or span is None or ti in o.tag_positions:  # think tags: possibly forced, no sample
@@ -118,10 +116,15 @@ def build_evidence(
     trusted = np.ones(n, bool)
     prompt_ids, positions, token_ids, temps, texts = [], [], [], [], []
     spans: list[str | None] = []
+    finals: list[float | None] = []  # last token of its streamed chunk (Observation.step_final)
+    top_ps, top_ks = [], []  # the law each position was sampled from (a provider's enforced top_p / top_k)
     for j, (oi, ti) in enumerate(rows):
         o = observations[oi]
         t = o.tokens[ti]
         spans.append(t.span)
+        finals.append(None if o.step_final is None else float(o.step_final[ti]))
+        top_ps.append(o.top_p if o.temperature > 0 else 1.0)
+        top_ks.append(o.top_k if o.temperature > 0 else 0)
         prompt_ids.append(o.probe_key)
         positions.append(ti)
         token_ids.append(int(o.one_to_one[ti]))  # type: ignore[arg-type]  # rows hold 1:1 positions only
@@ -162,6 +165,9 @@ def build_evidence(
         provider_trusted=trusted,
         token_texts=texts if texts else None,
         token_spans=spans if any(sp == "reasoning" for sp in spans) else None,
+        top_ps=top_ps if any(v < 1.0 for v in top_ps) else None,
+        top_ks=top_ks if any(top_ks) else None,
+        step_final=finals if any(f is not None for f in finals) else None,
         **kw,
     )
     return batch, EvidenceIndex(rows)

@@ -67,7 +67,9 @@ class Observation:
 
     Attributes:
         probe_id, probe_key, mode, workload: from the ``probes`` row.
-        temperature: requested temperature; top_p: requested top_p (1.0 when not sent).
+        temperature: requested temperature; top_p: requested top_p (1.0 when not sent); top_k: requested
+            top_k (0 when not sent or -1). A provider's enforced values are in the request as sent
+            (``probes.config.EnforcedParams.apply``), so these are the law it samples from.
         request: the JSON body sent.
         prompt_ids: reference prompt token ids (chat template applied for ``api = chat``).
         tokens: ``probes.records.TokenRecord`` list, as stored (bytes of alternatives included).
@@ -82,6 +84,10 @@ class Observation:
             detector sees them, since an engine with a thinking budget forces the close tag
             (vLLM's ``thinking_token_budget``; the simulator's ``--reasoning`` mode) and a forced
             token is no sample of the model.
+        step_final: per provider token, whether it is the last token of its streamed chunk (the
+            last answered attempt's ``tokens_per_chunk``; a speculative engine streams one chunk per
+            verification step, the step's last token being the target's own pick); None when the
+            response was not streamed or its chunks do not add up to its tokens.
 
     Each token's ``span`` (``reasoning`` / ``answer``) is the normalizer's label, as stored.
     """
@@ -102,6 +108,8 @@ class Observation:
     anomalies: list[str] = field(default_factory=list)
     provider_prompt_tokens: int | None = None
     tag_positions: frozenset[int] = frozenset()
+    top_k: int = 0
+    step_final: list[bool] | None = None
 
 
 # ------------------------------------------------------------------------------------------ read
@@ -257,9 +265,25 @@ def read_observations(store: Store, run_id: str, config: ProviderConfig, tokeniz
                     failures=list(al.failures), anomalies=anomalies,
                     provider_prompt_tokens=_usage_prompt_tokens(p.usage),
                     tag_positions=think_tag_positions(tokens),
+                    top_k=max(0, int(req["top_k"])) if isinstance(req.get("top_k"), int) else 0,
+                    step_final=None if retokenized else _step_final(q.attempts_for_probe(s, p.id), len(tokens)),
                 )
             )
     return ObservationSet(obs, excluded)
+
+
+def _step_final(attempts: Sequence[Any], n_tokens: int) -> list[bool] | None:
+    """Per token of a response, whether it closes its streamed chunk: from the last attempt that
+    recorded ``tokens_per_chunk`` (the one that answered); None when none did or its chunk sizes
+    (non-negative ints) do not add up to ``n_tokens``."""
+    tpc = next((a.tokens_per_chunk for a in reversed(attempts) if a.tokens_per_chunk), None)
+    if not tpc or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in tpc) \
+            or sum(tpc) != n_tokens:
+        return None
+    out: list[bool] = []
+    for c in tpc:
+        out.extend([False] * (c - 1) + [True] if c else [])
+    return out
 
 
 def load_observations(store: Store, run_id: str, config: ProviderConfig, tokenizer: Any) -> list[Observation]:

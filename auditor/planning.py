@@ -3,10 +3,12 @@
 - :func:`provider_config`: the provider's ``ProviderConfig`` (given, or read from the providers
   file), API key resolved;
 - :func:`load_suite_spec`: a packaged suite by name or a suite JSON file;
+- :func:`allowed_tests`: the suite without the requests the provider does not allow (greedy ones when it
+  enforces a temperature above 0: ``[providers.NAME.enforced]``, issue 35 item 4);
 - :func:`plan_budget`: the suite cut to ``budget_tokens`` planned completion tokens
   (Σ max_tokens × samples) keeping its mix of modes and workloads.
 
-All three raise :class:`auditor.errors.AuditError` naming the parameter at fault.
+All of them raise :class:`auditor.errors.AuditError` naming the parameter at fault.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from probes.suites import Probe, Suite, SuiteError, load_suite
 if TYPE_CHECKING:  # pragma: no cover
     from probes.config import ProviderConfig
 
-__all__ = ["load_suite_spec", "plan_budget", "provider_config"]
+__all__ = ["allowed_tests", "impossible_tests", "load_suite_spec", "plan_budget", "provider_config"]
 
 
 def provider_config(provider_name: str, config_path: str | None = None,
@@ -142,4 +144,53 @@ def plan_budget(suite: Suite, budget_tokens: int | None) -> Suite:
             parameter="budget_tokens",
         )
     kept = [p.model_copy(update={"n_samples": taken[p.id]}) for p in suite.probes if taken[p.id] > 0]
+    return suite.model_copy(update={"probes": kept})
+
+
+def impossible_tests(config: ProviderConfig) -> dict[str, str]:
+    """The questions an audit of ``config`` cannot ask, each with the reason in plain words
+    (``{}`` when the provider honours every parameter). Keys: ``greedy`` (temperature-0 tests: greedy
+    match, near-ties, the pre-flight's greedy checks), ``full-distribution`` (sampling of the whole
+    distribution: the pre-flight's server-side truncation check), ``seed`` (reproducible samples)."""
+    e = config.enforced
+    where = f"providers.{config.name}.enforced"
+    out: dict[str, str] = {}
+    if not e.greedy_possible():
+        t = e.temperature
+        out["greedy"] = (f"the provider enforces temperature = {t:g} ({where}), so no answer is sampled at "
+                         "temperature 0: greedy-match and the greedy near-tie tests were impossible"
+                         if t is not None else f"the provider rejects or overrides temperature ({where})")
+    if (e.top_p is not None and e.top_p < 1.0) or e.top_k is not None:
+        law = ", ".join(f"{p} = {v:g}" for p, v in e.fixed().items() if p != "temperature")
+        out["full-distribution"] = (f"the provider enforces {law} ({where}): whether it truncates the distribution "
+                                    "could not be tested; the sampling tests compare its tokens with that declared law")
+    if "seed" in e.rejected:
+        out["seed"] = f"the provider rejects seed with HTTP 400 ({where}): samples are not reproducible"
+    return out
+
+
+def allowed_tests(suite: Suite, config: ProviderConfig) -> Suite:
+    """``suite`` without the requests ``config``'s provider does not allow: its greedy-mode probes when
+    it enforces a temperature above 0 (they would be samples at that temperature under another name;
+    the logprob- and sampling-mode probes stay, sent at the enforced law). Unchanged otherwise.
+
+    Raises:
+        AuditError: a sampling parameter the provider overrides or rejects has no declared value (the law
+            of its samples is unknown), or nothing of the suite is left (``parameter`` = ``config_path``).
+    """
+    e = config.enforced
+    if unknown := e.unknown():
+        raise AuditError(
+            f"provider {config.name!r} overrides or rejects {', '.join(unknown)} and the value it applies is not "
+            f"declared, so no test can compare its tokens with a known law. Fix: declare it in "
+            f"[providers.{config.name}.enforced] (e.g. temperature = 1.0, from the provider's documentation).",
+            parameter="config_path", provider=config.name)
+    if e.greedy_possible():
+        return suite
+    kept = [p for p in suite.probes if p.mode != "greedy"]
+    if not kept:
+        raise AuditError(
+            f"suite {suite.name}: every request is greedy (temperature 0), and provider {config.name!r} enforces "
+            f"temperature = {e.temperature:g}. Fix: use a suite with logprob or sampling requests (default, "
+            "verification).", parameter="suite", provider=config.name)
     return suite.model_copy(update={"probes": kept})

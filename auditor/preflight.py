@@ -232,6 +232,7 @@ def plan_preflight(config: ProviderConfig, max_tokens: int = PREFLIGHT_MAX_TOKEN
             b["top_p"] = top_p
         if seed is not None:
             b["seed"] = seed
+        config.enforced.apply(b)  # the provider's fixed values, no rejected field (issue 35 item 4)
         b.update(config.extra_body)
         return b
 
@@ -353,6 +354,7 @@ def _unusable(norms: Sequence[NormalizedResponse]) -> str | None:
 def _greedy_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
     n = k = 0
     examples: list[dict[str, Any]] = []
+    spans: dict[str, dict[str, float]] = {}  # a reasoning model's answer, per span (issue 35): positions, flips
     for resp in norms:
         tags = think_tag_positions(resp.tokens)  # possibly forced by a thinking budget: no sample
         for i, t in enumerate(resp.tokens):
@@ -361,6 +363,11 @@ def _greedy_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
                 continue
             n += 1
             gap = max(alts) - t.logprob
+            if t.span in ("reasoning", "answer"):
+                sp = spans.setdefault(t.span, {"positions": 0, "flips": 0, "expected": 0.0})
+                sp["positions"] += 1
+                sp["flips"] += int(gap > GREEDY_TIE_BAND)
+                sp["expected"] += GREEDY_R0
             if gap > GREEDY_TIE_BAND:
                 k += 1
                 if len(examples) < 5:
@@ -376,7 +383,8 @@ def _greedy_check(norms: Sequence[NormalizedResponse]) -> PreflightCheck:
                f"at temperature 0 the provider emitted a token other than its own top-1 at {k} of {n} positions "
                "(its greedy path applies something the request did not ask for, e.g. a repetition penalty)")
     return PreflightCheck("greedy-top1", "decoding", ok if k else True, summary, p, float(k), n,
-                          {"rate": k / n, "band_nats": GREEDY_TIE_BAND, "r0": GREEDY_R0, "examples": examples})
+                          {"rate": k / n, "band_nats": GREEDY_TIE_BAND, "r0": GREEDY_R0, "examples": examples,
+                           **({"spans": spans} if "reasoning" in spans else {})})
 
 
 def _region_counts(norms: Sequence[NormalizedResponse], convention: LogprobConvention = RANKED,
@@ -443,6 +451,18 @@ def _top_p_check(norms: Sequence[NormalizedResponse], convention: LogprobConvent
                            "certified_m": convention.certified_m, "examples": examples})
 
 
+def _sent(exchange: dict[str, Any] | None, param: str, default: float | None) -> float | None:
+    """The value of ``param`` in a stored pre-flight request (``default`` when it was not sent because the
+    request does not ask it; None when the provider rejects it: a request asking it was sent without it)."""
+    if exchange is None:
+        return default
+    req = exchange.get("request") or {}
+    if param in req:
+        v = req[param]
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+    return None if param == "temperature" or (param == "seed" and default is None) else default
+
+
 def _same_check(name: str, a: NormalizedResponse | None, b: NormalizedResponse | None, what: str) -> PreflightCheck:
     if a is None or b is None:
         return PreflightCheck(name, "parameter", None, f"{what}: a request failed, not checked")
@@ -465,10 +485,21 @@ def evaluate_preflight(api: str, exchanges: Sequence[dict[str, Any]], tokenizer:
     """
     ex = {e["key"]: e for e in exchanges}
     nz = {k: _norm(api, e) for k, e in ex.items()}
+    # the provider's enforced parameters (issue 35 item 4) are in the requests as sent (EnforcedParams.apply)
+    t_greedy = _sent(ex.get("greedy-a"), "temperature", 0.0)
+    no_greedy = None if t_greedy == 0.0 else (
+        f"impossible: the provider enforces temperature = {t_greedy:g}, so no request is sampled at temperature 0"
+        if t_greedy is not None else "impossible: the provider rejects the temperature parameter (HTTP 400)")
+    top_p = _sent(ex.get("seed-a"), "top_p", 1.0)
+    no_top_p = None if top_p in (None, 1.0) else (  # a rejected top_p leaves the default: the check tests it
+        f"not testable: the provider enforces top_p = {top_p:g} (declared), so no request samples the whole "
+        "distribution; the sampling tests use that nucleus as the law")
+    seeded = _sent(ex.get("seed-a"), "seed", None) is not None or "seed-a" not in ex
     checks = [
-        _same_check("t0-determinism", nz.get("greedy-a"), nz.get("greedy-b"),
-                    "two identical temperature-0 requests"),
-        _same_check("seed", nz.get("seed-a"), nz.get("seed-b"), "two temperature-1 requests with the same seed"),
+        _same_check("t0-determinism", nz.get("greedy-a"), nz.get("greedy-b"), "two identical temperature-0 requests")
+        if no_greedy is None else PreflightCheck("t0-determinism", "parameter", None, f"temperature-0 determinism: {no_greedy}"),
+        _same_check("seed", nz.get("seed-a"), nz.get("seed-b"), "two temperature-1 requests with the same seed")
+        if seeded else PreflightCheck("seed", "parameter", None, "seed: the provider rejects it (HTTP 400); not sent"),
     ]
     mt = nz.get("max-tokens")
     if mt is None:
@@ -490,14 +521,16 @@ def evaluate_preflight(api: str, exchanges: Sequence[dict[str, Any]], tokenizer:
             f"the answer ended before it ({len(got)} of {len(ga.text)} characters)" if ok else
             "the stop string appears in the answer"), n=1,
             evidence={"stop": s, "text": got[:200], "finish_reason": sn.finish_reason}))
-    checks.append(_greedy_check([r for r in (nz.get("greedy-a"), nz.get("greedy-c")) if r is not None]))
+    checks.append(_greedy_check([r for r in (nz.get("greedy-a"), nz.get("greedy-c")) if r is not None])
+                  if no_greedy is None else PreflightCheck("greedy-top1", "decoding", None, f"greedy = own top-1: {no_greedy}"))
     sampled = [r for k, r in nz.items() if k in ("seed-a", "sample-c", "sample-d") and r is not None]
     sa, sb = nz.get("seed-a"), nz.get("seed-b")
     if sb is not None and sa is not None and _ids(sb) != _ids(sa):  # an ignored seed: an independent draw
         sampled.append(sb)
     conv = learn_convention([r.tokens for r in nz.values() if r is not None],
                             next((k for e in exchanges if (k := requested_top_logprobs(e.get("request")))), None))
-    checks.append(_top_p_check(sampled, conv))
+    checks.append(_top_p_check(sampled, conv) if no_top_p is None else
+                  PreflightCheck("top-p", "decoding", None, f"server-side truncation at top_p = 1: {no_top_p}"))
     checks.append(_prompt_tokens_check(api, ex.get("greedy-a"), nz.get("greedy-a"), tokenizer, reasoning_opener))
     return PreflightReport(checks, list(exchanges), conv.to_dict() if conv.n_positions else {})
 

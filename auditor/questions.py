@@ -150,7 +150,10 @@ _RULE_DETECTORS = (
     ("4", _SAMPLING_TESTS),
     ("1-self-greedy", (DetectorName.SELF_GREEDY,)),
     ("1u-unverified-tokens", (DetectorName.SELF_GREEDY,)),
+    ("1s-reasoning-span", (DetectorName.SELF_GREEDY,)),
+    ("1d-unverified-drafts", (DetectorName.SELF_GREEDY,)),
     ("6-preflight-greedy", ("preflight-greedy-top1",)),
+    ("6s-preflight-reasoning-span", ("preflight-greedy-top1",)),
     ("6-preflight-sampling", ("preflight-top-p",)),
 )
 #: rule → what the decoding non-compliance is, for a verification "not tested".

@@ -60,6 +60,7 @@ power and the mean tokens used against the fixed-budget audit at the maximum bud
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -571,9 +572,15 @@ def run_sequential_check(
         AuditError: as ``run_check`` (config, suite, database, connection, budget).
     """
     from auditor.audit import run_check
-    from auditor.planning import load_suite_spec, plan_budget
+    from auditor.errors import AuditError
+    from auditor.planning import allowed_tests, load_suite_spec, plan_budget, provider_config
 
     full = load_suite_spec(suite)
+    # the looks plan only what the provider allows (no greedy request when it fixes the temperature); a config
+    # problem is run_check's to report, at the first look
+    with contextlib.suppress(AuditError):
+        full = allowed_tests(full, provider_config(provider_name, check_kwargs.get("config_path"),
+                                                   check_kwargs.get("provider_config")))
     if design is None:
         top = min(AUTO_MAX_TOKENS, full.max_completion_tokens())
         first = min(AUTO_FIRST_LOOK, top)

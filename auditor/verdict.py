@@ -15,7 +15,18 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    reference's (``details["n_unverified"]`` of self-greedy): tokens no decoding parameter picks are
    drafts that were never verified → RELAXED_VERIFICATION, rule ``1u-unverified-tokens``, the
    positions named (issue 40 item 3: a real vLLM with ngram speculation, greedy requests batched
-   with sampled ones).
+   with sampled ones) — or (1s) when a reasoning model's contradictions sit in its reasoning span and
+   not in its answer (the answer's within their honest expectation, and the reasoning span's rate higher
+   by a one-sided Fisher exact test at alpha, ``verdict_cause.span_localized``): a rule that applies only
+   between <think> and </think> is a verification rule (relaxed MTP acceptance inside the reasoning
+   span, TensorRT-LLM #3865, ATOM #411) → RELAXED_VERIFICATION "inside the reasoning span",
+   rule ``1s-reasoning-span`` (``6s-preflight-reasoning-span`` when the pre-flight's greedy-top1 check, rule 6,
+   is what shows it) — or (1d) when the clear contradictions avoid the last token of the streamed steps
+   (self-greedy ``details["steps"]``: fewer at a chunk's last token than the chunk-final positions' share
+   predicts, one-sided exact binomial p <= alpha): a decoding parameter acts on every pick, and under
+   verification its departures end a step; departures only inside the steps are drafts emitted before
+   the target's own token without being verified (synthetic acceptance: vLLM ``rejection_sample_method:
+   synthetic``, SGLang ``SGLANG_SIMULATE_ACC_LEN``) → RELAXED_VERIFICATION, rule ``1d-unverified-drafts``.
 2. ``logprob-divergence`` rejects → SUBSTITUTION when the provider's top-1 leaves the reference
    argmax at positions where the reference is confident far more often than a quantization-like
    (isotropic) logit perturbation of the audit's own measured scale explains
@@ -155,6 +166,8 @@ from auditor.verdict_cause import (
     p_adjusted_text,
     sampled_flip_cause,
     set_aside,
+    span_clause,
+    span_localized,
     speculation_clause,
     template_note,
 )
@@ -688,6 +701,31 @@ def _self_greedy(c: _Ctx) -> _Cause:
             "1u-unverified-tokens", [DetectorName.SELF_GREEDY],
             f"{n_unv} unverified greedy tokens, self-greedy p_adj={r.p_adjusted:.3g}",
         )
+    if span_localized(d.get("spans"), float(c.details["alpha"])):  # issue 35: a rule that relaxes verification inside <think> only
+        return c.cause(
+            VerdictKind.RELAXED_VERIFICATION,
+            f"at temperature 0 the emitted token contradicts the provider's own reported top-1 at "
+            f"{int(r.statistic)} of {r.n} positions{span_clause(d.get('spans'))}: a verification rule that applies "
+            f"between <think> and </think> only accepts non-argmax drafts there (relaxed MTP acceptance, "
+            f"TensorRT-LLM #3865, ATOM #411) (self-greedy p_adj={r.p_adjusted:.3g})",
+            "1s-reasoning-span", [DetectorName.SELF_GREEDY],
+            f"greedy tokens not its own top-1 inside the reasoning span, self-greedy p_adj={r.p_adjusted:.3g}",
+        )
+    st = d.get("steps") or {}
+    if st.get("clear") and float(st.get("p_value", 1.0)) <= float(c.details["alpha"]):  # issue 35: synthetic acceptance
+        share = int(st["final_positions"]) / max(int(st["positions"]), 1)
+        return c.cause(
+            VerdictKind.RELAXED_VERIFICATION,
+            f"at temperature 0 the emitted token contradicts the provider's own reported top-1 at "
+            f"{int(r.statistic)} of {r.n} positions, and of the {int(st['clear'])} clear contradictions in streamed "
+            f"answers only {int(st['clear_final'])} fall on the last token of a streamed step where {share:.0%} of the "
+            f"positions are (binomial p={float(st['p_value']):.2g}): the departures are tokens inside each "
+            f"speculative step, never the target's own token that closes it — drafts emitted without verification "
+            f"(synthetic acceptance: vLLM rejection_sample_method=synthetic, SGLANG_SIMULATE_ACC_LEN, TensorRT-LLM "
+            f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS) (self-greedy p_adj={r.p_adjusted:.3g})",
+            "1d-unverified-drafts", [DetectorName.SELF_GREEDY],
+            f"greedy tokens not its own top-1 inside the streamed steps only, self-greedy p_adj={r.p_adjusted:.3g}",
+        )
     return c.cause(
         VerdictKind.DECODING_NONCOMPLIANT,
         f"at temperature 0 the emitted token contradicts the provider's own reported top-1 at "
@@ -757,7 +795,14 @@ def _preflight_cause(c: _Ctx, name: str) -> _Cause:
     d = r.details or {}
     if name == "preflight-greedy-top1":
         text = (f"pre-flight: at temperature 0 the provider emitted a token other than its own reported top-1 at "
-                f"{int(r.statistic)} of {r.n} positions: its greedy path does not follow the request")
+                f"{int(r.statistic)} of {r.n} positions")
+        if span_localized(d.get("spans"), float(c.details["alpha"])):  # rule 1s on the pre-flight's answers
+            return c.cause(VerdictKind.RELAXED_VERIFICATION,
+                           f"{text}{span_clause(d.get('spans'))}: a verification rule that applies between <think> "
+                           f"and </think> only accepts non-argmax drafts there (relaxed MTP acceptance, TensorRT-LLM "
+                           f"#3865, ATOM #411) ({name} p_adj={r.p_adjusted:.3g})",
+                           "6s-preflight-reasoning-span", [name], f"{name} p_adj={r.p_adjusted:.3g}, reasoning span")
+        text += ": its greedy path does not follow the request"
     else:
         text = (f"pre-flight: with temperature 1 and top_p=1 the sampled tokens fell among the provider's own "
                 f"least likely tokens {int(r.statistic)} times where {d.get('expected', float('nan')):.1f} were "
@@ -889,7 +934,8 @@ def _other_causes(c: _Ctx, primary: _Cause) -> list[_Cause]:
     if primary.kind in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE):
         return []
     out: list[_Cause] = []
-    if c.rejects(DetectorName.SELF_GREEDY) and primary.rule not in ("1-self-greedy", "1u-unverified-tokens"):
+    if c.rejects(DetectorName.SELF_GREEDY) and primary.rule not in ("1-self-greedy", "1u-unverified-tokens",
+                                                                    "1s-reasoning-span", "1d-unverified-drafts"):
         out.append(_self_greedy(c))
     if not primary.rule.startswith("4"):
         s = _sampling_cause(c, reference=c.lp_consistent or _mild(c))

@@ -372,6 +372,22 @@ def span_clause(spans: Any) -> str:
             f"near-tie positions; {af} in {int(a.get('positions', 0))} answer positions)")
 
 
+def span_localized(spans: Any, alpha: float) -> bool:
+    """Whether a reasoning model's greedy departures are confined to its reasoning span (issue 35): the
+    answer's are within their honest expectation (:func:`span_clause`) *and* the reasoning span's rate is
+    higher than the answer's by a one-sided Fisher exact test at ``alpha`` — the answer had positions
+    enough to show the difference. ``spans``: ``{"reasoning"|"answer": {positions, flips, expected}}``."""
+    if not span_clause(spans):
+        return False
+    r, a = spans["reasoning"], spans.get("answer") or {}
+    rn, rf = int(r.get("positions", 0)), int(r.get("flips", 0))
+    an, af = int(a.get("positions", 0)), int(a.get("flips", 0))
+    if an == 0:
+        return False
+    p = stats.fisher_exact([[rf, rn - rf], [af, an - af]], alternative="greater").pvalue
+    return bool(p <= alpha)
+
+
 def explained_by_decode_path(name: str, rejects: Callable[[str], bool]) -> str:
     """The note beside a greedy-vs-reference finding when ``self-greedy`` also rejects: the provider's
     T=0 tokens are not its own reported top-1 either (e.g. llama.cpp's default repetition penalty

@@ -38,9 +38,11 @@ __all__ = [
     "APP_NAME",
     "CLAIMED_PRECISIONS",
     "DEFAULT_REFERENCE",
+    "ENFORCEABLE",
     "EXAMPLE_PROVIDERS_TOML",
     "Capabilities",
     "ConfigError",
+    "EnforcedParams",
     "Pricing",
     "ProviderConfig",
     "RateLimits",
@@ -57,6 +59,10 @@ __all__ = [
     "user_config_path",
     "write_capabilities",
 ]
+
+#: Request parameters a provider may fix or refuse (``[providers.NAME.enforced]``, issue 35 item 4).
+ENFORCEABLE = ("temperature", "top_p", "top_k", "seed")
+_SamplingParam = Literal["temperature", "top_p", "top_k", "seed"]
 
 #: The bundled reference model (see ``reference.models.DEFAULT_MODEL``; duplicated here because
 #: ``probes`` never imports ``reference``).
@@ -119,6 +125,99 @@ class Capabilities(_Strict):
     when one was cut while another ran (a llama.cpp server cancels a running stream whenever
     another request waits); ``providers probe --write`` then also lowers
     ``rate_limits.concurrency`` to the widest overlap that survived (1 if none)."""
+
+
+class EnforcedParams(_Strict):
+    """Sampling parameters the provider applies whatever the request says, or refuses
+    (``[providers.NAME.enforced]``; ``auditor providers probe NAME --write`` records what it observes).
+
+    Some official APIs fix ``temperature = 1.0`` and ``top_p = 0.95`` (Kimi's), others answer HTTP 400
+    when a reasoning model is sent ``temperature`` (OpenAI's o-series: "Unsupported value: 'temperature'
+    does not support 0 with this model. Only the default (1) value is supported."). The audit then sends
+    the declared value (never a rejected field), plans no greedy test when the temperature is fixed above 0,
+    and tests the sampled tokens against the declared law (the reference's distribution at that temperature,
+    cut to its top-p nucleus / top-k and renormalised). Example::
+
+        [providers.kimi.enforced]
+        temperature = 1.0     # applied whatever is asked (the provider's documentation, or its 400 message)
+        top_p = 0.95
+        rejected = ["temperature"]   # a request carrying it gets HTTP 400: it is left out
+
+    A parameter in ``overridden`` or ``rejected`` without a declared value (temperature, top_p, top_k) has
+    an unknown law: an audit refuses to start until its value is declared.
+    """
+
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    """Temperature the provider applies to every request; None = the requested one."""
+
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    """Nucleus the provider applies (the smallest top set with probability >= top_p, renormalised)."""
+
+    top_k: int | None = Field(None, ge=1, le=1_000_000)
+    """Top-k the provider applies; None = none beyond the requested one."""
+
+    overridden: list[_SamplingParam] = Field(default_factory=list)
+    """Parameters observed to be replaced by the provider's own value (e.g. temperature-0 answers
+    that differ, or emit tokens below the provider's own top-1); ``seed`` here = the seed is ignored."""
+
+    rejected: list[_SamplingParam] = Field(default_factory=list)
+    """Parameters the provider refuses with HTTP 400: never sent."""
+
+    @field_validator("temperature", "top_p")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number (or omitted)")
+        return v
+
+    @field_validator("overridden", "rejected")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"lists a parameter twice ({v}); name each once")
+        return v
+
+    def value(self, param: str) -> float | int | None:
+        """The declared value of ``param`` (temperature / top_p / top_k), None when not fixed."""
+        return getattr(self, param) if param in ("temperature", "top_p", "top_k") else None
+
+    def fixed(self) -> dict[str, float | int]:
+        """``{param: value}`` for every parameter with a declared value."""
+        return {p: v for p in ("temperature", "top_p", "top_k") if (v := self.value(p)) is not None}
+
+    def unknown(self) -> list[str]:
+        """Sampling parameters overridden or rejected whose applied value is not declared: the law the
+        provider samples from is then unknown. (A rejected top_p / top_k leaves the provider's default,
+        no truncation, which the pre-flight's top-p check tests, so only the temperature counts.)"""
+        return ["temperature"] if self.temperature is None and "temperature" in {*self.overridden, *self.rejected} else []
+
+    def temperature_for(self, requested: float) -> float:
+        """The temperature a request asking ``requested`` is sampled at."""
+        return float(self.temperature) if self.temperature is not None else float(requested)
+
+    def greedy_possible(self) -> bool:
+        """Whether a temperature-0 (greedy) request is honoured."""
+        return self.temperature in (None, 0.0) and not self.unknown()
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` (a request, modified in place and returned) as the provider allows it: each declared
+        value replaces the requested one (so the stored request states the law applied), each rejected
+        parameter is removed."""
+        for p, v in self.fixed().items():
+            body[p] = v
+        for p in self.rejected:
+            body.pop(p, None)
+        return body
+
+    def describe(self) -> str:
+        """One line for reports: ``temperature = 1.0, top_p = 0.95 (rejected: temperature)``; "" when none."""
+        parts = [f"{p} = {v:g}" for p, v in self.fixed().items()]
+        parts += [f"{p} overridden (value not declared)" for p in self.overridden if p not in self.fixed() and p != "seed"]
+        if "seed" in self.overridden:
+            parts.append("seed ignored")
+        if self.rejected:
+            parts.append(f"rejected with HTTP 400: {', '.join(self.rejected)}")
+        return ", ".join(parts)
 
 
 class RateLimits(_Strict):
@@ -369,6 +468,9 @@ class ProviderConfig(_Strict):
     capabilities: Capabilities = Field(default_factory=Capabilities)
     """Declared or discovered capabilities (``auditor providers probe NAME --write``)."""
 
+    enforced: EnforcedParams = Field(default_factory=EnforcedParams)
+    """Sampling parameters the provider fixes or refuses (:class:`EnforcedParams`; issue 35 item 4)."""
+
     rate_limits: RateLimits = Field(default_factory=RateLimits)
     """Client-side request rate and concurrency limits."""
 
@@ -517,7 +619,7 @@ def _fix_hint(err: ErrorDetails) -> str:
     if typ == "extra_forbidden":
         import difflib
 
-        names = {f for m in (ProviderConfig, Capabilities, RateLimits, Pricing, RetryPolicy, ResponseLimits, ReferenceConfig) for f in m.model_fields}
+        names = {f for m in (ProviderConfig, Capabilities, EnforcedParams, RateLimits, Pricing, RetryPolicy, ResponseLimits, ReferenceConfig) for f in m.model_fields}
         loc = err.get("loc") or ("",)
         close = difflib.get_close_matches(str(loc[-1]), sorted(names), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -751,10 +853,13 @@ def get_provider(name: str, path: str | os.PathLike[str] | None = None) -> Provi
 
 
 def write_capabilities(
-    name: str, caps: Capabilities, path: str | os.PathLike[str] | None = None, *, concurrency: int | None = None
+    name: str, caps: Capabilities, path: str | os.PathLike[str] | None = None, *, concurrency: int | None = None,
+    enforced: EnforcedParams | None = None,
 ) -> Path:
     """Write discovered ``caps`` into ``[providers.NAME.capabilities]`` of the providers file
-    (and ``concurrency``, when given, into ``[providers.NAME.rate_limits]``).
+    (and ``concurrency``, when given, into ``[providers.NAME.rate_limits]``; ``enforced``, when given, into
+    ``[providers.NAME.enforced]``: its observed lists, keeping values declared there by hand where the
+    probe read none).
 
     The file is re-serialized with ``tomli_w`` (comments are not preserved). Returns the path.
     Raises :class:`ConfigError` when the file or provider is missing.
@@ -771,6 +876,14 @@ def write_capabilities(
     provs[name]["capabilities"] = caps.model_dump()
     if concurrency is not None:
         provs[name].setdefault("rate_limits", {})["concurrency"] = int(concurrency)
+    if enforced is not None:
+        old = provs[name].get("enforced") or {}
+        new = {k: v for k, v in enforced.model_dump().items() if v not in (None, [])}
+        kept = {k: old[k] for k in ("temperature", "top_p", "top_k") if k in old and k not in new}
+        if new or kept:
+            provs[name]["enforced"] = {**kept, **new}
+        else:
+            provs[name].pop("enforced", None)
     parse_providers(data, str(p))  # never write an invalid file
     p.write_text(tomli_w.dumps(data), encoding="utf-8")
     return p

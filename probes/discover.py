@@ -1,7 +1,19 @@
 """Discover a provider's capabilities by asking (``auditor providers probe NAME``).
 
-Small requests (a few tokens each, ~9 requests in all), each answering one question:
+Small requests (a few tokens each, ~12 requests in all), each answering one question:
 
+- ``enforced`` (issue 35 item 4): which sampling parameters the provider refuses or replaces.
+  *Rejected*: a first request carrying ``temperature = 0``, ``top_p = 1``, ``top_k = -1`` and ``seed`` that
+  comes back HTTP 400 / 422 naming one of them (the error's ``param``, else the name quoted in its
+  message) records it as rejected, and it is sent again without it until it passes; the value the
+  provider applies instead is read from the message when it says so (OpenAI: "Only the default (1) value
+  is supported."). *Overridden*: two temperature-0 requests (16 tokens) whose tokens fall below the
+  provider's own reported top-1 (more than 0.01 nats, twice or more: a greedy engine emits none), or,
+  without logprobs, whose answers differ, mean the temperature is replaced; the value is then not
+  observable in a few requests, so it is kept from ``[providers.NAME.enforced]`` when declared there
+  (the provider's documentation), else the audit asks for it. A seed that does not reproduce an answer
+  is recorded as overridden (ignored). Top-p / top-k overrides are not observable in so few tokens:
+  declare them. :attr:`DiscoveryReport.enforced`;
 - ``logprobs`` / ``max_top_logprobs``: ask 20 alternatives, fall back to 5, then to logprobs
   without alternatives; the cap is the largest number of alternatives actually returned;
 - ``n``: ``n = 2`` returns two choices;
@@ -34,6 +46,7 @@ nothing).
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +54,7 @@ import httpx
 
 from probes.client import ProbeClient, ProbeResult
 from probes.concurrency import is_pressure
-from probes.config import Capabilities, ProviderConfig
+from probes.config import ENFORCEABLE, Capabilities, EnforcedParams, ProviderConfig
 from probes.conventions import learn_convention
 from probes.normalize import normalize_response
 from probes.wire import describe_error
@@ -52,6 +65,10 @@ _PROMPT = "Count from one to ten: one, two,"
 _RANDOM_PROMPT = "Write a list of ten random, unrelated words."
 #: Statuses with which a server refuses an option it does not support (an observation, not a failure).
 _REFUSAL_STATUS = frozenset({400, 422})
+#: Nats by which a temperature-0 token may trail the provider's own top-1 (ties, rounding).
+_GREEDY_TIE_NATS = 0.01
+#: What a refusal says the provider applies instead (OpenAI's reasoning models).
+_DEFAULT_VALUE_RE = re.compile(r"only the default \(([0-9.]+)\) value is supported", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,9 @@ class DiscoveryReport:
     convention: dict[str, Any] | None = None
     """The logprob convention observed (:meth:`probes.conventions.LogprobConvention.to_dict`), None when
     no alternatives came back."""
+    enforced: EnforcedParams | None = None
+    """The parameters observed rejected (HTTP 400 naming them) or overridden, with the values the provider
+    said it applies (None when the probe failed)."""
 
 
 class _ProbeFailed(Exception):
@@ -115,6 +135,36 @@ def _refused(res: ProbeResult) -> bool:
     """The server answered, and refused an option of the request (HTTP 400 / 422): an observation
     that the capability asked about is not supported."""
     return not res.success and res.http_status in _REFUSAL_STATUS
+
+
+def _named_param(res: ProbeResult, sent: dict[str, Any]) -> str | None:
+    """The enforceable parameter a refusal names (its ``error.param``, else a quoted name in its message),
+    among those ``sent``; None when it names none of them."""
+    err = res.json.get("error") if isinstance(res.json, dict) else None
+    param = err.get("param") if isinstance(err, dict) else None
+    cands = [p for p in ENFORCEABLE if p in sent]
+    if isinstance(param, str) and param in cands:
+        return param
+    msg = str(err.get("message") if isinstance(err, dict) else "") + " " + str(res.error or "")
+    quoted = next((p for p in cands if re.search(rf"['\"`]{p}['\"`]", msg)), None)
+    return quoted or next((p for p in cands if re.search(rf"\b{p}\b", msg)), None)
+
+
+def _default_value(res: ProbeResult) -> float | None:
+    """The value a refusal says the provider applies ("Only the default (1) value is supported."), or None."""
+    m = _DEFAULT_VALUE_RE.search(str(res.response_text or "") + " " + str(res.error or ""))
+    return float(m.group(1)) if m else None
+
+
+def _below_own_top1(config: ProviderConfig, res: ProbeResult) -> int | None:
+    """Tokens of a temperature-0 answer that trail the provider's own reported top-1 by more than
+    ``_GREEDY_TIE_NATS`` (a greedy engine emits none); None without logprobs."""
+    if not res.success:
+        return None
+    norm = normalize_response(config.api, res.request, response_text=res.response_text, stream=res.stream)
+    gaps = [max(alts) - t.logprob for t in norm.tokens
+            if t.logprob is not None and (alts := [lp for (_s, _b, lp) in t.top_logprobs if lp is not None])]
+    return sum(g > _GREEDY_TIE_NATS for g in gaps) if gaps else None
 
 
 def _failure(res: ProbeResult, what: str) -> str | None:
@@ -193,10 +243,35 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
                 out.append(res)
             return ra, rb, out[0], out[1]
 
+        # enforced parameters, 1: a refusal naming a sampling parameter (sent again without it)
+        rejected: list[str] = []
+        values: dict[str, float] = {}
+        body = _base(cfg, top_p=1.0, top_k=-1, seed=1)
+        while True:
+            res = await ask(body, "the first request (temperature 0, top_p 1, top_k -1, seed)")
+            named = _named_param(res, body) if _refused(res) else None
+            if named is None:
+                break
+            rejected.append(named)
+            if (v := _default_value(res)) is not None and named in ("temperature", "top_p", "top_k"):
+                values[named] = v
+            body.pop(named)
+        if rejected:
+            rep.checks.append(CapabilityCheck(
+                "rejected", True, rejected, "HTTP 400 naming " + ", ".join(rejected)
+                + "".join(f"; applies {p} = {v:g}" for p, v in values.items()), 400))
+
+        def base(**kw: Any) -> dict[str, Any]:
+            """A discovery request without the parameters the provider rejects."""
+            b = _base(cfg, **kw)
+            for p in rejected:
+                b.pop(p, None)
+            return b
+
         # logprobs and the alternatives cap
         lp_ok, cap, status, note = False, 0, None, ""
         for k in (20, 5):
-            body = _base(cfg, logprobs=True, top_logprobs=k) if chat else _base(cfg, logprobs=k)
+            body = base(logprobs=True, top_logprobs=k) if chat else base(logprobs=k)
             res = await ask(body, f"the first request (logprobs, {k} alternatives)" if k == 20 else "logprobs")
             status = res.http_status
             ok, n_alt = _max_alts(cfg, res)
@@ -207,7 +282,7 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
             note = res.error or "no logprobs returned"
         if not lp_ok and not res.success:  # alternatives refused: logprobs alone? (a 200 without any logprobs
             # already says the server ignores logprobs=true; asking again without top_logprobs would not change it)
-            body = _base(cfg, logprobs=True) if chat else _base(cfg, logprobs=0)
+            body = base(logprobs=True) if chat else base(logprobs=0)
             res = await ask(body, "logprobs")
             ok, _ = _max_alts(cfg, res)
             if ok:
@@ -220,7 +295,31 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
         # what decides). a and b run one after the other (overlap could change a batch-variant
         # server's sample); the n = 2 request and c run at the same time: the plain-request
         # overlap test, neither of which needs a reproducible sample.
-        body = _base(cfg, temperature=1.0, seed=12345, max_tokens=16)
+        # enforced parameters, 2: is temperature 0 honoured? (two greedy answers on an open prompt)
+        greedy = base(max_tokens=16)
+        if lp_ok and cap:
+            greedy.update({"logprobs": True, "top_logprobs": min(cap, 5)} if chat else {"logprobs": min(cap, 5)})
+        if chat:
+            greedy["messages"] = [{"role": "user", "content": _RANDOM_PROMPT}]
+        else:
+            greedy["prompt"] = _RANDOM_PROMPT
+        g1 = await ask(greedy, "a temperature-0 request")
+        g2 = await ask(greedy, "a temperature-0 request")
+        below = [x for x in (_below_own_top1(cfg, g1), _below_own_top1(cfg, g2)) if x is not None]
+        overridden: list[str] = []
+        if "temperature" not in rejected and g1.success and g2.success:
+            if below:
+                t_over = sum(below) >= 2
+                det = f"{sum(below)} temperature-0 tokens below the provider's own top-1"
+            else:
+                t_over = g1.text != g2.text
+                det = "two temperature-0 answers " + ("differ" if t_over else "are identical") + " (no logprobs to tell)"
+            if t_over:
+                overridden.append("temperature")
+            rep.checks.append(CapabilityCheck("temperature_0", not t_over, not t_over,
+                                              det + ("; the provider replaces temperature 0" if t_over else ""), g2.http_status))
+
+        body = base(temperature=1.0, seed=12345, max_tokens=16)
         k_conv = min(cap, 5)
         if k_conv > 0:  # the sampled answers also show the logprob convention (issue 40)
             body.update({"logprobs": True, "top_logprobs": k_conv} if chat else {"logprobs": k_conv})
@@ -230,7 +329,8 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
             body["prompt"] = _RANDOM_PROMPT
         a = await ask(body, "a seeded request")
         b = await ask(body, "a seeded request")
-        n_cut, c_cut, res, c = await pair(_base(cfg, n=2, temperature=1.0, max_tokens=16), {**body, "seed": 54321},
+        n_cut, c_cut, res, c = await pair(base(n=2, temperature=1.0, max_tokens=16),
+                                          {**body, **({} if "seed" in rejected else {"seed": 54321})},
                                           ("the n=2 request", "a seeded request"))
 
         # n > 1
@@ -248,6 +348,10 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
             detail = "same text for different seeds at T=1 (seed not observable)"
         else:
             detail = "same text for the same seed, another for another seed"
+        if "seed" in rejected:
+            detail = "rejected with HTTP 400: not sent"
+        elif not same and a.success and b.success:
+            overridden.append("seed")  # the same seed gave another answer: the provider ignores it
         rep.checks.append(CapabilityCheck("seed", bool(seed_ok), bool(seed_ok), detail, b.http_status))
         if k_conv > 0:
             norms = [normalize_response(cfg.api, body, response=r.json) for r in (a, b, c)
@@ -266,7 +370,7 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
             rep.checks.append(CapabilityCheck("echo", False, False, "chat API has no echo", None))
             echo_ok = False
         else:
-            body = _base(cfg, echo=True, logprobs=1, max_tokens=1)
+            body = base(echo=True, logprobs=1, max_tokens=1)
             res = await ask(body, "the echo request")
             norm = normalize_response("completions", body, response_text=res.response_text) if res.success else None
             echo_ok = bool(norm and norm.prompt_tokens and "echo_ignored" not in norm.anomalies)
@@ -275,7 +379,7 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
             rep.checks.append(CapabilityCheck("echo", echo_ok, echo_ok, det, res.http_status))
 
         # streaming, as two overlapping streams (also the stream overlap test)
-        s1, s2, o1, o2 = await pair(_base(cfg, stream=True, max_tokens=16), _base(cfg, stream=True, max_tokens=16),
+        s1, s2, o1, o2 = await pair(base(stream=True, max_tokens=16), base(stream=True, max_tokens=16),
                                     ("a streamed request", "a streamed request"))
         res = o1 if o1.success or not o2.success else o2
         st_ok = res.success
@@ -289,6 +393,10 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
 
     if not succeeded[0]:
         raise _ProbeFailed(f"no request succeeded: {first_error[0] if first_error else 'no response'}")
+    declared = config.enforced  # values declared by hand (the provider's documentation) stand where none was read
+    rep.enforced = EnforcedParams(
+        **{p: values.get(p, declared.value(p)) for p in ("temperature", "top_p", "top_k")},
+        overridden=overridden, rejected=rejected)
     rep.capabilities = Capabilities(
         max_top_logprobs=cap,
         logprobs=lp_ok,

@@ -96,6 +96,8 @@ def build_payload(
       distinct seeds.
     - ``stream`` defaults to ``capabilities.streaming``; streamed requests add
       ``stream_options.include_usage`` when ``capabilities.stream_usage`` (default on).
+    - ``config.enforced`` (:meth:`probes.config.EnforcedParams.apply`): a declared value replaces the
+      probe's (the stored request states the law the provider applies), a rejected parameter is left out.
     - ``config.extra_body`` is merged last (it wins).
 
     Raises ``ValueError`` for an unknown ``api``.
@@ -124,6 +126,7 @@ def build_payload(
     seed = getattr(probe, "seed", None)
     if seed is not None and caps.seed:
         body["seed"] = int(seed) + int(sample)
+    config.enforced.apply(body)
     do_stream = caps.streaming if stream is None else bool(stream)
     if do_stream:
         body["stream"] = True

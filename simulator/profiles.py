@@ -30,6 +30,7 @@ VERIFIERS = (
     "strict", "relaxed-threshold", "typical-acceptance", "greedy-verify", "decode-noncompliant", "greedy-relaxed",
     "unverified-mixed-batch",
     "relaxed-think",
+    "synthetic-acceptance",
 )
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_QUANT = (None, "int8", "int4", "int3", "fp8")
@@ -92,6 +93,8 @@ class Profile:
         mix_fraction: that fraction in [0, 1].
         unverified_rate: unverified-mixed-batch: probability that a greedy verification round shares the
             batch with sampled traffic and emits unverified tokens (``simulator.verifiers.UnverifiedMixedBatchVerifier``).
+        synthetic_accept_len: synthetic-acceptance: drafts emitted unverified per step (``synthetic-acceptance:L``,
+            ``simulator.verifiers.SyntheticAcceptanceVerifier``).
     """
 
     name: str
@@ -122,6 +125,7 @@ class Profile:
     mix_with: str | None = None
     mix_fraction: float = 0.0
     unverified_rate: float = 0.0
+    synthetic_accept_len: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -152,6 +156,8 @@ class Profile:
             )
         if not (0.0 <= self.greedy_flip_rate <= 1.0):
             raise ValueError(f"profile {self.name!r}: greedy_flip_rate={self.greedy_flip_rate} must be in [0, 1]")
+        if self.synthetic_accept_len < 1:
+            raise ValueError(f"profile {self.name!r}: synthetic_accept_len={self.synthetic_accept_len} must be >= 1")
         if not (0.0 <= self.unverified_rate <= 1.0):
             raise ValueError(f"profile {self.name!r}: unverified_rate={self.unverified_rate} must be in [0, 1]")
         if self.forced_top_p is not None and not (0.0 < self.forced_top_p <= 1.0):
@@ -295,6 +301,16 @@ PROFILES: dict[str, Profile] = {
             "relaxed",
             "RELAXED_VERIFICATION",
             verifier="relaxed-think",
+        ),
+        Profile(
+            "synthetic-acceptance",
+            "Synthetic acceptance (vLLM rejection_sample_method=synthetic, SGLANG_SIMULATE_ACC_LEN, TensorRT-LLM "
+            "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS, ATOM --spec-decode-acceptance-length): the drafter's "
+            "tokens (an early-exit self:8 head) emitted unverified, 3 per step (synthetic-acceptance:L), every span.",
+            "relaxed",
+            "RELAXED_VERIFICATION",
+            verifier="synthetic-acceptance",
+            default_drafter="self:8",
         ),
         Profile(
             "typical-acceptance",
@@ -449,6 +465,7 @@ def parameterized_profile(name: str) -> Profile | None:
     Forms (issue 14): ``relaxed-threshold:S`` (SGLang threshold_single s in (0, 1]),
     ``typical-acceptance:EPS`` (epsilon in [0, 1]), ``greedy-relaxed:M`` (margin in nats >= 0),
     ``substituted:K`` (K >= 1 decoder layers dropped, :func:`spread_substitute_keep`),
+    ``synthetic-acceptance:L`` (L >= 1 drafts emitted unverified per step),
     ``mix-PROFILE:F`` (the honest-fp32 model, except a fraction F in [0, 1] of requests served by
     PROFILE, itself possibly parameterized; family and expected verdict are PROFILE's),
     ``recorded:NAME`` (an honest provider whose outputs a real engine recorded,
@@ -495,12 +512,18 @@ def parameterized_profile(name: str) -> Profile | None:
             summary=f"Honest outputs recorded from a real engine (auditor/calibration/recorded/{arg}.npz); "
                     "calibration replays them, `auditor serve` cannot serve them.",
         )
+    if head == "synthetic-acceptance":
+        n = _float_param(name, arg, 1.0, 64.0)
+        if n != int(n):
+            raise ValueError(f"profile {name!r}: the accepted length must be a whole number of tokens")
+        return dataclasses.replace(PROFILES[head], name=name, synthetic_accept_len=int(n),
+                                   summary=f"Synthetic acceptance: the drafter's tokens emitted unverified, {int(n)} per step.")
     if head == "greedy-relaxed":
         m = _float_param(name, arg, 0.0, 1e9)
         return dataclasses.replace(PROFILES[head], name=name, greedy_relaxed_margin=m,
                                    summary=f"Greedy drafts accepted in the top-2 within {m:g} nats of the argmax.")
     raise KeyError(f"unknown profile {name!r}; parameterized forms: relaxed-threshold:S, typical-acceptance:EPS, "
-                   "greedy-relaxed:M, substituted:K, mix-PROFILE:F, recorded:NAME")
+                   "greedy-relaxed:M, substituted:K, synthetic-acceptance:L, mix-PROFILE:F, recorded:NAME")
 
 
 def find_profile(name: str) -> Profile | None:

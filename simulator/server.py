@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -206,6 +206,51 @@ def vllm_prompt_logprobs(engine: SimulatorEngine, ids: Sequence[int], k: int) ->
     return out
 
 
+#: Parameters ``create_app(enforce=...)`` may fix, and those ``reject`` may refuse.
+ENFORCEABLE = ("temperature", "top_p", "top_k")
+REJECTABLE = ("temperature", "top_p", "top_k", "seed")
+
+
+def parse_enforce(text: str | None) -> dict[str, float]:
+    """``"temperature=1.0,top_p=0.95"`` → ``{"temperature": 1.0, "top_p": 0.95}`` (``auditor serve --enforce``).
+
+    Raises:
+        ValueError: an item without ``=`` or with a value that is no number, naming it.
+    """
+    out: dict[str, float] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, eq, value = item.partition("=")
+        try:
+            if not eq:
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--enforce: {item.strip()!r} is not PARAM=NUMBER (e.g. temperature=1.0,top_p=0.95)") from None
+    check_enforce(out, ())
+    return out
+
+
+def check_enforce(enforce: Mapping[str, float], reject: Sequence[str]) -> None:
+    """Validate ``create_app``'s ``enforce`` / ``reject``.
+
+    Raises:
+        ValueError: an unknown parameter name, or a value out of its range (temperature in [0, 2],
+            top_p in (0, 1], top_k >= 1), naming the parameter.
+    """
+    for k, v in enforce.items():
+        if k not in ENFORCEABLE:
+            raise ValueError(f"enforce: unknown parameter {k!r}; use {', '.join(ENFORCEABLE)}")
+        ok = {"temperature": 0.0 <= v <= 2.0, "top_p": 0.0 < v <= 1.0, "top_k": v >= 1 and float(v).is_integer()}[k]
+        if not ok:
+            raise ValueError(f"enforce: {k}={v} is out of range (temperature in [0, 2], top_p in (0, 1], top_k >= 1)")
+    for k in reject:
+        if k not in REJECTABLE:
+            raise ValueError(f"reject: unknown parameter {k!r}; use {', '.join(REJECTABLE)}")
+
+
+
 class SimulatorApp:
     """Request handling around one engine (kept separate from FastAPI wiring for testing)."""
 
@@ -222,7 +267,11 @@ class SimulatorApp:
         reasoning_budget: int = 32,
         stream_chunking: str = "round",
         stream_interval_ms: float = 50.0,
+        enforce: Mapping[str, float] | None = None,
+        reject: Sequence[str] = (),
     ):
+        self.enforce = dict(enforce or {})
+        self.reject = tuple(reject)
         self.engine = engine
         self.stream_chunking = stream_chunking
         self.stream_interval_ms = float(stream_interval_ms)
@@ -271,6 +320,34 @@ class SimulatorApp:
                 code="context_length_exceeded",
             )
         return asked
+
+    def sampling(self, req: Any) -> tuple[float, float, int]:
+        """``(temperature, top_p, top_k)`` a request is sampled at: an ``enforce``d value replaces the
+        requested one (as an API that fixes temperature = 1.0 and top_p = 0.95 does), a ``reject``ed
+        parameter present in the request is refused with HTTP 400 naming it (OpenAI's words for its
+        reasoning models: "Unsupported value: 'temperature' does not support 0 with this model. Only the
+        default (1) value is supported." — sending the default itself is accepted).
+
+        Raises:
+            InvalidRequest: a rejected parameter was sent (``param`` names it).
+        """
+        for name in self.reject:
+            got = getattr(req, name, None)
+            if got is None:
+                continue
+            fixed = self.enforce.get(name)
+            if fixed is None:
+                raise InvalidRequest(f"Unsupported parameter: '{name}' is not supported with this model.",
+                                     param=name, code="unsupported_parameter")
+            if float(got) != float(fixed):
+                raise InvalidRequest(f"Unsupported value: '{name}' does not support {got:g} with this model. Only the "
+                                     f"default ({fixed:g}) value is supported.", param=name, code="unsupported_value")
+        temperature = 1.0 if req.temperature is None else req.temperature
+        top_p = 1.0 if req.top_p is None else req.top_p
+        top_k = 0 if req.top_k in (None, -1) else req.top_k
+        e = self.enforce
+        return (float(e.get("temperature", temperature)), float(e.get("top_p", top_p)),
+                int(e.get("top_k", top_k)))
 
     def seeds(self, seed: int | None, n: int, offset: int = 0) -> list[int]:
         if seed is None:
@@ -503,6 +580,8 @@ def create_app(
     reasoning: str | None = None,
     reasoning_logprobs: str = "both",
     reasoning_budget: int = 32,
+    enforce: Mapping[str, float] | None = None,
+    reject: Sequence[str] = (),
     **profile_overrides: Any,
 ) -> FastAPI:
     """Build the FastAPI app of the provider simulator.
@@ -541,6 +620,11 @@ def create_app(
         reasoning_logprobs: ``both`` (``logprobs.content`` covers reasoning, close tag and answer)
             or ``answer`` (the answer tokens only; with a field mode: inline has no parser to split them).
         reasoning_budget: reasoning tokens at most before the close tag is forced (>= 1).
+        enforce: sampling parameters the server applies whatever the request says (``temperature``,
+            ``top_p``, ``top_k``; e.g. ``{"temperature": 1.0, "top_p": 0.95}``, as Kimi's API fixes them);
+            ``SimulatorApp.sampling``.
+        reject: parameters (``temperature``, ``top_p``, ``top_k``, ``seed``) refused with HTTP 400 when sent
+            (sending the ``enforce``d value itself is accepted, as OpenAI does for its reasoning models).
         **profile_overrides: Profile fields to override (e.g. ``accept_threshold_single=0.3``).
 
     Returns:
@@ -552,6 +636,7 @@ def create_app(
     _check_serving_options(stream_chunking=stream_chunking, stream_interval_ms=stream_interval_ms,
                            logprob_convention=logprob_convention, reasoning=reasoning,
                            reasoning_logprobs=reasoning_logprobs, reasoning_budget=reasoning_budget)
+    check_enforce(enforce or {}, reject)
     if engine is None:
         engine = _build_engine(profile, lm, model=model, drafter=drafter, k=k, seed=seed, adaptive_k=adaptive_k,
                                device=device, profile_overrides=profile_overrides)
@@ -561,7 +646,8 @@ def create_app(
     )
     sim = SimulatorApp(engine, name, inj, expose_profile, max_tokens_default, logprob_convention,
                        reasoning=reasoning, reasoning_logprobs=reasoning_logprobs, reasoning_budget=reasoning_budget,
-                       stream_chunking=stream_chunking, stream_interval_ms=stream_interval_ms)
+                       stream_chunking=stream_chunking, stream_interval_ms=stream_interval_ms,
+                       enforce=enforce, reject=reject)
     app = FastAPI(title="spec-auditor provider simulator", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sim = sim
     _add_error_handlers(app, sim)
@@ -705,9 +791,7 @@ def _chat_jobs(sim: SimulatorApp, req: ChatCompletionRequest) -> tuple[list[int]
     max_tokens = sim.max_tokens_for(len(prompt_ids), asked, "max_completion_tokens"
                                     if req.max_completion_tokens is not None else "max_tokens")
     top_n = (req.top_logprobs or 0) if req.logprobs else None
-    temperature = 1.0 if req.temperature is None else req.temperature
-    top_p = 1.0 if req.top_p is None else req.top_p
-    top_k = 0 if req.top_k in (None, -1) else req.top_k
+    temperature, top_p, top_k = sim.sampling(req)
     seeds = sim.seeds(req.seed, req.n)
     jobs = [
         dict(index=i, prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
@@ -883,9 +967,7 @@ def _completion_jobs(sim: SimulatorApp, req: CompletionRequest) -> _CompletionRe
             raise InvalidRequest("the prompt is empty after tokenization; send at least one token", param="prompt")
         encoded.append((ids, text))
     max_tokens_asked = req.max_tokens  # 0 is allowed (echo-only scoring, as OpenAI's legacy API)
-    temperature = 1.0 if req.temperature is None else req.temperature
-    top_p = 1.0 if req.top_p is None else req.top_p
-    top_k = 0 if req.top_k in (None, -1) else req.top_k
+    temperature, top_p, top_k = sim.sampling(req)
     jobs = []
     meta = []
     for pi, (ids, _text) in enumerate(encoded):

@@ -403,6 +403,42 @@ class RelaxedThinkVerifier(_GreedyPathRule):
         return ok
 
 
+class SyntheticAcceptanceVerifier:
+    """Synthetic acceptance: the drafter's tokens emitted unverified, ``accept_len`` per step (``Verifier``
+    protocol; issue 35 item 3).
+
+    Every major engine has a benchmarking switch that fixes the accepted length instead of verifying: vLLM's
+    ``rejection_sample_method: synthetic``, SGLang's ``SGLANG_SIMULATE_ACC_LEN``, TensorRT-LLM's
+    ``TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS``, ATOM's ``--spec-decode-acceptance-length``. Here each
+    step accepts the first ``min(accept_len, k)`` drafts without looking at p, then emits the target's own
+    token at the next position (the argmax on a greedy request, a sample of p there otherwise), in every
+    span and at every temperature. The drafts come from the engine's drafter (the profile's
+    ``self:8`` early-exit head); a step with no draft is an ordinary target step.
+
+    Args:
+        accept_len: drafts accepted per step, >= 1.
+
+    Raises:
+        ValueError: ``accept_len`` < 1.
+    """
+
+    name = "synthetic-acceptance"
+
+    def __init__(self, accept_len: int = 3):
+        if accept_len < 1:
+            raise ValueError(f"synthetic-acceptance accepted length L={accept_len} must be >= 1")
+        self.accept_len = int(accept_len)
+        self.n_unverified = 0  # drafts emitted without verification
+
+    def verify(self, p, q, draft_ids, generator, greedy) -> VerifyResult:
+        """The first ``accept_len`` drafts accepted unchecked, then the target's token (see class doc)."""
+        drafts = _drafts(draft_ids)
+        _check(p, drafts)
+        n = min(self.accept_len, len(drafts))
+        self.n_unverified += n
+        return VerifyResult(n, int(p[n].argmax()) if greedy else sample_from(p[n], generator))
+
+
 def make_verifier(profile: Profile, request_seed: int | None = None, span: str | None = None) -> Verifier:
     """Build the ``Verifier`` a profile asks for (``reference.verify.StrictVerifier`` for strict).
 
@@ -440,6 +476,8 @@ def make_verifier(profile: Profile, request_seed: int | None = None, span: str |
         return GreedyRelaxedVerifier(profile.greedy_relaxed_margin, ideal)
     if profile.verifier == "unverified-mixed-batch":
         return UnverifiedMixedBatchVerifier(profile.unverified_rate)
+    if profile.verifier == "synthetic-acceptance":
+        return SyntheticAcceptanceVerifier(profile.synthetic_accept_len)
     if profile.verifier == "relaxed-think":
         return RelaxedThinkVerifier(ideal_fallback=ideal) if span == "reasoning" else StrictVerifier()
     raise ValueError(f"unknown verifier {profile.verifier!r}")

@@ -66,7 +66,8 @@ EXPECTED_OPTIONS: dict[str, tuple[str, ...]] = {
         "--fault-delay", "--accept-threshold-single", "--accept-threshold-acc", "--greedy-flip-rate", "--forced-top-p",
         "--logit-noise", "--ignore-seed", "--server-top-k", "--inject-system-prompt", "--max-tokens-default",
         "--expose-profile", "--list-profiles", "--log-level", "--stream-chunking", "--stream-interval-ms",
-        "--reasoning", "--reasoning-logprobs", "--reasoning-budget", "--device", "--logprob-convention",
+        "--reasoning", "--reasoning-logprobs", "--reasoning-budget", "--device", "--logprob-convention", "--enforce",
+        "--reject",
     ),
     "speed": (
         "--provider/-p", "--workloads", "--concurrency", "--requests-per-cell", "--max-tokens", "--budget-tokens",

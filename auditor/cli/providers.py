@@ -114,7 +114,8 @@ def providers_probe(
     write: bool = typer.Option(False, "--write", help="Save the discovered capabilities into the providers file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Discover capabilities by asking (top_logprobs 20→5, n=2, seed, echo, stream); ~8 tiny requests."""
+    """Discover capabilities by asking (enforced or rejected sampling parameters, top_logprobs 20→5, n=2, seed,
+    echo, stream); ~12 tiny requests."""
     import asyncio
 
     from probes.config import ConfigError, get_provider, write_capabilities
@@ -135,6 +136,7 @@ def providers_probe(
                     "capabilities": rep.capabilities.model_dump() if rep.capabilities is not None else None,
                     "checks": [c.__dict__ for c in rep.checks],
                     "logprob_convention": rep.convention,
+                    "enforced": rep.enforced.model_dump() if rep.enforced is not None else None,
                     "error": rep.error,
                 },
                 indent=2,
@@ -156,13 +158,19 @@ def providers_probe(
         console().print(t)
     if write:
         try:
-            path = write_capabilities(name, rep.capabilities, config, concurrency=rep.safe_concurrency)
+            path = write_capabilities(name, rep.capabilities, config, concurrency=rep.safe_concurrency,
+                                      enforced=rep.enforced)
         except ConfigError as e:
             fail(str(e))
             return
         typer.echo(f"wrote [providers.{name}.capabilities] to {path}")
         if rep.safe_concurrency is not None:
             typer.echo(f"wrote [providers.{name}.rate_limits] concurrency = {rep.safe_concurrency} (overlapping requests were cut)")
+        if rep.enforced is not None and (said := rep.enforced.describe()):
+            typer.echo(f"wrote [providers.{name}.enforced]: {said}")
+    if rep.enforced is not None and rep.enforced.unknown():
+        typer.echo(f"the provider overrides or rejects {', '.join(rep.enforced.unknown())} and its value could not be read: "
+                   f"declare it in [providers.{name}.enforced] (the provider's documentation) before an audit")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@
                   [--ignore-seed] [--server-top-k K] [--inject-system-prompt TEXT]   # compliance faults
                   [--reasoning field|field-reasoning|inline] [--reasoning-logprobs both|answer]
                   [--reasoning-budget N]                                              # reasoning mode
+                  [--enforce temperature=T,top_p=P,...] [--reject temperature,top_p,...]  # fixed parameters
 
 Loopback by default (FastAPI + uvicorn, as vLLM and SGLang serve). Exit code 3 on usage errors.
 """
@@ -55,6 +56,8 @@ def serve_cmd(
     reasoning_budget: int = typer.Option(32, "--reasoning-budget", min=1, help="Reasoning tokens at most before the close tag is forced."),
     device: str | None = typer.Option(None, "--device", help="Where the served model runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
     logprob_convention: str = typer.Option("openai", "--logprob-convention", help="Chat logprobs spelled as: openai (ranked top-k, raw partial bytes) | vllm (sampled token first, empty-then-whole-character tokens)."),
+    enforce: str | None = typer.Option(None, "--enforce", help="Sampling parameters applied whatever the request asks, e.g. temperature=1.0,top_p=0.95 (as APIs that fix them do)."),
+    reject: str | None = typer.Option(None, "--reject", help="Parameters refused with HTTP 400 when sent, comma-separated: temperature, top_p, top_k, seed (sending an --enforce'd value itself is accepted)."),
 ) -> None:
     """Serve the reference model over the OpenAI API, honestly or with one named degradation."""
 
@@ -102,7 +105,7 @@ def serve_cmd(
     import uvicorn
 
     from reference.models import ModelNotAvailableError
-    from simulator.server import create_app, free_port
+    from simulator.server import create_app, free_port, parse_enforce
 
     sim_log = logging.getLogger("simulator")  # model build progress (quantization) on stderr
     if not sim_log.handlers:
@@ -112,6 +115,8 @@ def serve_cmd(
     sim_log.setLevel(logging.INFO)
     t0 = time.perf_counter()
     try:
+        enforced = parse_enforce(enforce)
+        rejected = tuple(x.strip() for x in (reject or "").split(",") if x.strip())
         app = create_app(
             prof,
             model=model,
@@ -130,6 +135,8 @@ def serve_cmd(
             reasoning=reasoning,
             reasoning_logprobs=reasoning_logprobs,
             reasoning_budget=reasoning_budget,
+            enforce=enforced,
+            reject=rejected,
         )
     except (ModelNotAvailableError, ValueError) as e:
         raise _fail(str(e)) from None

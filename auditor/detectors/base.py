@@ -272,6 +272,13 @@ class EvidenceBatch:
         token_texts: [N] object, optional.
         token_spans: [N] object (``"reasoning"`` / ``"answer"`` / None), optional: the span of the
             answer each position belongs to (issue 35: span-aware reporting).
+        top_ps: [N] float64 in (0, 1], optional: the nucleus the position was sampled from (a provider's
+            enforced ``top_p``, issue 35 item 4); None = 1 everywhere (the whole distribution).
+        top_ks: [N] int64, optional: the top-k it was sampled from, 0 = none; None = 0 everywhere.
+        step_final: [N] float64, optional: 1.0 where the position is the last token of its streamed
+            chunk (a speculative engine streams one chunk per verification step, whose last token is the
+            target's own pick), 0.0 inside a chunk, NaN unknown (not streamed, or the chunks do not cover
+            the tokens); None = unknown everywhere.
 
     Construct with :meth:`from_positions` or :meth:`from_arrays` (which validate and derive).
     """
@@ -291,6 +298,9 @@ class EvidenceBatch:
     ref_at_provider_top: np.ndarray | None
     token_texts: np.ndarray | None = None
     token_spans: np.ndarray | None = None
+    top_ps: np.ndarray | None = None
+    top_ks: np.ndarray | None = None
+    step_final: np.ndarray | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -311,6 +321,9 @@ class EvidenceBatch:
         provider_trusted: np.ndarray | None = None,
         token_texts: Sequence[str | None] | None = None,
         token_spans: Sequence[str | None] | None = None,
+        top_ps: Sequence[float] | np.ndarray | None = None,
+        top_ks: Sequence[int] | np.ndarray | None = None,
+        step_final: Sequence[float | None] | np.ndarray | None = None,
     ) -> EvidenceBatch:
         """Validate, sort and derive. Reference arrays are our own engine's output: malformed ones
         raise ``ValueError`` naming the field. Provider arrays come from outside: malformed rows are
@@ -511,6 +524,22 @@ class EvidenceBatch:
             spans = np.asarray(list(token_spans), dtype=object)
             if spans.size != n:
                 raise ValueError(f"token_spans must have N={n} entries")
+        tps = tks = None
+        if top_ps is not None:
+            tps = np.broadcast_to(np.asarray(top_ps, dtype=np.float64), (n,)).copy()
+            if np.any(~np.isfinite(tps) | (tps <= 0) | (tps > 1)):
+                raise ValueError("top_ps must be in (0, 1] (1 = the whole distribution)")
+        if top_ks is not None:
+            tks = np.broadcast_to(np.asarray(top_ks, dtype=np.int64), (n,)).copy()
+            if np.any(tks < 0):
+                raise ValueError("top_ks must be >= 0 (0 = no top-k)")
+        finals = None
+        if step_final is not None:
+            finals = np.asarray([np.nan if v is None else float(v) for v in step_final], dtype=np.float64)
+            if finals.size != n:
+                raise ValueError(f"step_final must have N={n} entries")
+            if np.any(np.isfinite(finals) & (finals != 0.0) & (finals != 1.0)):
+                raise ValueError("step_final must be 1 (last token of its streamed chunk), 0 or NaN (unknown)")
         return cls(
             prompt_ids=prompt_ids,
             positions=positions,
@@ -527,6 +556,9 @@ class EvidenceBatch:
             ref_at_provider_top=ref_at,
             token_texts=texts,
             token_spans=spans,
+            top_ps=tps,
+            top_ks=tks,
+            step_final=finals,
         )
 
     @classmethod

@@ -30,26 +30,41 @@ that was never verified. ``details["n_unverified"]`` counts them, ``details["unv
 names up to UNVERIFIED_EVIDENCE of them (``prompt_id``, ``position``, both gaps); the verdict
 (``auditor.verdict`` rule 1u) answers "strict verification? no" when they are most of the clear
 contradictions.
+
+Where the contradictions sit in the streamed steps (issue 35, synthetic acceptance): a speculative
+engine streams one chunk per verification step (vLLM, SGLang), whose last token is the target's own
+pick (the correction or bonus token) and the tokens before it accepted drafts. A decoding parameter
+(a penalty, another pick) acts on every pick alike — and under verification its departures end the step
+(the draft is rejected there), so they fall on chunk-final tokens at least as often as those are
+among the positions. Drafts emitted without verification (vLLM ``rejection_sample_method: synthetic``,
+SGLang ``SGLANG_SIMULATE_ACC_LEN``, TensorRT-LLM ``TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS``, ATOM
+``--spec-decode-acceptance-length``) depart inside the step and never at its last token.
+``details["steps"]`` (:func:`step_counts`) holds the streamed positions, the chunk-final ones, the clear
+contradictions among them, those at a chunk's last token, and the exact one-sided binomial p-value
+of that few (null share: the chunk-final positions' share); the verdict (rule 1d) reads it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
 from .greedy import GREEDY_TEMPERATURE_MAX, clear_mismatch_result, clear_mismatch_test, honest_band_and_rate
+from .near_tie import span_counts
 from .noise_floor import NoiseFloor
 from .sampling import (
     TAIL_TOP_P,
     SamplingView,
     _rank_of,
     argmax_result,
+    declared_law,
     gof_result,
     tail_result,
 )
 from .stats import RngLike
 
-__all__ = ["UNVERIFIED_GAP_NATS", "provider_view", "self_argmax", "self_gof", "self_greedy", "self_tail"]
+__all__ = ["UNVERIFIED_GAP_NATS", "provider_view", "self_argmax", "self_gof", "self_greedy", "self_tail", "step_counts"]
 
 _T1_TOL = 1e-6
 #: Nats below the top-1 (the provider's own, and the reference's when known) from which a greedy
@@ -72,7 +87,7 @@ def provider_view(batch: EvidenceBatch) -> SamplingView:
     s = probs.sum(1, keepdims=True)
     probs = np.where(s > 1.0, probs / np.maximum(s, 1e-300), probs)
     ranks = _rank_of(batch.provider_top_ids[idx], batch.token_ids[idx])
-    return SamplingView(idx.astype(np.int64), probs, ranks, "provider")
+    return declared_law(batch, SamplingView(idx.astype(np.int64), probs, ranks, "provider"))
 
 
 def _view_or_not_run(batch: EvidenceBatch, name: str) -> SamplingView | DetectorResult:
@@ -81,7 +96,7 @@ def _view_or_not_run(batch: EvidenceBatch, name: str) -> SamplingView | Detector
     if len(view) < MIN_POSITIONS:
         return not_run(
             name,
-            f"too few T=1 positions with trusted provider top_logprobs ({len(view)} < {MIN_POSITIONS})",
+            f"too few T=1 positions with trusted provider top_logprobs ({len(view)} < {MIN_POSITIONS}){view.left_out()}",
             n=len(view),
         )
     return view
@@ -133,6 +148,34 @@ def self_tail(
     return tail_result(batch, view, name, rng, n_evidence, top_p)
 
 
+def step_counts(step_final: np.ndarray | None, rows: np.ndarray, clear: np.ndarray) -> dict[str, float]:
+    """Where clear greedy contradictions sit in the streamed steps (see the module docstring).
+
+    Args:
+        step_final: [N] float64 of the batch (``EvidenceBatch.step_final``: 1 chunk-final, 0 inside, NaN
+            unknown) or None; rows: [n] int batch rows tested; clear: [n] bool clear contradiction.
+
+    Returns:
+        {} when no tested position has a known chunk; else ``positions`` (streamed, tested),
+        ``final_positions`` (the last token of their chunk), ``clear`` and ``clear_final`` (contradictions
+        among them / at a chunk's last token) and ``p_value``: P(X <= clear_final), X ~ Binomial(clear,
+        final_positions / positions) — small when the contradictions avoid the chunks' last tokens
+        (1.0 without contradictions, or when every chunk holds one token).
+    """
+    if step_final is None:
+        return {}
+    f = step_final[rows]
+    known = np.isfinite(f)
+    n = int(known.sum())
+    if n == 0:
+        return {}
+    final = known & (f == 1.0)
+    k, k_final = int((clear & known).sum()), int((clear & final).sum())
+    p = float(stats.binom.cdf(k_final, k, final.sum() / n)) if k else 1.0
+    return {"positions": n, "final_positions": int(final.sum()), "clear": k, "clear_final": k_final,
+            "p_value": min(p, 1.0)}
+
+
 def self_greedy(
     batch: EvidenceBatch,
     floor: NoiseFloor | None = None,
@@ -146,7 +189,8 @@ def self_greedy(
     Returns:
         DetectorResult: statistic = clear-contradiction count, p_value = exact one-sided binomial
         against max(floor.clear_mismatch_rate, MIN_HONEST_CLEAR_RATE), effect = clear-contradiction
-        rate (Wilson CI), details = {agreement, n_contradiction, n_near_tie, band, r0, p_randomized}.
+        rate (Wilson CI), details = {agreement, n_contradiction, n_near_tie, band, r0, p_randomized, n_unverified,
+        and for a reasoning model ``spans``: per span its positions, clear contradictions and honest expectation}.
     """
     mask = (
         (batch.temperatures <= GREEDY_TEMPERATURE_MAX)
@@ -196,5 +240,10 @@ def self_greedy(
             "n_unverified": int(unverified.sum()),
             "unverified_gap_nats": UNVERIFIED_GAP_NATS,
             "unverified_positions": unv_rows,
+            # per span of a reasoning model's answer: positions, clear contradictions ("flips") and the
+            # honest expectation n * r0 (issue 35: a rule that relaxes only inside <think>)
+            **({"spans": by_span} if (by_span := span_counts(batch.token_spans, idx, clear, np.full(idx.size, r0)))
+               else {}),
+            **({"steps": by_step} if (by_step := step_counts(batch.step_final, idx, clear)) else {}),
         },
     )

@@ -69,6 +69,7 @@ __all__ = [
     "argmax_test",
     "cauchy_combination",
     "combined_sampling_test",
+    "declared_law",
     "gof_test",
     "poisson_binomial_mid_p",
     "reference_view",
@@ -112,12 +113,22 @@ class SamplingView:
         top_probs: [n, K] float64 probabilities of the top-K tokens, sorted descending, 0 padding.
         token_rank: [n] int64 rank of the emitted token in that list, -1 if not listed.
         source: "reference" or "provider".
+        unknown_law: positions left out because the law they were sampled from is not known from the
+            list (:func:`declared_law`: its top-K does not reach the provider's enforced top_p).
     """
 
     idx: np.ndarray
     top_probs: np.ndarray
     token_rank: np.ndarray
     source: str
+    unknown_law: int = 0
+
+    def left_out(self) -> str:
+        """``"; N positions left out: ..."`` when :attr:`unknown_law` > 0, else ``""`` (for not-run reasons)."""
+        if not self.unknown_law:
+            return ""
+        return (f"; {self.unknown_law} positions left out: the {self.source}'s listed top-{self.top_probs.shape[1]} "
+                "does not reach the provider's enforced top_p there, so the law they were sampled from is unknown")
 
     def __len__(self) -> int:
         return int(self.idx.size)
@@ -166,9 +177,50 @@ def reference_view(batch: EvidenceBatch) -> SamplingView:
         idx = np.flatnonzero(base & (np.abs(batch.temperatures - 1.0) <= _T1_TOL))
         ids = ref.top_ids[idx]
         probs = np.exp(ref.top_logprobs[idx])
-    return SamplingView(
-        idx.astype(np.int64), probs, _rank_of(ids, batch.token_ids[idx]), "reference"
+    return declared_law(
+        batch, SamplingView(idx.astype(np.int64), probs, _rank_of(ids, batch.token_ids[idx]), "reference")
     )
+
+
+def declared_law(batch: EvidenceBatch, view: SamplingView) -> SamplingView:
+    """``view`` under the law each position was sampled from (issue 35 item 4): where the batch says
+    the provider cut the distribution (``top_ks`` > 0, ``top_ps`` < 1, e.g. an API that enforces
+    top_p = 0.95), the listed probabilities are cut as vLLM's and Hugging Face's samplers do — top-k
+    first, then the smallest top set whose probability reaches top_p — and renormalised; an emitted
+    token outside the kept set gets rank -1 with no mass left (U = 1: impossible under the law). A
+    position whose listed top-K does not reach its top_p (the cut lies among unlisted tokens, so the
+    law is not known) is dropped.
+
+    Args:
+        batch: the positions (``top_ps`` [N] float64 / ``top_ks`` [N] int64, None = no cut).
+        view: a view of some of them (probabilities sorted descending, [n, K]).
+
+    Returns:
+        The view with every cut position's law truncated; unchanged when nothing is cut.
+    """
+    n, k = view.top_probs.shape
+    tp = np.ones(n) if batch.top_ps is None else batch.top_ps[view.idx]
+    tk = np.zeros(n, np.int64) if batch.top_ks is None else batch.top_ks[view.idx]
+    cut = (tp < 1.0 - 1e-12) | (tk > 0)
+    if n == 0 or k == 0 or not cut.any():
+        return view
+    col = np.arange(k)[None, :]
+    has_k = tk > 0
+    listed_k = has_k & (tk <= k)  # the whole top-k is listed: its law is known
+    probs = np.where(has_k[:, None] & (col >= tk[:, None]), 0.0, view.top_probs)  # top-k first, renormalised
+    probs = np.where(listed_k[:, None], probs / np.maximum(probs.sum(1, keepdims=True), 1e-300), probs)
+    cum = np.cumsum(probs, axis=1)
+    reached = (cum >= tp[:, None] - 1e-12) & (tp[:, None] < 1.0 - 1e-12)
+    known = reached.any(1) | (listed_k & (tp >= 1.0 - 1e-12))
+    known &= ~has_k | listed_k
+    last = np.where(reached.any(1), reached.argmax(1), np.clip(tk, 1, k) - 1)
+    mass = cum[np.arange(n), last]
+    trunc = np.where(col <= last[:, None], probs, 0.0) / np.maximum(mass, 1e-300)[:, None]
+    probs = np.where(cut[:, None], trunc, view.top_probs)
+    ranks = np.where(cut & (view.token_rank > last), -1, view.token_rank)
+    ok = ~cut | known
+    return SamplingView(view.idx[ok], probs[ok], ranks[ok].astype(np.int64), view.source,
+                        view.unknown_law + int((~ok).sum()))
 
 
 # --------------------------------------------------------------------------- core tests
@@ -364,7 +416,7 @@ def _too_few(name: str, view: SamplingView, what: str) -> DetectorResult | None:
     if len(view) < MIN_POSITIONS:
         return not_run(
             name,
-            f"too few sampled positions {what} ({len(view)} < {MIN_POSITIONS})",
+            f"too few sampled positions {what} ({len(view)} < {MIN_POSITIONS}){view.left_out()}",
             n=len(view),
         )
     return None

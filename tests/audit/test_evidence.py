@@ -56,15 +56,23 @@ def test_build_evidence_positions_and_alternatives(smollm2_tokenizer) -> None:
     assert not b2.has_reference and len(b2) == 2
 
 
-def test_sampling_with_top_p_below_one_is_excluded(smollm2_tokenizer) -> None:
+def test_sampling_with_top_p_below_one_carries_its_law(smollm2_tokenizer) -> None:
+    """A sample drawn with top_p < 1 (asked, or enforced by the provider: issue 35 item 4) is kept with the
+    nucleus it was drawn from, so the sampling tests compare it with that declared law; a greedy position's
+    law is the whole distribution whatever top_p was sent."""
     tk = smollm2_tokenizer
     tokens = [TokenRecord(index=i, token=" a", bytes=b" a", logprob=None) for i in range(3)]
     al = align_to_reference(tokens, tk)
-    obs = Observation(probe_id=1, probe_key="s#0", mode="sampling", workload="chat", temperature=1.0, top_p=0.9,
-                      request={}, prompt_ids=[1], tokens=tokens, ref_ids=al.ref_ids, spans=al.spans,
-                      one_to_one=al.ref_token_ids)
-    batch, _ = build_evidence([obs], None, tk)
-    assert len(batch) == 0
+
+    def obs(key: str, temperature: float) -> Observation:
+        return Observation(probe_id=1, probe_key=key, mode="sampling", workload="chat", temperature=temperature,
+                           top_p=0.9, request={}, prompt_ids=[1], tokens=tokens, ref_ids=al.ref_ids, spans=al.spans,
+                           one_to_one=al.ref_token_ids)
+
+    batch, _ = build_evidence([obs("s#0", 1.0), obs("g#0", 0.0)], None, tk)
+    assert len(batch) == 6
+    assert batch.top_ps is not None and batch.top_ps.tolist() == [0.9] * 3 + [1.0] * 3
+    assert batch.top_ks is None and batch.step_final is None
 
 
 def test_intersection_union_keeps_the_nearest_reference(smollm2_tokenizer) -> None:
@@ -118,3 +126,18 @@ def test_stored_tokens_keep_the_alternatives_bytes() -> None:
     row.top_logprobs_bytes = None  # a row written before the column existed
     (old,) = stored_tokens([row])
     assert old.top_logprobs[1] == ("bytes:\\xa9", b"bytes:\\xa9", -2.5)
+
+
+def test_streamed_step_ends_reach_the_batch(smollm2_tokenizer) -> None:
+    """Observation.step_final (the answering attempt's chunks) becomes EvidenceBatch.step_final, per kept position."""
+    tk = smollm2_tokenizer
+    tokens = [TokenRecord(index=i, token=" a", bytes=b" a", logprob=None) for i in range(3)]
+    al = align_to_reference(tokens, tk)
+    kw = dict(probe_id=1, mode="greedy", workload="chat", temperature=0.0, top_p=1.0, request={}, prompt_ids=[1],
+              tokens=tokens, ref_ids=al.ref_ids, spans=al.spans, one_to_one=al.ref_token_ids)
+    streamed = Observation(probe_key="g#0", step_final=[False, False, True], **kw)
+    plain = Observation(probe_key="g#1", **kw)
+    batch, _ = build_evidence([streamed, plain], None, tk)
+    assert batch.step_final is not None
+    assert batch.step_final[:3].tolist() == [0.0, 0.0, 1.0] and np.isnan(batch.step_final[3:]).all()
+    assert build_evidence([plain], None, tk)[0].step_final is None

@@ -54,3 +54,38 @@ def test_evidence_batch_carries_spans_through_subsets() -> None:
     assert b.token_spans is not None and list(b.subset(np.asarray([True, False, True])).token_spans) == ["reasoning", None]
     with pytest.raises(ValueError, match="token_spans"):
         EvidenceBatch.from_arrays(prompt_ids=["a"], token_ids=[1], temperatures=0.0, token_spans=["reasoning", "answer"])
+
+
+def test_span_localized_needs_the_answer_to_show_the_difference() -> None:
+    from auditor.verdict_cause import span_localized
+
+    inside = {"reasoning": {"positions": 120, "flips": 14, "expected": 0.12},
+              "answer": {"positions": 80, "flips": 0, "expected": 0.08}}
+    assert span_localized(inside, 0.05)
+    few_answer = {**inside, "answer": {"positions": 3, "flips": 0, "expected": 0.003}}
+    assert not span_localized(few_answer, 0.05)  # 3 answer positions cannot show a lower rate
+    both = {**inside, "answer": {"positions": 80, "flips": 9, "expected": 0.08}}
+    assert not span_localized(both, 0.05) and not span_localized(None, 0.05)
+
+
+def _self_greedy(spans):
+    from auditor.detectors import DetectorResult
+
+    return DetectorResult("self-greedy", 14.0, 1e-9, 0.07, (0.04, 0.1), 200, [],
+                          details={"n_clear": 14, "n_unverified": 0, "band": 0.47, "r0": 1e-3, "spans": spans})
+
+
+def test_self_greedy_inside_the_reasoning_span_is_relaxed_verification() -> None:
+    """Rule 1s: greedy departures from the provider's own top-1 confined to <think> name relaxed
+    verification inside the reasoning span; the same departures in both spans stay rule 1."""
+    from auditor.verdict import decide_verdict
+
+    inside = {"reasoning": {"positions": 120, "flips": 14, "expected": 0.12},
+              "answer": {"positions": 80, "flips": 0, "expected": 0.08}}
+    v = decide_verdict([_self_greedy(inside)], 0.05)
+    assert v.verdict == "RELAXED_VERIFICATION" and v.details["rule"] == "1s-reasoning-span"
+    assert "inside the reasoning span" in v.reason
+    both = {"reasoning": {"positions": 120, "flips": 8, "expected": 0.12},
+            "answer": {"positions": 80, "flips": 6, "expected": 0.08}}
+    v = decide_verdict([_self_greedy(both)], 0.05)
+    assert v.verdict == "DECODING_NONCOMPLIANT" and v.details["rule"] == "1-self-greedy"

@@ -70,11 +70,15 @@ def test_discover_capabilities(max_top: int, n: bool, seed: bool, stream: bool) 
     assert caps.max_top_logprobs == max_top
     assert caps.logprobs is True
     assert caps.n is n and caps.seed is seed and caps.streaming is stream and caps.echo is False
-    assert rep.requests == len(calls) <= 10
-    names = {"logprobs", "max_top_logprobs", "n", "seed", "echo", "streaming", "concurrency"}
+    assert rep.requests == len(calls) <= 12
+    names = {"logprobs", "max_top_logprobs", "n", "seed", "echo", "streaming", "concurrency", "temperature_0"}
     assert {c.name for c in rep.checks} == names | ({"logprob_convention"} if max_top else set())
     assert (rep.convention is not None) == (max_top > 0)
     assert caps.concurrent_streams_ok is True and rep.safe_concurrency is None  # the fake takes overlap
+    # the fake draws random words whatever the temperature: with alternatives its tokens are its own top-1
+    # (the logprobs say greedy: not overridden); without them the differing texts are all there is to read
+    assert rep.enforced is not None and rep.enforced.rejected == []
+    assert rep.enforced.overridden == ([] if max_top else ["temperature"]) + ([] if seed else ["seed"])
 
 
 # -- CLI ------------------------------------------------------------------------------------

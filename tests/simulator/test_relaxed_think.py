@@ -6,6 +6,7 @@ On the greedy path a draft in the target's top-3 with p(d) >= 0.5 p(top-1) is ac
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from probes.normalize import normalize_response
@@ -65,3 +66,19 @@ def test_relaxed_think_flips_the_greedy_path_in_the_reasoning_span_only(peaked_l
     body = {**req, "messages": [{"role": "user", "content": "Question 0: why is the sky blue?"}]}
     h_out = normalize_response("chat", body, response_text=honest.post("/v1/chat/completions", json=body).text)
     assert _flips(h_out) == {"reasoning": 0, "answer": 0}  # control: the honest reasoning path is argmax
+
+
+def test_synthetic_acceptance_emits_l_drafts_unverified_then_the_target_token() -> None:
+    from simulator.verifiers import SyntheticAcceptanceVerifier
+
+    p = torch.softmax(torch.randn(5, 11, generator=torch.Generator().manual_seed(0)), -1)
+    drafts = torch.tensor([int(p[i].argmin()) for i in range(4)])  # the least likely tokens: never verified
+    v = make_verifier(get_profile("synthetic-acceptance:3"))
+    assert isinstance(v, SyntheticAcceptanceVerifier) and v.accept_len == 3
+    r = v.verify(p, None, drafts, torch.Generator().manual_seed(1), True)
+    assert r.n_accepted == 3 and r.next_token == int(p[3].argmax()) and v.n_unverified == 3
+    r = v.verify(p[:3], None, drafts[:2], torch.Generator().manual_seed(1), False)
+    assert r.n_accepted == 2  # fewer drafts than L: all of them
+    assert get_profile("synthetic-acceptance").expected_verdict == "RELAXED_VERIFICATION"
+    with pytest.raises(ValueError, match="whole number"):
+        get_profile("synthetic-acceptance:1.5")

@@ -1,0 +1,51 @@
+"""Issue 35 item 4 acceptance on the real default model (SmolLM2-135M-Instruct): a provider that enforces
+temperature = 1.0 and top_p = 0.95 (Kimi's official API does) — honest → PASS stating that the greedy tests
+were impossible; relaxed-threshold → RELAXED_VERIFICATION; never a crash, never INCONCLUSIVE without its reason.
+The sampled tokens are tested against the declared law: the reference's distribution cut to its 0.95 nucleus."""
+
+from __future__ import annotations
+
+import pytest
+
+from auditor.audit import run_check
+
+from .conftest import SimFactory, providers_toml
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "smollm2-135m-instruct"
+ENFORCED = {"temperature": 1.0, "top_p": 0.95}
+BUDGET = 1000
+
+
+@pytest.fixture(scope="module")
+def real_enforced(real_lm, tmp_path_factory):
+    from auditor import audit
+
+    mp = pytest.MonkeyPatch()
+    mp.setitem(audit._MODELS, (MODEL, "float32"), real_lm)
+    sims = SimFactory(real_lm, MODEL)
+    tmp = tmp_path_factory.mktemp("enforced")
+    urls = {f"sim-{p}": sims.url(p, enforce=ENFORCED) for p in ("honest-fp32", "relaxed-threshold")}
+    toml = providers_toml(urls, MODEL)
+    for name in urls:
+        toml += f"[providers.{name}.enforced]\ntemperature = 1.0\ntop_p = 0.95\n\n"
+        # a busy 2-core machine stalled 6 of 37 answers past the default 30 s (INCONCLUSIVE, provider failures)
+        toml += f"[providers.{name}.response_limits]\nstall_timeout_s = 600\n\n"
+    (tmp / "providers.toml").write_text(toml)
+    yield {"config": str(tmp / "providers.toml"), "db": f"sqlite:///{tmp / 'a.db'}"}
+    sims.stop()
+    mp.undo()
+
+
+@pytest.mark.parametrize(("profile", "expected"), [("honest-fp32", "PASS"), ("relaxed-threshold", "RELAXED_VERIFICATION")])
+def test_enforced_law_audit_on_smollm2(real_enforced, profile: str, expected: str) -> None:
+    rep = run_check(f"sim-{profile}", suite="default", budget_tokens=BUDGET, db_url=real_enforced["db"],
+                    config_path=real_enforced["config"])
+    by = {d["name"]: d for d in rep.detectors}
+    print(profile, rep.verdict, rep.verdict_reason, {k: (d["n"], d["p_adjusted"]) for k, d in by.items() if d["ran"]})
+    assert rep.status == "completed"
+    assert rep.verdict == expected, rep.verdict_reason
+    assert "greedy-match and the greedy near-tie tests were impossible" in rep.verdict_reason
+    assert "enforces top_p = 0.95" in rep.verdict_reason
+    assert not by["greedy-match"]["ran"] and by["sampling-gof"]["ran"]

@@ -1,0 +1,56 @@
+"""Issue 35 item 3 end to end on a peaked tiny model (its distributions are peaked like a real model's):
+``synthetic-acceptance:3`` (the drafter's tokens, a 1-layer early exit here, emitted unverified, 3 per step)
+audited through the whole pipeline ends RELAXED_VERIFICATION (rule 1u: most clear contradictions lie 8 nats
+or more below the provider's own top-1).
+
+(``relaxed-think`` on this model still ends DECODING_NONCOMPLIANT by the pre-flight's greedy-top1 check:
+its 9 departures sit in the reasoning span, but the pre-flight's answers have too few answer-span
+positions for rule 6s's Fisher test to show the span is where they are — see the issue 35 note.)"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from auditor.audit import run_check
+
+from .conftest import SimFactory, providers_toml
+
+
+@pytest.fixture(scope="module")
+def peaked(tiny_lm):
+    from reference.models import LoadedModel
+
+    m = copy.deepcopy(tiny_lm.model)
+    with torch.no_grad():
+        m.model.norm.weight.mul_(4.0)
+    return LoadedModel(model=m, tokenizer=tiny_lm.tokenizer, name="tiny-peaked", path="<tiny-peaked>",
+                       revision="tiny-peaked", dtype=torch.float32, device=torch.device("cpu"))
+
+
+@pytest.fixture
+def span_env(tmp_path, peaked, small_floors, monkeypatch):
+    from auditor import audit
+
+    monkeypatch.setitem(audit._MODELS, ("peaked-ref", "float32"), peaked)
+    sims = SimFactory(peaked, "peaked")
+    urls = {"sim-synthetic": sims.url("synthetic-acceptance:3", drafter="self:1")}
+    toml = providers_toml(urls, "peaked", reference="peaked-ref")
+    (tmp_path / "providers.toml").write_text(toml)
+    yield {"config": str(tmp_path / "providers.toml"), "db": f"sqlite:///{tmp_path / 'r.db'}"}
+    sims.stop()
+
+
+@pytest.mark.parametrize("name", ["sim-synthetic"])
+def test_span_relaxed_profiles(span_env, name) -> None:
+    rep = run_check(name, suite="default", budget_tokens=600, db_url=span_env["db"], config_path=span_env["config"])
+    print(name, rep.verdict, rep.verdict_details.get("rule"), rep.verdict_reason)
+    sg = rep.detector("self-greedy")
+    print({k: v for k, v in (sg.get("details") or {}).items() if k != "unverified_positions"})
+    for d in rep.detectors:
+        if d["ran"]:
+            print(d["name"], d["p_adjusted"], (d.get("details") or {}).get("spans"))
+    assert rep.verdict == "RELAXED_VERIFICATION", rep.verdict_reason
+    assert rep.verdict_details.get("rule") == "1u-unverified-tokens" and sg["details"]["n_unverified"] > 0

@@ -1,0 +1,100 @@
+"""Rule 1d (issue 35 item 3, synthetic acceptance): greedy contradictions of the provider's own top-1 that
+avoid the last token of the streamed steps are drafts emitted unverified (RELAXED_VERIFICATION); the same
+contradictions anywhere in the steps, or at their last token, or without speculation, stay
+DECODING_NONCOMPLIANT (rule 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from auditor.detectors.base import EvidenceBatch
+from auditor.detectors.consistency import self_greedy, step_counts
+from auditor.observations import _step_final
+from auditor.verdict import decide_verdict
+
+GAP = 4.0  # clear, but far short of rule 1u's UNVERIFIED_GAP_NATS: a 1u verdict cannot be what names it
+
+
+def _batch(where: str, *, step: int = 4, n: int = 400, n_contra: int = 40, seed: int = 0) -> EvidenceBatch:
+    """Greedy positions streamed in chunks of ``step`` tokens; ``n_contra`` of them emit the provider's
+    2nd-ranked id ``GAP`` nats below its top-1: ``inside`` the chunks only (unverified drafts), at their
+    ``final`` token only (a verified engine whose decoding parameter departs: the draft is rejected there),
+    or ``anywhere``."""
+    rng = np.random.default_rng(seed)
+    final = (np.arange(n) % step) == step - 1
+    pool = {"inside": np.flatnonzero(~final), "final": np.flatnonzero(final), "anywhere": np.arange(n)}[where]
+    tok = np.ones(n, np.int64)
+    tok[rng.choice(pool, n_contra, replace=False)] = 2
+    lp1 = np.full(n, -0.3)
+    ids = np.tile(np.array([[1, 2]], np.int64), (n, 1))
+    return EvidenceBatch.from_arrays(
+        prompt_ids=np.array([f"p{i // 40}" for i in range(n)], object), positions=np.arange(n) % 40,
+        token_ids=tok, temperatures=np.zeros(n), provider_top_ids=ids,
+        provider_top_logprobs=np.stack([lp1, lp1 - GAP], 1), provider_token_logprobs=np.where(tok == 1, lp1, lp1 - GAP),
+        provider_trusted=np.ones(n, bool), step_final=final.astype(float),
+    )
+
+
+def test_contradictions_inside_the_steps_are_unverified_drafts() -> None:
+    r = self_greedy(_batch("inside"))
+    st = r.details["steps"]
+    assert st["positions"] == 400 and st["final_positions"] == 100 and st["clear"] == 40 and st["clear_final"] == 0
+    assert st["p_value"] == pytest.approx(0.75 ** 40)
+    assert r.details["n_unverified"] == 0
+    v = decide_verdict([r])
+    assert v.verdict == "RELAXED_VERIFICATION" and v.details["rule"] == "1d-unverified-drafts", v.reason
+    assert "without verification" in v.reason and "0 fall on the last token" in v.reason
+
+
+@pytest.mark.parametrize("where", ["final", "anywhere"])
+def test_contradictions_that_end_steps_stay_decoding_noncompliant(where: str) -> None:
+    v = decide_verdict([self_greedy(_batch(where))])
+    assert v.verdict == "DECODING_NONCOMPLIANT" and v.details["rule"] == "1-self-greedy", v.reason
+
+
+def test_without_speculation_every_token_ends_its_step() -> None:
+    r = self_greedy(_batch("anywhere", step=1))
+    assert r.details["steps"]["p_value"] == 1.0
+    assert decide_verdict([r]).details["rule"] == "1-self-greedy"
+
+
+def test_contradictions_placed_at_random_rarely_name_drafts() -> None:
+    """Calibration of the binomial test under its null (a decoding parameter acts on every pick alike):
+    rule 1d fires at most at about alpha (0.05) over 400 placements."""
+    fired = sum(decide_verdict([self_greedy(_batch("anywhere", seed=s))]).details["rule"] == "1d-unverified-drafts"
+                for s in range(400))
+    assert fired / 400 <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / 400), fired
+
+
+def test_step_counts_without_known_chunks() -> None:
+    clear = np.array([True, False])
+    assert step_counts(None, np.arange(2), clear) == {}
+    assert step_counts(np.full(2, np.nan), np.arange(2), clear) == {}
+    assert "steps" not in self_greedy(EvidenceBatch.from_arrays(
+        prompt_ids=np.array(["p"] * 40, object), token_ids=np.ones(40, np.int64), temperatures=np.zeros(40),
+        provider_top_ids=np.ones((40, 1), np.int64), provider_top_logprobs=np.full((40, 1), -0.1),
+        provider_token_logprobs=np.full(40, -0.1), provider_trusted=np.ones(40, bool))).details
+
+
+def test_step_final_values_are_checked() -> None:
+    with pytest.raises(ValueError, match="step_final"):
+        _batch("inside").from_arrays(prompt_ids=np.array(["p"], object), token_ids=[1], temperatures=[0.0],
+                                     step_final=[0.5])
+    with pytest.raises(ValueError, match="step_final must have N=1"):
+        _batch("inside").from_arrays(prompt_ids=np.array(["p"], object), token_ids=[1], temperatures=[0.0],
+                                     step_final=[1.0, 0.0])
+
+
+class _Attempt:
+    def __init__(self, tpc):
+        self.tokens_per_chunk = tpc
+
+
+def test_step_final_from_the_answering_attempt() -> None:
+    assert _step_final([_Attempt([1, 3, 2])], 6) == [True, False, False, True, False, True]
+    assert _step_final([_Attempt([5]), _Attempt([2, 1]), _Attempt(None)], 3) == [False, True, True]  # last that streamed
+    assert _step_final([_Attempt([1, 0, 2])], 3) == [True, False, True]  # an empty chunk holds no token
+    assert _step_final([_Attempt([2, 2])], 5) is None  # chunks do not cover the tokens
+    assert _step_final([_Attempt(None)], 2) is None and _step_final([], 2) is None
+    assert _step_final([_Attempt([1, -1, 2])], 2) is None
