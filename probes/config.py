@@ -165,7 +165,7 @@ class EnforcedParams(_Strict):
 
     @field_validator("temperature", "top_p")
     @classmethod
-    def _finite(cls, v: float | None) -> float | None:
+    def _require_finite(cls, v: float | None) -> float | None:
         if v is not None and not math.isfinite(v):
             raise ValueError("must be a finite number (or omitted)")
         return v
