@@ -7,7 +7,7 @@ With nothing configured, :func:`run_demo`:
    (an honest bf16 deployment, int4 weight quantization, SGLang-style relaxed speculative
    acceptance), and waits until each answers ``GET /v1/models``;
 2. writes a temporary ``providers.toml`` naming them ``demo-<profile>``;
-3. audits each with the default suite (``auditor.audit.run_check``; runs stored in the default
+3. audits each with the default suite (``auditor.check.pipeline.run_check``; runs stored in the default
    database unless ``--db``), one after the other;
 4. prints the side-by-side table (profile, expected, verdict, deciding p-values, tokens, USD, wall
    time) and how to open the dashboard (``auditor dashboard``);
@@ -208,10 +208,10 @@ def run_demo(
         DemoResult.
 
     Raises:
-        DemoError: a simulator did not start. auditor.audit.AuditError: an audit failed.
+        DemoError: a simulator did not start. auditor.check.pipeline.AuditError: an audit failed.
     """
-    from auditor.audit import run_check
-    from auditor.report import render_json
+    from auditor.check.pipeline import run_check
+    from auditor.report.render import render_json
     from auditor.store import resolve_db_url
 
     t0 = time.perf_counter()

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from auditor.calibration.draws import default_mix, draw_audit, evidence_for
 from auditor.calibration.pool import Pool
+from auditor.check.measured_floors import FloorSet
 from auditor.detectors.logprob import logprob_divergence
-from auditor.noise import FloorSet
 
 QUANTILES = (0.0, 0.05, 0.5, 0.95, 0.99, 1.0)
 

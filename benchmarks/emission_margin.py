@@ -9,7 +9,7 @@ language-model-like distributions (Gumbel logits with a random scale, 400 tokens
 listed) and every emission mechanism below, how often the ratio points at the *wrong* family by more than
 a margin m, at a given number of sampled positions, and derives the smallest margin on
 :data:`MARGIN_GRID` at which no mechanism is called wrongly in more than :data:`MAX_WRONG_RATE` of the
-simulations. ``auditor.verdict_cause.DECISIVE_EMISSION_MARGIN`` is that value at 100 positions over 500
+simulations. ``auditor.verdict.cause.DECISIVE_EMISSION_MARGIN`` is that value at 100 positions over 500
 seeds (``--seeds 500 --positions 100``); below it the verdict names the undetermined pair
 RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT.
 

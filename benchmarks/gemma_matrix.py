@@ -157,8 +157,8 @@ def deciding(rep: dict) -> tuple[str, float | None]:
 
 def measure_floor() -> dict:
     """Measure (or read from the cache) gemma-3-270m's float32 noise floor in this process; timings."""
-    from auditor.noise import get_floors
-    from auditor.reference_setup import get_reference_models
+    from auditor.check.measured_floors import get_floors
+    from auditor.check.reference_setup import get_reference_models
 
     t0 = time.perf_counter()
     lms = get_reference_models(MODEL, ["float32"])

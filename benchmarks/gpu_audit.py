@@ -1,7 +1,7 @@
 """One ``auditor check`` against a simulator with the reference model on CUDA (used by gpu_check.sh).
 
 The simulator (``python3 -m auditor serve``, CPU) must already listen on ``--base-url``; this writes a
-providers file, then runs the audit pipeline (``auditor.audit.run_check``) with the reference
+providers file, then runs the audit pipeline (``auditor.check.pipeline.run_check``) with the reference
 loaded on ``--device`` in float32 and bfloat16 (``auditor check`` itself has no device option yet),
 and prints one JSON line: verdict, exit code, wall seconds, reference devices.
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         f'[providers.gpu-sim]\nbase_url = "{a.base_url}"\nmodel = "{a.served_name}"\napi = "{a.api}"\n'
         f'reference = "{a.model}"\ntimeout_s = 120\n'
     )
-    from auditor.audit import run_check
+    from auditor.check.pipeline import run_check
     from reference.models import load_model
 
     t = time.perf_counter()

@@ -5,10 +5,10 @@ Issue 41: the first gemma-3-270m audit was killed at 23 GB while measuring the f
 honest variant's ``[positions, V]`` rows were kept (float32) with float64 copies of them and of the
 reference's rows. This benchmark measures both measurements on the same model, prompts and tokens:
 
-- ``old``: ``auditor.noise.compute_floors`` as it was before issue 41 (commit :data:`OLD_COMMIT`'s
+- ``old``: ``auditor.check.measured_floors.compute_floors`` as it was before issue 41 (commit :data:`OLD_COMMIT`'s
   parent), loaded from git history together with the ``compute_noise_floor`` of that commit (the
   whole-array reduction), not a re-implementation;
-- ``new``: the current ``auditor.noise.compute_floors`` (spill file in a temporary directory).
+- ``new``: the current ``auditor.check.measured_floors.compute_floors`` (spill file in a temporary directory).
 
 Each measurement runs in its own child process (``python benchmarks/memory.py --worker ...``), the
 two paths interleaved (old, new, old, new, ...) ``--repeats`` times per model. Per child:
@@ -101,13 +101,13 @@ def _module(name: str, package: str, source: str) -> types.ModuleType:
 
 
 def old_noise_module() -> types.ModuleType:
-    """``auditor.noise`` before issue 41, bound to the ``compute_noise_floor`` of the same commit."""
+    """``auditor.check.measured_floors`` before issue 41, bound to the ``compute_noise_floor`` of the same commit."""
     nf_name = "auditor.detectors._noise_floor_before_41"
     _module(nf_name, "auditor.detectors", _git_source("auditor/detectors/noise_floor.py"))
-    src = _git_source("auditor/noise.py")
+    src = _git_source("auditor/check/measured_floors.py")
     line = "from auditor.detectors.noise_floor import KLFloor, NoiseFloor, compute_noise_floor"
     if line not in src:
-        raise RuntimeError(f"auditor/noise.py at {OLD_COMMIT}^ does not import {line!r}; update benchmarks/memory.py")
+        raise RuntimeError(f"auditor/check/measured_floors.py at {OLD_COMMIT}^ does not import {line!r}; update benchmarks/memory.py")
     return _module("auditor._noise_before_41", "auditor", src.replace(line, line.replace(".noise_floor ", f".{nf_name.rsplit('.', 1)[1]} ")))
 
 
@@ -133,7 +133,7 @@ def worker(model: str, path: str, n_prompts: int, tokens: int, threads: int) -> 
     """One floor measurement (``path`` ``old`` or ``new``) of ``model``; the record the parent reads."""
     import torch
 
-    from auditor.noise import compute_floors, floor_prompts
+    from auditor.check.measured_floors import compute_floors, floor_prompts
 
     torch.set_num_threads(threads)
     lm = _load(model)

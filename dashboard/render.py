@@ -105,7 +105,7 @@ def verdict_badge(verdict: str | None) -> str:
     return f":{color}-badge[{escape_md(verdict)}]"
 
 
-#: Badge colour of each answer to the buyer's two questions (``auditor.questions.Answer``).
+#: Badge colour of each answer to the buyer's two questions (``auditor.verdict.questions.Answer``).
 ANSWER_COLORS = {"yes": "green", "no": "red", "undecided": "orange", "not tested": "gray", "not established": "violet"}
 
 

@@ -462,7 +462,7 @@ class ProviderConfig(_Strict):
 
     claimed_precision: ClaimedPrecision | None = None
     """The precision the provider claims to serve (as OpenRouter's per-endpoint quantization label):
-    the report checks it against the measured precision (``auditor.precision_estimate``):
+    the report checks it against the measured precision (``auditor.verdict.precision_estimate``):
     matches / does not match / cannot tell, with the power."""
 
     capabilities: Capabilities = Field(default_factory=Capabilities)

@@ -1,8 +1,8 @@
 """Reasoning-model facts shared by the normalizer and the analysis stages (issue 35): the fields
 and think tags of a reasoning response, and which tokens spell a tag.
 
-Kept apart from :mod:`probes.normalize` so that the analysis stages (``auditor.observations``,
-``auditor.preflight``'s evaluation) use them without importing the normalizer (each response is
+Kept apart from :mod:`probes.normalize` so that the analysis stages (``auditor.check.observations``,
+``auditor.check.preflight``'s evaluation) use them without importing the normalizer (each response is
 normalized once, at probe time). Formats: vLLM v0.11 ``vllm/reasoning/`` (``deepseek_r1``,
 ``qwen3``; field ``reasoning``, ``reasoning_content`` before), SGLang v0.5 reasoning parsers
 (``reasoning_content``; ``kimi_k2``'s ``◁think▷``), DeepSeek's API (``reasoning_content``).
@@ -35,7 +35,7 @@ def think_tag_positions(tokens: Sequence[TokenRecord]) -> frozenset[int]:
 
     No detector or pre-flight check scores them: an engine with a thinking budget forces the
     close tag (vLLM's ``thinking_token_budget``, the simulator's ``--reasoning`` mode), and a
-    forced token is no sample of the model (``auditor.observations.Observation.tag_positions``).
+    forced token is no sample of the model (``auditor.check.observations.Observation.tag_positions``).
     """
     if not any(t.span == "reasoning" for t in tokens):
         return frozenset()

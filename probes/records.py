@@ -1,7 +1,7 @@
 """The normalized shapes of a provider's answer (data only, no parsing): what :mod:`probes.normalize`
-produces, what :mod:`auditor.runner` stores and what the analysis stages read back.
+produces, what :mod:`auditor.check.runner` stores and what the analysis stages read back.
 
-Kept apart from the normalizer so that the evidence stage (``auditor.evidence``) can rebuild stored
+Kept apart from the normalizer so that the evidence stage (``auditor.check.evidence``) can rebuild stored
 tokens without importing the normalizer (issue 11: each response is normalized once, at probe time).
 Logprobs are natural-log probabilities (nats), as in the OpenAI API reference (``logprobs``,
 ``top_logprobs``).

@@ -15,7 +15,7 @@ of a bundled model can be made (weights moved onto the format's grid once) and s
   compressed-tensors ``pack-quantized``, symmetric).
 - :func:`install_kv_fp8` — an FP8 e4m3 KV cache with static per-layer scales amax/448 (vLLM
   ``--kv-cache-dtype fp8`` with calibrated ``k_scale``/``v_scale``): the simulator's ``kv-fp8`` profiles
-  and a reference computing a card whose KV cache is FP8 (``auditor.reference_setup.apply_card``).
+  and a reference computing a card whose KV cache is FP8 (``auditor.check.reference_setup.apply_card``).
 
 A format applied twice gives the same weights as applied once (the values lie on the grid), which is
 what makes a native variant's reference exact: the reference dequantizes the variant's weights

@@ -11,7 +11,7 @@
 - ``noise_dir`` (session, autouse): hermetic noise floors. ``$SPEC_AUDITOR_NOISE_DIR`` points at a
   directory of this test session (inherited by subprocesses), so no test reads or writes the
   user's floor cache (``~/.cache/spec-auditor/noise`` or ``$SPEC_AUDITOR_HOME/noise``); a floor
-  is measured at most once per session (``auditor.noise`` is deterministic, so every session on
+  is measured at most once per session (``auditor.check.measured_floors`` is deterministic, so every session on
   the same machine measures the same numbers). Models stay shared. For local development only,
   ``$SPEC_AUDITOR_TEST_NOISE_DIR`` names a persistent directory to use instead (so repeated targeted
   runs measure the floor once); CI and ``make test`` never set it.
@@ -30,7 +30,7 @@ import torch
 @pytest.fixture(scope="session", autouse=True)
 def noise_dir(tmp_path_factory) -> Iterator[Path]:
     """This session's noise-floor cache directory (``$SPEC_AUDITOR_NOISE_DIR``, see module docstring)."""
-    from auditor.noise import ENV_NOISE_DIR
+    from auditor.check.measured_floors import ENV_NOISE_DIR
 
     shared = os.environ.get("SPEC_AUDITOR_TEST_NOISE_DIR")
     if shared:

@@ -1,10 +1,10 @@
 """A fixed effect-size table for the rules-out tests, so they do not move when the calibration's
 ``auditor/calibration/effect_sizes.json`` is regenerated. Values in each detector's power-target
-unit (``auditor.verdict_power.power_effect``), of the order the calibration measures."""
+unit (``auditor.verdict.power.power_effect``), of the order the calibration measures."""
 
 from __future__ import annotations
 
-from auditor.rules_out import EffectSizes, parse_effect_sizes
+from auditor.verdict.rules_out import EffectSizes, parse_effect_sizes
 
 _CLASSES = {
     "int4": ("int4 weights", "precision", {"greedy-match": 0.08, "logprob-divergence": 12.0}),
@@ -18,7 +18,7 @@ _CLASSES = {
 
 
 def effect_table() -> EffectSizes:
-    """The test table (:class:`auditor.rules_out.EffectSizes`)."""
+    """The test table (:class:`auditor.verdict.rules_out.EffectSizes`)."""
     return parse_effect_sizes({
         "source": "tests/effect_table.py", "model": "test", "generated": "2026-01-01T00:00:00Z",
         "classes": {k: {"label": lab, "question": q, "profile": k, "effects": e} for k, (lab, q, e) in _CLASSES.items()},

@@ -29,8 +29,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from auditor.check.stored_figures import store_figures
 from auditor.store import models as orm
-from auditor.stored_figures import store_figures
 
 __all__ = ["DEMO_PROVIDERS", "HOSTILE_MARKUP", "HOSTILE_TOKEN", "seed_demo"]
 

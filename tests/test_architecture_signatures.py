@@ -28,7 +28,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 _DOC = _ROOT / "docs" / "ARCHITECTURE.md"
 _PRODUCT = ("auditor", "probes", "reference", "simulator", "dashboard")
 #: Names several product modules define at top level: the one the doc means.
-_HOMES = {"render": "auditor.report"}
+_HOMES = {"render": "auditor.report.render"}
 _ETC = "__etc__"
 
 

@@ -133,7 +133,7 @@ class Rule:
 HTTP_STACK = frozenset({"fastapi", "starlette", "uvicorn", "httpx"})
 TORCH_STACK = frozenset({"torch", "transformers", "safetensors", "accelerate", "optimum", "gguf", "tokenizers"})
 #: the places where auditor/ may use the simulator (noise floor, calibration, their CLI commands)
-SIMULATOR_USERS = ("auditor/noise.py", "auditor/calibration/", "auditor/cli/serve.py",
+SIMULATOR_USERS = ("auditor/check/measured_floors.py", "auditor/calibration/", "auditor/cli/serve.py",
                    "auditor/cli/calibrate.py")
 #: what dashboard/ may import from auditor/ (exact modules: the store's query functions and engine helpers)
 DASHBOARD_AUDITOR_API = frozenset(
@@ -340,7 +340,7 @@ def test_L9_light_parts_import_without_torch() -> None:
     modules = (
         _modules("probes")
         + _modules("auditor/detectors")
-        + ["auditor.util", "auditor.verdict"]
+        + ["auditor.util", "auditor.verdict.decide"]
         + _modules("auditor/store", skip=("auditor/store/migrations/",))
     )
     res = _import_walled(modules, {"torch", "transformers", "fastapi", "uvicorn", "streamlit"})

@@ -24,8 +24,8 @@ from auditor.calibration.draws import (
 from auditor.calibration.metrics import CalibrationRecord
 from auditor.calibration.pool import POOL_FORMAT, PoolConfig
 from auditor.calibration.reference_side import as_refs
-from auditor.noise import REFERENCE_DTYPES
-from auditor.sequential import AUTO_ACCEPT_POWER, AUTO_SPENDING, SequentialDesign
+from auditor.check.auto_budget import AUTO_ACCEPT_POWER, AUTO_SPENDING, SequentialDesign
+from auditor.check.measured_floors import REFERENCE_DTYPES
 from simulator.profiles import get_profile
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class CalibrationRun:
 
 
 def load_reference_models(model: str | None = None) -> dict[str, LoadedModel]:
-    """The reference in every honest precision (``auditor.noise.REFERENCE_DTYPES``)."""
+    """The reference in every honest precision (``auditor.check.measured_floors.REFERENCE_DTYPES``)."""
     from reference.models import DEFAULT_MODEL, load_model  # torch
 
     name = model or DEFAULT_MODEL
@@ -140,7 +140,7 @@ def run_calibration(
         alpha: family-wise level of every audit.
         seed: base seed (pools use ``pool_cfg.seed``).
         cache_dir: cache root (pools under ``pools/``, floors under ``noise/``); default
-            :func:`calibration_cache_dir` for pools and ``auditor.noise``'s cache for floors.
+            :func:`calibration_cache_dir` for pools and ``auditor.check.measured_floors``'s cache for floors.
         refresh: recollect pools even when cached.
         sequential: a ``SequentialDesign``, None (skip), or "auto" (geometric looks from the
             smallest budget to the largest with the spending and early-acceptance power of
@@ -152,7 +152,7 @@ def run_calibration(
         fixed: run the fixed-budget audits (False: only the sequential simulation, e.g. after the
             effect-size table it depends on was refreshed from a fixed-budget run; join the two with
             ``auditor calibrate --merge``).
-        floor_kwargs: extra arguments of ``auditor.noise.get_floors`` (CI miniatures only).
+        floor_kwargs: extra arguments of ``auditor.check.measured_floors.get_floors`` (CI miniatures only).
         workers: processes for the floor, the pools and the audits (:mod:`auditor.calibration.parallel`;
             1 = all in this process). Needs the default CPU references (``ref_lms`` None): each worker
             loads its own.

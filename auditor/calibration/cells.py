@@ -18,8 +18,8 @@ from auditor.calibration.metrics import CalibrationRecord, summarize_audits
 from auditor.calibration.pool import Pool, PoolConfig
 from auditor.calibration.reference_side import as_refs
 from auditor.calibration.sequential import run_sequential_audits
-from auditor.noise import FloorSet, get_floors
-from auditor.sequential import SequentialDesign
+from auditor.check.auto_budget import SequentialDesign
+from auditor.check.measured_floors import FloorSet, get_floors
 
 if TYPE_CHECKING:
     from auditor.calibration.reference_side import RefModels
@@ -34,17 +34,17 @@ def get_noise_floor(
     progress: Callable[[str], None] | None = None,
     **floor_kwargs: Any,
 ) -> FloorSet:
-    """The pipeline's noise floors for the reference (``auditor.noise.get_floors``; cached on disk).
+    """The pipeline's noise floors for the reference (``auditor.check.measured_floors.get_floors``; cached on disk).
 
     Args:
         ref_lms: reference dtype → LoadedModel (``float32`` and usually ``bfloat16``).
-        cache_dir: cache root (floors under ``noise/``); None = ``auditor.noise``'s own cache,
+        cache_dir: cache root (floors under ``noise/``); None = ``auditor.check.measured_floors``'s own cache,
             shared with ``auditor check``.
         floor_kwargs: passed to ``get_floors`` (``n_prompts``, ``max_new_tokens``: miniatures only —
             the benchmark must use the floor ``auditor check`` uses, i.e. the defaults).
 
     Returns:
-        ``auditor.noise.FloorSet`` (``.floors``: dtype → NoiseFloor).
+        ``auditor.check.measured_floors.FloorSet`` (``.floors``: dtype → NoiseFloor).
     """
     refs = as_refs(ref_lms)
     cb = None

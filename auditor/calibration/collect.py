@@ -108,7 +108,7 @@ def collect_pool(
             recorded outputs, :func:`auditor.calibration.recorded.collect_recorded_pool`).
         ref_lms: reference dtype → ``LoadedModel`` of the reference weights in that precision
             (``float32`` required; ``bfloat16`` too when the audit compares with the nearest honest
-            reference, ``auditor.noise``), or one float32 ``LoadedModel``. The served model is
+            reference, ``auditor.check.measured_floors``), or one float32 ``LoadedModel``. The served model is
             built from the float32 one (copied where the profile changes weights/dtype/layers;
             the reference is not modified).
         cfg: pool configuration (default ``PoolConfig()``).

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from auditor.audit import run_reference_detectors
+from auditor.check.pipeline import run_reference_detectors
 from auditor.detectors import DetectorName, EvidenceBatch
-from auditor.verdict import DEFAULT_POWER, Verdict, decide_verdict
-from auditor.verdict_power import power_effect
+from auditor.verdict.decide import DEFAULT_POWER, Verdict, decide_verdict
+from auditor.verdict.power import power_effect
 from probes.suites import load_suite
 
 if TYPE_CHECKING:
     from auditor.calibration.pool import Pool
-    from auditor.noise import FloorSet
+    from auditor.check.measured_floors import FloorSet
 
 __all__ = [
     "DEFAULT_AUDITS",
@@ -52,7 +52,7 @@ MODES = ("greedy", "logprob", "sampling")
 
 @dataclass(frozen=True)
 class AuditMix:
-    """How an audit of B planned tokens is spent, per probe mode (as ``auditor.audit.plan_budget`` does).
+    """How an audit of B planned tokens is spent, per probe mode (as ``auditor.check.pipeline.plan_budget`` does).
 
     Attributes:
         name: mix name (``default`` = the default suite's proportions).
@@ -152,7 +152,7 @@ class AuditDraw:
 class AuditDrawer:
     """Draws one audit's requests from a pool, incrementally: ``extend_to(B)`` grows the same audit.
 
-    Budget semantics are ``auditor check --budget-tokens``'s (``auditor.audit.plan_budget``): a
+    Budget semantics are ``auditor check --budget-tokens``'s (``auditor.check.pipeline.plan_budget``): a
     request is charged its ``max_tokens`` whatever it returns, requests are added while they fit,
     always to the mode furthest below its share of the budget. Temperature-0 requests (greedy,
     logprob) come from one random permutation of the pool's T=0 items, each prompt at most once (at
@@ -316,21 +316,21 @@ def audit_verdict(
 ) -> Verdict:
     """Per-position evidence → detector results → verdict, exactly as ``auditor check`` decides.
 
-    Calls the pipeline's ``auditor.audit.run_reference_detectors`` (every detector against every
+    Calls the pipeline's ``auditor.check.pipeline.run_reference_detectors`` (every detector against every
     honest reference precision with that precision's noise floor, combined as an
     intersection–union test: per detector the nearest reference's result) and then
-    ``auditor.verdict.decide_verdict`` with the floor of the reference nearest in
-    logprob-divergence — the same steps as ``auditor.audit.analyze_run``.
+    ``auditor.verdict.decide.decide_verdict`` with the floor of the reference nearest in
+    logprob-divergence — the same steps as ``auditor.check.pipeline.analyze_run``.
 
     Args:
         batches: reference dtype → EvidenceBatch (same positions), or one batch (float32).
-        floors: ``auditor.noise.FloorSet``.
+        floors: ``auditor.check.measured_floors.FloorSet``.
         alpha: family-wise level (Holm).
         seed: detector randomisation seed.
         power: power a PASS needs against the target effects (None: the verdict's default).
 
     Returns:
-        ``auditor.verdict.Verdict`` (its ``results`` carry the Holm-adjusted p-values).
+        ``auditor.verdict.decide.Verdict`` (its ``results`` carry the Holm-adjusted p-values).
     """
     if not isinstance(batches, Mapping):
         batches = {"float32": batches}
@@ -355,7 +355,7 @@ class AuditOutcome:
     reused: bool
     prompt_tokens: int = 0
     planned: dict[str, int] = field(default_factory=dict)
-    #: detector → its effect in the unit of its power target (``auditor.verdict_power.power_effect``)
+    #: detector → its effect in the unit of its power target (``auditor.verdict.power.power_effect``)
     effects: dict[str, float] = field(default_factory=dict)
 
 

@@ -1,9 +1,9 @@
 """The effect-size table a PASS's "rules out" list is computed against, refreshed from calibration.
 
-``auditor/calibration/effect_sizes.json`` (read by ``auditor.rules_out``) holds, per deviation
+``auditor/calibration/effect_sizes.json`` (read by ``auditor.verdict.rules_out``) holds, per deviation
 class (int4, int8, fp8, kv-fp8, w8a8, relaxed acceptance at s, truncation, substitution …), the
 effect its simulator profile produces in each detector's power-target unit
-(``auditor.verdict_power.power_effect``): clear-mismatch rate, geometric-mean KL / floor, argmax
+(``auditor.verdict.power.power_effect``): clear-mismatch rate, geometric-mean KL / floor, argmax
 excess per sampled position, tail ratio. :func:`effect_sizes_from_records` takes them from a
 calibration run: per class and detector, the median effect over the audits of the profile's
 largest-budget cell in which that detector ran in at least half of the audits (the most
@@ -25,7 +25,7 @@ from auditor.detectors import DetectorName
 
 __all__ = ["EFFECT_SIZES_PATH", "MIN_RAN_SHARE", "effect_sizes_from_records", "write_effect_sizes"]
 
-#: The package's table (``auditor.rules_out.load_effect_sizes`` reads it).
+#: The package's table (``auditor.verdict.rules_out.load_effect_sizes`` reads it).
 EFFECT_SIZES_PATH = Path(__file__).with_name("effect_sizes.json")
 #: A cell's median counts for a detector only when the detector ran in at least this share of its audits.
 MIN_RAN_SHARE = 0.5

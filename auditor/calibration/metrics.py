@@ -21,7 +21,7 @@ from scipy import stats
 from auditor.calibration.draws import MODES, AuditMix, AuditOutcome
 from auditor.calibration.pool import Pool
 from auditor.util import json_safe
-from auditor.verdict import UNDETERMINED_CAUSES, VerdictKind
+from auditor.verdict.decide import UNDETERMINED_CAUSES, VerdictKind
 from simulator.profiles import Profile, find_profile, get_profile
 
 __all__ = [
@@ -107,7 +107,7 @@ class CalibrationRecord:
         verdicts: verdict → count (the confusion row of this profile).
         detectors: detector → {"ran": share of audits it ran, "rejected": share where it rejected
             after Holm, "effect_median": median effect over the audits it ran in, in the unit of
-            its power target (``auditor.verdict_power.power_effect``; None without one)};
+            its power target (``auditor.verdict.power.power_effect``; None without one)};
             rules: deciding rule → count.
         budget_tokens is the planned budget (Σ max_tokens of the requests, ``--budget-tokens``);
         tokens: mean completion tokens actually returned per mode; completion_tokens: their
@@ -169,7 +169,7 @@ def summarize_audits(
             dets[k] = {
                 "ran": sum(k in o.ran for o in os_) / n,
                 "rejected": sum(k in o.rejected for o in os_) / n,
-                # median effect in the power target's unit (auditor.verdict_power.power_effect)
+                # median effect in the power target's unit (auditor.verdict.power.power_effect)
                 "effect_median": float(np.median(eff)) if eff else None,
             }
         tokens = {m: float(np.mean([o.tokens.get(m, 0) for o in os_])) for m in MODES}
@@ -327,7 +327,7 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
     return rows
 
 
-#: The undetermined answers (``auditor.verdict.UNDETERMINED_CAUSES``): a deviation whose cause is one of two, which
+#: The undetermined answers (``auditor.verdict.decide.UNDETERMINED_CAUSES``): a deviation whose cause is one of two, which
 #: one undetermined. Neither right nor wrong for a profile whose expected verdict is one of its two causes, and
 #: counted apart.
 _UNDETERMINED = {str(v): {str(c) for c in pair} for v, pair in UNDETERMINED_CAUSES.items()}
@@ -335,7 +335,7 @@ _UNDETERMINED = {str(v): {str(c) for c in pair} for v, pair in UNDETERMINED_CAUS
 
 def _cause_counts(records: Sequence[dict]) -> tuple[int, dict[str, int], int]:
     """(cause named right, undetermined per undetermined verdict, rejections) summed over ``records``; the
-    undetermined verdicts (``auditor.verdict.UNDETERMINED_CAUSES``) are counted for
+    undetermined verdicts (``auditor.verdict.decide.UNDETERMINED_CAUSES``) are counted for
     profiles whose expected verdict is one of that verdict's two causes."""
     ok = n = 0
     und: dict[str, int] = {}

@@ -15,7 +15,7 @@ import numpy as np
 
 from auditor.calibration.metrics import TARGET_POWER, check_targets, record_grid, record_suite
 from auditor.util import json_safe
-from auditor.verdict import VerdictKind
+from auditor.verdict.decide import VerdictKind
 from simulator.profiles import find_profile
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ METHOD_MD = """## Method
 - **Pools** (`auditor/calibration/`): per simulator profile, one temperature-0 continuation of every
   distinct prompt of the shipped suites and several temperature-1 samples per prompt, with the
   provider's top-20 logprobs and the reference's top-20 at the provider's own prefix, in every reference
-  precision of `auditor.noise.REFERENCE_DTYPES` (float32 by default). Profiles whose verification is lossless at a temperature
+  precision of `auditor.check.measured_floors.REFERENCE_DTYPES` (float32 by default). Profiles whose verification is lossless at a temperature
   are decoded in batches from the simulator's own served model (`build_served_model`: lossless
   speculative decoding has the output law of plain decoding); `greedy-verify` (sampling) and
   `decode-noncompliant` (greedy) by batched decoding with their verifier's per-position rule;
@@ -46,12 +46,12 @@ METHOD_MD = """## Method
   keyed by model revision, profile recipe (a recording's sha256), suite versions/digests and pool configuration.
 - **Audits**: each audit draws requests without replacement in the default suite's proportions,
   charging each request its `max_tokens` exactly like `auditor check --budget-tokens`
-  (`auditor.audit.plan_budget`), and decides with the pipeline's own functions
-  (`auditor.audit.run_reference_detectors`: every detector against the reference with its noise
-  floor — intersection–union when several precisions are configured; then Holm and the rules of `auditor.verdict`).
+  (`auditor.check.pipeline.plan_budget`), and decides with the pipeline's own functions
+  (`auditor.check.pipeline.run_reference_detectors`: every detector against the reference with its noise
+  floor — intersection–union when several precisions are configured; then Holm and the rules of `auditor.verdict.decide`).
 - **Intervals**: Clopper–Pearson 95% for the rejection rate. Audits resample one finite pool per
   profile; at large budgets they share requests, so the interval understates pool-to-pool spread.
-- **Sequential** (`auditor/sequential.py`): group-sequential looks at 100, 200, 400, … tokens,
+- **Sequential** (`auditor/check/auto_budget.py`): group-sequential looks at 100, 200, 400, … tokens,
   Lan–DeMets α spending, union bound over looks (valid for any dependence between looks).
 - **Processes** (`--workers N`, `auditor/calibration/parallel.py`): the noise floor and the pools, then
   the profiles' audits, are spread over N processes, the longest tasks first; the results do not depend
@@ -154,7 +154,7 @@ def _rest_of_markdown(run_list: Sequence[dict], meta: dict, fixed: Sequence[dict
         d = seq[0].get("sequential_design") or {}
         L.append(f"Group-sequential design, looks at {d.get('looks')} tokens, {d.get('spending')} α spending "
                  f"(α per look {[round(a, 5) for a in d.get('look_alphas', [])]}), union bound over looks "
-                 "(`auditor/sequential.py`).\n")
+                 "(`auditor/check/auto_budget.py`).\n")
         L.append("| profile | rejection [95% CI] | cause | verdicts | mean tokens | median | saved vs fixed max | fixed-max rejection |")
         L.append("|---|---|---|---|---|---|---|---|")
         for s in seq:

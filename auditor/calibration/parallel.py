@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from auditor.calibration.cells import CellSpec, ProfileCells
     from auditor.calibration.pool import PoolConfig
     from auditor.calibration.reference_side import RefModels
-    from auditor.noise import FloorSet
+    from auditor.check.measured_floors import FloorSet
 
 __all__ = ["FLOOR_TASK", "audit_in_workers", "prebuild_in_workers", "prebuild_tasks"]
 

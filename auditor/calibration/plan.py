@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditor.calibration.metrics import TARGET_POWER, record_suite, tokens_for_power
-from auditor.verdict_cause import DECISIVE_WITHOUT_LOGPROBS
+from auditor.verdict.cause import DECISIVE_WITHOUT_LOGPROBS
 
 if TYPE_CHECKING:
     from probes.config import Capabilities, Pricing

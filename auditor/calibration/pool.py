@@ -45,7 +45,7 @@ POOL_FORMAT = 3
 #: Reference top-K kept per position, and provider alternatives kept (OpenAI's maximum).
 REF_TOP_K = 20
 PROVIDER_TOP_N = 20
-#: Teacher-forcing batch size of the pipeline (``auditor.audit.SCORE_BATCH_SIZE``).
+#: Teacher-forcing batch size of the pipeline (``auditor.check.pipeline.SCORE_BATCH_SIZE``).
 SCORE_BATCH_SIZE = 8
 #: Suites whose prompts make up the pools (distinct prompts; the default suite first).
 POOL_SUITES = ("default", "chat", "code", "math", "repetition")
@@ -229,7 +229,7 @@ class Pool:
         prov_top_ids / prov_top_lp: [N, 20] provider's top-20 alternatives (raw log-softmax of the
             served model, descending; a request with ``top_logprobs=M`` sees the first M).
         ref_top_ids / ref_top_lp: reference dtype (``float32``, ``bfloat16``: the honest
-            precisions of ``auditor.noise.REFERENCE_DTYPES``) → [N, 20] reference top-20 at the
+            precisions of ``auditor.check.measured_floors.REFERENCE_DTYPES``) → [N, 20] reference top-20 at the
             provider's prefix (int64 ids, float64 nats).
         ref_token_lp: reference dtype → [N] float64 reference log p(emitted token) (nats).
     """

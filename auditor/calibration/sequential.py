@@ -1,8 +1,8 @@
 """Sequential audits (``auditor check --budget-tokens auto``) simulated on a pool.
 
 Each simulated audit grows one nested draw (:class:`~auditor.calibration.draws.AuditDrawer`) look
-by look of a :class:`auditor.sequential.SequentialDesign` and decides at the look's spent α, as
-``auditor.sequential.SequentialAudit`` does in the pipeline.
+by look of a :class:`auditor.check.auto_budget.SequentialDesign` and decides at the look's spent α, as
+``auditor.check.auto_budget.SequentialAudit`` does in the pipeline.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from auditor.calibration.draws import (
     floor_references,
 )
 from auditor.calibration.metrics import verdict_rates
-from auditor.sequential import SequentialAudit, SequentialDesign
+from auditor.check.auto_budget import SequentialAudit, SequentialDesign
 from simulator.profiles import get_profile
 
 if TYPE_CHECKING:
     from auditor.calibration.pool import Pool
-    from auditor.noise import FloorSet
-    from auditor.verdict import Verdict
+    from auditor.check.measured_floors import FloorSet
+    from auditor.verdict.decide import Verdict
 
 __all__ = ["run_sequential_audits"]
 
@@ -42,7 +42,7 @@ def run_sequential_audits(
     mix: AuditMix | None = None,
     seed: int = 0,
 ) -> dict:
-    """Simulate ``audits`` sequential audits (``auditor.sequential``) on one pool.
+    """Simulate ``audits`` sequential audits (``auditor.check.auto_budget``) on one pool.
 
     Each audit draws nested evidence (:class:`AuditDrawer`) and looks at the design's token
     counts, deciding at the look's spent α.

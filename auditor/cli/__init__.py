@@ -9,7 +9,7 @@ them; ``common.py`` holds the helpers they share. Heavy imports (torch, transfor
 command functions so that ``auditor --help`` stays fast and audits can run without a GPU stack.
 
 Exit codes (see ``auditor check``): 0 PASS, 1 deviation found,
-2 INCONCLUSIVE, 3 usage/config/connection error, 4 internal error (``auditor.errors.INTERNAL_ERROR_EXIT``).
+2 INCONCLUSIVE, 3 usage/config/connection error, 4 internal error (``auditor.check.errors.INTERNAL_ERROR_EXIT``).
 """
 
 from __future__ import annotations

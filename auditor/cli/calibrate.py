@@ -190,8 +190,8 @@ def _profile_names(profiles: str | None, cfg: Any) -> list[str]:
 
 def _check_device(device: str | None, dtype: str | None) -> None:
     """Exit 3 when ``--device``/``--dtype`` ask for what is not there (CUDA without a GPU), before any work."""
-    from auditor.errors import AuditError
-    from auditor.reference_setup import check_device
+    from auditor.check.errors import AuditError
+    from auditor.check.reference_setup import check_device
 
     try:
         check_device(device, dtype)
@@ -203,7 +203,7 @@ def _sequential_design(budgets: list[int], *, sequential: bool, alpha: float, sp
                        resolve_cause: bool) -> Any:
     """The simulated ``--budget-tokens auto`` design (geometric looks from the smallest to the largest budget),
     or None without ``--sequential`` or with a single budget; exits 3 on an unknown ``--spending``."""
-    from auditor.sequential import SPENDING_FUNCTIONS, SequentialDesign
+    from auditor.check.auto_budget import SPENDING_FUNCTIONS, SequentialDesign
 
     if spending not in SPENDING_FUNCTIONS:
         fail(f"--spending must be one of {', '.join(SPENDING_FUNCTIONS)}, got {spending!r}")
@@ -257,7 +257,7 @@ def _reference_models(model: str | None, device: str | None, dtype: str | None, 
         fail("--workers > 1 runs the default CPU references in each worker: drop --device/--dtype, or use --workers 1")
     if device is None and dtype is None:
         return None
-    from auditor.noise import REFERENCE_DTYPES
+    from auditor.check.measured_floors import REFERENCE_DTYPES
     from reference.models import DEFAULT_MODEL, ModelNotAvailableError, load_model
 
     try:

@@ -26,7 +26,7 @@ from auditor.cli.common import DEBUG_HELP, internal_error, internal_errors
 from auditor.cli.common import console as out_console
 
 if TYPE_CHECKING:  # pragma: no cover
-    from auditor.errors import AuditError
+    from auditor.check.errors import AuditError
 
 FORMATS = ("text", "json", "markdown", "junit")
 
@@ -46,10 +46,10 @@ FLAGS = {
 
 
 def word_audit_error(exc: AuditError, provider: str | None = None) -> str:
-    """A library :class:`~auditor.errors.AuditError` worded for the command line: parameter names
+    """A library :class:`~auditor.check.errors.AuditError` worded for the command line: parameter names
     become their flags (``budget_tokens=5`` → ``--budget-tokens 5``), and a stored run that can be
     continued gets the command that continues it."""
-    from auditor.errors import NothingToAuditError
+    from auditor.check.errors import NothingToAuditError
 
     msg = str(exc)
     if exc.parameter in FLAGS:
@@ -86,7 +86,7 @@ def _emit(text: str, output: Path | None, fmt: str = "") -> None:
 def check_cmd(
     provider: str = typer.Option(..., "--provider", "-p", help="Provider name in providers.toml."),
     suite: str = typer.Option("default", "--suite", "-s", help="Packaged suite name or a suite .json file."),
-    budget_tokens: str | None = typer.Option(None, "--budget-tokens", help="Cap on planned completion tokens (default: the whole suite), or 'auto': probe in rounds and stop once decisive (auditor/sequential.py)."),
+    budget_tokens: str | None = typer.Option(None, "--budget-tokens", help="Cap on planned completion tokens (default: the whole suite), or 'auto': probe in rounds and stop once decisive (auditor/check/auto_budget.py)."),
     alpha: float = typer.Option(0.05, "--alpha", help="Family-wise significance level (Holm across detectors)."),
     json_path: Path | None = typer.Option(None, "--json", help="Also write the JSON report to PATH."),
     fmt: str = typer.Option("text", "--format", "-f", help="Output on stdout: text | json | markdown | junit."),
@@ -109,9 +109,9 @@ def check_cmd(
     """
     from rich.console import Console
 
-    from auditor.audit import CheckOptions, run_check
-    from auditor.errors import AuditError
-    from auditor.report import render, render_json
+    from auditor.check.errors import AuditError
+    from auditor.check.pipeline import CheckOptions, run_check
+    from auditor.report.render import render, render_json
 
     if fmt not in FORMATS:
         raise _fail(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -130,11 +130,11 @@ def check_cmd(
         if budget < 1:
             raise _fail(f"--budget-tokens {budget_tokens!r}: a positive number of tokens or 'auto'")
     try:
-        from auditor.reference_setup import check_device
+        from auditor.check.reference_setup import check_device
 
         check_device(device, dtype)  # CUDA asked without a GPU → exit 3 before anything starts
-        if auto:  # sequential stopping (group-sequential design, alpha spending): auditor/sequential.py
-            from auditor.sequential import run_sequential_check
+        if auto:  # sequential stopping (group-sequential design, alpha spending): auditor/check/auto_budget.py
+            from auditor.check.auto_budget import run_sequential_check
 
             if resume:
                 raise _fail("--budget-tokens auto cannot --resume; resume with a fixed --budget-tokens")
@@ -185,7 +185,7 @@ def report_cmd(
     """Re-render a stored audit (Markdown for a procurement file, JSON, JUnit XML or text), or with
     --provider the provider's combined standing over the newest audit of each suite."""
 
-    from auditor.report import ReportError, load_report, render
+    from auditor.report.render import ReportError, load_report, render
     from auditor.store import StoreError
 
     if fmt not in FORMATS and fmt not in ("md", "xml"):
@@ -194,7 +194,7 @@ def report_cmd(
         raise _fail("give exactly one of RUN_ID (one audit) or --provider NAME (its combined standing), "
                     "e.g. `auditor report --provider acme --format markdown`")
     if provider is not None:
-        from auditor.standing import load_standing, render_standing
+        from auditor.watch.standing import load_standing, render_standing
 
         try:
             standing = load_standing(provider, db, window_days=window_days)
@@ -230,8 +230,8 @@ def demo_cmd(
     """Start three simulators (honest-bf16, int4, relaxed-threshold) on loopback, audit each, compare."""
     from rich.console import Console
 
+    from auditor.check.errors import AuditError
     from auditor.demo import DemoError, render_demo_table, run_demo
-    from auditor.errors import AuditError
 
     err = Console(stderr=True)
     try:

@@ -22,15 +22,15 @@ DEBUG_HELP = ("On an internal error (exit 4) print the traceback on stderr inste
 
 def internal_error(exc: BaseException, command: str, *, debug: bool = False) -> typer.Exit:
     """Report an unexpected error of ``command`` and return the Exit (code 4,
-    :data:`auditor.errors.INTERNAL_ERROR_EXIT`) to raise.
+    :data:`auditor.check.errors.INTERNAL_ERROR_EXIT`) to raise.
 
     One line on stderr: ``error: internal error in auditor CMD: <type>: <message>``, the failed run when the
-    exception names one (``exc.run_id``, set by ``auditor.audit.run_check``), and where the traceback is: a new
-    log file (:func:`auditor.errors.write_error_log`), or on stderr after the line with ``debug``.
+    exception names one (``exc.run_id``, set by ``auditor.check.pipeline.run_check``), and where the traceback is: a new
+    log file (:func:`auditor.check.errors.write_error_log`), or on stderr after the line with ``debug``.
     """
     import traceback
 
-    from auditor.errors import INTERNAL_ERROR_EXIT, failure_reason, write_error_log
+    from auditor.check.errors import INTERNAL_ERROR_EXIT, failure_reason, write_error_log
 
     what = failure_reason(exc).removeprefix("internal error: ")
     rid = getattr(exc, "run_id", None)

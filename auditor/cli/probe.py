@@ -43,9 +43,9 @@ def probe_cmd(
     """Probes-only run: send a suite to a provider, store every attempt, print a summary."""
     from rich.console import Console
 
-    from auditor.errors import AuditError
-    from auditor.planning import load_suite_spec
-    from auditor.runner import RunnerError, describe_errors, render_summary, run_probes, summarize_run
+    from auditor.check.errors import AuditError
+    from auditor.check.planning import load_suite_spec
+    from auditor.check.runner import RunnerError, describe_errors, render_summary, run_probes, summarize_run
     from auditor.store import StoreError, open_store
     from probes.config import ConfigError, get_provider
 

@@ -1,7 +1,7 @@
 """CLI commands: ``auditor schedule add|list|remove|run`` and ``auditor feed``.
 
 Schedules live in the audit database (``schedules`` table), so a restarted ``schedule run`` loses
-none and never runs a slot twice (see :mod:`auditor.scheduler`). ``schedule run --once`` performs
+none and never runs a slot twice (see :mod:`auditor.watch.scheduler`). ``schedule run --once`` performs
 one pass and exits: safe to call from cron, a systemd timer or CI.
 
 Exit codes: 0 success, 3 usage/config/database error, 4 internal error (`schedule run`: see its help).
@@ -85,8 +85,8 @@ def add_cmd(
     """Add a recurring audit of PROVIDER every EVERY."""
     import datetime as dt
 
-    from auditor.scheduler import add_schedule, format_interval, parse_interval
     from auditor.store.models import utcnow
+    from auditor.watch.scheduler import add_schedule, format_interval, parse_interval
 
     try:
         seconds = parse_interval(every)
@@ -132,8 +132,8 @@ def list_cmd(db: str | None = typer.Option(None, "--db", help=DB_HELP)) -> None:
     """List schedules with their last and next run."""
     from rich.table import Table
 
-    from auditor.scheduler import format_interval
     from auditor.store.dashboard_queries import list_schedules
+    from auditor.watch.scheduler import format_interval
 
     store = _open(db)
     try:
@@ -165,7 +165,7 @@ def remove_cmd(
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """Remove schedule ID."""
-    from auditor.scheduler import remove_schedule
+    from auditor.watch.scheduler import remove_schedule
 
     store = _open(db)
     try:
@@ -200,9 +200,9 @@ def run_cmd(
     import signal
     import threading
 
-    from auditor.alerts import WEBHOOK_ENV
-    from auditor.errors import INTERNAL_ERROR_EXIT
-    from auditor.scheduler import AuditScheduler
+    from auditor.check.errors import INTERNAL_ERROR_EXIT
+    from auditor.watch.alerts import WEBHOOK_ENV
+    from auditor.watch.scheduler import AuditScheduler
 
     store = _open(db)
     hook = webhook or os.environ.get(WEBHOOK_ENV) or None
@@ -255,7 +255,7 @@ def feed_cmd(
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """Atom feed of verdict changes: print it, write it to a file (--output) or serve it (--serve)."""
-    from auditor.feed import feed_from_store, make_feed_server, write_feed
+    from auditor.watch.feed import feed_from_store, make_feed_server, write_feed
 
     store = _open(db)
     try:

@@ -19,15 +19,15 @@ authoritative:
 
 Each key's metadata lives here, in one place (:class:`DetectorSpec` in :data:`DETECTORS`): the
 probe mode it reads, the positions it uses, its test kind, the causes a rejection points at, the
-power family and the target effect of the PASS/INCONCLUSIVE power check. ``auditor.verdict`` and
+power family and the target effect of the PASS/INCONCLUSIVE power check. ``auditor.verdict.decide`` and
 the pipeline read it through :func:`spec`, :func:`detectors_where`, :data:`MODES`,
 :data:`IMPLICATIONS`, :data:`POWER_FAMILIES`, :data:`POWER_TARGETS`, :data:`REFERENCE_DETECTORS`
 and :data:`SELF_SAMPLING_DETECTORS`; names are :class:`DetectorName` members, never bare strings.
-The pre-flight parameter checks that join the same Holm family (``auditor.preflight``) have their
+The pre-flight parameter checks that join the same Holm family (``auditor.check.preflight``) have their
 entries in :data:`PREFLIGHT_CHECKS` (the verdict rule each decides, its implication).
 
 ``run_detectors`` runs a selection and returns one DetectorResult per key (``ran=False`` with a
-reason when a detector had nothing to work on); ``auditor.verdict.decide_verdict`` applies Holm
+reason when a detector had nothing to work on); ``auditor.verdict.decide.decide_verdict`` applies Holm
 across those that ran and names the cause. Decision rules: docs/detectors.md.
 """
 
@@ -101,7 +101,7 @@ class Mode(StrEnum):
 
 
 class TestKind(StrEnum):
-    """The statistic behind a detector (decides its power calculation in ``auditor.verdict``)."""
+    """The statistic behind a detector (decides its power calculation in ``auditor.verdict.decide``)."""
 
     __test__ = False  # not a pytest class
 
@@ -125,7 +125,7 @@ class PowerFamily(StrEnum):
 
 @dataclass(frozen=True)
 class PowerTarget:
-    """The effect an audit must be able to see (``auditor.verdict.required_positions``).
+    """The effect an audit must be able to see (``auditor.verdict.decide.required_positions``).
 
     Attributes:
         key: name of the target (the key of :data:`POWER_TARGETS`).
@@ -166,7 +166,7 @@ POWER_TARGETS: Mapping[str, float] = MappingProxyType(
 #: A detector: (batch, floor, *, rng, ...) → DetectorResult.
 DetectorFn = Callable[..., DetectorResult]
 
-# verdict names a rejection can lead to (auditor.verdict.VerdictKind values; tests check them)
+# verdict names a rejection can lead to (auditor.verdict.decide.VerdictKind values; tests check them)
 _Q, _S, _R, _D = "QUANTIZATION", "SUBSTITUTION", "RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT"
 _QS = "QUANTIZATION_OR_SUBSTITUTION"
 _QR = "QUANTIZATION_OR_RELAXED_VERIFICATION"
@@ -187,10 +187,10 @@ class DetectorSpec:
         mode: the probe mode whose responses it reads.
         test: the statistic (decides the power calculation).
         positions: which positions it uses (temperature and what must be known there).
-        causes: verdicts a rejection can lead to (``auditor.verdict.VerdictKind`` values), most
-            likely first; which one is decided by the rules in ``auditor.verdict``.
+        causes: verdicts a rejection can lead to (``auditor.verdict.decide.VerdictKind`` values), most
+            likely first; which one is decided by the rules in ``auditor.verdict.decide``.
         implication: short cause-naming phrase for ``Verdict.details["findings"]``.
-        finding: one sentence for reports (``auditor.report``).
+        finding: one sentence for reports (``auditor.report.render``).
         power_family: its family in the PASS/INCONCLUSIVE power check, None when it has none
             (the omnibus PIT tests, the per-request scan, the near-tie test).
         power_target: the target effect of that check (and of the rules-out power model: the near-tie test has
@@ -446,7 +446,7 @@ SELF_SAMPLING_DETECTORS = tuple(
 class PreflightSpec:
     """Entry of a pre-flight parameter check that joins the verdict's Holm family.
 
-    ``auditor.preflight`` turns its decoding checks into ``preflight-*`` DetectorResults; the verdict
+    ``auditor.check.preflight`` turns its decoding checks into ``preflight-*`` DetectorResults; the verdict
     (rule 6) names DECODING_NONCOMPLIANT when one rejects. Pre-flight results never count towards
     the power check.
 

@@ -1,6 +1,6 @@
 """Detector inputs and outputs: `PositionEvidence`, `EvidenceBatch`, `DetectorResult`.
 
-The pipeline (``auditor/audit.py``) teacher-forces the reference at the provider's own prefixes,
+The pipeline (``auditor/check/pipeline.py``) teacher-forces the reference at the provider's own prefixes,
 so every generated position is one trial. It hands the detectors one :class:`PositionEvidence`
 per position, or builds an :class:`EvidenceBatch` (struct of arrays) directly; every detector is
 a pure function of the batch (plus the noise floor) returning a :class:`DetectorResult`.
@@ -73,7 +73,7 @@ UNTRUSTED_LOGPROB_ANOMALIES = frozenset(
 
 #: Response-level anomaly kinds (``probes.normalize.ANOMALY_KINDS``; ``normalize_error`` is the runner's)
 #: after which the response's tokens no longer stand for what the model generated, so none of its
-#: positions reaches any detector (``auditor.observations.read_observations`` excludes the whole
+#: positions reaches any detector (``auditor.check.observations.read_observations`` excludes the whole
 #: response, records it and counts it; reports list it as excluded with this reason). A per-token
 #: kind only untrusts that position (``UNTRUSTED_LOGPROB_ANOMALIES``); these untrust the response:
 #: the reference would be teacher-forced at prefixes the model never saw.
@@ -120,7 +120,7 @@ class DetectorResult:
             exists) and ``margin`` (nats).
         ran: False when the detector could not run (``reason`` says why).
         reason: why it did not run, or a note.
-        p_adjusted: Holm-adjusted p-value, filled in by ``auditor.verdict``.
+        p_adjusted: Holm-adjusted p-value, filled in by ``auditor.verdict.decide``.
         details: extra named numbers (JSON-able) the verdict rules and reports use, e.g.
             ``top1_agreement``, ``ratio_to_floor``, ``excess_per_position``, ``p_randomized``.
     """

@@ -28,7 +28,7 @@ by a few nats; a real vLLM with ngram speculation and greedy requests batched wi
 emitted ``<|endoftext|>`` at −16.0 where its own top-1 was −0.52, and ' TType' at −38.8): it is a draft
 that was never verified. ``details["n_unverified"]`` counts them, ``details["unverified_positions"]``
 names up to UNVERIFIED_EVIDENCE of them (``prompt_id``, ``position``, both gaps); the verdict
-(``auditor.verdict`` rule 1u) answers "strict verification? no" when they are most of the clear
+(``auditor.verdict.decide`` rule 1u) answers "strict verification? no" when they are most of the clear
 contradictions.
 
 Where the contradictions sit in the streamed steps (issue 35, synthetic acceptance): a speculative

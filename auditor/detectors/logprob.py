@@ -89,9 +89,9 @@ def kl_floor_ratio(details: Any) -> float | None:
     """The KL-vs-floor figure every report, reason and headline shows (issue 38: one home, one number):
     the geometric-mean KL / honest floor ratio ``R = exp(ȳ − μ0)`` of a logprob-divergence result's
     ``details`` (``details["geometric_ratio"]``: the test statistic's own effect, the unit of the
-    registry's power target and of the calibrated effect sizes, what ``auditor.precision_estimate``
+    registry's power target and of the calibrated effect sizes, what ``auditor.verdict.precision_estimate``
     places among the precision classes). ``details["ratio_to_floor"]`` (arithmetic mean KL / floor mean KL)
-    stays a decision input of ``auditor.verdict`` and is never shown beside it.
+    stays a decision input of ``auditor.verdict.decide`` and is never shown beside it.
 
     Returns:
         R (> 0, dimensionless), or None when ``details`` is not a mapping or holds no finite positive ratio.

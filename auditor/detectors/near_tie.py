@@ -42,7 +42,7 @@ Why conservative: each S(m_i) bounds the honest flip probability from above, the
 most lenient variant, and T' grows with every X_i (positive weights), so its upper tail at the bounds
 lies above the tail at the true flip probabilities (weights are fixed by the reference's margins, not
 by the flips). For the count, a Poisson with mean μ is more dispersed than the Poisson-binomial.
-Effect: the near-tie flip rate k / n (Wilson 95% CI); power model: ``auditor.verdict_power``
+Effect: the near-tie flip rate k / n (Wilson 95% CI); power model: ``auditor.verdict.power``
 (exact Poisson count test at the audit's mean bound μ / n against a flip rate r1 per tested position:
 the weighted test's power at that alternative is at least the count test's — it is the most powerful
 test of it — so the model, and a PASS's "rules out greedy-relaxed", err on the low side).

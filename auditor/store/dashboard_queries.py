@@ -29,7 +29,7 @@ of runs with the same reference model. Ids never emitted by any provider stay un
 dashboard then shows the id) unless the evidence carries ``ref_top5_tokens`` itself.
 
 The buyer's two answers, the plain headline and the provider's standing are read as stored with each verdict
-(``verdicts.questions`` / ``headline`` / ``standing``, written by ``auditor.stored_figures`` when the verdict is
+(``verdicts.questions`` / ``headline`` / ``standing``, written by ``auditor.check.stored_figures`` when the verdict is
 stored, revision 0005): this module applies no verdict, question or standing rule, so importing the dashboard
 loads none of them (docs/ARCHITECTURE.md, L8). A verdict row without them (written before revision 0005 and
 not migrated) is shown as :data:`NOT_STORED`, never computed here.
@@ -285,7 +285,7 @@ def provider_overview(
     and ``detectors`` (list of ``{"name", "p_value", "p_adjusted", "ran", ...}``). Providers
     without any verdict yet have ``verdict=None`` and the figures of their newest run.
 
-    The combined standing over the provider's recent audits (every suite, ``auditor.standing``) as stored
+    The combined standing over the provider's recent audits (every suite, ``auditor.watch.standing``) as stored
     with the newest completed audit among the matching runs (its standing as of that audit's start,
     ``verdicts.standing``): ``standing`` (verdict or None), ``standing_reason``, ``standing_suites``,
     ``causes`` (every cause found, worst first: ``verdict``, ``suite``, ``run_id``, ``started_at``, ``rule``,
@@ -521,7 +521,7 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     (the report's plain sentence with its deciding figure, stored with the verdict; None without a verdict),
     ``not_stored`` (:data:`NOT_STORED` when the verdict row predates the stored questions and headline,
     else None),
-    ``rules_out`` (the verdict's ``details["rules_out"]``, ``auditor.rules_out``: per deviation class
+    ``rules_out`` (the verdict's ``details["rules_out"]``, ``auditor.verdict.rules_out``: per deviation class
     ``label``, ``question``, ``status``, ``power``, ``detector``, ``n``; [] for rejections and older runs),
     ``strongest`` (name of the detector with the smallest adjusted p-value among those that ran and
     have evidence, else None), ``probes`` (``id``,
@@ -529,10 +529,10 @@ def run_detail(session: Session, run_id: str) -> dict[str, Any] | None:
     ``tokens_per_chunk`` (see :func:`tokens_per_chunk_histogram`), and every cause and check the
     reports show (issue 13; each [] or None for runs stored before them): ``secondary_causes``
     (the verdict's other established causes: ``verdict``, ``rule``, ``reason``, ``evidence``),
-    ``preflight_checks`` (every parameter-compliance check stored with the run, ``auditor.preflight``:
+    ``preflight_checks`` (every parameter-compliance check stored with the run, ``auditor.check.preflight``:
     ``name``, ``kind``, ``passed``, ``summary``, ``p_value``, ...; the raw exchanges stay out),
     ``provider_failures`` (``failed``, ``total``, ``share``, ``kinds``) and ``excluded_responses``
-    (responses kept from every detector, ``auditor.observations.excluded_summary``).
+    (responses kept from every detector, ``auditor.check.observations.excluded_summary``).
     """
     run = session.get(AuditRun, run_id)
     if run is None:

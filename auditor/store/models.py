@@ -326,13 +326,13 @@ class VerdictRow(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
-    #: The buyer's two answers as the report renders them (``auditor.questions``: ``[{"key", "question",
-    #: "answer", "evidence"}]``), stored at write time (``auditor.stored_figures``, revision 0005) so the
+    #: The buyer's two answers as the report renders them (``auditor.verdict.questions``: ``[{"key", "question",
+    #: "answer", "evidence"}]``), stored at write time (``auditor.check.stored_figures``, revision 0005) so the
     #: dashboard shows them without the rules; NULL only for a row written before it and not backfilled.
     questions: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
-    #: The report's plain headline (``auditor.questions.plain_headline``), stored with ``questions``.
+    #: The report's plain headline (``auditor.verdict.questions.plain_headline``), stored with ``questions``.
     headline: Mapped[str | None] = mapped_column(Text, nullable=True)
-    #: The provider's combined standing as of this audit (``auditor.standing.Standing.to_dict()``, anchored at
+    #: The provider's combined standing as of this audit (``auditor.watch.standing.Standing.to_dict()``, anchored at
     #: this run's start, over the completed audits of its provider and model); NULL for runs that are not
     #: completed audits.
     standing: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)

@@ -148,7 +148,7 @@ def store_verdict_figures(
     standing: Mapping[str, Any] | None = None,
 ) -> VerdictRow:
     """Store the figures the dashboard shows with the run's verdict (issue 34: computed at write time by
-    ``auditor.stored_figures``, never by the store): the buyer's two answers and the plain headline as the
+    ``auditor.check.stored_figures``, never by the store): the buyer's two answers and the plain headline as the
     report renders them, and the provider's standing as of this run. Arguments left None are not changed.
 
     Raises:
@@ -223,7 +223,7 @@ def reference_cache_put(s: Session, key: str, model_revision: str, payload: byte
 
 
 # ---------------------------------------------------------------------------------------------
-# Calibration results (schedules: auditor.scheduler; alerts: auditor.alerts)
+# Calibration results (schedules: auditor.watch.scheduler; alerts: auditor.watch.alerts)
 # ---------------------------------------------------------------------------------------------
 
 

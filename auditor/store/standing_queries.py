@@ -1,8 +1,8 @@
-"""Read-only queries behind a provider's combined standing (:mod:`auditor.standing`).
+"""Read-only queries behind a provider's combined standing (:mod:`auditor.watch.standing`).
 
 Reads the completed audits of a provider (``audit_runs`` with their ``verdicts`` rows and
 ``detector_results``) as :class:`AuditRecord` data; the rules (window, severity order, causes,
-never tested) stay in :mod:`auditor.standing`, which calls these (``provider_standing``,
+never tested) stay in :mod:`auditor.watch.standing`, which calls these (``provider_standing``,
 ``standing_of_runs``). The store imports no rule module: it is a leaf below them. Never writes.
 """
 
@@ -24,14 +24,14 @@ __all__ = ["AuditRecord", "audit_records", "recent_audit_runs"]
 
 @dataclass
 class AuditRecord:
-    """One stored, completed audit as :func:`auditor.standing.combine_standing` reads it.
+    """One stored, completed audit as :func:`auditor.watch.standing.combine_standing` reads it.
 
     Attributes:
         run_id: ``audit_runs.id``. suite: suite name (None when not recorded). model: model id.
-        started_at: start (aware UTC datetime). verdict: the run's verdict (``auditor.standing.SEVERITY``).
+        started_at: start (aware UTC datetime). verdict: the run's verdict (``auditor.watch.standing.SEVERITY``).
         reason: the verdict's sentence. alpha: family-wise level of the audit.
         details: the verdict details (``rule``, ``findings``, ``detectors``, ``secondary_causes``,
-            ``not_tested`` ... see ``auditor.verdict``).
+            ``not_tested`` ... see ``auditor.verdict.decide``).
         detectors: stored detector results as ``{"name", "ran", "reason", "p_adjusted"}``.
     """
 

@@ -1,5 +1,5 @@
 """Providers overview: one row per provider/model with its combined standing (every recent suite,
-every cause: ``auditor.standing``), the latest run's verdict and key figures."""
+every cause: ``auditor.watch.standing``), the latest run's verdict and key figures."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def overview_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
 
 def why_markdown(r: dict[str, Any]) -> str:
     """The "Why" entry of a row: the standing, the buyer's two questions (``standing_detail["questions"]``,
-    :mod:`auditor.standing`), every cause (suite, run, rule, deciding evidence),
+    :mod:`auditor.watch.standing`), every cause (suite, run, rule, deciding evidence),
     what no recent audit tested, and the latest run's verdict and reason (markdown, escaped)."""
     who = f"**{escape_md(r['provider_name'])}** ({escape_md(r['model'] or '—')})"
     reason = r["verdict_reason"] or ("no verdict yet" if not r["verdict"] else "")

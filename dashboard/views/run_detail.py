@@ -306,7 +306,7 @@ CHECK_BADGES = {True: ":green-badge[pass]", False: ":red-badge[FAIL]", None: ":g
 
 def preflight_md(checks: list[dict[str, Any]]) -> str:
     """Markdown for the run's parameter-compliance pre-flight (``run_detail``'s ``preflight_checks``,
-    ``auditor.preflight``): one line naming the failed checks, then a table of every check (name,
+    ``auditor.check.preflight``): one line naming the failed checks, then a table of every check (name,
     kind, outcome, p, what was seen); "" when the run has none (older runs, reference-free re-analyses)."""
     if not checks:
         return ""

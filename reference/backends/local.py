@@ -3,7 +3,7 @@
 Devices: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:N``; ``device_map="auto"``
 spreads the layers over every visible GPU through accelerate (optional ``max_memory`` caps per
 device). Precision: float32 by default (the reference precision); bfloat16/float16 allowed — the
-noise floor of that precision is measured separately (``auditor.noise``).
+noise floor of that precision is measured separately (``auditor.check.measured_floors``).
 
 Scoring is :func:`reference.scoring.score_continuations` (token-budgeted batches, logits reduced in
 chunks); greedy decoding is an argmax loop with the KV cache (transformers ``past_key_values``).

@@ -87,7 +87,7 @@ def tiny_sims(tiny_lm) -> Iterator[SimFactory]:
 @pytest.fixture
 def small_floors(monkeypatch, audit_home) -> Path:
     """Make noise floors small (4 prompts x 8 tokens) and cached under the session directory."""
-    from auditor import noise
+    from auditor.check import measured_floors as noise
 
     monkeypatch.setattr(noise, "FLOOR_PROMPTS", 4)
     monkeypatch.setattr(noise, "FLOOR_MAX_NEW_TOKENS", 8)

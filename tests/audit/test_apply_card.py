@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from auditor.errors import AuditError
-from auditor.reference_setup import ReferenceSetup, apply_card, card_steps
-from auditor.scoring import local_scorers
+from auditor.check.errors import AuditError
+from auditor.check.reference_scoring import local_scorers
+from auditor.check.reference_setup import ReferenceSetup, apply_card, card_steps
 from probes.model_card import ActivationSpec, ModelCard, WeightsSpec
 from reference.native import fp8_block_fake_quant, fp8_tile_fake_quant, iter_decoder_linears, make_native_weights
 

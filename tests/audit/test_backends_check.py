@@ -9,10 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from auditor.audit import run_check
+from auditor.check.errors import AuditError
+from auditor.check.pipeline import run_check
+from auditor.check.reference_setup import check_device
 from auditor.cli import app
-from auditor.errors import AuditError
-from auditor.reference_setup import check_device
 
 from .conftest import providers_toml
 
@@ -23,7 +23,7 @@ REFERENCE_DETECTORS = ("greedy-match", "logprob-divergence", "sampling-gof", "sa
 def env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
     """Providers 'sim' (honest tiny simulator, reference tiny-ref), 'noref' (same, reference none) and
     'viavllm' (same, reference = a second simulator process acting as the trusted vLLM engine)."""
-    from auditor import audit
+    from auditor.check import pipeline as audit
     from simulator.server import ServerThread, create_app
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
@@ -103,7 +103,7 @@ def test_cli_bad_dtype_exits_3(env) -> None:
 
 def test_device_and_dtype_reach_the_loader(env, monkeypatch, tiny_lm) -> None:
     """The CUDA path of the reference loading, run on CPU: GPU visibility patched, the loader recorded."""
-    from auditor import reference_setup
+    from auditor.check import reference_setup
 
     _gpus(monkeypatch, 1)
     seen = []
@@ -270,7 +270,7 @@ def tiny_gemma():
 def test_cross_family_substitution(tmp_path, tiny_lm, tiny_gemma, small_floors, monkeypatch, direction) -> None:
     """A provider serving another tokenizer family than it claims → SUBSTITUTION with tokenizer evidence
     (foreign token strings, prompt counts that disagree), never a crash or INCONCLUSIVE."""
-    from auditor import audit
+    from auditor.check import pipeline as audit
     from simulator.server import ServerThread, create_app
 
     served, claimed = (tiny_gemma, tiny_lm) if direction.startswith("gemma") else (tiny_lm, tiny_gemma)

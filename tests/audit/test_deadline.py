@@ -21,10 +21,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from typer.testing import CliRunner
 
+from auditor.check.runner import run_probes
 from auditor.cli import app
-from auditor.report import render_junit, render_markdown
-from auditor.report_base import AuditReport, deadline_line
-from auditor.runner import run_probes
+from auditor.report.common import AuditReport, deadline_line
+from auditor.report.render import render_junit, render_markdown
 from auditor.store import open_store
 from auditor.store import queries as q
 from probes.config import Capabilities, ProviderConfig, RateLimits, RetryPolicy
@@ -57,7 +57,7 @@ def _stalling_app() -> FastAPI:
 
 @pytest.fixture
 def stall_env(tmp_path, tiny_lm, small_floors, monkeypatch):
-    from auditor import audit
+    from auditor.check import pipeline as audit
     from simulator.server import ServerThread
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.audit import run_check
+from auditor.check.pipeline import run_check
 
 from .conftest import providers_toml
 
@@ -19,7 +19,7 @@ CASES = {  # provider: (simulator enforce, [providers.NAME.enforced] lines)
 
 @pytest.fixture
 def enforced_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
     urls = {name: tiny_sims.url("honest-fp32", enforce=enf, reject=("seed",)) for name, (enf, _) in CASES.items()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.audit import run_check
+from auditor.check.pipeline import run_check
 
 from .conftest import SimFactory, providers_toml
 
@@ -20,7 +20,7 @@ BUDGET = 1000
 
 @pytest.fixture(scope="module")
 def real_enforced(real_lm, tmp_path_factory):
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     mp = pytest.MonkeyPatch()
     mp.setitem(audit._MODELS, (MODEL, "float32"), real_lm)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from auditor.detection import run_reference_detectors
-from auditor.evidence import Observation, build_evidence, stored_tokens
+from auditor.check.evidence import Observation, build_evidence, stored_tokens
+from auditor.check.run_detectors import run_reference_detectors
 from probes.align import align_to_reference
 from probes.normalize import TokenRecord
 from reference.scoring import ScoredContinuation
@@ -77,8 +77,8 @@ def test_sampling_with_top_p_below_one_carries_its_law(smollm2_tokenizer) -> Non
 
 def test_intersection_union_keeps_the_nearest_reference(smollm2_tokenizer) -> None:
     """With two references the kept result is the one with the larger p-value, per detector."""
+    from auditor.check.measured_floors import FloorSet
     from auditor.detectors import EvidenceBatch, compute_noise_floor
-    from auditor.noise import FloorSet
 
     rng = np.random.default_rng(0)
     n, V = 200, 30

@@ -11,18 +11,18 @@ from io import StringIO
 
 from rich.console import Console
 
-from auditor.evidence import build_evidence
-from auditor.observations import (
+from auditor.check.evidence import build_evidence
+from auditor.check.observations import (
     ExcludedResponse,
     excluded_summary,
     load_observations,
     read_observations,
     untrusted_response_reasons,
 )
-from auditor.report import render_json, render_text
-from auditor.report_base import AuditReport, excluded_line
-from auditor.report_junit import render_junit
-from auditor.report_markdown import render_markdown
+from auditor.report.common import AuditReport, excluded_line
+from auditor.report.junit import render_junit
+from auditor.report.markdown import render_markdown
+from auditor.report.render import render_json, render_text
 from auditor.store import open_store
 from auditor.store import queries as q
 from probes.normalize import normalize_response

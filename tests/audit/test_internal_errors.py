@@ -19,8 +19,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from auditor.check.preflight import run_preflight
 from auditor.cli import app
-from auditor.preflight import run_preflight
 from auditor.store import open_store
 from auditor.store import queries as q
 from probes.config import Capabilities, ProviderConfig
@@ -61,7 +61,7 @@ def test_all_mass_top_logprobs_preflight_gives_results_not_a_crash() -> None:
 
 @pytest.fixture
 def plain_env(tmp_path, tiny_lm, small_floors, monkeypatch):
-    from auditor import audit
+    from auditor.check import pipeline as audit
     from simulator.server import ServerThread
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
@@ -105,7 +105,7 @@ def test_all_mass_provider_is_audited_to_the_end(plain_env) -> None:
 
 
 def test_unexpected_error_exits_4_with_one_line_and_stores_the_reason(plain_env, monkeypatch) -> None:
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     def boom(*_a, **_k):
         raise RuntimeError("boom in the analysis")
@@ -132,7 +132,7 @@ def test_unexpected_error_exits_4_with_one_line_and_stores_the_reason(plain_env,
 
 
 def test_failure_reason_on_the_run_page(plain_env, monkeypatch) -> None:
-    from auditor import audit
+    from auditor.check import pipeline as audit
     from auditor.store.dashboard_queries import run_detail
     from dashboard.views.run_detail import status_md
 

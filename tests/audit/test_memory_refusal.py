@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from auditor.errors import AuditError
-from auditor.memory import (
+from auditor.check.errors import AuditError
+from auditor.check.memory import (
     ENV_AVAILABLE,
     ENV_BLOCK_ROWS,
     MemoryRefusal,
@@ -66,8 +66,8 @@ def test_check_refuses_the_floor_and_keeps_the_run(tmp_path: Path, tiny_sims, ti
     """With 64 MiB available the first audit's floor measurement is refused before it starts: exit 3,
     one line; the run and its probes stay stored (failed, with the line) and, once memory is there,
     ``--resume`` finishes it without sending a probe again."""
-    from auditor import audit
-    from auditor.audit import run_check
+    from auditor.check import pipeline as audit
+    from auditor.check.pipeline import run_check
     from auditor.store import open_store
     from auditor.store import queries as q
 
@@ -78,7 +78,7 @@ def test_check_refuses_the_floor_and_keeps_the_run(tmp_path: Path, tiny_sims, ti
         'reference = "tiny-ref"\ntimeout_s = 300\n\n[providers.m.capabilities]\nmax_top_logprobs = 5\nlogprobs = true\n'
         "n = true\nseed = true\nstreaming = true\n\n[providers.m.rate_limits]\nconcurrency = 2\n")
     db = f"sqlite:///{tmp_path / 'a.db'}"
-    monkeypatch.setattr("auditor.noise.noise_cache_dir", lambda: tmp_path / "fresh-floors")  # not cached yet
+    monkeypatch.setattr("auditor.check.measured_floors.noise_cache_dir", lambda: tmp_path / "fresh-floors")  # not cached yet
     monkeypatch.setenv(ENV_AVAILABLE, "64M")
     with pytest.raises(MemoryRefusal, match="noise floor") as ei:
         run_check("m", suite="smoke", db_url=db, config_path=str(cfg))

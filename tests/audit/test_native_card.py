@@ -5,7 +5,7 @@ simulator serving each honestly and below its card:
 
 - honest native-FP8 serving (profile ``native-fp8``) against the FP8 card → PASS: the reference applies the
   card's FP8 activation tiles and the floor is measured over the card's honest variants
-  (``auditor.reference_setup.apply_card``);
+  (``auditor.check.reference_setup.apply_card``);
 - the same provider against a bf16 card → QUANTIZATION: the card matters, and the report says which card;
 - int4 of the FP8 model (``native-fp8-int4``) and an FP8 KV cache under the FP8 card's fp32 KV cache
   (``native-fp8-kv-fp8``) against the FP8 card → QUANTIZATION;
@@ -13,7 +13,7 @@ simulator serving each honestly and below its card:
 
 Floors: 16 prompts x 16 tokens per honest variant; the floor's own sampling variance enters every logprob
 test's null (``KLFloor.null_mean``), so a smaller floor makes the tests more lenient, not less. Budgets:
-PASS needs 80% power in every family (``auditor.verdict``), hence 1000 planned tokens as in
+PASS needs 80% power in every family (``auditor.verdict.decide``), hence 1000 planned tokens as in
 test_profiles.py; deviations are rejected at 400. The SmolLM2-135M variants take 15+ minutes per floor on
 two shared CPU cores, too long for a test. Run with ``-s`` for the table (verdict, logprob-divergence's
 geometric ratio to the floor).
@@ -66,7 +66,8 @@ def native_tiny(lm, variant: str):
 
 @pytest.fixture(scope="module")
 def card_env(tmp_path_factory, tiny_lm):
-    from auditor import audit, noise
+    from auditor.check import measured_floors as noise
+    from auditor.check import pipeline as audit
 
     mp = pytest.MonkeyPatch()
     mp.setattr(noise, "FLOOR_PROMPTS", 16)

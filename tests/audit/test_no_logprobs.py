@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from auditor.audit import run_check
+from auditor.check.pipeline import run_check
 from auditor.detectors import DetectorResult
-from auditor.questions import answer_questions
-from auditor.verdict import decide_verdict
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.questions import answer_questions
 
 
 def test_int4_without_logprobs_is_never_called_relaxed_verification(tmp_path: Path, tiny_sims, tiny_lm, small_floors,
                                                                      monkeypatch) -> None:
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
     cfg = tmp_path / "providers.toml"

@@ -6,14 +6,14 @@ import json
 
 import numpy as np
 
-from auditor.detectors import compute_noise_floor
-from auditor.noise import (
+from auditor.check.measured_floors import (
     HONEST_BY_REFERENCE,
     FloorSet,
     floor_prompts,
     get_floors,
     merge_floors,
 )
+from auditor.detectors import compute_noise_floor
 
 
 def _floor(scale: float, seed: int, name: str):
@@ -44,7 +44,7 @@ def test_default_floor_is_measured_on_every_prompt_an_audit_can_send(tiny_lm) ->
     """The default floor's prompts are every distinct greedy/logprob prompt of the shipped suites
     (issue 14: on 16 prompts the floor mean's own sampling variance was as large as a 500-token
     audit's, and the 0.999 margin quantile was the sample maximum)."""
-    from auditor.noise import FLOOR_PROMPTS
+    from auditor.check.measured_floors import FLOOR_PROMPTS
     from probes.suites import load_suite
     from reference.scoring import encode_prompt
 
@@ -60,7 +60,7 @@ def test_default_floor_is_measured_on_every_prompt_an_audit_can_send(tiny_lm) ->
 
 
 def test_get_floors_measures_then_caches(tiny_lm, tmp_path) -> None:
-    from auditor.noise import floor_is_cached
+    from auditor.check.measured_floors import floor_is_cached
 
     calls = []
     before, path = floor_is_cached({"float32": tiny_lm}, tmp_path, n_prompts=3, max_new_tokens=6)
@@ -140,7 +140,7 @@ def test_floor_measurement_is_deterministic(tiny_lm, tmp_path, monkeypatch) -> N
 
 def test_tests_never_use_the_user_floor_cache(noise_dir, monkeypatch, tmp_path) -> None:
     """The session's floor directory wins over ``$SPEC_AUDITOR_HOME`` and the user cache."""
-    from auditor.noise import noise_cache_dir
+    from auditor.check.measured_floors import noise_cache_dir
 
     assert noise_cache_dir() == noise_dir
     monkeypatch.setenv("SPEC_AUDITOR_HOME", str(tmp_path))
@@ -156,7 +156,7 @@ def test_first_floor_note_says_what_why_how_long_and_where() -> None:
 
     from rich.console import Console
 
-    from auditor.audit import FIRST_FLOOR_NOTE, _Stage
+    from auditor.check.pipeline import FIRST_FLOOR_NOTE, _Stage
 
     msg = FIRST_FLOOR_NOTE.format(model="smollm2-135m-instruct", path="/x/noise")
     for word in ("noise floor", "smollm2-135m-instruct", "minutes", "cached in /x/noise", "reuse"):

@@ -18,8 +18,15 @@ import numpy as np
 import pytest
 import torch
 
+from auditor.check.measured_floors import (
+    HONEST_BY_REFERENCE,
+    _cast,
+    _served,
+    compute_floors,
+    floor_prompts,
+    merge_floors,
+)
 from auditor.detectors.noise_floor import FloorAccumulator, compute_noise_floor
-from auditor.noise import HONEST_BY_REFERENCE, _cast, _served, compute_floors, floor_prompts, merge_floors
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,7 +126,7 @@ import torch
 torch.set_num_threads(1)
 from transformers import AutoTokenizer
 from conftest import make_tiny_model
-from auditor.noise import get_floors
+from auditor.check.measured_floors import get_floors
 from reference.models import LoadedModel, pull_default_model
 
 V, cap_mib = int(sys.argv[2]), int(sys.argv[3])

@@ -15,10 +15,10 @@ import xml.etree.ElementTree as ET
 
 from rich.console import Console
 
-from auditor.preflight import evaluate_preflight, plan_preflight
-from auditor.report import render
-from auditor.report_base import AuditReport
-from auditor.verdict import Verdict, VerdictKind, decide_verdict
+from auditor.check.preflight import evaluate_preflight, plan_preflight
+from auditor.report.common import AuditReport
+from auditor.report.render import render
+from auditor.verdict.decide import Verdict, VerdictKind, decide_verdict
 from probes.config import ProviderConfig
 from tests.verdict_results import mk, quiet, with_
 

@@ -10,11 +10,11 @@ import xml.etree.ElementTree as ET
 import pytest
 from typer.testing import CliRunner
 
-from auditor.audit import AuditError, CheckOptions, run_check
+from auditor.check.pipeline import AuditError, CheckOptions, run_check
 from auditor.cli import app
-from auditor.report import load_report, render_json
-from auditor.report_junit import render_junit
-from auditor.report_markdown import render_markdown
+from auditor.report.junit import render_junit
+from auditor.report.markdown import render_markdown
+from auditor.report.render import load_report, render_json
 from auditor.store import dashboard_queries as dq
 from auditor.store import open_store
 from auditor.store import queries as q
@@ -26,7 +26,7 @@ from .conftest import providers_toml
 def tiny_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
     """A providers file with an honest tiny simulator ('sim') and a dead port ('dead'); the reference
     'tiny-ref' resolves to the tiny model."""
-    from auditor import audit
+    from auditor.check import pipeline as audit
     from simulator.server import free_port
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
@@ -183,7 +183,7 @@ def test_each_response_is_normalized_once_and_ids_are_written_at_the_end(tiny_en
     from pathlib import Path
 
     import probes.normalize
-    from auditor import evidence
+    from auditor.check import evidence
 
     rep = run_check("sim", suite="smoke", budget_tokens=64, db_url=tiny_env["db"], config_path=tiny_env["config"])
     st = open_store(tiny_env["db"])
@@ -228,14 +228,14 @@ def test_each_response_is_normalized_once_and_ids_are_written_at_the_end(tiny_en
 
 
 def audit_lm(env):
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     return audit._MODELS[("tiny-ref", "float32")]
 
 
 def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> None:
     """Issue 11: following ``--provider`` through ``run_check`` visits each stage module once on the
-    way down. Traced at run time (``sys.setprofile``): the project modules that ``auditor.audit``'s
+    way down. Traced at run time (``sys.setprofile``): the project modules that ``auditor.check.pipeline``'s
     own functions call into, in call order, with consecutive repeats collapsed, contain no module
     twice (no climb back to a stage already left). Teardown is not a stage: ``close`` and
     ``__exit__`` (closing the reference's HTTP client at the very end) are left out of the trace.
@@ -250,8 +250,8 @@ def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> No
     normalize_callers: set[str] = set()
     normalize_during: set[str] = set()  # the pipeline stage entered last when the normalizer ran
     # infrastructure, not stages: the store, helpers, errors, and the memory guard each stage calls before it
-    # starts (auditor.memory, issue 41: it checks the floor and the scoring stage, so it sits between them)
-    infra = ("auditor.store", "auditor.util", "auditor.errors", "auditor.memory")
+    # starts (auditor.check.memory, issue 41: it checks the floor and the scoring stage, so it sits between them)
+    infra = ("auditor.store", "auditor.util", "auditor.check.errors", "auditor.check.memory")
     teardown = ("close", "__exit__")
 
     def prof(frame, event, arg):
@@ -261,14 +261,14 @@ def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> No
         back = frame.f_back
         caller = back.f_globals.get("__name__", "") if back is not None else ""
         if mod == "probes.normalize" and caller != "probes.normalize":
-            # who is on the stack between auditor.audit and the normalizer
+            # who is on the stack between auditor.check.pipeline and the normalizer
             f, chain = back, []
             while f is not None:
                 chain.append(f.f_globals.get("__name__", ""))
                 f = f.f_back
             normalize_callers.add(next((m for m in chain if m.startswith("auditor.")), caller))
             normalize_during.add(stages[-1] if stages else "")
-        if (caller == "auditor.audit" and mod != "auditor.audit" and mod.split(".")[0] in ("auditor", "probes", "reference")
+        if (caller == "auditor.check.pipeline" and mod != "auditor.check.pipeline" and mod.split(".")[0] in ("auditor", "probes", "reference")
                 and not mod.startswith(infra) and (not stages or stages[-1] != mod)):
             stages.append(mod)
 
@@ -279,15 +279,15 @@ def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> No
     finally:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]  # None unsets it, as for sys.setprofile
-    assert stages[:1] == ["auditor.planning"] or "auditor.planning" in stages, stages
+    assert stages[:1] == ["auditor.check.planning"] or "auditor.check.planning" in stages, stages
     assert len(stages) == len(set(stages)), f"a stage module is entered twice from the pipeline: {stages}"
-    for a, b in [("auditor.planning", "auditor.runner"), ("auditor.runner", "auditor.evidence"),
-                 ("auditor.evidence", "auditor.detection"), ("auditor.detection", "auditor.verdict")]:
+    for a, b in [("auditor.check.planning", "auditor.check.runner"), ("auditor.check.runner", "auditor.check.evidence"),
+                 ("auditor.check.evidence", "auditor.check.run_detectors"), ("auditor.check.run_detectors", "auditor.verdict.decide")]:
         assert stages.index(a) < stages.index(b), stages
-    probing = {"auditor.runner", "auditor.preflight", "auditor.reference_path"}
-    assert stages.index("auditor.preflight") == stages.index("auditor.runner") + 1, stages
+    probing = {"auditor.check.runner", "auditor.check.preflight", "auditor.check.reference_path"}
+    assert stages.index("auditor.check.preflight") == stages.index("auditor.check.runner") + 1, stages
     # the reference-path stage (echo on the reference's continuations) follows the pre-flight, before the floor
-    assert stages.index("auditor.reference_path") == stages.index("auditor.preflight") + 1, stages
-    assert stages.index("auditor.reference_path") < stages.index("auditor.noise"), stages
-    assert "auditor.runner" in normalize_callers and normalize_callers <= probing, normalize_callers
+    assert stages.index("auditor.check.reference_path") == stages.index("auditor.check.preflight") + 1, stages
+    assert stages.index("auditor.check.reference_path") < stages.index("auditor.check.measured_floors"), stages
+    assert "auditor.check.runner" in normalize_callers and normalize_callers <= probing, normalize_callers
     assert normalize_during <= probing, normalize_during

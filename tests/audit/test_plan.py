@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from auditor.errors import AuditError
-from auditor.planning import plan_budget
+from auditor.check.errors import AuditError
+from auditor.check.planning import plan_budget
 from probes.suites import load_suite
 
 

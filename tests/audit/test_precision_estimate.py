@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from auditor.precision_estimate import (
+from auditor.report.common import JSON_FIELDS, AuditReport
+from auditor.report.render import render
+from auditor.verdict.precision_estimate import (
     NATIVE,
     PRECISION_GROUPS,
     TAU,
@@ -19,9 +21,7 @@ from auditor.precision_estimate import (
     estimate_from_ratio,
     estimate_precision,
 )
-from auditor.report import render
-from auditor.report_base import JSON_FIELDS, AuditReport
-from auditor.rules_out import load_effect_sizes
+from auditor.verdict.rules_out import load_effect_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 QUANT = ("int8", "fp8", "kv-fp8", "w8a8", "int4")
@@ -145,7 +145,7 @@ def test_matching_claim_and_pass_and_not_applicable() -> None:
 
 def test_stored_run_states_the_card_and_the_claim(tmp_path) -> None:
     """report_from_store reads the card (the bundled one when the snapshot names none) and the claim."""
-    from auditor.report import report_from_store
+    from auditor.report.render import report_from_store
     from auditor.store import models as orm
     from auditor.store.db import open_store
     from tests.fixtures_store import seed_demo

@@ -13,10 +13,10 @@ from io import StringIO
 import pytest
 from rich.console import Console
 
-from auditor.audit import run_check
-from auditor.report import load_report, render_json, render_text
-from auditor.report_junit import render_junit
-from auditor.report_markdown import render_markdown
+from auditor.check.pipeline import run_check
+from auditor.report.junit import render_junit
+from auditor.report.markdown import render_markdown
+from auditor.report.render import load_report, render_json, render_text
 from auditor.store import open_store
 from auditor.store import queries as q
 
@@ -26,7 +26,7 @@ from .test_excluded_responses import REASONING, chat_body
 
 @pytest.fixture
 def env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
     cfg = tmp_path / "providers.toml"

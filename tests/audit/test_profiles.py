@@ -6,7 +6,7 @@ detector. The noise floor is measured once per test session (first case) into th
 directory (``tests/conftest.py``); the user's cache is never read.
 Budgets: deviations are caught with large margins at 400 planned completion tokens; the
 relaxed-threshold case needs about 250 sampled positions, so it runs at 600. PASS needs 80% power
-in every family (auditor.verdict); the tightest is acceptance (sampling-argmax: required positions
+in every family (auditor.verdict.decide); the tightest is acceptance (sampling-argmax: required positions
 = (z_{alpha/m} + z_0.8)^2 * mean p(1-p) / 0.08^2, which moves with the sampled path). Measured on an
 AMD EPYC (AVX-512) machine, honest-bf16 / honest-fp32: at 600 tokens n = 254 / 262 positions vs
 282 / 241 required (bf16 INCONCLUSIVE by 28 — the issue-11 failure, 6 short on another CPU); at 800
@@ -52,7 +52,7 @@ _RESULTS: list[dict] = []
 
 @pytest.fixture(scope="module")
 def real_env(real_lm, tmp_path_factory):
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     mp = pytest.MonkeyPatch()
     mp.setitem(audit._MODELS, (MODEL, "float32"), real_lm)  # share the session's model

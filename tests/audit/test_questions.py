@@ -1,4 +1,4 @@
-"""The buyer's two questions (issue 14, item 2): the rules of auditor.questions on hand-built verdict
+"""The buyer's two questions (issue 14, item 2): the rules of auditor.verdict.questions on hand-built verdict
 details for every verdict kind, on real ``decide_verdict`` outputs, and their place at the top of
 every report, the provider standing and the dashboard's run-detail page."""
 
@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from auditor.detectors import DETECTORS, DetectorResult
-from auditor.questions import (
+from auditor.report.common import JSON_FIELDS, AuditReport
+from auditor.report.junit import render_junit
+from auditor.report.markdown import render_markdown
+from auditor.report.render import render_json, render_text
+from auditor.store.standing_queries import AuditRecord
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.questions import (
     ACCEPTANCE_DETECTORS,
     MODEL_DETECTORS,
     PRECISION_QUESTION,
@@ -21,13 +27,7 @@ from auditor.questions import (
     answer_questions,
     combine_answers,
 )
-from auditor.report import render_json, render_text
-from auditor.report_base import JSON_FIELDS, AuditReport
-from auditor.report_junit import render_junit
-from auditor.report_markdown import render_markdown
-from auditor.standing import combine_standing, render_standing
-from auditor.store.standing_queries import AuditRecord
-from auditor.verdict import decide_verdict
+from auditor.watch.standing import combine_standing, render_standing
 
 
 # ------------------------------------------------------------------------------------------ builders
@@ -93,7 +93,7 @@ def test_the_questions_are_the_issue_s_sentences_and_read_the_registry() -> None
     assert set(MODEL_DETECTORS) == {"greedy-match", "logprob-divergence"}
     assert set(ACCEPTANCE_DETECTORS) == {"sampling-argmax", "self-argmax"}
     from auditor.detectors import PREFLIGHT_CHECKS
-    from auditor.questions import _NONCOMPLIANCE, _target_meaning
+    from auditor.verdict.questions import _NONCOMPLIANCE, _target_meaning
 
     assert _target_meaning("greedy-match") == DETECTORS["greedy-match"].power_target.meaning  # type: ignore[union-attr]
     assert {s.rule for s in PREFLIGHT_CHECKS.values()} <= set(_NONCOMPLIANCE)
@@ -367,10 +367,10 @@ def test_standing_answers_from_its_audits_and_opens_with_them() -> None:
 
 def test_dashboard_run_detail_and_provider_row_show_the_questions(tmp_path) -> None:
     pytest.importorskip("streamlit")
+    from auditor.check.stored_figures import store_figures
     from auditor.store import dashboard_queries as dq
     from auditor.store import models as orm
     from auditor.store.db import open_store
-    from auditor.stored_figures import store_figures
     from dashboard.views.overview import why_markdown
     from dashboard.views.run_detail import questions_table
 
@@ -469,7 +469,7 @@ def test_undetermined_pair_in_every_format_and_the_standing() -> None:
     assert props["question.precision"] == props["question.verification"] == "not established"
     assert root.find(".//failure") is not None  # a deviation was found: CI fails
     t0 = dt.datetime(2026, 5, 4, 12, tzinfo=dt.UTC)
-    from auditor.standing import SEVERITY
+    from auditor.watch.standing import SEVERITY
 
     assert SEVERITY.index("QUANTIZATION") < SEVERITY.index("QUANTIZATION_OR_RELAXED_VERIFICATION") \
         < SEVERITY.index("RELAXED_VERIFICATION")
@@ -484,7 +484,7 @@ def test_undetermined_pair_in_every_format_and_the_standing() -> None:
 def test_standing_not_tested_section_never_reads_as_all_clear_beside_open_answers() -> None:
     """Issue 38 item 2: "Every detector ran in some recent audit" stood on a page whose answers were
     "not tested"; the section now says which question is still open."""
-    from auditor.standing import combine_standing, render_standing
+    from auditor.watch.standing import combine_standing, render_standing
 
     md = render_standing(combine_standing("nobody", []), "markdown")
     section = md.split("## Not tested", 1)[1]

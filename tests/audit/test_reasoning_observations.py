@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
+from auditor.check.evidence import build_evidence, enrich_evidence
+from auditor.check.observations import REASONING_PREFIX_UNKNOWN, excluded_summary, read_observations
 from auditor.detectors import DetectorResult
-from auditor.evidence import build_evidence, enrich_evidence
-from auditor.observations import REASONING_PREFIX_UNKNOWN, excluded_summary, read_observations
 from auditor.store import open_store
 from auditor.store import queries as q
 from probes.normalize import normalize_response

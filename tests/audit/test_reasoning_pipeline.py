@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.audit import run_check
-from auditor.report import render_markdown
+from auditor.check.pipeline import run_check
+from auditor.report.render import render_markdown
 from auditor.store import open_store
 from auditor.store import queries as q
 
@@ -23,7 +23,7 @@ BUDGET = 16
 
 @pytest.fixture
 def reasoning_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
     urls = {f"sim-{mode}": tiny_sims.url("honest-fp32", reasoning=mode, reasoning_budget=BUDGET)
@@ -70,7 +70,7 @@ def test_honest_reasoning_simulator_passes_on_its_reasoning_tokens(reasoning_env
 def test_honest_reasoning_simulator_with_logprobs_over_the_answer_only(reasoning_env) -> None:
     """The reasoning is not covered, so no answer has an exact prefix: every response is excluded
     with that reason and the audit ends INCONCLUSIVE saying so, never accusing the honest provider."""
-    from auditor.observations import REASONING_PREFIX_UNKNOWN
+    from auditor.check.observations import REASONING_PREFIX_UNKNOWN
 
     rep = run_check("sim-answer-only", suite="default", budget_tokens=480, db_url=reasoning_env["db"],
                     config_path=reasoning_env["config"])

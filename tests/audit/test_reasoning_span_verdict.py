@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from auditor.detectors.near_tie import span_counts
-from auditor.verdict_cause import span_clause
+from auditor.verdict.cause import span_clause
 
 
 def test_span_counts() -> None:
@@ -34,7 +34,7 @@ def test_span_clause() -> None:
 
 def test_near_tie_reason_names_the_span() -> None:
     from auditor.detectors import DetectorResult
-    from auditor.verdict_cause import near_tie_reason
+    from auditor.verdict.cause import near_tie_reason
 
     d = {"expected": 0.9, "band": 0.3, "spans": {"reasoning": {"positions": 40, "flips": 9, "expected": 0.5},
                                                   "answer": {"positions": 30, "flips": 0, "expected": 0.4}}}
@@ -57,7 +57,7 @@ def test_evidence_batch_carries_spans_through_subsets() -> None:
 
 
 def test_span_localized_needs_the_answer_to_show_the_difference() -> None:
-    from auditor.verdict_cause import span_localized
+    from auditor.verdict.cause import span_localized
 
     inside = {"reasoning": {"positions": 120, "flips": 14, "expected": 0.12},
               "answer": {"positions": 80, "flips": 0, "expected": 0.08}}
@@ -78,7 +78,7 @@ def _self_greedy(spans):
 def test_self_greedy_inside_the_reasoning_span_is_relaxed_verification() -> None:
     """Rule 1s: greedy departures from the provider's own top-1 confined to <think> name relaxed
     verification inside the reasoning span; the same departures in both spans stay rule 1."""
-    from auditor.verdict import decide_verdict
+    from auditor.verdict.decide import decide_verdict
 
     inside = {"reasoning": {"positions": 120, "flips": 14, "expected": 0.12},
               "answer": {"positions": 80, "flips": 0, "expected": 0.08}}

@@ -1,4 +1,4 @@
-"""The reference-path stage (auditor/reference_path.py): echo requests on the reference's own greedy
+"""The reference-path stage (auditor/check/reference_path.py): echo requests on the reference's own greedy
 continuations, sent only when the provider can answer them, stored and re-read on resume, aligned
 position by position; a provider that ignores echo leaves the test unavailable and the audit whole."""
 
@@ -10,8 +10,8 @@ import json
 import httpx
 import pytest
 
-from auditor import reference_path as rpath
-from auditor.audit import run_check
+from auditor.check import reference_path as rpath
+from auditor.check.pipeline import run_check
 from auditor.store import open_store
 from auditor.store import queries as q
 from probes.records import TokenRecord
@@ -26,7 +26,7 @@ def _toml(name: str, url: str, *, api: str = "completions", echo: bool = True) -
 
 @pytest.fixture
 def env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
     url = tiny_sims.url("int4")  # a perturbed copy: σ̂ > 0 along the echoed positions
@@ -77,9 +77,9 @@ def test_echo_sent_only_for_completions_with_echo_and_resume_rereads(env, monkey
         assert b["prompt"].startswith(it["prompt"]) and len(it["continuation_ids"]) >= 2
     # the statistic, from the stored echoes, along the reference's continuations
     st = open_store(env["db"])
-    from auditor.reference_setup import resolve_reference
+    from auditor.check.reference_setup import resolve_reference
 
-    ref = resolve_reference("tiny-ref", models={"float32": __import__("auditor.audit").audit._MODELS[("tiny-ref", "float32")]})
+    ref = resolve_reference("tiny-ref", models={"float32": __import__("auditor.check.pipeline", fromlist=["_"])._MODELS[("tiny-ref", "float32")]})
     res = rpath.evaluate_reference_path(items, ref, st)
     st.close()
     assert res.available and res.counts["positions"] > 0 and res.stats["sigma_hat"] is not None
@@ -88,7 +88,7 @@ def test_echo_sent_only_for_completions_with_echo_and_resume_rereads(env, monkey
     d = _lp_details(rep)
     assert d["reference_path_available"] is True and d["reference_path_n_positions"] == res.counts["positions"]
     assert d["reference_path_flip_ratio"] == pytest.approx(res.stats["confident_flip_ratio"])
-    from auditor.report_markdown import render_markdown
+    from auditor.report.markdown import render_markdown
 
     assert "reference's continuations via echo " in render_markdown(rep)  # both paths' figures in the report
     # resume: the stored echoes are re-read, nothing is sent or generated again
@@ -117,9 +117,9 @@ def test_provider_ignoring_echo_leaves_the_test_unavailable(env, monkeypatch) ->
     items = _summary(env, rep.run_id)["reference_path"]["items"]
     assert items and all(it["ok"] and not it["tokens"] and "echo_ignored" in it["anomalies"] for it in items)
     st = open_store(env["db"])
-    from auditor.reference_setup import resolve_reference
+    from auditor.check.reference_setup import resolve_reference
 
-    ref = resolve_reference("tiny-ref", models={"float32": __import__("auditor.audit").audit._MODELS[("tiny-ref", "float32")]})
+    ref = resolve_reference("tiny-ref", models={"float32": __import__("auditor.check.pipeline", fromlist=["_"])._MODELS[("tiny-ref", "float32")]})
     res = rpath.evaluate_reference_path(items, ref, st)
     st.close()
     assert not res.available and rpath.ECHO_UNAVAILABLE in (res.reason or "")
@@ -127,7 +127,7 @@ def test_provider_ignoring_echo_leaves_the_test_unavailable(env, monkeypatch) ->
     assert rep.detector("logprob-divergence")["ran"]
     d = _lp_details(rep)
     assert d["reference_path_available"] is False and rpath.ECHO_UNAVAILABLE in d["reference_path_reason"]
-    from auditor.report_markdown import render_markdown
+    from auditor.report.markdown import render_markdown
 
     assert "reference's continuations via echo: not available" in render_markdown(rep)
 

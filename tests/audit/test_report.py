@@ -8,10 +8,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from auditor.report import FORMATS, render, render_json
-from auditor.report_base import JSON_FIELDS, AuditReport, exit_code_for
-from auditor.report_junit import render_junit
-from auditor.report_markdown import render_markdown
+from auditor.report.common import JSON_FIELDS, AuditReport, exit_code_for
+from auditor.report.junit import render_junit
+from auditor.report.markdown import render_markdown
+from auditor.report.render import FORMATS, render, render_json
 
 
 def make_report(verdict: str = "QUANTIZATION") -> AuditReport:
@@ -130,7 +130,7 @@ def test_render_dispatch_and_text(capsys) -> None:
 def _rules_out_report() -> AuditReport:
     """A PASS whose verdict details carry the rules-out record of a real decide_verdict."""
     from auditor.detectors import DetectorResult
-    from auditor.verdict import decide_verdict
+    from auditor.verdict.decide import decide_verdict
     from tests.effect_table import effect_table
 
     res = [DetectorResult(k, 0.0, 1.0, 0.0, (0.0, 0.0), 1000, [], details={"r0": 1e-3, "band": 0.2})
@@ -148,7 +148,7 @@ def test_every_format_shows_what_the_audit_rules_out() -> None:
 
     from rich.console import Console
 
-    from auditor.questions import answer_questions
+    from auditor.verdict.questions import answer_questions
     from dashboard.views.run_detail import rules_out_table
 
     rep = _rules_out_report()
@@ -212,7 +212,7 @@ def test_text_report_written_to_a_file_or_pipe_keeps_every_name_and_number_whole
 def test_every_format_leads_with_one_plain_sentence_and_the_deciding_figure() -> None:
     """Issue 38 item 1: after the two questions, one plain sentence with the one deciding figure (the
     KL ratio to the honest floor here), before the statistics; the same sentence in every format."""
-    from auditor.questions import plain_headline
+    from auditor.verdict.questions import plain_headline
 
     rep = make_report()
     h = rep.headline

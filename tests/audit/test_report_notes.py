@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from auditor.report import render_text
-from auditor.report_base import concurrency_line, usage_note
-from auditor.report_junit import render_junit
-from auditor.report_markdown import render_markdown
-from auditor.runner import RunSummary, render_summary
+from auditor.check.runner import RunSummary, render_summary
+from auditor.report.common import concurrency_line, usage_note
+from auditor.report.junit import render_junit
+from auditor.report.markdown import render_markdown
+from auditor.report.render import render_text
 from tests.audit.test_report import make_report
 
 ESTIMATED = {"usage_estimated": True, "usage_missing_responses": 52, "usage_prompt_tokens_method": "tokenizer"}
@@ -75,7 +75,7 @@ def test_probe_run_summary_says_so_too():
 
 
 def test_summarize_run_reads_the_stored_marks(tmp_path):
-    from auditor.runner import summarize_run
+    from auditor.check.runner import summarize_run
     from auditor.store import models as orm
     from auditor.store.db import open_store
 

@@ -1,6 +1,6 @@
 """Issue 38 (newcomer trial): every figure of a report has one value, every account one home, plain words first.
 
-Each test renders real verdicts (``auditor.verdict.decide_verdict``) in every format and parses the output:
+Each test renders real verdicts (``auditor.verdict.decide.decide_verdict``) in every format and parses the output:
 the defects it pins were read off reports of the simulator's providers (a headline "189x" beside an estimate
 "145x", "334 positions" beside "633 positions scored", int8 both ruled out and not, the rules-out paragraph
 three times, a near-tie finding accusing a verifier the answers do not accuse, "fp32 dequantized from Q4_1").
@@ -18,12 +18,12 @@ from io import StringIO
 from rich.console import Console
 
 from auditor.detectors import IMPLICATIONS, DetectorResult
-from auditor.report import render_json, render_text
-from auditor.report_base import AuditReport
-from auditor.report_junit import render_junit
-from auditor.report_markdown import render_markdown
-from auditor.rules_out import rules_out_sentence
-from auditor.verdict import decide_verdict
+from auditor.report.common import AuditReport
+from auditor.report.junit import render_junit
+from auditor.report.markdown import render_markdown
+from auditor.report.render import render_json, render_text
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.rules_out import rules_out_sentence
 from tests.effect_table import effect_table
 
 #: The two KL-vs-floor ratios a logprob-divergence result carries: the arithmetic one (mean KL / floor mean KL,

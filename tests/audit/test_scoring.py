@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from auditor.evidence import Observation
-from auditor.scoring import LocalScorer, score_observations
+from auditor.check.evidence import Observation
+from auditor.check.reference_scoring import LocalScorer, score_observations
 from auditor.store import open_store
 from reference.scoring import ScoredContinuation
 

@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from auditor.audit import run_check
+from auditor.check.pipeline import run_check
 
 from .conftest import SimFactory, providers_toml
 
@@ -32,7 +32,7 @@ def peaked(tiny_lm):
 
 @pytest.fixture
 def span_env(tmp_path, peaked, small_floors, monkeypatch):
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     monkeypatch.setitem(audit._MODELS, ("peaked-ref", "float32"), peaked)
     sims = SimFactory(peaked, "peaked")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.audit import run_check
+from auditor.check.pipeline import run_check
 
 from .conftest import SimFactory, providers_toml
 
@@ -20,7 +20,7 @@ MODEL = "smollm2-135m-instruct"
 
 @pytest.fixture
 def real_synthetic(real_lm, tmp_path, small_floors, monkeypatch):
-    from auditor import audit
+    from auditor.check import pipeline as audit
 
     monkeypatch.setitem(audit._MODELS, (MODEL, "float32"), real_lm)
     sims = SimFactory(real_lm, MODEL)

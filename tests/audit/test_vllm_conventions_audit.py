@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.audit import run_check
+from auditor.check.pipeline import run_check
 
 from .conftest import providers_toml
 
 
 @pytest.fixture
 def vllm_sim(tmp_path, tiny_lm, small_floors, monkeypatch):
-    from auditor import audit
+    from auditor.check import pipeline as audit
     from simulator.server import ServerThread, create_app
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
@@ -49,8 +49,8 @@ def test_honest_vllm_conventions_are_not_accused(vllm_sim, suite, budget) -> Non
 def test_unverified_tokens_answer_verification_no(tmp_path, tiny_lm, small_floors, monkeypatch) -> None:
     """Issue 40 item 3: greedy tokens far below the provider's own top-1 (unverified drafts of rounds
     batched with sampled traffic) → "strict verification? no" with those positions, never SUBSTITUTION."""
-    from auditor import audit
-    from auditor.questions import answer_questions
+    from auditor.check import pipeline as audit
+    from auditor.verdict.questions import answer_questions
     from simulator.server import ServerThread, create_app
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)

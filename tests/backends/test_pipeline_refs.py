@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.errors import AuditError
-from auditor.reference_setup import _MODELS, check_reference_api, get_reference_models
+from auditor.check.errors import AuditError
+from auditor.check.reference_setup import _MODELS, check_reference_api, get_reference_models
 
 from ..conftest import make_tiny_model
 
@@ -34,7 +34,7 @@ def _providers(tmp_path, reference, table=""):
 
 
 def test_chat_against_base_model_refused(tmp_path, base_dir):
-    from auditor.audit import run_check
+    from auditor.check.pipeline import run_check
 
     cfg = _providers(tmp_path, str(base_dir))
     with pytest.raises(AuditError, match='api = "completions"') as ei:
@@ -66,7 +66,7 @@ def test_vllm_reference_floor_from_local_weights(tmp_path, base_dir, tiny_lm, sm
     """A vllm reference whose tokenizer names a directory with the served model's weights gets a noise
     floor from those weights (scorer keyed float32, report dtype still "server"); a tokenizer-only
     directory gives no floor (logprob-divergence cannot run), as the reference notes say."""
-    from auditor.reference_setup import resolve_reference
+    from auditor.check.reference_setup import resolve_reference
     from simulator.server import ServerThread, create_app
 
     tok_only = tmp_path / "tok"

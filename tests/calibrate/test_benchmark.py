@@ -17,7 +17,7 @@ PROFILES = ["honest-fp32", "int4", "relaxed-threshold"]
 @pytest.fixture(scope="module")
 def mini_run(tiny_refs, mini_cfg, pool_cache):
     from auditor.calibration import default_mix, run_calibration
-    from auditor.sequential import SequentialDesign
+    from auditor.check.auto_budget import SequentialDesign
 
     cache = pool_cache  # pools shared with the other tests (collected once per session)
     msgs: list[str] = []

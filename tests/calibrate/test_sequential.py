@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from auditor.sequential import (
+from auditor.check.auto_budget import (
     SPENDING_FUNCTIONS,
     SequentialAudit,
     SequentialDesign,
@@ -150,7 +150,7 @@ def _greedy_audit(n):
 
 
 def _decide(table=None):
-    from auditor.verdict import decide_verdict
+    from auditor.verdict.decide import decide_verdict
 
     def at(tokens, alpha, power=None):
         kw = {} if power is None else {"power": power}
@@ -161,7 +161,7 @@ def _decide(table=None):
 
 def _table(**effects):
     """An effect-size table with one greedy-tested class per keyword (clear-mismatch rate)."""
-    from auditor.rules_out import parse_effect_sizes
+    from auditor.verdict.rules_out import parse_effect_sizes
 
     return parse_effect_sizes({"source": "t", "model": "m", "generated": "now", "classes": {
         k: {"label": k, "question": "precision", "profile": k, "effects": {"greedy-match": e}}
@@ -172,8 +172,8 @@ def test_auto_does_not_accept_while_a_reachable_class_is_not_ruled_out():
     """A PASS that leaves a class the cap can rule out (projected at the first look) not ruled out does not
     stop the audit; when the positions per token then fall short, the cap's verdict is INCONCLUSIVE with the
     tokens still needed."""
-    from auditor.rules_out import not_ruled_out
-    from auditor.verdict import decide_verdict
+    from auditor.verdict.decide import decide_verdict
+    from auditor.verdict.rules_out import not_ruled_out
 
     table = _table(small=0.012)
 
@@ -203,7 +203,7 @@ def test_auto_does_not_accept_while_a_reachable_class_is_not_ruled_out():
 def test_auto_does_not_wait_for_a_class_beyond_its_cap():
     """A class whose effect is too small for the cap (projected at the first look) is reported as not ruled
     out and does not hold the PASS back: waiting could not change the answer."""
-    from auditor.rules_out import not_ruled_out
+    from auditor.verdict.rules_out import not_ruled_out
 
     table = _table(big=0.08, tiny=0.002)
     seq = run_sequential(SequentialDesign((200, 400, 800), spending="pocock"), _decide(table))
@@ -215,7 +215,7 @@ def test_auto_does_not_wait_for_a_class_beyond_its_cap():
 
 
 def test_auto_accepts_early_once_every_tested_class_is_ruled_out():
-    from auditor.rules_out import parse_effect_sizes
+    from auditor.verdict.rules_out import parse_effect_sizes
 
     table = parse_effect_sizes({"source": "t", "model": "m", "generated": "now", "classes": {
         "int4": {"label": "int4", "question": "precision", "profile": "int4", "effects": {"greedy-match": 0.08}},
@@ -229,7 +229,7 @@ def test_auto_accepts_early_once_every_tested_class_is_ruled_out():
 def test_early_acceptance_needs_the_design_power_against_every_class():
     """With accept_power 0.99 an early PASS waits until every reachable class is ruled out at 99%, not 95%;
     the last look decides at RULE_OUT_POWER."""
-    from auditor.sequential import _short_of
+    from auditor.check.auto_budget import _short_of
 
     recs = [{"key": "a", "label": "a", "question": "precision", "status": "ruled out", "ruled_out": True, "power": 0.96},
             {"key": "b", "label": "b", "question": "precision", "status": "ruled out", "ruled_out": True, "power": 0.999}]
@@ -245,7 +245,7 @@ def test_early_acceptance_needs_the_design_power_against_every_class():
 # ----------------------------------------------------------------------------- resolve_cause
 def _scripted(verdicts):
     """A callback returning the scripted verdict at each look (dataclass Verdicts, so details can be added)."""
-    from auditor.verdict import Verdict
+    from auditor.verdict.decide import Verdict
 
     it = iter(verdicts)
 
@@ -277,7 +277,7 @@ def test_an_undetermined_rejection_probes_on_until_a_look_names_the_cause():
 
 
 def test_a_quantization_named_as_the_milder_cause_is_resolved_too():
-    from auditor.verdict import Verdict
+    from auditor.verdict.decide import Verdict
 
     script = iter([("QUANTIZATION", False), ("QUANTIZATION", False), ("SUBSTITUTION", True)])
 

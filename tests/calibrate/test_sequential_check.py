@@ -7,7 +7,8 @@ import pytest
 
 @pytest.fixture
 def sim_env(tmp_path, tiny_lm, tiny_refs, monkeypatch):
-    from auditor import audit, noise
+    from auditor.check import measured_floors as noise
+    from auditor.check import pipeline as audit
     from simulator.server import ServerThread, create_app
 
     monkeypatch.setattr(noise, "FLOOR_PROMPTS", 4)
@@ -27,8 +28,8 @@ def sim_env(tmp_path, tiny_lm, tiny_refs, monkeypatch):
 
 
 def test_sequential_check_probes_in_rounds_on_one_run(sim_env):
-    from auditor.report import report_from_store
-    from auditor.sequential import SequentialDesign, run_sequential_check
+    from auditor.check.auto_budget import SequentialDesign, run_sequential_check
+    from auditor.report.render import report_from_store
     from auditor.store import dashboard_queries as dq
     from auditor.store import open_store
     from auditor.store import queries as q
@@ -68,7 +69,7 @@ def test_cli_check_budget_auto(sim_env, monkeypatch):
 
     from typer.testing import CliRunner
 
-    import auditor.sequential as sq
+    import auditor.check.auto_budget as sq
     from auditor.cli import app
 
     monkeypatch.setattr(sq, "AUTO_MAX_TOKENS", 80)
@@ -87,9 +88,9 @@ def test_cli_check_budget_auto(sim_env, monkeypatch):
 def test_sequential_check_returns_the_decided_report_not_the_last_looks(tmp_path, monkeypatch):
     """The report returned (and stored) is the sequential decision: here the look that rejected with an
     undetermined cause, when the last look does not reject at its own α_k."""
-    from auditor import audit
-    from auditor.report_base import AuditReport
-    from auditor.sequential import SequentialDesign, run_sequential_check
+    from auditor.check import pipeline as audit
+    from auditor.check.auto_budget import SequentialDesign, run_sequential_check
+    from auditor.report.common import AuditReport
 
     script = iter([("QUANTIZATION_OR_SUBSTITUTION", "heavy quantization or another model"), ("PASS", "nothing rejects")])
 
@@ -111,9 +112,9 @@ def test_sequential_check_returns_the_decided_report_not_the_last_looks(tmp_path
 def test_cli_check_auto_passes_resolve_cause(tmp_path, monkeypatch, flag, want):
     from typer.testing import CliRunner
 
-    import auditor.sequential as sq
+    import auditor.check.auto_budget as sq
     from auditor.cli import app
-    from auditor.report_base import AuditReport
+    from auditor.report.common import AuditReport
 
     seen = {}
 
@@ -132,9 +133,9 @@ def test_cli_check_auto_passes_resolve_cause(tmp_path, monkeypatch, flag, want):
 def test_sequential_check_returns_inconclusive_when_the_cap_leaves_a_class_not_ruled_out(tmp_path, monkeypatch):
     """A PASS at the last look that does not rule out a class the cap could reach is INCONCLUSIVE in the
     returned report too (it used to come back as the look's raw PASS)."""
-    from auditor import audit
-    from auditor.report_base import AuditReport
-    from auditor.sequential import SequentialDesign, run_sequential_check
+    from auditor.check import pipeline as audit
+    from auditor.check.auto_budget import SequentialDesign, run_sequential_check
+    from auditor.report.common import AuditReport
 
     rec = {"key": "int8", "label": "int8 weights", "question": "precision", "status": "not ruled out",
            "ruled_out": False, "power": 0.6, "detector": "logprob-divergence", "effect": 2.3, "n": 40,
@@ -159,8 +160,8 @@ def test_sequential_check_writes_one_verdict_from_suite_objects(sim_env, monkeyp
     from sqlalchemy import event, inspect
     from sqlalchemy.orm import Session
 
-    from auditor import audit
-    from auditor.sequential import SequentialDesign, run_sequential_check
+    from auditor.check import pipeline as audit
+    from auditor.check.auto_budget import SequentialDesign, run_sequential_check
     from auditor.store import open_store
     from auditor.store import queries as q
     from auditor.store.models import VerdictRow
@@ -179,7 +180,7 @@ def test_sequential_check_writes_one_verdict_from_suite_objects(sim_env, monkeyp
 
     def on_flush(session, _ctx):
         # a verdict write: a new verdict row, or a stored one whose verdict/reason changed (the dashboard's
-        # figures, auditor.stored_figures, update other columns of the same row and are not a verdict write)
+        # figures, auditor.check.stored_figures, update other columns of the same row and are not a verdict write)
         n = sum(isinstance(o, VerdictRow) for o in session.new) + sum(
             isinstance(o, VerdictRow) and any(inspect(o).attrs[a].history.has_changes() for a in ("verdict", "reason"))
             for o in session.dirty)

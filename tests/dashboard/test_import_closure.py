@@ -2,9 +2,9 @@
 
 ``dashboard.app`` is imported in a fresh interpreter and the project modules it left in ``sys.modules`` are
 compared with what L8 allows: the store's query modules and ``auditor.util``. The buyer's answers, the plain
-headline and the provider's standing are stored with each verdict at write time (``auditor.stored_figures``),
-so ``auditor.store.dashboard_queries`` reads them and applies no rule: no ``auditor.verdict*``,
-``auditor.detectors``, ``auditor.check*``, ``auditor.questions`` or ``auditor.standing`` module is loaded.
+headline and the provider's standing are stored with each verdict at write time (``auditor.check.stored_figures``),
+so ``auditor.store.dashboard_queries`` reads them and applies no rule: no ``auditor.verdict.decide*``,
+``auditor.detectors``, ``auditor.check*``, ``auditor.verdict.questions`` or ``auditor.watch.standing`` module is loaded.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ ALLOWED = {"auditor", "auditor.util", "auditor.store", "auditor.store.db", "audi
            "auditor.store.queries", "auditor.store.result_queries", "auditor.store.dashboard_queries",
            "auditor.store.standing_queries"}
 #: The rule and pipeline modules the dashboard must never load.
-RULES = ("auditor.verdict", "auditor.detectors", "auditor.audit", "auditor.questions", "auditor.standing",
+RULES = ("auditor.verdict.decide", "auditor.detectors", "auditor.check.pipeline", "auditor.verdict.questions", "auditor.watch.standing",
          "auditor.check")
 
 
@@ -45,7 +45,7 @@ def loaded() -> list[str]:
 def test_dashboard_loads_no_pipeline_reference_probes_or_simulator(loaded: list[str]) -> None:
     """No probe client, reference model, simulator, CLI or check pipeline behind the dashboard."""
     bad = [m for m in loaded if m.split(".")[0] in ("probes", "reference", "simulator")
-           or m.startswith(("auditor.audit", "auditor.check", "auditor.cli", "auditor.runner", "auditor.report"))]
+           or m.startswith(("auditor.check.pipeline", "auditor.check", "auditor.cli", "auditor.check.runner", "auditor.report.render"))]
     assert "auditor.store.dashboard_queries" in loaded  # the import did happen
     assert bad == []
 
@@ -68,7 +68,7 @@ def test_dashboard_loads_only_store_query_modules_and_util(loaded: list[str]) ->
 
 
 def test_dashboard_loads_no_verdict_detector_or_check_module(loaded: list[str]) -> None:
-    """Issue 34's acceptance line: no module of ``auditor.verdict*``, ``auditor.detectors`` or ``auditor.check*``
+    """Issue 34's acceptance line: no module of ``auditor.verdict.decide*``, ``auditor.detectors`` or ``auditor.check*``
     (nor the question and standing rules) behind the dashboard."""
     assert "auditor.store.dashboard_queries" in loaded
     assert [m for m in loaded if m.startswith(RULES)] == []

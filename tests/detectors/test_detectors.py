@@ -290,7 +290,7 @@ def test_run_detectors_selection_and_reproducibility(synth):
 
 def test_empty_and_per_position_paths_end_to_end(synth):
     from auditor.detectors import PositionEvidence
-    from auditor.verdict import VerdictKind, decide_verdict
+    from auditor.verdict.decide import VerdictKind, decide_verdict
 
     empty = EvidenceBatch.from_positions([])
     res = run_detectors(empty, None)

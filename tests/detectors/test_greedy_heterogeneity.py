@@ -75,7 +75,7 @@ def test_needs_a_reference_and_two_requests():
 
 @pytest.mark.parametrize("mixed", [False, True])
 def test_verdict_names_a_mixture_as_quantization(mixed):
-    from auditor.verdict import decide_verdict
+    from auditor.verdict.decide import decide_verdict
 
     rng = np.random.default_rng(5)
     deg = np.zeros(N_PROMPTS, bool)

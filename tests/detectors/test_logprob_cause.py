@@ -14,7 +14,7 @@ import pytest
 
 from auditor.detectors import DetectorResult
 from auditor.detectors.logprob import CONFIDENT_MARGIN_SIGMAS, logprob_divergence, margin_flip_stats
-from auditor.verdict import SUBSTITUTION_MIN_FLIP_RATIO, VerdictKind, decide_verdict
+from auditor.verdict.decide import SUBSTITUTION_MIN_FLIP_RATIO, VerdictKind, decide_verdict
 
 
 def _lsm(x: np.ndarray) -> np.ndarray:
@@ -164,7 +164,7 @@ def test_rule2_says_it_names_the_milder_cause_without_confident_positions():
 
 
 def test_flip_rate_interval_is_exact_and_says_what_it_separates():
-    from auditor.verdict_cause import flip_rate_interval, milder_cause_clause
+    from auditor.verdict.cause import flip_rate_interval, milder_cause_clause
 
     lo, hi = flip_rate_interval(6, 1.57)  # int4 at 3,000 precision tokens on SmolLM2
     assert lo == pytest.approx(2.2018 / 1.57, rel=1e-3) and hi == pytest.approx(13.059 / 1.57, rel=1e-3)

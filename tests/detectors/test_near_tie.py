@@ -23,7 +23,7 @@ from auditor.detectors.near_tie import (
     weighted_flip_sf,
 )
 from auditor.detectors.noise_floor import GAIN_GRID_STEP, compute_noise_floor, gain_grid_key
-from auditor.verdict import decide_verdict
+from auditor.verdict.decide import decide_verdict
 
 from .conftest import make_floor
 
@@ -252,7 +252,7 @@ def test_power_model_predicts_the_count_test_and_bounds_the_weighted_test(monkey
     matches the simulated rejection rate of the count test, and lies below the weighted test's (the
     default: a PASS's "rules out greedy-relaxed" errs on the low side)."""
     import auditor.detectors.near_tie as nt
-    from auditor.verdict_power import power_at
+    from auditor.verdict.power import power_at
 
     surv = _survival(np.random.default_rng(20))
     f = _floor(survival=surv)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from auditor.detectors import EvidenceBatch, run_detectors
-from auditor.verdict import VerdictKind, decide_verdict
+from auditor.verdict.decide import VerdictKind, decide_verdict
 
 N_POWER = 20
 MIN_CORRECT = 0.9

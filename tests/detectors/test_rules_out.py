@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from auditor.detectors import DetectorResult, not_run
-from auditor.rules_out import (
+from auditor.verdict.decide import VerdictKind, decide_verdict, power_at, power_effect, required_positions
+from auditor.verdict.rules_out import (
     EFFECT_SIZES_PATH,
     RULE_OUT_POWER,
     EffectSizesError,
@@ -20,7 +21,6 @@ from auditor.rules_out import (
     rules_out_sentence,
     tokens_to_rule_out,
 )
-from auditor.verdict import VerdictKind, decide_verdict, power_at, power_effect, required_positions
 from tests.effect_table import effect_table
 
 
@@ -152,7 +152,7 @@ def test_many_positions_rule_out_int4_but_not_an_effect_it_cannot_see():
     s = rules_out_sentence(list(ro.values()))
     assert s.startswith("rules out int4; does not rule out tiny (power ") and "; not tested: relaxed; " in s
     # issue 37 item 5: a PASS states its resolution: what is within the honest floor cannot be distinguished
-    from auditor.rules_out import BELOW_RESOLUTION
+    from auditor.verdict.rules_out import BELOW_RESOLUTION
 
     assert s.endswith("; cannot be distinguished at any budget: " + BELOW_RESOLUTION) and "8-bit KV cache" in s
     only_verification = [r for r in ro.values() if r.question != "precision"]

@@ -11,10 +11,10 @@ import pytest
 
 from auditor.detectors import DETECTORS, DetectorResult
 from auditor.detectors.sampling import SamplingView, tail_result
-from auditor.questions import answer_questions, plain_headline
-from auditor.standing import SEVERITY
-from auditor.verdict import EXIT_CODES, UNDETERMINED_CAUSES, VerdictKind, decide_verdict
-from auditor.verdict_cause import DECISIVE_EMISSION_MARGIN
+from auditor.verdict.cause import DECISIVE_EMISSION_MARGIN
+from auditor.verdict.decide import EXIT_CODES, UNDETERMINED_CAUSES, VerdictKind, decide_verdict
+from auditor.verdict.questions import answer_questions, plain_headline
+from auditor.watch.standing import SEVERITY
 from benchmarks.emission_margin import ACCEPTANCE, TRUNCATION, K, decisive_margin, draw, lm_rows, simulate, wrong_rates
 from tests.verdict_results import mk, quiet, with_
 

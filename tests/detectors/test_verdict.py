@@ -1,4 +1,4 @@
-"""Decision rules of auditor.verdict on hand-made detector results (one test per rule)."""
+"""Decision rules of auditor.verdict.decide on hand-made detector results (one test per rule)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import pytest
 
 from auditor.detectors import DetectorResult, not_run
-from auditor.verdict import (
+from auditor.verdict.cause import SAMPLED_FLIP_MAX_SIGMA
+from auditor.verdict.decide import (
     EXIT_CODES,
     SUBSTITUTION_MIN_FLIP_RATIO,
     VerdictKind,
@@ -15,7 +16,6 @@ from auditor.verdict import (
     decide_verdict,
     required_positions,
 )
-from auditor.verdict_cause import SAMPLED_FLIP_MAX_SIGMA
 
 
 def mk(name, p, *, effect=0.0, n=1000, statistic=0.0, **details):
@@ -587,7 +587,7 @@ def test_mild_divergence_lets_reference_sampling_tests_name_the_sampler():
 
 # ------------------------------------------------------------------ rule 2t: another tokenizer
 def foreign_tokens(**over):
-    """``auditor.evidence.tokenizer_mismatch`` output: foreign token strings established."""
+    """``auditor.check.evidence.tokenizer_mismatch`` output: foreign token strings established."""
     tm = {"established": ["foreign_tokens"], "foreign_tokens": ["<eos>", "▁the", "▁cat", "▁key"],
           "n_foreign": 17, "n_foreign_distinct": 4, "n_checked": 300, "prompt_counts": [],
           "n_prompt_disagree": 0, "n_prompt_checked": 0, "offsets": []}
@@ -736,7 +736,7 @@ def test_rule3n_without_the_provider_s_top_logprobs_names_the_undetermined_pair(
                                n_positions=5, band=0.44, flips_with_provider_list=3, flips_own_top1=0))
     assert decide_verdict([*quiet(), *seen]).verdict == VerdictKind.RELAXED_VERIFICATION
     # the pair's exit code and its place among the undetermined answers
-    from auditor.verdict import EXIT_CODES, UNDETERMINED_CAUSES
+    from auditor.verdict.decide import EXIT_CODES, UNDETERMINED_CAUSES
 
     assert EXIT_CODES[VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION] == 1
     assert UNDETERMINED_CAUSES[VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION] == (

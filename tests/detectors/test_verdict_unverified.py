@@ -7,7 +7,7 @@ import numpy as np
 
 from auditor.detectors.base import EvidenceBatch
 from auditor.detectors.consistency import UNVERIFIED_GAP_NATS, self_greedy
-from auditor.verdict import decide_verdict
+from auditor.verdict.decide import decide_verdict
 
 
 def _batch(gap: float, n: int = 400, n_contra: int = 40, seed: int = 0, ref_gap: float | None = None) -> EvidenceBatch:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from auditor.check.observations import _step_final
 from auditor.detectors.base import EvidenceBatch
 from auditor.detectors.consistency import self_greedy, step_counts
-from auditor.observations import _step_final
-from auditor.verdict import decide_verdict
+from auditor.verdict.decide import decide_verdict
 
 GAP = 4.0  # clear, but far short of rule 1u's UNVERIFIED_GAP_NATS: a 1u verdict cannot be what names it
 

@@ -136,7 +136,7 @@ class OneSlotServer:
 @contextlib.contextmanager
 def threaded_server(**kw: object) -> Iterator[OneSlotServer]:
     """Run a :class:`OneSlotServer` on its own thread and event loop (for code that calls
-    ``asyncio.run`` itself: the CLI, ``auditor.runner.run_probes``); stopped on exit."""
+    ``asyncio.run`` itself: the CLI, ``auditor.check.runner.run_probes``); stopped on exit."""
     ready, stop = threading.Event(), threading.Event()
     box: dict[str, OneSlotServer] = {}
 

@@ -120,7 +120,7 @@ def test_tokenizer_rule_never_calls_whole_characters_or_lost_bytes_foreign(smoll
     of garbage ids) were "a proof" of SUBSTITUTION; another family's word pieces still are."""
     from types import SimpleNamespace
 
-    from auditor.evidence import tokenizer_mismatch
+    from auditor.check.evidence import tokenizer_mismatch
 
     def obs(strings: list[str]) -> SimpleNamespace:
         toks = [TokenRecord(index=i, token=s, bytes=s.encode(), logprob=-1.0,

@@ -118,7 +118,7 @@ def test_unreachable_port_run_stops_at_once(tmp_path: Path) -> None:
     assert r.exit_code == 3, r.output
     line = next(ln for ln in r.stderr.splitlines() if "no probe succeeded" in ln)
     assert "connect_error" in line and "cannot connect" in line
-    from auditor.runner import summarize_run
+    from auditor.check.runner import summarize_run
     from auditor.store import open_store
     from auditor.store import queries as q
 
@@ -187,7 +187,7 @@ def test_role_chunk_then_done_is_an_empty_stream() -> None:
 
 
 def test_runner_never_counts_empty_streams_as_ok(tmp_path: Path) -> None:
-    from auditor.runner import run_probes, summarize_run
+    from auditor.check.runner import run_probes, summarize_run
     from auditor.store import open_store
     from auditor.store import queries as q
 

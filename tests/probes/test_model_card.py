@@ -126,7 +126,7 @@ def test_check_card_against_a_loaded_reference_is_exit_3(tiny_lm, tmp_path) -> N
     import json
     from dataclasses import replace
 
-    from auditor.reference_setup import ReferenceSetup, check_card
+    from auditor.check.reference_setup import ReferenceSetup, check_card
 
     lm = replace(tiny_lm, path=str(tmp_path))
     ref = ReferenceSetup("local", lm.tokenizer, {}, {"float32": lm}, "r", "float32")

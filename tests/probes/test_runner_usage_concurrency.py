@@ -1,5 +1,5 @@
 """A probe run against a llama.cpp-like server (one slot; streams carry no ``usage``; a running
-stream is cancelled whenever another request arrives), through ``auditor.runner.run_probes``:
+stream is cancelled whenever another request arrives), through ``auditor.check.runner.run_probes``:
 
 - at the default width 8 the run completes with few failures (the client's adaptive limit
   narrows to 1) and the run's summary records the width change;
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from auditor.runner import run_probes, summarize_run
+from auditor.check.runner import run_probes, summarize_run
+from auditor.check.usage_estimate import PromptTokenEstimator
 from auditor.store import open_store
 from auditor.store import queries as q
-from auditor.usage_estimate import PromptTokenEstimator
 from probes.config import Capabilities, ProviderConfig
 from probes.suites import Probe, Suite
 from tests.probes._one_slot_server import threaded_server

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from auditor.usage_estimate import PromptTokenEstimator, _cache_dir, request_text
+from auditor.check.usage_estimate import PromptTokenEstimator, _cache_dir, request_text
 
 MSGS = [
     [{"role": "user", "content": "Count from one to ten: one, two,"}],
@@ -65,7 +65,7 @@ def test_estimate_prefers_normalized_then_chunks_then_text(tmp_path: Path, monke
 
 
 def test_usage_estimates_record_marks_summary_and_accumulates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from auditor.usage_estimate import UsageEstimates
+    from auditor.check.usage_estimate import UsageEstimates
 
     monkeypatch.setenv("SPEC_AUDITOR_HOME", str(tmp_path))
     summary: dict = {}

@@ -32,7 +32,7 @@ SUITES = ("default", "precision", "verification")
 
 @pytest.fixture(scope="module")
 def preflight(llama_server, real_out, provider_toml):
-    from auditor.preflight import run_preflight
+    from auditor.check.preflight import run_preflight
     from probes.config import load_providers
     from reference.models import load_model
 

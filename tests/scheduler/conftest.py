@@ -30,7 +30,7 @@ class FakeClock:
 
 @dataclass
 class FakeRunner:
-    """Stands in for ``auditor.audit.run_check``: stores a completed audit run with the next
+    """Stands in for ``auditor.check.pipeline.run_check``: stores a completed audit run with the next
     verdict from ``verdicts`` (repeating the last) and returns ``{"run_id", "verdict"}``."""
 
     clock: FakeClock

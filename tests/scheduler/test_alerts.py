@@ -12,8 +12,8 @@ import pytest
 import respx
 from sqlalchemy import select
 
-from auditor.alerts import alert_payload, post_webhook, previous_verdict, record_verdict_change
 from auditor.store.models import Alert, AuditRun
+from auditor.watch.alerts import alert_payload, post_webhook, previous_verdict, record_verdict_change
 
 from .conftest import T0
 
@@ -102,7 +102,7 @@ def test_webhook_failure_is_recorded_not_raised(store):
 
 def test_webhook_to_loopback_server(store, clock):
     """End to end through the scheduler: a real HTTP POST to a server on 127.0.0.1."""
-    from auditor.scheduler import AuditScheduler, add_schedule
+    from auditor.watch.scheduler import AuditScheduler, add_schedule
 
     from .conftest import FakeRunner
 

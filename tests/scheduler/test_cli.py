@@ -58,7 +58,7 @@ def test_run_once_uses_the_pipeline_runner(db_url, known, monkeypatch, tmp_path,
 
     monkeypatch.chdir(tmp_path)
     runner = FakeRunner(clock, verdicts=["QUANTIZATION"])
-    monkeypatch.setattr("auditor.scheduler.default_runner", runner)
+    monkeypatch.setattr("auditor.watch.scheduler.default_runner", runner)
     assert (
         cli.invoke(app, ["schedule", "add", "--provider", "sim-int4", "--every", "1h", "--db", db_url]).exit_code == 0
     )
@@ -81,7 +81,7 @@ def test_feed_command_writes_atom(db_url, tmp_path):
 def test_run_once_ends_with_exit_4_on_an_internal_error(db_url, known, monkeypatch, tmp_path):
     """Issue 37 item 1: an audit that crashes (a bug) ends ``schedule run --once`` with exit 4 and one line naming
     the log file with the traceback, never 0; an audit that fails for a reason the user can fix does not."""
-    from auditor.errors import AuditError
+    from auditor.check.errors import AuditError
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPEC_AUDITOR_LOG_DIR", str(tmp_path / "logs"))
@@ -89,7 +89,7 @@ def test_run_once_ends_with_exit_4_on_an_internal_error(db_url, known, monkeypat
     def crash(provider_name, **_kw):
         raise RuntimeError("boom in a scheduled audit")
 
-    monkeypatch.setattr("auditor.scheduler.default_runner", crash)
+    monkeypatch.setattr("auditor.watch.scheduler.default_runner", crash)
     assert cli.invoke(app, ["schedule", "add", "--provider", "sim-int4", "--every", "1h", "--db", db_url]).exit_code == 0
     r = cli.invoke(app, ["schedule", "run", "--once", "--db", db_url])
     assert r.exit_code == 4, r.output
@@ -102,7 +102,7 @@ def test_run_once_ends_with_exit_4_on_an_internal_error(db_url, known, monkeypat
     def refused(provider_name, **_kw):
         raise AuditError("provider 'sim-int4': connection refused")
 
-    monkeypatch.setattr("auditor.scheduler.default_runner", refused)
+    monkeypatch.setattr("auditor.watch.scheduler.default_runner", refused)
     assert cli.invoke(app, ["schedule", "add", "--provider", "sim-int4", "--every", "2h", "--db", db_url]).exit_code == 0
     r = cli.invoke(app, ["schedule", "run", "--once", "--db", db_url])
     assert r.exit_code == 0 and "connection refused" in r.output and "internal error" not in r.output

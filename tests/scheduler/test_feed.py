@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 
 import httpx
 
-from auditor.feed import ATOM_NS, build_feed, feed_from_store, make_feed_server, write_feed
 from auditor.store.models import AuditRun
+from auditor.watch.feed import ATOM_NS, build_feed, feed_from_store, make_feed_server, write_feed
 
 from .conftest import T0
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from auditor.errors import AuditInterrupted
-from auditor.scheduler import AuditScheduler, add_schedule
+from auditor.check.errors import AuditInterrupted
 from auditor.store import queries as q
 from auditor.store.models import AuditRun, Schedule
+from auditor.watch.scheduler import AuditScheduler, add_schedule
 
 from .conftest import T0
 

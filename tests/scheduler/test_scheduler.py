@@ -9,7 +9,8 @@ import types
 import pytest
 from sqlalchemy import func, select
 
-from auditor.scheduler import (
+from auditor.store.models import Alert, Schedule
+from auditor.watch.scheduler import (
     AuditScheduler,
     add_schedule,
     format_interval,
@@ -17,7 +18,6 @@ from auditor.scheduler import (
     parse_interval,
     remove_schedule,
 )
-from auditor.store.models import Alert, Schedule
 
 from .conftest import T0, FakeRunner
 
@@ -132,7 +132,7 @@ def test_verdict_change_produces_exactly_one_alert(store, clock):
         assert a.delivered and a.webhook_status is None
     assert sum(line.startswith("ALERT sim-int4: verdict changed PASS -> QUANTIZATION") for line in lines) == 1
     # Re-recording the same run (a retry) adds nothing.
-    from auditor.alerts import record_verdict_change
+    from auditor.watch.alerts import record_verdict_change
 
     with store.session() as s:
         assert record_verdict_change(s, outcomes[2].run_id, echo=None) is None
@@ -194,14 +194,14 @@ def test_add_schedule_validates(store, clock):
 
 def test_default_runner_imports_pipeline_lazily(store, clock, monkeypatch):
     calls = []
-    fake = types.ModuleType("auditor.audit")
+    fake = types.ModuleType("auditor.check.pipeline")
 
     def run_check(provider_name, **kwargs):
         calls.append((provider_name, kwargs))
         return types.SimpleNamespace(run_id=None, verdict="PASS")
 
     fake.run_check = run_check
-    monkeypatch.setitem(sys.modules, "auditor.audit", fake)
+    monkeypatch.setitem(sys.modules, "auditor.check.pipeline", fake)
     with store.session() as s:
         add_schedule(s, "sim-honest", 3600, suite="core", budget_tokens=1234, now=clock())
     [out] = AuditScheduler(store, clock=clock, echo=None).run_due()

@@ -1,4 +1,4 @@
-"""Parameter-compliance pre-flight (auditor.preflight) against the simulator's compliance faults
+"""Parameter-compliance pre-flight (auditor.check.preflight) against the simulator's compliance faults
 (issue 13): each fault is caught by its own check; honest-fp32 passes every check."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from auditor.preflight import (
+from auditor.check.preflight import (
     PreflightReport,
     evaluate_preflight,
     plan_preflight,
@@ -15,7 +15,7 @@ from auditor.preflight import (
     run_preflight,
     stop_string,
 )
-from auditor.verdict import decide_verdict
+from auditor.verdict.decide import decide_verdict
 from probes.config import Capabilities, ProviderConfig
 from simulator.profiles import get_profile
 from simulator.server import ServerThread, create_app
@@ -142,7 +142,7 @@ def test_top_p_check_calibrated_and_powered():
     level; a server-side top-4 over the same 120 positions is rejected nearly always."""
     import numpy as np
 
-    from auditor.preflight import _top_p_check
+    from auditor.check.preflight import _top_p_check
 
     rng = np.random.default_rng(0)
     null = np.array([_top_p_check([_synthetic(rng), _synthetic(rng)]).p_value for _ in range(300)])

@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from auditor.preflight import run_preflight
-from auditor.verdict import decide_verdict
+from auditor.check.preflight import run_preflight
+from auditor.verdict.decide import decide_verdict
 from probes.config import Capabilities, ProviderConfig
 from probes.conventions import learn_convention
 from probes.normalize import normalize_response

@@ -278,10 +278,10 @@ def test_reference_cache(store):
 
 
 def test_schedules_alerts_calibration(store):
-    # schedules and alerts have one write path each: auditor.scheduler and auditor.alerts
+    # schedules and alerts have one write path each: auditor.watch.scheduler and auditor.watch.alerts
     # (record_verdict_change, tested in tests/scheduler); the CLI and dashboard read them here
-    from auditor.scheduler import MIN_INTERVAL_S, add_schedule, remove_schedule
     from auditor.store.dashboard_queries import list_schedules, recent_alerts
+    from auditor.watch.scheduler import MIN_INTERVAL_S, add_schedule, remove_schedule
 
     now = dt.datetime.now(dt.UTC)
     with store.session() as s:

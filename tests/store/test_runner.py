@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from auditor.runner import RunnerError, plan_suite, run_probes, summarize_run
+from auditor.check.runner import RunnerError, plan_suite, run_probes, summarize_run
 from auditor.store import open_store
 from auditor.store import queries as q
 from auditor.store.models import ProbeAttempt

@@ -16,7 +16,7 @@ import logging
 import httpx
 import pytest
 
-from auditor.runner import run_probes
+from auditor.check.runner import run_probes
 from auditor.store import open_store
 from auditor.store import queries as q
 from probes.config import Capabilities, ProviderConfig, RateLimits, RetryPolicy

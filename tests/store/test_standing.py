@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
+from auditor.check.stored_figures import store_figures
 from auditor.cli import app
-from auditor.standing import SEVERITY, combine_standing, provider_standing, render_standing
 from auditor.store import dashboard_queries as dq
 from auditor.store import models as orm
 from auditor.store.db import open_store
 from auditor.store.standing_queries import AuditRecord
-from auditor.stored_figures import store_figures
+from auditor.watch.standing import SEVERITY, combine_standing, provider_standing, render_standing
 
 T0 = dt.datetime(2026, 5, 4, 12, 0, tzinfo=dt.UTC)
 MODEL = "smollm2-135m-instruct"

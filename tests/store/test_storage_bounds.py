@@ -19,13 +19,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from auditor.report import render_json, render_junit, render_markdown, render_text
-from auditor.report_base import AuditReport, logprob_defects_line
-from auditor.runner import run_probes
+from auditor.check.runner import run_probes
+from auditor.check.summary import logprob_defects
+from auditor.report.common import AuditReport, logprob_defects_line
+from auditor.report.render import render_json, render_junit, render_markdown, render_text
 from auditor.store import open_store
 from auditor.store import queries as q
 from auditor.store.models import ProbeAttempt
-from auditor.summary import logprob_defects
 from probes.config import Capabilities, ProviderConfig, RateLimits, ResponseLimits, RetryPolicy
 from probes.normalize import normalize_response
 from probes.suites import Probe, Suite

@@ -1,4 +1,4 @@
-"""The figures the dashboard shows are stored with each verdict (issue 34, item 2; ``auditor.stored_figures``).
+"""The figures the dashboard shows are stored with each verdict (issue 34, item 2; ``auditor.check.stored_figures``).
 
 The buyer's two answers and the plain headline stored with a verdict are the ones the report renders for the
 same run (text report and dashboard agree); the provider's standing stored with an audit is its standing as
@@ -17,12 +17,12 @@ import sqlalchemy as sa
 from rich.console import Console
 from sqlalchemy.orm import Session
 
-from auditor.report import render, report_from_store
-from auditor.standing import provider_standing
+from auditor.report.render import render, report_from_store
 from auditor.store import dashboard_queries as dq
 from auditor.store import db as sdb
 from auditor.store import models as orm
 from auditor.store.db import open_store
+from auditor.watch.standing import provider_standing
 from tests.fixtures_store import seed_demo
 
 from .test_standing import MODEL, T0, add_audit, llama_like
@@ -194,9 +194,9 @@ def test_migration_0005_backfills_an_old_postgres_database(pg_url) -> None:
 
 @pytest.mark.parametrize("missing", ["verdict", "run"])
 def test_store_figures_needs_a_stored_verdict(tmp_path, missing) -> None:
-    from auditor.report import ReportError
+    from auditor.check.stored_figures import store_figures
+    from auditor.report.render import ReportError
     from auditor.store.result_queries import store_verdict_figures
-    from auditor.stored_figures import store_figures
 
     store = open_store(f"sqlite:///{tmp_path / 'a.db'}")
     with store.session() as s:
@@ -212,8 +212,8 @@ def test_store_figures_needs_a_stored_verdict(tmp_path, missing) -> None:
 
 
 def test_a_replaced_verdict_clears_its_figures_until_they_are_stored_again(tmp_path) -> None:
+    from auditor.check.stored_figures import store_figures
     from auditor.store.result_queries import store_verdict
-    from auditor.stored_figures import store_figures
 
     store = open_store(f"sqlite:///{tmp_path / 'a.db'}")
     with store.session() as s:

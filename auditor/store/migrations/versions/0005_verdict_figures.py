@@ -2,9 +2,9 @@
 
 The dashboard may not import the verdict rules (docs/ARCHITECTURE.md, L8), so the buyer's two answers, the
 plain headline (as the report renders them) and the provider's standing as of each audit are computed
-when a verdict is stored (``auditor.stored_figures``) and read back by ``auditor.store.dashboard_queries``.
+when a verdict is stored (``auditor.check.stored_figures``) and read back by ``auditor.store.dashboard_queries``.
 This revision adds the three nullable columns and backfills every existing verdict row by computing them
-with the same code (:func:`auditor.stored_figures.backfill`; migrations may import the rules, the dashboard
+with the same code (:func:`auditor.check.stored_figures.backfill`; migrations may import the rules, the dashboard
 may not). Downgrade drops the columns (the figures can be recomputed).
 
 The backfill reads the runs through the ORM models of the installed code: a later revision that adds a
@@ -40,7 +40,7 @@ def upgrade() -> None:
 
     from sqlalchemy.orm import Session
 
-    from auditor.stored_figures import backfill  # the rules: here only, never in the dashboard
+    from auditor.check.stored_figures import backfill  # the rules: here only, never in the dashboard
 
     with Session(bind=op.get_bind()) as session:
         backfill(session)

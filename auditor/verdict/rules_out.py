@@ -1,0 +1,360 @@
+"""What a PASS rules out: per deviation class, the audit's power against that class's measured effect.
+
+A PASS says no detector rejected; this module says what that excludes (issue 14, item 2). For
+each deviation class of the calibration's effect-size table (``auditor/calibration/effect_sizes.json``,
+written by ``auditor calibrate``, docs/calibration.md: the median effect each simulator profile
+produced on each detector, in the unit of the detector's registry ``PowerTarget``, read by
+:func:`auditor.verdict.power.power_effect`) it computes the power of every detector that ran
+against that effect, at the positions the detector used and at the Bonferroni level alpha/m of the
+verdict's power check (m = the audit's tests that ran, pre-flight checks excluded), with the
+formulas of :func:`auditor.verdict.power.required_positions` (:func:`auditor.verdict.power.power_at`).
+
+A class is
+
+- **ruled out** when some detector that ran has power >= :data:`RULE_OUT_POWER` (0.95) against it:
+  an audit of a provider with that deviation would have rejected with probability >= 95%;
+- **not ruled out** when detectors that can see it ran but none reached that power (the record
+  holds the best power, and the positions the detector with that power still lacks);
+- **not tested** when no detector of the audit can test it (e.g. no sampling probes for the
+  acceptance classes, or no reference for the precision classes).
+
+``auditor.verdict.decide.decide_verdict`` records the list as ``details["rules_out"]`` on PASS and
+INCONCLUSIVE verdicts and appends :func:`rules_out_sentence` to a PASS reason;
+``auditor.check.auto_budget`` (``--budget-tokens auto``) stops with PASS only once every tested class is
+ruled out (:func:`not_ruled_out`, :func:`tokens_to_rule_out`).
+
+The measured effects are those of the simulator's profiles on SmolLM2-135M: a real provider's
+deviation of the same kind may be larger or smaller, so "rules out int8" means "rules out a
+deviation at least as large as the simulator's int8".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from auditor.detectors import DETECTORS, MODES, PREFLIGHT_CHECKS
+from auditor.detectors.base import DetectorResult
+from auditor.detectors.noise_floor import NoiseFloor
+from auditor.verdict.power import _power_at_model, _power_model, required_positions, tokens_per_position
+
+__all__ = [
+    "BELOW_RESOLUTION",
+    "EFFECT_SIZES_PATH",
+    "QUESTIONS",
+    "RULE_OUT_POWER",
+    "DeviationClass",
+    "EffectSizes",
+    "EffectSizesError",
+    "RuleOut",
+    "as_rule_outs",
+    "load_effect_sizes",
+    "not_ruled_out",
+    "rules_out",
+    "rules_out_rows",
+    "rules_out_sentence",
+    "tokens_to_rule_out",
+]
+
+#: Power an audit needs against a class's measured effect to rule the class out.
+RULE_OUT_POWER = 0.95
+#: The packaged effect-size table (``auditor calibrate`` regenerates it).
+EFFECT_SIZES_PATH = Path(__file__).resolve().parent.parent / "calibration" / "effect_sizes.json"
+#: The question a class belongs to: the buyer's two (``auditor.verdict.questions``) and requested decoding.
+QUESTIONS = ("precision", "verification", "decoding")
+
+Status = Literal["ruled out", "not ruled out", "not tested"]
+
+#: What no budget can resolve (issue 37, item 5): a precision change no larger than the variation between
+#: honest stacks is indistinguishable from honest serving, because the noise floor *is* that variation.
+#: Measured: an int8 KV cache (per token and head, weights at full precision) moved the reported
+#: logprobs 0.93–1.03x the honest floor; such a PASS must not read as "rules it out".
+BELOW_RESOLUTION = ("changes within the variation between honest float32, bf16 and fp16 serving (the noise floor), "
+                    "e.g. an 8-bit KV cache with per-token scales (measured at 0.93-1.03x the floor)")
+_ATOMIC = (str, bool, int, float)
+
+
+class EffectSizesError(ValueError):
+    """The effect-size file is missing or malformed (the message names the file and the field)."""
+
+
+@dataclass(frozen=True)
+class DeviationClass:
+    """One deviation class of the effect-size table.
+
+    Attributes:
+        key: class key (``int4``, ``relaxed-threshold:0.7``, ...).
+        label: human name for reports ("int4 weights", "relaxed acceptance s = 0.5").
+        question: ``precision`` | ``verification`` | ``decoding``.
+        profile: the simulator profile whose calibration audits measured the effects.
+        effects: detector registry name → median effect in that detector's power-target unit.
+    """
+
+    key: str
+    label: str
+    question: str
+    profile: str
+    effects: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class EffectSizes:
+    """The effect-size table (``effect_sizes.json``).
+
+    Attributes:
+        source: what produced it; model: the model calibrated on; generated: ISO time.
+        provisional: True while the numbers are placeholders, not measurements.
+        classes: the deviation classes, in file order.
+        path: the file read.
+    """
+
+    source: str
+    model: str
+    generated: str
+    provisional: bool
+    classes: tuple[DeviationClass, ...]
+    path: str
+
+
+def _fail(path: Path | str, field: str, what: str) -> EffectSizesError:
+    return EffectSizesError(f"{path}: field {field!r}: {what}")
+
+
+def _str(obj: Mapping[str, Any], key: str, path: Path | str, where: str) -> str:
+    v = obj.get(key)
+    if not isinstance(v, str) or not v:
+        raise _fail(path, f"{where}{key}", f"expected a non-empty string, got {v!r}")
+    return v
+
+
+def parse_effect_sizes(raw: Any, path: Path | str = "<effect sizes>") -> EffectSizes:
+    """Validate a decoded effect-size table (see :func:`load_effect_sizes`).
+
+    Raises:
+        EffectSizesError: naming ``path`` and the offending field (``classes.int4.effects.greedy-match``).
+    """
+    if not isinstance(raw, Mapping):
+        raise _fail(path, "<top level>", f"expected an object, got {type(raw).__name__}")
+    classes = raw.get("classes")
+    if not isinstance(classes, Mapping) or not classes:
+        raise _fail(path, "classes", "expected a non-empty object of deviation classes")
+    provisional = raw.get("provisional", False)
+    if not isinstance(provisional, bool):
+        raise _fail(path, "provisional", f"expected true or false, got {provisional!r}")
+    out = []
+    for key, c in classes.items():
+        where = f"classes.{key}."
+        if not isinstance(c, Mapping):
+            raise _fail(path, f"classes.{key}", "expected an object")
+        question = _str(c, "question", path, where)
+        if question not in QUESTIONS:
+            raise _fail(path, f"{where}question", f"expected one of {list(QUESTIONS)}, got {question!r}")
+        effects = c.get("effects")
+        if not isinstance(effects, Mapping) or not effects:
+            raise _fail(path, f"{where}effects", "expected a non-empty object detector -> effect")
+        eff: dict[str, float] = {}
+        for det, v in effects.items():
+            s = DETECTORS.get(det)
+            if s is None or s.power_target is None:
+                raise _fail(path, f"{where}effects.{det}", "not a detector with a power target "
+                            f"(known: {[k for k, d in DETECTORS.items() if d.power_target is not None]})")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise _fail(path, f"{where}effects.{det}", f"expected a finite number, got {v!r}")
+            eff[det] = float(v)
+        out.append(DeviationClass(str(key), _str(c, "label", path, where), question,
+                                  _str(c, "profile", path, where), eff))
+    return EffectSizes(_str(raw, "source", path, ""), _str(raw, "model", path, ""), _str(raw, "generated", path, ""),
+                       provisional, tuple(out), str(path))
+
+
+def load_effect_sizes(path: str | Path | None = None) -> EffectSizes:
+    """Read and validate the effect-size table (default :data:`EFFECT_SIZES_PATH`; cached per path).
+
+    Format: ``{"source", "model", "generated", "provisional"?, "classes": {key: {"label", "question",
+    "profile", "effects": {detector: effect}}}}``.
+
+    Raises:
+        EffectSizesError: the file cannot be read, is not JSON, or a field is malformed (named).
+    """
+    return _load(str(Path(path).resolve() if path is not None else EFFECT_SIZES_PATH))
+
+
+@lru_cache(maxsize=8)
+def _load(path: str) -> EffectSizes:
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise EffectSizesError(f"{path}: cannot read the effect-size file ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise EffectSizesError(f"{path}: not valid JSON ({exc})") from None
+    return parse_effect_sizes(raw, path)
+
+
+@dataclass(frozen=True)
+class RuleOut:
+    """What one audit says about one deviation class.
+
+    Attributes:
+        key, label, question: the class (:class:`DeviationClass`).
+        status: ``ruled out`` | ``not ruled out`` | ``not tested``.
+        ruled_out: status == ``ruled out``.
+        power: the best power among the detectors that ran against the class's effect (None: not tested).
+        detector: the detector with that power (the deciding one when ruled out).
+        effect: the class's effect for that detector (its power-target unit).
+        n: positions that detector used.
+        required_positions: positions that detector needs for RULE_OUT_POWER when it falls short
+            (None: ruled out, not tested, or not reachable at any budget).
+        missing_positions: completion tokens of its mode it still lacks (0 when ruled out; None when not
+            reachable): the positions it lacks, times its tokens per position (greedy-near-tie tests only
+            the near-ties among the greedy tokens, :func:`auditor.verdict.power.tokens_per_position`).
+        mode: that detector's probe mode (``greedy`` | ``logprob`` | ``sampling``).
+    """
+
+    key: str
+    label: str
+    question: str
+    status: Status
+    ruled_out: bool
+    power: float | None = None
+    detector: str | None = None
+    effect: float | None = None
+    n: int | None = None
+    required_positions: int | None = None
+    missing_positions: int | None = None
+    mode: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``dataclasses.asdict(self)``; built directly when every field holds a str, number, bool or None
+        (what asdict would copy as it is)."""
+        d = {k: getattr(self, k) for k in _RULE_OUT_FIELDS}
+        if all(v is None or type(v) in _ATOMIC for v in d.values()):
+            return d
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RuleOut:
+        """From a stored ``details["rules_out"]`` entry (unknown keys ignored)."""
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})  # type: ignore[arg-type]
+
+
+_RULE_OUT_FIELDS = tuple(f.name for f in fields(RuleOut))
+
+
+def rules_out(
+    results: Sequence[DetectorResult],
+    *,
+    alpha: float,
+    n_tests: int | None = None,
+    floor: NoiseFloor | None = None,
+    effect_sizes: EffectSizes | None = None,
+    power: float = RULE_OUT_POWER,
+) -> list[RuleOut]:
+    """Per deviation class, the audit's power against its measured effect (module docstring).
+
+    Args:
+        results: the audit's DetectorResults (after Holm or before: ``ran`` decides).
+        alpha: family-wise level; each detector is taken at alpha / n_tests.
+        n_tests: m, the tests of the power check (default: the results that ran, pre-flight excluded).
+        floor: the noise floor (a KL test's power needs its variance components).
+        effect_sizes: the table (default :func:`load_effect_sizes`).
+        power: power that rules a class out.
+
+    Returns:
+        One :class:`RuleOut` per class, in the table's order.
+    """
+    table = effect_sizes if effect_sizes is not None else load_effect_sizes()
+    ran = {r.name: r for r in results if r.ran and r.name not in PREFLIGHT_CHECKS}
+    m = n_tests if n_tests is not None else len(ran)
+    alpha_test = alpha / max(1, m)
+    out = []
+    models: dict[str, Any] = {}  # detector → its power model, read once (power_at's, for every class)
+    for c in table.classes:
+        best: tuple[float, str, float, DetectorResult] | None = None
+        for det, eff in c.effects.items():
+            r = ran.get(det)
+            if r is None:
+                continue
+            if det not in models:
+                models[det] = _power_model(r, floor)
+            pw = _power_at_model(models[det], r.n, eff, alpha_test)  # = power_at(r, effect=eff, ...)
+            if pw is not None and (best is None or pw > best[0]):
+                best = (pw, det, eff, r)
+        if best is None:
+            out.append(RuleOut(c.key, c.label, c.question, "not tested", False))
+            continue
+        pw, det, eff, r = best
+        ok = pw >= power
+        # the positions the most powerful detector still lacks (computed only when it falls short:
+        # the search of an exact test is the costly part, and the verdict is taken at every look)
+        req = None if ok else required_positions(r, alpha_test=alpha_test, power=power, floor=floor, effect=eff)
+        out.append(RuleOut(
+            c.key, c.label, c.question, "ruled out" if ok else "not ruled out", ok, float(pw), det, eff, int(r.n),
+            required_positions=req,
+            missing_positions=0 if ok else (math.ceil(max(0, req - r.n) * tokens_per_position(r)) if req is not None
+                                            else None),
+            mode=str(MODES[det]),
+        ))
+    return out
+
+
+def as_rule_outs(records: Sequence[RuleOut | Mapping[str, Any]]) -> list[RuleOut]:
+    """:class:`RuleOut` records from a mix of records and stored ``details["rules_out"]`` dicts."""
+    return [r if isinstance(r, RuleOut) else RuleOut.from_dict(r) for r in records]
+
+
+def rules_out_sentence(records: Sequence[RuleOut | Mapping[str, Any]]) -> str:
+    """"rules out int4 weights, fp8 weights; does not rule out int8 weights (power 39%); not tested:
+    truncated sampling; cannot be distinguished at any budget: ..." (parts without classes are left out;
+    the last part, :data:`BELOW_RESOLUTION`, whenever a precision class was tested; "" for no records)."""
+    recs = as_rule_outs(records)
+    yes = [r.label for r in recs if r.status == "ruled out"]
+    no = [f"{r.label} (power {r.power:.0%})" if r.power is not None else r.label
+          for r in recs if r.status == "not ruled out"]
+    nt = [r.label for r in recs if r.status == "not tested"]
+    parts = []
+    if yes:
+        parts.append("rules out " + ", ".join(yes))
+    if no:
+        parts.append("does not rule out " + ", ".join(no))
+    if nt:
+        parts.append("not tested: " + ", ".join(nt))
+    if any(r.question == "precision" and r.status != "not tested" for r in recs):
+        parts.append("cannot be distinguished at any budget: " + BELOW_RESOLUTION)
+    return "; ".join(parts)
+
+
+def not_ruled_out(records: Sequence[RuleOut | Mapping[str, Any]] | None) -> list[RuleOut]:
+    """The tested classes that are not ruled out ([] when every tested class is, or no record)."""
+    return [r for r in as_rule_outs(records or []) if r.status == "not ruled out"]
+
+
+def tokens_to_rule_out(records: Sequence[RuleOut | Mapping[str, Any]] | None) -> int | None:
+    """Extra tokens (≈ positions) that would rule out every tested class: per probe mode, the largest
+    missing positions among the classes whose most powerful detector reads that mode, summed over modes
+    (one mode's probes serve all its classes). 0 when nothing is missing; None when some class
+    cannot be ruled out at any budget the power model reaches (its effect is on the null side)."""
+    per_mode: dict[str, int] = {}
+    for r in not_ruled_out(records):
+        if r.missing_positions is None:
+            return None
+        mode = r.mode or "?"
+        per_mode[mode] = max(per_mode.get(mode, 0), int(r.missing_positions))
+    return int(sum(per_mode.values()))
+
+
+def rules_out_rows(records: Sequence[RuleOut | Mapping[str, Any]] | None) -> list[list[str]]:
+    """Table rows for reports: [class label, question, status, power, deciding detector and positions,
+    positions still missing] per record (stored dicts or :class:`RuleOut`)."""
+    rows = []
+    for r in as_rule_outs(records or []):
+        pw = f"{r.power:.0%}" if r.power is not None else "—"
+        det = f"{r.detector} on {r.n} positions" if r.detector else "no detector of this audit tests it"
+        miss = str(r.missing_positions) if r.status == "not ruled out" and r.missing_positions is not None else (
+            "unreachable" if r.status == "not ruled out" else "—")
+        rows.append([r.label, r.question, r.status, pw, det, miss])
+    return rows
