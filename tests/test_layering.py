@@ -2,7 +2,7 @@
 
 Every ``import`` / ``from ... import`` in the five parts (reference, simulator, probes, auditor,
 dashboard) is read with :mod:`ast` — module-level, function-level and ``TYPE_CHECKING`` ones alike,
-relative imports resolved — and checked against the rules L1–L10 below, which mirror the rule
+relative imports resolved — and checked against the rules L1–L11 below, which mirror the rule
 table in the doc (``test_doc_and_test_list_the_same_rules`` keeps the two in step). L9 is checked
 by importing the light parts in a subprocess where torch and transformers cannot be imported.
 """
@@ -231,6 +231,11 @@ RULES: dict[str, Rule] = {
                     "that loads them, lazily",
              lambda: files_of("auditor"),
              _heavy_eager),
+        Rule("L11", "auditor/verdict/ imports numpy, scipy, the standard library, itself, auditor.detectors and "
+                    "auditor.util only",
+             lambda: [f for f in files_of("auditor") if f.startswith("auditor/verdict/")],
+             lambda i: not (i.top in STDLIB or i.top in {"numpy", "scipy"}
+                            or matches(i.module, ("auditor.verdict", "auditor.detectors", "auditor.util")))),
     )
 }
 
@@ -340,7 +345,8 @@ def test_L9_light_parts_import_without_torch() -> None:
     modules = (
         _modules("probes")
         + _modules("auditor/detectors")
-        + ["auditor.util", "auditor.verdict.decide"]
+        + _modules("auditor/verdict")
+        + ["auditor.util"]
         + _modules("auditor/store", skip=("auditor/store/migrations/",))
     )
     res = _import_walled(modules, {"torch", "transformers", "fastapi", "uvicorn", "streamlit"})

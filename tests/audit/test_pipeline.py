@@ -203,7 +203,7 @@ def test_each_response_is_normalized_once_and_ids_are_written_at_the_end(tiny_en
         for t in toks:  # forget the aligned ids
             t.ref_token_id = None
     # the analysis stages import no normalizer...
-    for mod in ("audit", "observations", "evidence", "scoring", "detection", "summary"):
+    for mod in ("pipeline", "observations", "evidence", "reference_scoring", "run_detectors", "summary"):
         tree = ast.parse((Path(evidence.__file__).parent / f"{mod}.py").read_text())
         names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -248,7 +248,7 @@ def test_floor_measures_the_gain_survival_of_every_competitor_inside_the_band():
 
 
 def test_power_model_predicts_the_count_test_and_bounds_the_weighted_test(monkeypatch):
-    """verdict_power's near-tie model (exact Poisson count test at the audit's mean bound vs flip rate r1)
+    """auditor.verdict.power's near-tie model (exact Poisson count test at the audit's mean bound vs flip rate r1)
     matches the simulated rejection rate of the count test, and lies below the weighted test's (the
     default: a PASS's "rules out greedy-relaxed" errs on the low side)."""
     import auditor.detectors.near_tie as nt

@@ -1,4 +1,4 @@
-"""Prompt-token estimates for responses without ``usage`` (probes/usage_estimate.py)."""
+"""Prompt-token estimates for responses without ``usage`` (auditor/check/usage_estimate.py)."""
 
 from __future__ import annotations
 
