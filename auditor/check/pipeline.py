@@ -76,7 +76,8 @@ from auditor.check.reference_setup import (
     resolve_reference,
 )
 from auditor.check.run_detectors import LOGPROB_TEST_MAX_TEMPERATURE, detect, run_reference_detectors
-from auditor.check.summary import speed_summary, summary_stage
+from auditor.check.stream_timing import speed_summary
+from auditor.check.summary import summary_stage
 from auditor.detectors import DetectorName
 from auditor.report.common import AuditReport, deadline_line
 from auditor.report.render import report_from_store
@@ -110,7 +111,6 @@ __all__ = [
     "run_check",
     "run_reference_detectors",
     "score_observations",
-    "speed_summary",
 ]
 
 #: ``progress`` values: True (rich bars on stderr), a ``callback(stage, done, total)``, or None.
@@ -282,6 +282,7 @@ def run_check(provider_name: str, options: CheckOptions | None = None, /, **over
     opts.validate()
     cfg = provider_config(provider_name, opts.config_path, opts.provider_config)  # 1. plan
     plan = plan_budget(allowed_tests(load_suite_spec(opts.suite), cfg), opts.budget_tokens)
+    impossible = impossible_tests(cfg)  # what the provider's enforced parameters rule out (issue 35 item 4)
     ref = _reference(cfg, opts)  # 2. reference: bad device, chat vs base model, dead vLLM: before any probe
     try:
         try:
@@ -307,7 +308,7 @@ def run_check(provider_name: str, options: CheckOptions | None = None, /, **over
                 pre = preflight_stage(store, rid, cfg, ref.tokenizer, run_requests=more)  # 4. pre-flight, sent with the probes
                 rp = reference_path_stage(store, rid, cfg, ref, run_requests=more)  # 4r. echo on the reference's own continuations
                 return analyze_run(store, rid, cfg, opts, wall_start=t0, reference=ref, preflight=pre,
-                                   reference_path=rp)  # 5.-12.
+                                   reference_path=rp, impossible=impossible)  # 5.-12.
             except KeyboardInterrupt:
                 _set_status(store, rid, "interrupted")
                 raise AuditInterrupted(rid) from None
@@ -350,6 +351,7 @@ def analyze_run(
     reference: ReferenceSetup | None = None,
     preflight: PreflightContext | None = None,
     reference_path: ReferencePath | None = None,
+    impossible: Mapping[str, str] | None = None,
     **overrides: Any,
 ) -> AuditReport:
     """Stages 5–12 of the pipeline on a run whose probes are stored; stores and returns the report.
@@ -365,6 +367,8 @@ def analyze_run(
             runs that stage first.
         reference_path: the run's reference-path feature (stage 4r,
             :func:`auditor.check.reference_path.reference_path_stage`); None runs that stage first.
+        impossible: the tests the provider's enforced parameters make impossible, from the plan stage
+            (:func:`auditor.check.planning.impossible_tests`); None computes them here.
 
     Raises:
         NothingToAuditError: no probe produced tokens (connection/config problem).
@@ -381,14 +385,15 @@ def analyze_run(
     try:
         pre = preflight if preflight is not None else preflight_stage(store, run_id, config, ref.tokenizer)
         rp = reference_path if reference_path is not None else reference_path_stage(store, run_id, config, ref)
-        return _analyze(store, run_id, config, opts, ref, pre, rp, t0)
+        imp = impossible if impossible is not None else impossible_tests(config)
+        return _analyze(store, run_id, config, opts, ref, pre, rp, t0, imp)
     finally:
         if reference is None:
             ref.close()  # teardown of the reference set up here
 
 
 def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptions, ref: ReferenceSetup,
-             pre: PreflightContext, rp: ReferencePath, t0: float) -> AuditReport:
+             pre: PreflightContext, rp: ReferencePath, t0: float, impossible: Mapping[str, str]) -> AuditReport:
     """Stages 5–12: body of :func:`analyze_run` once the reference (``ref``) and the pre-flight
     (``pre``) are there. Each stage module is called in turn and not again."""
     from auditor.check.measured_floors import floor_is_cached, floor_memory_need, get_floors
@@ -429,7 +434,8 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
     ev = evidence_stage(observations, scored, tokenizer, api=config.api, tokenizer_is_claimed=ref.tokenizer_is_claimed)
     results = _with_reference_path(detect(ev.batches, floors, observations, tokenizer, seed=opts.seed,
                                           self_batch=ev.self_batch), rp)
-    # 10. verdict, read with the speculation fingerprint of the run's streams (rule 4, issue 37 item 8)
+    # 9s. stream timing; 10. verdict, read with the speculation fingerprint of the run's streams (rule 4,
+    # issue 37 item 8)
     ref0 = next(iter(ref.scorers), ref.dtype_label)
     speed = speed_summary(store, run_id)
     verdict = decide_verdict([*results, *pre.detector_results], opts.alpha,
@@ -438,7 +444,7 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
                              tokenizer_mismatch=ev.tokenizer_mismatch, speculation=speed.get("speculation"),
                              **_with_excluded(pre.verdict_kwargs, excluded))
     verdict = _mark_not_tested(verdict, ref)
-    verdict = _mark_impossible(verdict, impossible_tests(config))
+    verdict = _mark_impossible(verdict, impossible)
     # 11. summary
     summary, tokens_extra = summary_stage(store, run_id, verdict.results, floors, ref0, observations, ev.n_positions,
                                           speed=speed)
