@@ -51,8 +51,8 @@ def test_stored_answers_and_headline_are_what_the_report_renders(tmp_path) -> No
             assert d["questions"] == [q.to_dict() for q in rep.questions]
             assert d["headline"] == rep.headline
             text = _text(rep)
-            for q in d["questions"]:  # the text report prints the same answer and why
-                assert f"{q['question']} {q['answer']} — {q['evidence']}" in text
+            for q in d["questions"]:  # the text report prints the same answer in plain words, and why below
+                assert f"{q['question']} {q['answer']} — {q['plain']}" in text and q["evidence"] in text
             assert f"In plain words: {d['headline']}" in text
             verdicts.add(rep.verdict)
     store.close()
