@@ -124,3 +124,17 @@ def real_lm():
     from reference.models import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def peaked_lm(tiny_lm):
+    """The tiny model with peaked distributions (final norm × 4, like a real model's), as a LoadedModel."""
+    import copy
+
+    from reference.models import LoadedModel
+
+    m = copy.deepcopy(tiny_lm.model)
+    with torch.no_grad():
+        m.model.norm.weight.mul_(4.0)
+    return LoadedModel(model=m, tokenizer=tiny_lm.tokenizer, name="tiny-peaked", path="<tiny-peaked>",
+                       revision="tiny-peaked", dtype=torch.float32, device=torch.device("cpu"))

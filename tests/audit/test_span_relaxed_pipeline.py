@@ -9,33 +9,19 @@ positions for rule 6s's Fisher test to show the span is where they are — see t
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-import torch
 
 from auditor.check.pipeline import run_check
 
 from .conftest import SimFactory, providers_toml
 
 
-@pytest.fixture(scope="module")
-def peaked(tiny_lm):
-    from reference.models import LoadedModel
-
-    m = copy.deepcopy(tiny_lm.model)
-    with torch.no_grad():
-        m.model.norm.weight.mul_(4.0)
-    return LoadedModel(model=m, tokenizer=tiny_lm.tokenizer, name="tiny-peaked", path="<tiny-peaked>",
-                       revision="tiny-peaked", dtype=torch.float32, device=torch.device("cpu"))
-
-
 @pytest.fixture
-def span_env(tmp_path, peaked, small_floors, monkeypatch):
+def span_env(tmp_path, peaked_lm, small_floors, monkeypatch):
     from auditor.check import pipeline as audit
 
-    monkeypatch.setitem(audit._MODELS, ("peaked-ref", "float32"), peaked)
-    sims = SimFactory(peaked, "peaked")
+    monkeypatch.setitem(audit._MODELS, ("peaked-ref", "float32"), peaked_lm)
+    sims = SimFactory(peaked_lm, "peaked")
     urls = {"sim-synthetic": sims.url("synthetic-acceptance:3", drafter="self:1")}
     toml = providers_toml(urls, "peaked", reference="peaked-ref")
     (tmp_path / "providers.toml").write_text(toml)

@@ -8,22 +8,7 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-import torch
-
-
-@pytest.fixture(scope="session")
-def peaked_lm(tiny_lm):
-    """A tiny model with peaked distributions (see module doc), as a LoadedModel."""
-    from reference.models import LoadedModel
-
-    m = copy.deepcopy(tiny_lm.model)
-    with torch.no_grad():
-        m.model.norm.weight.mul_(4.0)
-    return LoadedModel(model=m, tokenizer=tiny_lm.tokenizer, name="tiny-peaked", path="<tiny-peaked>",
-                       revision="tiny-peaked", dtype=torch.float32, device=torch.device("cpu"))
 
 
 @pytest.fixture
