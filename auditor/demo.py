@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from reference.loopback import free_port
 
 __all__ = ["DEMO_BUDGET_TOKENS", "DEMO_PROFILES", "EXPECTED", "DemoError", "DemoResult", "SimulatorProcess", "render_demo_table", "run_demo"]
 
@@ -57,12 +58,6 @@ class DemoError(RuntimeError):
     exit_code = 3
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 class SimulatorProcess:
     """One ``auditor serve`` subprocess on loopback (its own process group, log file in ``log_dir``).
 
@@ -75,7 +70,7 @@ class SimulatorProcess:
                  extra_args: list[str] | None = None):
         self.profile = profile
         self.host = host
-        self.port = port or _free_port(host)
+        self.port = port or free_port(host)
         self.log_path = Path(log_dir) / f"serve-{profile}.log"
         self.extra_args = list(extra_args or [])
         self.proc: subprocess.Popen | None = None

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from reference.loopback import free_port
+
 _BODY = json.dumps(
     {
         "id": "bench",
@@ -69,12 +71,6 @@ def _serve(port: int) -> None:
     import uvicorn
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="auto", loop="auto")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_up(port: int, timeout_s: float = 20.0) -> None:
@@ -160,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in ("plain", "stream") for m in modes):
         ap.error(f"--modes {args.modes!r}: use plain, stream or plain,stream")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], env={**os.environ, "PYTHONUNBUFFERED": "1"})
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     try:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from reference.loopback import free_port
 
 MODEL = "gemma-3-270m"
 TRUSTED_NAME = "gemma-3-270m-trusted"
@@ -57,13 +58,6 @@ EXPECTED = {
     "substituted": "SUBSTITUTION",
 }
 AGREEMENT_MAX_NATS = 1e-4
-
-
-def free_port() -> int:
-    """An unused loopback TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Sim:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
-import socket
 import threading
 import time
 import uuid
@@ -45,6 +44,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from reference.loopback import free_port
 from simulator.engine import REASONING_CLOSE, REASONING_OPENER, ChoiceResult, SimulatorEngine, TokenInfo
 from simulator.faults import FaultInjector
 from simulator.profiles import Profile, get_profile
@@ -1055,13 +1055,6 @@ def _completion_stream(sim: SimulatorApp, req: CompletionRequest, plan: _Complet
 
     return sim.stream_jobs([dict(j) for j in plan.jobs], make_chunk, make_final,
                            usage_fn if include_usage else None, preface)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """An unused TCP port on ``host`` (loopback by default)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class ServerThread:

@@ -104,8 +104,9 @@ def serve_cmd(
 
     import uvicorn
 
+    from reference.loopback import free_port
     from reference.models import ModelNotAvailableError
-    from simulator.server import create_app, free_port, parse_enforce
+    from simulator.server import create_app, parse_enforce
 
     sim_log = logging.getLogger("simulator")  # model build progress (quantization) on stderr
     if not sim_log.handlers:

@@ -27,7 +27,7 @@ def tiny_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
     """A providers file with an honest tiny simulator ('sim') and a dead port ('dead'); the reference
     'tiny-ref' resolves to the tiny model."""
     from auditor.check import pipeline as audit
-    from simulator.server import free_port
+    from reference.loopback import free_port
 
     monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
     url = tiny_sims.url("honest-fp32")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from reference.loopback import free_port
 from tests.server_process import stop_process, wait_until_up
 
 CHROMIUM = "/usr/bin/chromium"
@@ -37,17 +37,11 @@ pytestmark = [
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def dashboard_server(seeded, tmp_path):
     """`python -m auditor dashboard --db URL --port P` in a subprocess; yields the base URL."""
     url, _ = seeded
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "streamlit.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "auditor", "dashboard", "--db", url, "--port", str(port)],
@@ -148,7 +142,7 @@ def test_hostile_provider_text_is_shown_as_text_on_every_page(dashboard_server, 
 def dashboard_off_loopback(seeded, tmp_path):
     """`auditor dashboard --host 0.0.0.0` with a known token (from the environment); yields (base URL, token)."""
     url, _ = seeded
-    port = _free_port()
+    port = free_port()
     token = "browser-test-token-0123456789"
     log = open(tmp_path / "streamlit.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(

@@ -64,7 +64,7 @@ def gguf_path() -> Path:
 @pytest.fixture(scope="session")
 def llama_server(gguf_path, tmp_path_factory) -> Iterator[str]:
     """Base URL (``http://127.0.0.1:PORT/v1``) of a llama.cpp server for the session."""
-    from simulator.server import free_port
+    from reference.loopback import free_port
 
     port = free_port()
     log = tmp_path_factory.mktemp("llama") / "server.log"

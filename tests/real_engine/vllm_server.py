@@ -137,7 +137,7 @@ class VLLMServer:
     """
 
     def __init__(self, variant: str, *, log: Path, port: int | None = None, startup_timeout_s: float = 900) -> None:
-        from simulator.server import free_port
+        from reference.loopback import free_port
 
         self.variant = variant
         self.port = port or free_port()

@@ -37,7 +37,7 @@ def test_serve_process_answers_official_client(tiny_lm, tmp_path):
     """`auditor serve --profile relaxed-threshold` in its own process, on a free loopback port."""
     from openai import OpenAI
 
-    from simulator.server import free_port
+    from reference.loopback import free_port
 
     d = tmp_path / "tiny"
     tiny_lm.model.save_pretrained(d)
