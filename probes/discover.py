@@ -268,6 +268,14 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
                 b.pop(p, None)
             return b
 
+        def on_open_prompt(body: dict[str, Any], alternatives: int) -> dict[str, Any]:
+            """``body`` (changed in place) on the open prompt ``_RANDOM_PROMPT``, asking for ``alternatives``
+            top_logprobs when above 0."""
+            if alternatives > 0:
+                body.update({"logprobs": True, "top_logprobs": alternatives} if chat else {"logprobs": alternatives})
+            body.update({"messages": [{"role": "user", "content": _RANDOM_PROMPT}]} if chat else {"prompt": _RANDOM_PROMPT})
+            return body
+
         # logprobs and the alternatives cap
         lp_ok, cap, status, note = False, 0, None, ""
         for k in (20, 5):
@@ -296,13 +304,7 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
         # server's sample); the n = 2 request and c run at the same time: the plain-request
         # overlap test, neither of which needs a reproducible sample.
         # enforced parameters, 2: is temperature 0 honoured? (two greedy answers on an open prompt)
-        greedy = base(max_tokens=16)
-        if lp_ok and cap:
-            greedy.update({"logprobs": True, "top_logprobs": min(cap, 5)} if chat else {"logprobs": min(cap, 5)})
-        if chat:
-            greedy["messages"] = [{"role": "user", "content": _RANDOM_PROMPT}]
-        else:
-            greedy["prompt"] = _RANDOM_PROMPT
+        greedy = on_open_prompt(base(max_tokens=16), min(cap, 5))  # cap > 0 only when logprobs work
         g1 = await ask(greedy, "a temperature-0 request")
         g2 = await ask(greedy, "a temperature-0 request")
         below = [x for x in (_below_own_top1(cfg, g1), _below_own_top1(cfg, g2)) if x is not None]
@@ -319,14 +321,8 @@ async def _discover(config: ProviderConfig, rep: DiscoveryReport, transport: htt
             rep.checks.append(CapabilityCheck("temperature_0", not t_over, not t_over,
                                               det + ("; the provider replaces temperature 0" if t_over else ""), g2.http_status))
 
-        body = base(temperature=1.0, seed=12345, max_tokens=16)
-        k_conv = min(cap, 5)
-        if k_conv > 0:  # the sampled answers also show the logprob convention (issue 40)
-            body.update({"logprobs": True, "top_logprobs": k_conv} if chat else {"logprobs": k_conv})
-        if chat:
-            body["messages"] = [{"role": "user", "content": _RANDOM_PROMPT}]
-        else:
-            body["prompt"] = _RANDOM_PROMPT
+        k_conv = min(cap, 5)  # the sampled answers also show the logprob convention (issue 40)
+        body = on_open_prompt(base(temperature=1.0, seed=12345, max_tokens=16), k_conv)
         a = await ask(body, "a seeded request")
         b = await ask(body, "a seeded request")
         n_cut, c_cut, res, c = await pair(base(n=2, temperature=1.0, max_tokens=16),
