@@ -23,8 +23,9 @@ from typing import Any
 
 import typer
 
-from auditor.cli.common import DB_HELP, fail
 from auditor.cli.common import console as out_console
+from auditor.cli.common import fail
+from auditor.cli.options import DbOption
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -52,7 +53,7 @@ def calibrate_cmd(
     out_arg: str = typer.Option(
         "docs", "--out", help="Directory for calibration.json/.md/.png (empty string: do not write)."
     ),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    db: DbOption = None,
     store: bool = typer.Option(True, "--store/--no-store", help="Store the cells in calibration_results."),
     model: str | None = typer.Option(None, "--model", help="Reference model (default: the bundled SmolLM2-135M)."),
     alpha: float = typer.Option(0.05, "--alpha", min=1e-6, max=0.5, help="Family-wise level of each audit."),
@@ -299,7 +300,7 @@ def plan_cmd(
     target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | any (every calibrated deviation class)."),
     power: float = typer.Option(0.95, "--power", min=0.01, max=0.999, help="Wanted power (rejection rate)."),
     config: str | None = typer.Option(None, "--config", help="providers.toml path."),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    db: DbOption = None,
     calibration: Path | None = typer.Option(
         None, "--calibration", help="Calibration JSON to read instead of the database / docs/calibration.json."
     ),

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from auditor.cli.common import DEBUG_HELP, internal_error, internal_errors
 from auditor.cli.common import console as out_console
+from auditor.cli.common import internal_error, internal_errors
+from auditor.cli.options import CheckConfigOption, CheckDbOption, DebugFlag, ProviderOption, SuiteOption
 
 if TYPE_CHECKING:  # pragma: no cover
     from auditor.check.errors import AuditError
@@ -84,14 +85,14 @@ def _emit(text: str, output: Path | None, fmt: str = "") -> None:
 
 
 def check_cmd(
-    provider: str = typer.Option(..., "--provider", "-p", help="Provider name in providers.toml."),
-    suite: str = typer.Option("default", "--suite", "-s", help="Packaged suite name or a suite .json file."),
+    provider: ProviderOption,
+    suite: SuiteOption = "default",
     budget_tokens: str | None = typer.Option(None, "--budget-tokens", help="Cap on planned completion tokens (default: the whole suite), or 'auto': probe in rounds and stop once decisive (auditor/check/auto_budget.py)."),
     alpha: float = typer.Option(0.05, "--alpha", help="Family-wise significance level (Holm across detectors)."),
     json_path: Path | None = typer.Option(None, "--json", help="Also write the JSON report to PATH."),
     fmt: str = typer.Option("text", "--format", "-f", help="Output on stdout: text | json | markdown | junit."),
-    db: str | None = typer.Option(None, "--db", help="Database URL (default $AUDITOR_DB_URL or the user data dir SQLite file)."),
-    config: Path | None = typer.Option(None, "--config", "-c", help="providers.toml (default ./providers.toml or the user config dir)."),
+    db: CheckDbOption = None,
+    config: CheckConfigOption = None,
     resume: str | None = typer.Option(None, "--resume", help="Continue the interrupted audit RUN_ID."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars on stderr while probing and scoring."),
     seed: int = typer.Option(0, "--seed", help="Seed of the detectors' randomization (recorded with the run)."),
@@ -99,7 +100,7 @@ def check_cmd(
     dtype: str | None = typer.Option(None, "--dtype", help="Reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16, or the reference table's)."),
     resolve_cause: bool = typer.Option(False, "--resolve-cause/--stop-at-rejection", help="With --budget-tokens auto: after a rejection whose cause is not established (QUANTIZATION_OR_SUBSTITUTION, or a QUANTIZATION named as the milder cause), keep probing up to the cap to tell quantization from another model (default: stop at the first rejection; the precision answer is 'no' either way)."),
     deadline: float | None = typer.Option(None, "--deadline", help="Seconds the audit's requests may take in all (default: the provider's audit_deadline_s, 3600); past it the audit ends with what it has collected and says so."),
-    debug: bool = typer.Option(False, "--debug", help=DEBUG_HELP),
+    debug: DebugFlag = False,
 ) -> None:
     """Audit a provider: probe it, compare with the reference, print the verdict and the evidence.
 
@@ -180,7 +181,7 @@ def report_cmd(
     window_days: float = typer.Option(7.0, "--window-days", help="With --provider: audits started within this many days before the provider's newest audit count."),
     fmt: str = typer.Option("markdown", "--format", "-f", help="markdown | json | junit | text."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write to PATH instead of stdout."),
-    db: str | None = typer.Option(None, "--db", help="Database URL (default $AUDITOR_DB_URL or the user data dir SQLite file)."),
+    db: CheckDbOption = None,
 ) -> None:
     """Re-render a stored audit (Markdown for a procurement file, JSON, JUnit XML or text), or with
     --provider the provider's combined standing over the newest audit of each suite."""
@@ -224,7 +225,7 @@ def demo_cmd(
     json_path: Path | None = typer.Option(None, "--json", help="Write the list of the JSON reports to PATH."),
     suite: str = typer.Option("default", "--suite", "-s", help="Probe suite for every audit."),
     budget_tokens: int = typer.Option(800, "--budget-tokens", min=1, help="Cap on planned completion tokens per audit (the default suite plans ~1.7k)."),
-    db: str | None = typer.Option(None, "--db", help="Database URL (default $AUDITOR_DB_URL or the user data dir SQLite file)."),
+    db: CheckDbOption = None,
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars on stderr."),
 ) -> None:
     """Start three simulators (honest-bf16, int4, relaxed-threshold) on loopback, audit each, compare."""

@@ -1,4 +1,5 @@
-"""Helpers shared by the command modules: the usage-error exit, the internal-error exit and the rich console."""
+"""Helpers shared by the command modules: the usage-error exit, the internal-error exit and the rich console
+(the options several commands declare alike: :mod:`auditor.cli.options`)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,7 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["CONFIG_HELP", "DB_HELP", "DEBUG_HELP", "PIPE_WIDTH", "console", "fail", "internal_error", "internal_errors",
-           "positive_ints"]
-
-CONFIG_HELP = "Providers file (default: ./providers.toml, then the user config dir)."
-DB_HELP = "Database URL (SQLAlchemy) or SQLite path; default $AUDITOR_DB_URL or the user data dir file."
-DEBUG_HELP = ("On an internal error (exit 4) print the traceback on stderr instead of writing it to a log file "
-              "($SPEC_AUDITOR_LOG_DIR, $SPEC_AUDITOR_HOME/logs or the user log dir).")
+__all__ = ["PIPE_WIDTH", "console", "fail", "internal_error", "internal_errors", "positive_ints"]
 
 
 def internal_error(exc: BaseException, command: str, *, debug: bool = False) -> typer.Exit:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import typer
 
-DB_OPTION_HELP = "Database URL (SQLAlchemy); default $AUDITOR_DB_URL or the user data dir SQLite file."
-
+from auditor.cli.options import MigrationDbOption
 
 db_app = typer.Typer(help="Audit database: migrations and status.", no_args_is_help=True)
 
@@ -19,7 +18,7 @@ db_app = typer.Typer(help="Audit database: migrations and status.", no_args_is_h
 @db_app.command("upgrade")
 def upgrade_cmd(
     revision: str = typer.Argument("head", help="Target revision (default: head)."),
-    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+    db: MigrationDbOption = None,
 ) -> None:
     """Run migrations up to REVISION (default head)."""
     from auditor.store import db as sdb
@@ -39,7 +38,7 @@ def upgrade_cmd(
 @db_app.command("downgrade")
 def downgrade_cmd(
     revision: str = typer.Argument("-1", help="Target revision: 'base' drops every table, '-1' one step."),
-    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+    db: MigrationDbOption = None,
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation when going to base."),
 ) -> None:
     """Undo migrations down to REVISION (default: one step back). Data in dropped tables is lost."""
@@ -65,7 +64,7 @@ def downgrade_cmd(
 
 
 @db_app.command("current")
-def current_cmd(db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP)) -> None:
+def current_cmd(db: MigrationDbOption = None) -> None:
     """Print the database URL, its revision and the newest revision shipped (head)."""
     from auditor.store import db as sdb
 

@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from auditor.cli.common import console, fail
+from auditor.cli.options import JsonFlag
 
 
 def _bytes_list(b: bytes | None) -> list[int] | None:
@@ -81,7 +82,7 @@ debug_app = typer.Typer(help="Tools to reproduce a provider's odd answer.", no_a
 @debug_app.command("normalize")
 def debug_normalize(
     file: Path = typer.Argument(..., help="A case file (../shared/cases format), a raw JSON body, or a raw SSE body."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: JsonFlag = False,
     api: str = typer.Option("chat", "--api", help="API of a raw body: chat or completions (case files carry their own)."),
     stream: bool = typer.Option(False, "--stream", help="A raw body is an SSE stream (case files carry their own)."),
 ) -> None:

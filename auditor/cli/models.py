@@ -7,6 +7,7 @@ import json
 import typer
 
 from auditor.cli.common import console as out_console
+from auditor.cli.options import JsonFlag
 
 models_app = typer.Typer(help="Reference models: pull a bundled model, list what is cached.", no_args_is_help=True)
 
@@ -50,7 +51,7 @@ def pull(
 
 
 @models_app.command("list")
-def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def list_(as_json: JsonFlag = False) -> None:
     """Show the models available locally and where they live."""
     from reference.models import list_models, model_cache_dir
 

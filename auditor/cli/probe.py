@@ -14,27 +14,23 @@ unfinished run of the same provider and suite, if any. Exit codes: 0 all probes 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import typer
 
 from auditor.cli.common import console as out_console
+from auditor.cli.options import CheckConfigOption, CheckDbOption, ProgressFlag, ProviderOption, SuiteOption
 
 
 def probe_cmd(
-    provider: str = typer.Option(..., "--provider", "-p", help="Provider name in providers.toml."),
-    suite: str = typer.Option("default", "--suite", "-s", help="Packaged suite name or a suite .json file."),
-    config: Path | None = typer.Option(
-        None, "--config", "-c", help="providers.toml (default ./providers.toml or the user config dir)."
-    ),
-    db: str | None = typer.Option(
-        None, "--db", help="Database URL (default $AUDITOR_DB_URL or the user data dir SQLite file)."
-    ),
+    provider: ProviderOption,
+    suite: SuiteOption = "default",
+    config: CheckConfigOption = None,
+    db: CheckDbOption = None,
     resume: str | None = typer.Option(None, "--resume", help="Continue run RUN_ID (pending probes only)."),
     new: bool = typer.Option(False, "--new", help="Start a new run even if an unfinished one exists."),
     concurrency: int | None = typer.Option(None, "--concurrency", min=1, help="Override rate_limits.concurrency."),
     max_attempts: int | None = typer.Option(None, "--max-attempts", min=1, help="Override retry.max_attempts."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (stderr)."),
+    progress: ProgressFlag = True,
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="When resuming, also resend probes that failed after all retries."
     ),

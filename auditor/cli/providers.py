@@ -11,21 +11,24 @@ failed other than by the server refusing an option, with its status and the serv
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import typer
 
-from auditor.cli.common import CONFIG_HELP, console, fail
+from auditor.cli.common import console, fail
+from auditor.cli.options import ConfigOption, JsonFlag
+
+#: The NAME argument of ``providers show`` and ``providers probe``.
+_NAME_ARG = typer.Argument(..., help="Provider name ([providers.NAME]).")
 
 providers_app = typer.Typer(help="Provider endpoints from providers.toml: list, show, probe capabilities.", no_args_is_help=True)
 
 
 @providers_app.command("list")
 def providers_list(
-    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+    config: ConfigOption = None,
     example: bool = typer.Option(False, "--example", help="Print an example providers.toml and exit."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: JsonFlag = False,
 ) -> None:
     """List the configured providers (the API key is never shown; only whether its env var is set)."""
     import os
@@ -81,9 +84,9 @@ def providers_list(
 
 @providers_app.command("show")
 def providers_show(
-    name: str = typer.Argument(..., help="Provider name ([providers.NAME])."),
-    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    name: str = _NAME_ARG,
+    config: ConfigOption = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Show one provider's full configuration (defaults filled in; secrets redacted)."""
     from probes.config import ConfigError, get_provider
@@ -109,10 +112,10 @@ def providers_show(
 
 @providers_app.command("probe")
 def providers_probe(
-    name: str = typer.Argument(..., help="Provider name ([providers.NAME])."),
-    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+    name: str = _NAME_ARG,
+    config: ConfigOption = None,
     write: bool = typer.Option(False, "--write", help="Save the discovered capabilities into the providers file."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: JsonFlag = False,
 ) -> None:
     """Discover capabilities by asking (enforced or rejected sampling parameters, top_logprobs 20→5, n=2, seed,
     echo, stream); ~12 tiny requests."""

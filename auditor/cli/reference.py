@@ -13,6 +13,7 @@ import json
 
 import typer
 
+from auditor.cli.options import JsonFlag
 from reference import DEFAULT_MODEL
 
 EXIT_USAGE = 3
@@ -39,12 +40,12 @@ _MODEL_OPT = typer.Option(DEFAULT_MODEL, "--model", help="smollm2-135m-instruct 
 _DTYPE_OPT = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16")
 _DEVICE_OPT = typer.Option("auto", "--device", help="auto (CUDA when available) | cpu | cuda | cuda:N")
 _DEVICE_MAP_OPT = typer.Option(None, "--device-map", help="auto: spread the model over every visible GPU.")
-_JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
+_PROMPT_OPT = typer.Option(..., "--prompt", help="Prompt text.")
 
 
 @ref_app.command("generate")
 def generate(
-    prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
+    prompt: str = _PROMPT_OPT,
     chat: bool = typer.Option(False, "--chat", help="Apply the chat template (as a chat completions server)."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="Maximum generated tokens."),
     drafter: str = typer.Option("none", "--drafter", help="none | ngram[:MIN:MAX] | suffix[:MIN:MAX] | self:L | model:PATH"),
@@ -58,7 +59,7 @@ def generate(
     dtype: str = _DTYPE_OPT,
     device: str = _DEVICE_OPT,
     device_map: str = _DEVICE_MAP_OPT,
-    as_json: bool = _JSON_OPT,
+    as_json: JsonFlag = False,
 ) -> None:
     """Generate with (speculative) decoding; prints tokens and speed statistics."""
     from reference.drafter_specs import make_drafter
@@ -96,7 +97,7 @@ def generate(
 
 @ref_app.command("score")
 def score(
-    prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
+    prompt: str = _PROMPT_OPT,
     continuation: str = typer.Option(..., "--continuation", help="Continuation text to teacher-force."),
     chat: bool = typer.Option(False, "--chat", help="Apply the chat template to the prompt."),
     top_k: int = typer.Option(5, "--top-k", min=0, help="Alternatives per position."),
@@ -104,7 +105,7 @@ def score(
     dtype: str = _DTYPE_OPT,
     device: str = _DEVICE_OPT,
     device_map: str = _DEVICE_MAP_OPT,
-    as_json: bool = _JSON_OPT,
+    as_json: JsonFlag = False,
 ) -> None:
     """Teacher-forced logprobs of a continuation after a prompt (one forward pass)."""
     from reference.scoring import encode_prompt, score_continuations

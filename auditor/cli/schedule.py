@@ -14,8 +14,9 @@ from typing import Any
 
 import typer
 
-from auditor.cli.common import DB_HELP, DEBUG_HELP, fail, internal_errors
 from auditor.cli.common import console as out_console
+from auditor.cli.common import fail, internal_errors
+from auditor.cli.options import DbOption, DebugFlag
 
 
 def _open(db: str | None) -> Any:
@@ -80,7 +81,7 @@ def add_cmd(
     ),
     config: str | None = typer.Option(None, "--config", help="providers.toml to validate --provider against."),
     force: bool = typer.Option(False, "--force", help="Accept a provider name that no config or run knows."),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    db: DbOption = None,
 ) -> None:
     """Add a recurring audit of PROVIDER every EVERY."""
     import datetime as dt
@@ -128,7 +129,7 @@ def add_cmd(
 
 
 @schedule_app.command("list")
-def list_cmd(db: str | None = typer.Option(None, "--db", help=DB_HELP)) -> None:
+def list_cmd(db: DbOption = None) -> None:
     """List schedules with their last and next run."""
     from rich.table import Table
 
@@ -162,7 +163,7 @@ def list_cmd(db: str | None = typer.Option(None, "--db", help=DB_HELP)) -> None:
 @schedule_app.command("remove")
 def remove_cmd(
     schedule_id: int = typer.Argument(..., help="Schedule id (see `auditor schedule list`)."),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    db: DbOption = None,
 ) -> None:
     """Remove schedule ID."""
     from auditor.watch.scheduler import remove_schedule
@@ -185,8 +186,8 @@ def run_cmd(
         None, "--webhook", help="POST verdict-change alerts as JSON here (default $AUDITOR_WEBHOOK_URL)."
     ),
     poll: float = typer.Option(60.0, "--poll", min=1.0, help="Longest sleep between passes, seconds."),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
-    debug: bool = typer.Option(False, "--debug", help=DEBUG_HELP),
+    db: DbOption = None,
+    debug: DebugFlag = False,
 ) -> None:
     """Run due audits: a long-running scheduler (Ctrl+C to stop) or one pass with --once.
 
@@ -252,7 +253,7 @@ def feed_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve (loopback by default)."),
     provider: str | None = typer.Option(None, "--provider", help="Only this provider's changes."),
     limit: int = typer.Option(100, "--limit", min=1, help="Newest N changes."),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    db: DbOption = None,
 ) -> None:
     """Atom feed of verdict changes: print it, write it to a file (--output) or serve it (--serve)."""
     from auditor.watch.feed import feed_from_store, make_feed_server, write_feed

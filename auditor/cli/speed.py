@@ -18,23 +18,24 @@ from pathlib import Path
 
 import typer
 
-from auditor.cli.common import CONFIG_HELP, DB_HELP, fail, positive_ints
 from auditor.cli.common import console as out_console
+from auditor.cli.common import fail, positive_ints
+from auditor.cli.options import CONFIG_HELP, DbOption, ProgressFlag, ProviderOption
 
 
 def speed_cmd(
-    provider: str = typer.Option(..., "--provider", "-p", help="Provider name in providers.toml."),
+    provider: ProviderOption,
     workloads: str = typer.Option("code,math,chat,repetition", "--workloads", help="Comma-separated workload suites."),
     concurrency: str = typer.Option("1,4,16", "--concurrency", help="Concurrency levels (capped by the provider's rate_limits.concurrency)."),
     requests_per_cell: int | None = typer.Option(None, "--requests-per-cell", min=2, help="Requests per cell at least (default 4; a cell sends at least its concurrency level)."),
     max_tokens: int = typer.Option(64, "--max-tokens", min=8, max=4096, help="Completion tokens per request."),
     budget_tokens: int | None = typer.Option(None, "--budget-tokens", min=1, help="Cap on prompt + completion tokens; requests per cell shrink to fit."),
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    db: DbOption = None,
     store: bool = typer.Option(True, "--store/--no-store", help="Store the run (kind 'speed')."),
     logprobs: bool | None = typer.Option(None, "--logprobs/--no-logprobs", help="Ask logprobs for exact tokens per chunk (default: the provider's capability)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (stderr)."),
+    progress: ProgressFlag = True,
 ) -> None:
     """Measure speed per workload and load; fingerprint speculation in each cell."""
     from rich.console import Console

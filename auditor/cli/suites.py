@@ -14,12 +14,13 @@ from typing import Any
 import typer
 
 from auditor.cli.common import console, fail
+from auditor.cli.options import JsonFlag
 
 suites_app = typer.Typer(help="Probe suites shipped with the package.", no_args_is_help=True)
 
 
 @suites_app.command("list")
-def suites_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def suites_list(as_json: JsonFlag = False) -> None:
     """List the shipped suites with their version, size and token budget."""
     from probes.suites import list_suites, load_suite
 
