@@ -203,7 +203,7 @@ def run_demo(
         DemoResult.
 
     Raises:
-        DemoError: a simulator did not start. auditor.check.pipeline.AuditError: an audit failed.
+        DemoError: a simulator did not start. auditor.check.errors.AuditError: an audit failed.
     """
     from auditor.check.pipeline import run_check
     from auditor.report.render import render_json

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from auditor.check.pipeline import run_reference_detectors
+from auditor.check.run_detectors import run_reference_detectors
 from auditor.detectors import DetectorName, EvidenceBatch
 from auditor.verdict.decide import DEFAULT_POWER, Verdict, decide_verdict
 from auditor.verdict.power import power_effect
@@ -52,7 +52,7 @@ MODES = ("greedy", "logprob", "sampling")
 
 @dataclass(frozen=True)
 class AuditMix:
-    """How an audit of B planned tokens is spent, per probe mode (as ``auditor.check.pipeline.plan_budget`` does).
+    """How an audit of B planned tokens is spent, per probe mode (as ``auditor.check.planning.plan_budget`` does).
 
     Attributes:
         name: mix name (``default`` = the default suite's proportions).
@@ -152,7 +152,7 @@ class AuditDraw:
 class AuditDrawer:
     """Draws one audit's requests from a pool, incrementally: ``extend_to(B)`` grows the same audit.
 
-    Budget semantics are ``auditor check --budget-tokens``'s (``auditor.check.pipeline.plan_budget``): a
+    Budget semantics are ``auditor check --budget-tokens``'s (``auditor.check.planning.plan_budget``): a
     request is charged its ``max_tokens`` whatever it returns, requests are added while they fit,
     always to the mode furthest below its share of the budget. Temperature-0 requests (greedy,
     logprob) come from one random permutation of the pool's T=0 items, each prompt at most once (at
@@ -316,7 +316,7 @@ def audit_verdict(
 ) -> Verdict:
     """Per-position evidence → detector results → verdict, exactly as ``auditor check`` decides.
 
-    Calls the pipeline's ``auditor.check.pipeline.run_reference_detectors`` (every detector against every
+    Calls the pipeline's ``auditor.check.run_detectors.run_reference_detectors`` (every detector against every
     honest reference precision with that precision's noise floor, combined as an
     intersection–union test: per detector the nearest reference's result) and then
     ``auditor.verdict.decide.decide_verdict`` with the floor of the reference nearest in

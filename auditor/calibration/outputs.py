@@ -46,8 +46,8 @@ METHOD_MD = """## Method
   keyed by model revision, profile recipe (a recording's sha256), suite versions/digests and pool configuration.
 - **Audits**: each audit draws requests without replacement in the default suite's proportions,
   charging each request its `max_tokens` exactly like `auditor check --budget-tokens`
-  (`auditor.check.pipeline.plan_budget`), and decides with the pipeline's own functions
-  (`auditor.check.pipeline.run_reference_detectors`: every detector against the reference with its noise
+  (`auditor.check.planning.plan_budget`), and decides with the pipeline's own functions
+  (`auditor.check.run_detectors.run_reference_detectors`: every detector against the reference with its noise
   floor — intersection–union when several precisions are configured; then Holm and the rules of `auditor.verdict.decide`).
 - **Intervals**: Clopper–Pearson 95% for the rejection rate. Audits resample one finite pool per
   profile; at large budgets they share requests, so the interval understates pool-to-pool spread.

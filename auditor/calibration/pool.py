@@ -45,7 +45,7 @@ POOL_FORMAT = 3
 #: Reference top-K kept per position, and provider alternatives kept (OpenAI's maximum).
 REF_TOP_K = 20
 PROVIDER_TOP_N = 20
-#: Teacher-forcing batch size of the pipeline (``auditor.check.pipeline.SCORE_BATCH_SIZE``).
+#: Teacher-forcing batch size of the pipeline (``auditor.check.reference_scoring.SCORE_BATCH_SIZE``).
 SCORE_BATCH_SIZE = 8
 #: Suites whose prompts make up the pools (distinct prompts; the default suite first).
 POOL_SUITES = ("default", "chat", "code", "math", "repetition")

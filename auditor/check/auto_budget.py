@@ -543,7 +543,7 @@ def run_sequential_check(
 ) -> tuple[AuditReport, SequentialAudit]:
     """``auditor check --budget-tokens auto``: probe in rounds and stop once the evidence is decisive.
 
-    Each look k plans the suite cut to the look's token count (``auditor.check.pipeline.plan_budget``, kept
+    Each look k plans the suite cut to the look's token count (``auditor.check.planning.plan_budget``, kept
     a superset of what was already sent), sends only the new requests (the same run, resumed), and
     re-analyses all evidence with ``auditor.check.pipeline.run_check`` at the look's spent level α_k; the
     :class:`SequentialAudit` decides whether to stop. Each look's planned ``Suite`` object goes to the

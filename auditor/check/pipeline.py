@@ -62,20 +62,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from auditor.check.errors import AuditError, AuditInterrupted, NothingToAuditError, failure_reason
-from auditor.check.evidence import build_evidence, evidence_stage
-from auditor.check.observations import Observation, aligned_ids, excluded_summary, load_observations, read_observations
+from auditor.check.evidence import evidence_stage
+from auditor.check.observations import aligned_ids, excluded_summary, read_observations
 from auditor.check.planning import allowed_tests, impossible_tests, load_suite_spec, plan_budget, provider_config
-from auditor.check.reference_scoring import REFERENCE_TOP_K, SCORE_BATCH_SIZE, score_observations
+from auditor.check.reference_scoring import score_observations
 from auditor.check.reference_setup import (
-    _MODELS,  # noqa: F401  # re-exported: tests and the scheduler share loaded models through it
     apply_card,
     check_card,
     check_device,
     check_reference_api,
-    get_reference_models,
     resolve_reference,
 )
-from auditor.check.run_detectors import LOGPROB_TEST_MAX_TEMPERATURE, detect, run_reference_detectors
+from auditor.check.run_detectors import detect
 from auditor.check.stream_timing import speed_summary
 from auditor.check.summary import summary_stage
 from auditor.detectors import DetectorName
@@ -94,24 +92,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from probes.suites import Suite
     from reference.models import LoadedModel
 
-__all__ = [
-    "LOGPROB_TEST_MAX_TEMPERATURE",
-    "REFERENCE_TOP_K",
-    "SCORE_BATCH_SIZE",
-    "AuditError",
-    "AuditInterrupted",
-    "CheckOptions",
-    "Observation",
-    "analyze_run",
-    "build_evidence",
-    "get_reference_models",
-    "load_observations",
-    "load_suite_spec",
-    "plan_budget",
-    "run_check",
-    "run_reference_detectors",
-    "score_observations",
-]
+__all__ = ["AnalysisRecord", "CheckOptions", "analyze_run", "run_check"]
 
 #: ``progress`` values: True (rich bars on stderr), a ``callback(stage, done, total)``, or None.
 Progress = bool | Callable[[str, int, int], None] | None

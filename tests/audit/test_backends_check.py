@@ -23,10 +23,10 @@ REFERENCE_DETECTORS = ("greedy-match", "logprob-divergence", "sampling-gof", "sa
 def env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
     """Providers 'sim' (honest tiny simulator, reference tiny-ref), 'noref' (same, reference none) and
     'viavllm' (same, reference = a second simulator process acting as the trusted vLLM engine)."""
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
     from simulator.server import ServerThread, create_app
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     url = tiny_sims.url("honest-fp32")
     trusted = ServerThread(create_app("honest-fp32", lm=tiny_lm, served_model_name="tiny-trusted", seed=1),
                            timeout=120).start()
@@ -270,11 +270,11 @@ def tiny_gemma():
 def test_cross_family_substitution(tmp_path, tiny_lm, tiny_gemma, small_floors, monkeypatch, direction) -> None:
     """A provider serving another tokenizer family than it claims → SUBSTITUTION with tokenizer evidence
     (foreign token strings, prompt counts that disagree), never a crash or INCONCLUSIVE."""
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
     from simulator.server import ServerThread, create_app
 
     served, claimed = (tiny_gemma, tiny_lm) if direction.startswith("gemma") else (tiny_lm, tiny_gemma)
-    monkeypatch.setitem(audit._MODELS, ("claimed-ref", "float32"), claimed)
+    monkeypatch.setitem(reference_setup._MODELS, ("claimed-ref", "float32"), claimed)
     srv = ServerThread(create_app("honest-fp32", lm=served, served_model_name="claimed", seed=0), timeout=120).start()
     try:
         cfg = tmp_path / "p.toml"

@@ -57,10 +57,10 @@ def _stalling_app() -> FastAPI:
 
 @pytest.fixture
 def stall_env(tmp_path, tiny_lm, small_floors, monkeypatch):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
     from simulator.server import ServerThread
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     srv = ServerThread(_stalling_app()).start()
     cfg = tmp_path / "providers.toml"
     cfg.write_text(

@@ -19,9 +19,9 @@ CASES = {  # provider: (simulator enforce, [providers.NAME.enforced] lines)
 
 @pytest.fixture
 def enforced_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     urls = {name: tiny_sims.url("honest-fp32", enforce=enf, reject=("seed",)) for name, (enf, _) in CASES.items()}
     toml = providers_toml(urls, "tiny", reference="tiny-ref")
     for name, (_, lines) in CASES.items():

@@ -20,10 +20,10 @@ BUDGET = 1000
 
 @pytest.fixture(scope="module")
 def real_enforced(real_lm, tmp_path_factory):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
     mp = pytest.MonkeyPatch()
-    mp.setitem(audit._MODELS, (MODEL, "float32"), real_lm)
+    mp.setitem(reference_setup._MODELS, (MODEL, "float32"), real_lm)
     sims = SimFactory(real_lm, MODEL)
     tmp = tmp_path_factory.mktemp("enforced")
     urls = {f"sim-{p}": sims.url(p, enforce=ENFORCED) for p in ("honest-fp32", "relaxed-threshold")}

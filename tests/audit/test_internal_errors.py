@@ -61,10 +61,10 @@ def test_all_mass_top_logprobs_preflight_gives_results_not_a_crash() -> None:
 
 @pytest.fixture
 def plain_env(tmp_path, tiny_lm, small_floors, monkeypatch):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
     from simulator.server import ServerThread
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     monkeypatch.setenv("SPEC_AUDITOR_LOG_DIR", str(tmp_path / "logs"))
     srv = ServerThread(create_plain_app("plain")).start()
     cfg = tmp_path / "providers.toml"

@@ -66,12 +66,12 @@ def test_check_refuses_the_floor_and_keeps_the_run(tmp_path: Path, tiny_sims, ti
     """With 64 MiB available the first audit's floor measurement is refused before it starts: exit 3,
     one line; the run and its probes stay stored (failed, with the line) and, once memory is there,
     ``--resume`` finishes it without sending a probe again."""
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
     from auditor.check.pipeline import run_check
     from auditor.store import open_store
     from auditor.store import queries as q
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     cfg = tmp_path / "providers.toml"
     cfg.write_text(
         f'[providers.m]\nbase_url = "{tiny_sims.url("honest-fp32")}"\nmodel = "tiny"\napi = "chat"\n'

@@ -67,7 +67,7 @@ def native_tiny(lm, variant: str):
 @pytest.fixture(scope="module")
 def card_env(tmp_path_factory, tiny_lm):
     from auditor.check import measured_floors as noise
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
     mp = pytest.MonkeyPatch()
     mp.setattr(noise, "FLOOR_PROMPTS", 16)
@@ -75,7 +75,7 @@ def card_env(tmp_path_factory, tiny_lm):
     lms, sims = {}, {}
     for v in ("fp8", "int4"):
         lms[v] = native_tiny(tiny_lm, v)
-        mp.setitem(audit._MODELS, (f"tiny+{v}", "float32"), lms[v])
+        mp.setitem(reference_setup._MODELS, (f"tiny+{v}", "float32"), lms[v])
         sims[v] = SimFactory(lms[v], f"tiny+{v}")
     yield {"sims": sims, "tmp": tmp_path_factory.mktemp("native-card")}
     for f in sims.values():

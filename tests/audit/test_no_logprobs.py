@@ -21,9 +21,9 @@ from auditor.verdict.questions import answer_questions
 
 def test_int4_without_logprobs_is_never_called_relaxed_verification(tmp_path: Path, tiny_sims, tiny_lm, small_floors,
                                                                      monkeypatch) -> None:
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     cfg = tmp_path / "providers.toml"
     cfg.write_text(
         f'[providers.q]\nbase_url = "{tiny_sims.url("int4")}"\nmodel = "tiny"\napi = "chat"\nreference = "tiny-ref"\n'

@@ -26,10 +26,10 @@ from .conftest import providers_toml
 def tiny_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
     """A providers file with an honest tiny simulator ('sim') and a dead port ('dead'); the reference
     'tiny-ref' resolves to the tiny model."""
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
     from reference.loopback import free_port
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     url = tiny_sims.url("honest-fp32")
     cfg = tmp_path / "providers.toml"
     dead = f"http://127.0.0.1:{free_port()}/v1"
@@ -228,9 +228,9 @@ def test_each_response_is_normalized_once_and_ids_are_written_at_the_end(tiny_en
 
 
 def audit_lm(env):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
-    return audit._MODELS[("tiny-ref", "float32")]
+    return reference_setup._MODELS[("tiny-ref", "float32")]
 
 
 def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> None:

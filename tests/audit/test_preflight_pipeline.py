@@ -26,9 +26,9 @@ from .test_excluded_responses import REASONING, chat_body
 
 @pytest.fixture
 def env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     cfg = tmp_path / "providers.toml"
     cfg.write_text(providers_toml({
         "inject": tiny_sims.url("honest-fp32", inject_system_prompt="You are a terse assistant."),

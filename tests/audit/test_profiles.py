@@ -52,10 +52,10 @@ _RESULTS: list[dict] = []
 
 @pytest.fixture(scope="module")
 def real_env(real_lm, tmp_path_factory):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
     mp = pytest.MonkeyPatch()
-    mp.setitem(audit._MODELS, (MODEL, "float32"), real_lm)  # share the session's model
+    mp.setitem(reference_setup._MODELS, (MODEL, "float32"), real_lm)  # share the session's model
     sims = SimFactory(real_lm, MODEL)
     yield {"sims": sims, "tmp": tmp_path_factory.mktemp("profiles")}
     sims.stop()

@@ -23,9 +23,9 @@ BUDGET = 16
 
 @pytest.fixture
 def reasoning_env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     urls = {f"sim-{mode}": tiny_sims.url("honest-fp32", reasoning=mode, reasoning_budget=BUDGET)
             for mode in ("field", "field-reasoning", "inline")}
     urls["sim-answer-only"] = tiny_sims.url("honest-fp32", reasoning="field", reasoning_logprobs="answer",

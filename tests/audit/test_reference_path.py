@@ -26,9 +26,9 @@ def _toml(name: str, url: str, *, api: str = "completions", echo: bool = True) -
 
 @pytest.fixture
 def env(tmp_path, tiny_sims, tiny_lm, small_floors, monkeypatch):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     url = tiny_sims.url("int4")  # a perturbed copy: σ̂ > 0 along the echoed positions
     cfg = tmp_path / "providers.toml"
     cfg.write_text(_toml("echo", url) + _toml("noecho", url, echo=False) + _toml("chat", url, api="chat", echo=False))
@@ -77,9 +77,9 @@ def test_echo_sent_only_for_completions_with_echo_and_resume_rereads(env, monkey
         assert b["prompt"].startswith(it["prompt"]) and len(it["continuation_ids"]) >= 2
     # the statistic, from the stored echoes, along the reference's continuations
     st = open_store(env["db"])
-    from auditor.check.reference_setup import resolve_reference
+    from auditor.check.reference_setup import _MODELS, resolve_reference
 
-    ref = resolve_reference("tiny-ref", models={"float32": __import__("auditor.check.pipeline", fromlist=["_"])._MODELS[("tiny-ref", "float32")]})
+    ref = resolve_reference("tiny-ref", models={"float32": _MODELS[("tiny-ref", "float32")]})
     res = rpath.evaluate_reference_path(items, ref, st)
     st.close()
     assert res.available and res.counts["positions"] > 0 and res.stats["sigma_hat"] is not None
@@ -117,9 +117,9 @@ def test_provider_ignoring_echo_leaves_the_test_unavailable(env, monkeypatch) ->
     items = _summary(env, rep.run_id)["reference_path"]["items"]
     assert items and all(it["ok"] and not it["tokens"] and "echo_ignored" in it["anomalies"] for it in items)
     st = open_store(env["db"])
-    from auditor.check.reference_setup import resolve_reference
+    from auditor.check.reference_setup import _MODELS, resolve_reference
 
-    ref = resolve_reference("tiny-ref", models={"float32": __import__("auditor.check.pipeline", fromlist=["_"])._MODELS[("tiny-ref", "float32")]})
+    ref = resolve_reference("tiny-ref", models={"float32": _MODELS[("tiny-ref", "float32")]})
     res = rpath.evaluate_reference_path(items, ref, st)
     st.close()
     assert not res.available and rpath.ECHO_UNAVAILABLE in (res.reason or "")

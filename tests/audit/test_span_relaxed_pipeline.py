@@ -18,9 +18,9 @@ from .conftest import SimFactory, providers_toml
 
 @pytest.fixture
 def span_env(tmp_path, peaked_lm, small_floors, monkeypatch):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
-    monkeypatch.setitem(audit._MODELS, ("peaked-ref", "float32"), peaked_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("peaked-ref", "float32"), peaked_lm)
     sims = SimFactory(peaked_lm, "peaked")
     urls = {"sim-synthetic": sims.url("synthetic-acceptance:3", drafter="self:1")}
     toml = providers_toml(urls, "peaked", reference="peaked-ref")

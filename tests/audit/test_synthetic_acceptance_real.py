@@ -20,9 +20,9 @@ MODEL = "smollm2-135m-instruct"
 
 @pytest.fixture
 def real_synthetic(real_lm, tmp_path, small_floors, monkeypatch):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
-    monkeypatch.setitem(audit._MODELS, (MODEL, "float32"), real_lm)
+    monkeypatch.setitem(reference_setup._MODELS, (MODEL, "float32"), real_lm)
     sims = SimFactory(real_lm, MODEL)
     tmp = tmp_path
     name = "sim-synthetic"

@@ -14,10 +14,10 @@ from .conftest import providers_toml
 
 @pytest.fixture
 def vllm_sim(tmp_path, tiny_lm, small_floors, monkeypatch):
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
     from simulator.server import ServerThread, create_app
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     srv = ServerThread(create_app("honest-fp32", lm=tiny_lm, served_model_name="tiny", seed=0,
                                   logprob_convention="vllm"), timeout=120).start()
     cfg = tmp_path / "providers.toml"
@@ -49,11 +49,11 @@ def test_honest_vllm_conventions_are_not_accused(vllm_sim, suite, budget) -> Non
 def test_unverified_tokens_answer_verification_no(tmp_path, tiny_lm, small_floors, monkeypatch) -> None:
     """Issue 40 item 3: greedy tokens far below the provider's own top-1 (unverified drafts of rounds
     batched with sampled traffic) → "strict verification? no" with those positions, never SUBSTITUTION."""
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
     from auditor.verdict.questions import answer_questions
     from simulator.server import ServerThread, create_app
 
-    monkeypatch.setitem(audit._MODELS, ("tiny-ref", "float32"), tiny_lm)
+    monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", "float32"), tiny_lm)
     srv = ServerThread(create_app("unverified-mixed-batch", lm=tiny_lm, served_model_name="tiny", seed=0,
                                   logprob_convention="vllm"), timeout=120).start()
     try:

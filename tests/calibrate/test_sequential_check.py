@@ -8,14 +8,14 @@ import pytest
 @pytest.fixture
 def sim_env(tmp_path, tiny_lm, tiny_refs, monkeypatch):
     from auditor.check import measured_floors as noise
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
     from simulator.server import ServerThread, create_app
 
     monkeypatch.setattr(noise, "FLOOR_PROMPTS", 4)
     monkeypatch.setattr(noise, "FLOOR_MAX_NEW_TOKENS", 8)
     monkeypatch.setattr(noise, "noise_cache_dir", lambda: tmp_path / "noise")
     for dt, lm in tiny_refs.items():
-        monkeypatch.setitem(audit._MODELS, ("tiny-ref", dt), lm)
+        monkeypatch.setitem(reference_setup._MODELS, ("tiny-ref", dt), lm)
     srv = ServerThread(create_app("honest-fp32", lm=tiny_lm, served_model_name="tiny", seed=0), timeout=120).start()
     cfg = tmp_path / "providers.toml"
     cfg.write_text(
