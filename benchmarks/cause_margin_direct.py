@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from auditor.detectors.logprob import margin_flip_stats
 from auditor.detectors.stats import bucketed_kl
-from auditor.verdict.decide import SUBSTITUTION_MIN_FLIP_RATIO
+from auditor.verdict.model_rules import SUBSTITUTION_MIN_FLIP_RATIO
 
 
 def prompts_of(tokenizer, n: int) -> list[list[int]]:

@@ -19,8 +19,9 @@ import numpy as np
 
 from auditor.check.run_detectors import run_reference_detectors
 from auditor.detectors import DetectorName, EvidenceBatch
-from auditor.verdict.decide import DEFAULT_POWER, Verdict, decide_verdict
-from auditor.verdict.power import power_effect
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.kinds import Verdict
+from auditor.verdict.power import DEFAULT_POWER, power_effect
 from probes.suites import load_suite
 
 if TYPE_CHECKING:
@@ -330,7 +331,7 @@ def audit_verdict(
         power: power a PASS needs against the target effects (None: the verdict's default).
 
     Returns:
-        ``auditor.verdict.decide.Verdict`` (its ``results`` carry the Holm-adjusted p-values).
+        ``auditor.verdict.kinds.Verdict`` (its ``results`` carry the Holm-adjusted p-values).
     """
     if not isinstance(batches, Mapping):
         batches = {"float32": batches}

@@ -21,7 +21,7 @@ from scipy import stats
 from auditor.calibration.draws import MODES, AuditMix, AuditOutcome
 from auditor.calibration.pool import Pool
 from auditor.util import json_safe
-from auditor.verdict.decide import UNDETERMINED_CAUSES, VerdictKind
+from auditor.verdict.kinds import UNDETERMINED_CAUSES, VerdictKind
 from simulator.profiles import Profile, find_profile, get_profile
 
 __all__ = [
@@ -327,7 +327,7 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
     return rows
 
 
-#: The undetermined answers (``auditor.verdict.decide.UNDETERMINED_CAUSES``): a deviation whose cause is one of two, which
+#: The undetermined answers (``auditor.verdict.kinds.UNDETERMINED_CAUSES``): a deviation whose cause is one of two, which
 #: one undetermined. Neither right nor wrong for a profile whose expected verdict is one of its two causes, and
 #: counted apart.
 _UNDETERMINED = {str(v): {str(c) for c in pair} for v, pair in UNDETERMINED_CAUSES.items()}
@@ -335,7 +335,7 @@ _UNDETERMINED = {str(v): {str(c) for c in pair} for v, pair in UNDETERMINED_CAUS
 
 def _cause_counts(records: Sequence[dict]) -> tuple[int, dict[str, int], int]:
     """(cause named right, undetermined per undetermined verdict, rejections) summed over ``records``; the
-    undetermined verdicts (``auditor.verdict.decide.UNDETERMINED_CAUSES``) are counted for
+    undetermined verdicts (``auditor.verdict.kinds.UNDETERMINED_CAUSES``) are counted for
     profiles whose expected verdict is one of that verdict's two causes."""
     ok = n = 0
     und: dict[str, int] = {}

@@ -15,7 +15,7 @@ import numpy as np
 
 from auditor.calibration.metrics import TARGET_POWER, check_targets, record_grid, record_suite
 from auditor.util import json_safe
-from auditor.verdict.decide import VerdictKind
+from auditor.verdict.kinds import VerdictKind
 from simulator.profiles import find_profile
 
 if TYPE_CHECKING:

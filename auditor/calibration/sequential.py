@@ -28,7 +28,7 @@ from simulator.profiles import get_profile
 if TYPE_CHECKING:
     from auditor.calibration.pool import Pool
     from auditor.check.measured_floors import FloorSet
-    from auditor.verdict.decide import Verdict
+    from auditor.verdict.kinds import Verdict
 
 __all__ = ["run_sequential_audits"]
 

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from scipy import stats
 
-from auditor.verdict.decide import UNDETERMINED_CAUSES, VerdictKind
+from auditor.verdict.kinds import UNDETERMINED_CAUSES, VerdictKind
 from auditor.verdict.rules_out import RULE_OUT_POWER, RuleOut, as_rule_outs, not_ruled_out, tokens_to_rule_out
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ __all__ = [
 
 SPENDING_FUNCTIONS = ("obrien-fleming", "pocock", "linear")
 _DEVIATIONS = frozenset(str(v) for v in VerdictKind if v not in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE))
-#: The deviation verdicts whose cause is undetermined (``auditor.verdict.decide.UNDETERMINED_CAUSES``): with
+#: The deviation verdicts whose cause is undetermined (``auditor.verdict.kinds.UNDETERMINED_CAUSES``): with
 #: ``SequentialDesign.resolve_cause`` they do not stop the audit before the last look, nor does a deviation
 #: whose verdict records ``details["cause_established"] = False`` (a QUANTIZATION named as the milder cause).
 _UNDETERMINED = frozenset(str(v) for v in UNDETERMINED_CAUSES)
@@ -256,7 +256,7 @@ class LookDecision:
 
 
 class Decided(Protocol):
-    """What a look's callback returns: anything with a ``verdict`` (``auditor.verdict.decide.Verdict``
+    """What a look's callback returns: anything with a ``verdict`` (``auditor.verdict.kinds.Verdict``
     in simulations, ``auditor.report.common.AuditReport`` in ``run_sequential_check``)."""
 
     @property
@@ -278,7 +278,7 @@ class SequentialAudit:
 
     ``update`` calls ``verdict_at(alpha_k)`` once — ``verdict_at(alpha_k, power=accept_power)``
     before the last look when the design sets ``accept_power`` — and it must return an object with
-    a ``verdict`` attribute (``auditor.verdict.decide.Verdict``).
+    a ``verdict`` attribute (``auditor.verdict.kinds.Verdict``).
     """
 
     def __init__(self, design: SequentialDesign):

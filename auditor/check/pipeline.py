@@ -380,7 +380,8 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
     from auditor.check.measured_floors import floor_is_cached, floor_memory_need, get_floors
     from auditor.check.memory import ensure_fits
     from auditor.check.reference_scoring import scoring_memory_need
-    from auditor.verdict.decide import DEFAULT_POWER, decide_verdict
+    from auditor.verdict.decide import decide_verdict
+    from auditor.verdict.power import DEFAULT_POWER
     from reference.backends import ReferenceError
 
     tokenizer = ref.tokenizer

@@ -125,7 +125,7 @@ class PowerFamily(StrEnum):
 
 @dataclass(frozen=True)
 class PowerTarget:
-    """The effect an audit must be able to see (``auditor.verdict.decide.required_positions``).
+    """The effect an audit must be able to see (``auditor.verdict.power.required_positions``).
 
     Attributes:
         key: name of the target (the key of :data:`POWER_TARGETS`).
@@ -166,7 +166,7 @@ POWER_TARGETS: Mapping[str, float] = MappingProxyType(
 #: A detector: (batch, floor, *, rng, ...) → DetectorResult.
 DetectorFn = Callable[..., DetectorResult]
 
-# verdict names a rejection can lead to (auditor.verdict.decide.VerdictKind values; tests check them)
+# verdict names a rejection can lead to (auditor.verdict.kinds.VerdictKind values; tests check them)
 _Q, _S, _R, _D = "QUANTIZATION", "SUBSTITUTION", "RELAXED_VERIFICATION", "DECODING_NONCOMPLIANT"
 _QS = "QUANTIZATION_OR_SUBSTITUTION"
 _QR = "QUANTIZATION_OR_RELAXED_VERIFICATION"
@@ -187,7 +187,7 @@ class DetectorSpec:
         mode: the probe mode whose responses it reads.
         test: the statistic (decides the power calculation).
         positions: which positions it uses (temperature and what must be known there).
-        causes: verdicts a rejection can lead to (``auditor.verdict.decide.VerdictKind`` values), most
+        causes: verdicts a rejection can lead to (``auditor.verdict.kinds.VerdictKind`` values), most
             likely first; which one is decided by the rules in ``auditor.verdict.decide``.
         implication: short cause-naming phrase for ``Verdict.details["findings"]``.
         finding: one sentence for reports (``auditor.report.render``).

@@ -20,7 +20,7 @@ from typing import Any, cast
 from auditor.detectors import DETECTORS, DetectorName
 from auditor.util import fmt_p as _fmt_p
 from auditor.util import json_safe
-from auditor.verdict.decide import EXIT_CODES
+from auditor.verdict.kinds import EXIT_CODES
 from auditor.verdict.precision_estimate import estimate_precision
 from auditor.verdict.questions import QuestionAnswer, answer_questions, plain_headline
 from auditor.verdict.rules_out import RULE_OUT_POWER, rules_out_sentence
@@ -51,7 +51,7 @@ __all__ = [
 #: Identifier of the JSON layout (bump on incompatible changes).
 REPORT_SCHEMA = "spec-auditor.report/1"
 
-#: Verdict → CLI exit code (issue 5), from :data:`auditor.verdict.decide.EXIT_CODES` (its one home).
+#: Verdict → CLI exit code (issue 5), from :data:`auditor.verdict.kinds.EXIT_CODES` (its one home).
 _EXIT: Mapping[str, int] = {str(k): v for k, v in EXIT_CODES.items()}
 
 #: What a rejecting detector implies (shown in reports next to the finding): the registry's ``finding``.

@@ -1,4 +1,5 @@
-"""Cause features of the verdict rules (:mod:`auditor.verdict.decide`) that need no verdict types.
+"""Cause features of the verdict rules (:mod:`auditor.verdict.model_rules`, :mod:`auditor.verdict.verification_rules`,
+applied by :mod:`auditor.verdict.decide`) that need no verdict types.
 
 Rule 2: which margin-conditioned flip statistic decides, and its words (:func:`flip_cause`). Rule 3n:
 the reason sentence of a ``greedy-near-tie`` rejection (:func:`near_tie_reason`). Findings: the note

@@ -53,7 +53,7 @@ from scipy import stats
 from auditor.detectors import DetectorName
 from auditor.detectors.logprob import LOGPROB_POSITIONS, kl_floor_ratio
 from auditor.util import finite, kl_floor_text
-from auditor.verdict.decide import VerdictKind
+from auditor.verdict.kinds import VerdictKind
 from auditor.verdict.rules_out import RULE_OUT_POWER, EffectSizes, load_effect_sizes
 
 __all__ = [

@@ -73,7 +73,7 @@ the newest "yes", else the newest audit's "undecided" or "not tested".
 
 The detector families, sampling tests and target effects are the registry's
 (``auditor.detectors``: ``POWER_FAMILIES``, ``DetectorSpec.power_target``) and the verdict kinds
-``auditor.verdict.decide.VerdictKind`` (neither imports torch or httpx, so the store's query modules and
+``auditor.verdict.kinds.VerdictKind`` (neither imports torch or httpx, so the store's query modules and
 the dashboard may reach this module).
 """
 
@@ -87,7 +87,8 @@ from auditor.detectors import DETECTORS, POWER_FAMILIES, DetectorName, Mode, Pow
 from auditor.detectors.logprob import LOGPROB_POSITIONS, kl_floor_ratio
 from auditor.util import finite, fmt_p, kl_floor_text
 from auditor.verdict.cause import DECIDES_SAMPLER, DECISIVE_WITHOUT_LOGPROBS
-from auditor.verdict.decide import DEFAULT_POWER, UNDETERMINED_CAUSES, VerdictKind
+from auditor.verdict.kinds import UNDETERMINED_CAUSES, VerdictKind
+from auditor.verdict.power import DEFAULT_POWER
 
 __all__ = [
     "ACCEPTANCE_DETECTORS",
@@ -521,7 +522,7 @@ def answer_questions(verdict: str, details: Mapping[str, object] | None) -> list
     """The two answers (precision, then verification) for one audit (rules: module docstring).
 
     Args:
-        verdict: the audit's verdict (``auditor.verdict.decide.VerdictKind`` value; unknown values are
+        verdict: the audit's verdict (``auditor.verdict.kinds.VerdictKind`` value; unknown values are
             treated as no accusation).
         details: the verdict's details as stored (``Verdict.details``); None, missing keys or
             malformed values give "not tested" answers with a reason, never an exception.

@@ -18,7 +18,8 @@ from rich.console import Console
 from auditor.check.preflight import evaluate_preflight, plan_preflight
 from auditor.report.common import AuditReport
 from auditor.report.render import render
-from auditor.verdict.decide import Verdict, VerdictKind, decide_verdict
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.kinds import Verdict, VerdictKind
 from probes.config import ProviderConfig
 from tests.verdict_results import mk, quiet, with_
 

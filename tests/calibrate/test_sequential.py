@@ -245,7 +245,7 @@ def test_early_acceptance_needs_the_design_power_against_every_class():
 # ----------------------------------------------------------------------------- resolve_cause
 def _scripted(verdicts):
     """A callback returning the scripted verdict at each look (dataclass Verdicts, so details can be added)."""
-    from auditor.verdict.decide import Verdict
+    from auditor.verdict.kinds import Verdict
 
     it = iter(verdicts)
 
@@ -277,7 +277,7 @@ def test_an_undetermined_rejection_probes_on_until_a_look_names_the_cause():
 
 
 def test_a_quantization_named_as_the_milder_cause_is_resolved_too():
-    from auditor.verdict.decide import Verdict
+    from auditor.verdict.kinds import Verdict
 
     script = iter([("QUANTIZATION", False), ("QUANTIZATION", False), ("SUBSTITUTION", True)])
 

@@ -19,7 +19,8 @@ from auditor.detectors.greedy import greedy_match
 from auditor.detectors.logprob import logprob_divergence
 from auditor.detectors.noise_floor import compute_noise_floor
 from auditor.detectors.sampling import sampling_argmax, sampling_gof, sampling_tail
-from auditor.verdict.decide import VerdictKind, decide_verdict
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.kinds import VerdictKind
 
 N_AUDITS = 500
 ALPHA = 0.05

@@ -290,7 +290,8 @@ def test_run_detectors_selection_and_reproducibility(synth):
 
 def test_empty_and_per_position_paths_end_to_end(synth):
     from auditor.detectors import PositionEvidence
-    from auditor.verdict.decide import VerdictKind, decide_verdict
+    from auditor.verdict.decide import decide_verdict
+    from auditor.verdict.kinds import VerdictKind
 
     empty = EvidenceBatch.from_positions([])
     res = run_detectors(empty, None)

@@ -13,7 +13,8 @@ import pytest
 from auditor.detectors import DetectorResult
 from auditor.detectors.emission import _cuts, _prefix_mass, emission_fit
 from auditor.detectors.sampling import SamplingView, tail_result
-from auditor.verdict.decide import VerdictKind, decide_verdict
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.kinds import VerdictKind
 from benchmarks.emission_margin import K, draw, lm_rows
 
 

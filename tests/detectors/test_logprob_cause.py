@@ -14,7 +14,9 @@ import pytest
 
 from auditor.detectors import DetectorResult
 from auditor.detectors.logprob import CONFIDENT_MARGIN_SIGMAS, logprob_divergence, margin_flip_stats
-from auditor.verdict.decide import SUBSTITUTION_MIN_FLIP_RATIO, VerdictKind, decide_verdict
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.kinds import VerdictKind
+from auditor.verdict.model_rules import SUBSTITUTION_MIN_FLIP_RATIO
 
 
 def _lsm(x: np.ndarray) -> np.ndarray:

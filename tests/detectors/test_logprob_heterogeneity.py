@@ -9,7 +9,8 @@ from auditor.detectors import DETECTORS, DetectorName, run_detectors
 from auditor.detectors.heterogeneity import logprob_heterogeneity
 from auditor.detectors.logprob import logprob_divergence
 from auditor.detectors.noise_floor import compute_noise_floor
-from auditor.verdict.decide import VerdictKind, decide_verdict
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.kinds import VerdictKind
 
 G, L = 30, 16
 

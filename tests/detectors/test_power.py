@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from auditor.detectors import EvidenceBatch, run_detectors
-from auditor.verdict.decide import VerdictKind, decide_verdict
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.kinds import VerdictKind
 
 N_POWER = 20
 MIN_CORRECT = 0.9

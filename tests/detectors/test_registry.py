@@ -25,7 +25,9 @@ from auditor.detectors import (
     run_detectors,
     spec,
 )
-from auditor.verdict.decide import VerdictKind, decide_verdict, required_positions
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.kinds import VerdictKind
+from auditor.verdict.power import required_positions
 
 
 def test_every_name_has_exactly_one_spec_in_enum_order() -> None:

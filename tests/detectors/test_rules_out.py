@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from auditor.detectors import DetectorResult, not_run
-from auditor.verdict.decide import VerdictKind, decide_verdict, power_at, power_effect, required_positions
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.kinds import VerdictKind
+from auditor.verdict.power import power_at, power_effect, required_positions
 from auditor.verdict.rules_out import (
     EFFECT_SIZES_PATH,
     RULE_OUT_POWER,

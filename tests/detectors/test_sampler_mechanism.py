@@ -12,7 +12,8 @@ import pytest
 from auditor.detectors import DETECTORS, DetectorResult
 from auditor.detectors.sampling import SamplingView, tail_result
 from auditor.verdict.cause import DECISIVE_EMISSION_MARGIN
-from auditor.verdict.decide import EXIT_CODES, UNDETERMINED_CAUSES, VerdictKind, decide_verdict
+from auditor.verdict.decide import decide_verdict
+from auditor.verdict.kinds import EXIT_CODES, UNDETERMINED_CAUSES, VerdictKind
 from auditor.verdict.questions import answer_questions, plain_headline
 from auditor.watch.standing import SEVERITY
 from benchmarks.emission_margin import ACCEPTANCE, TRUNCATION, K, decisive_margin, draw, lm_rows, simulate, wrong_rates

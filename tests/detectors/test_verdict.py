@@ -8,14 +8,10 @@ import pytest
 
 from auditor.detectors import DetectorResult, not_run
 from auditor.verdict.cause import SAMPLED_FLIP_MAX_SIGMA
-from auditor.verdict.decide import (
-    EXIT_CODES,
-    SUBSTITUTION_MIN_FLIP_RATIO,
-    VerdictKind,
-    apply_holm,
-    decide_verdict,
-    required_positions,
-)
+from auditor.verdict.decide import apply_holm, decide_verdict
+from auditor.verdict.kinds import EXIT_CODES, VerdictKind
+from auditor.verdict.model_rules import SUBSTITUTION_MIN_FLIP_RATIO
+from auditor.verdict.power import required_positions
 
 
 def mk(name, p, *, effect=0.0, n=1000, statistic=0.0, **details):
@@ -736,7 +732,7 @@ def test_rule3n_without_the_provider_s_top_logprobs_names_the_undetermined_pair(
                                n_positions=5, band=0.44, flips_with_provider_list=3, flips_own_top1=0))
     assert decide_verdict([*quiet(), *seen]).verdict == VerdictKind.RELAXED_VERIFICATION
     # the pair's exit code and its place among the undetermined answers
-    from auditor.verdict.decide import EXIT_CODES, UNDETERMINED_CAUSES
+    from auditor.verdict.kinds import EXIT_CODES, UNDETERMINED_CAUSES
 
     assert EXIT_CODES[VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION] == 1
     assert UNDETERMINED_CAUSES[VerdictKind.QUANTIZATION_OR_RELAXED_VERIFICATION] == (
