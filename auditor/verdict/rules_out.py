@@ -100,7 +100,7 @@ class DeviationClass:
         effects: detector registry name → median effect in that detector's power-target unit.
         lowers: precision classes: component (:data:`COMPONENTS`) → the bits the class leaves it with
             (``int4``: ``{"weights": 4}``; ``w8a8``: ``{"weights": 8, "activations": 8}``); empty for the
-            other classes. Whether a class is a step *below* a model card compares these with the card's
+            other classes (a precision class that lowers nothing is a substitution class: another model). Whether a class is a step *below* a model card compares these with the card's
             (``auditor.verdict.precision_estimate``).
     """
 
@@ -246,7 +246,8 @@ def load_effect_sizes(path: str | Path | None = None) -> EffectSizes:
     """Read and validate the effect-size table (default :data:`EFFECT_SIZES_PATH`; cached per path).
 
     Format: ``{"source", "model", "generated", "provisional"?, "classes": {key: {"label", "question",
-    "profile", "effects": {detector: effect}}}}``.
+    "profile", "lowers"?: {component: bits}, "effects": {detector: effect}}}, "cards"?: {key: {"model", "card",
+    "source", "generated", "classes": {...}}}}`` (:class:`DeviationClass`, :class:`CardEffects`).
 
     Raises:
         EffectSizesError: the file cannot be read, is not JSON, or a field is malformed (named).
