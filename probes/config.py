@@ -25,7 +25,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -635,10 +635,17 @@ def _fix_hint(err: ErrorDetails) -> str:
     return "correct the value"
 
 
+#: Union-member tags pydantic puts in an error's location (``card: str | ModelCard``): not fields the user wrote.
+_UNION_TAGS = ("str", "ModelCard")
+
+
 def _format_validation_error(file: str, prefix: str, exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(x) for x in (prefix, *err.get("loc", ())) if x != "")
+        parts = err.get("loc", ())
+        if "str" in parts and isinstance(err.get("input"), Mapping):
+            continue  # a table where a name or a table is allowed: the name branch's complaint is noise
+        loc = ".".join(str(x) for x in (prefix, *parts) if x != "" and x not in _UNION_TAGS)
         msg = err.get("msg", "invalid")
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]

@@ -67,6 +67,8 @@ KV_CACHE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8", "auto")
 #: Values per shared exponent in MXFP4 (OCP Microscaling Formats (MX) v1.0, §5: block size k = 32).
 MXFP4_BLOCK = 32
 _FLOAT_FORMATS = ("bf16", "fp16", "fp32")
+#: Bits of a low-precision weight format (:meth:`ModelCard.component_bits`; floats count as 16).
+_FORMAT_BITS = {"fp8-block": 8, "int4": 4, "mxfp4": 4}
 
 
 class CardError(ValueError):
@@ -186,8 +188,28 @@ class ModelCard(_Strict):
     def describe(self) -> str:
         """One line for reports: ``card deepseek-v3: weights fp8-block 128x128 e4m3, activations fp8 per
         1x128, KV cache auto``."""
-        return (f"card {self.name}: weights {self.weights.describe()}, activations {self.activations.describe()}, "
-                f"KV cache {self.kv_cache}")
+        return f"card {self.name}: {self.recipe()}"
+
+    def recipe(self) -> str:
+        """The recipe without the card's name (``weights fp8-block 128x128 e4m3, activations fp8 per 1x128, KV cache
+        auto``): what keys the effect sizes measured under a card (``auditor.verdict.rules_out.CardEffects``)."""
+        return f"weights {self.weights.describe()}, activations {self.activations.describe()}, KV cache {self.kv_cache}"
+
+    def component_bits(self, kv_cache: str | None = None) -> dict[str, int]:
+        """Bits of the card's weights, activations and KV cache (``auditor.verdict.rules_out.COMPONENTS``), the
+        scale on which a precision class is a step below the card (``auditor.verdict.precision_estimate``).
+
+        Float formats count as 16 (bf16, fp16 and fp32 are one class: the noise floor measures honest bf16 /
+        fp16 serving); ``fp8-block`` and FP8 activations 8; ``int4`` and ``mxfp4`` 4.
+
+        Args:
+            kv_cache: the card's KV cache with ``auto`` resolved (:func:`resolve_kv_cache`); None: ``auto``
+                counts as the compute dtype (16).
+        """
+        kv = kv_cache or self.kv_cache
+        return {"weights": _FORMAT_BITS.get(self.weights.format, 16),
+                "activations": 8 if self.activations.format == "fp8" else 16,
+                "kv_cache": 8 if kv == "fp8" else 16}
 
     @property
     def precision_label(self) -> str:

@@ -16,10 +16,14 @@ _CLASSES = {
     "truncated-sampling": ("truncated sampling", "decoding", {"sampling-tail": 0.22, "self-tail": 0.22}),
 }
 
+#: What each precision class lowers (``auditor.verdict.rules_out.DeviationClass.lowers``; substitution lowers nothing).
+_LOWERS = {"int4": {"weights": 4}, "int8": {"weights": 8}, "kv-fp8": {"kv_cache": 8}}
+
 
 def effect_table() -> EffectSizes:
     """The test table (:class:`auditor.verdict.rules_out.EffectSizes`)."""
     return parse_effect_sizes({
         "source": "tests/effect_table.py", "model": "test", "generated": "2026-01-01T00:00:00Z",
-        "classes": {k: {"label": lab, "question": q, "profile": k, "effects": e} for k, (lab, q, e) in _CLASSES.items()},
+        "classes": {k: {"label": lab, "question": q, "profile": k, "effects": e, **({"lowers": _LOWERS[k]} if k in _LOWERS else {})}
+                    for k, (lab, q, e) in _CLASSES.items()},
     }, "tests/effect_table.py")

@@ -11,6 +11,12 @@ positions, the least noisy median). The reference-free ``self-*`` sampling tests
 calibration (it always has the reference); for a class whose weights are the reference's (relaxed
 acceptance, truncation) the served distribution *is* the reference's, so their effect equals the
 ``sampling-*`` one, and that is what is written (marked in ``derived``).
+
+Under a model card the reference computes the card and the floor is the card's, so the precision
+classes below the card have their own effects (``auditor.verdict.precision_estimate``):
+:func:`card_effects_from_records` measures them, from the audits of the profiles that serve each step
+below the card (``native-fp8-int4`` for int4 weights under an FP8 card ...) against the card's reference,
+as an entry of the table's ``cards`` section (``auditor.verdict.rules_out.CardEffects``).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from pathlib import Path
 from auditor.calibration.metrics import record_suite
 from auditor.detectors import DetectorName
 
-__all__ = ["EFFECT_SIZES_PATH", "MIN_RAN_SHARE", "effect_sizes_from_records", "write_effect_sizes"]
+__all__ = ["EFFECT_SIZES_PATH", "MIN_RAN_SHARE", "card_effects_from_records", "effect_sizes_from_records",
+           "write_effect_sizes"]
 
 #: The package's table (``auditor.verdict.rules_out.load_effect_sizes`` reads it).
 EFFECT_SIZES_PATH = Path(__file__).with_name("effect_sizes.json")
@@ -111,3 +118,33 @@ def write_effect_sizes(records: Sequence[Mapping], path: Path | str = EFFECT_SIZ
     table = effect_sizes_from_records(records, json.loads(p.read_text(encoding="utf-8")))
     p.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
     return p
+
+
+def card_effects_from_records(records: Sequence[Mapping], *, model: str, card: str,
+                              classes: Mapping[str, Mapping], source: str) -> dict:
+    """An entry of the effect-size table's ``cards`` section: the classes below one card with their effects
+    measured in ``records`` (:func:`effect_sizes_from_records`: per class and detector, the median over the
+    audits of the largest-budget cell of the class's profile).
+
+    Args:
+        records: calibration records of audits against the card's reference (``profile``, ``budget_tokens``,
+            ``detectors[name]["effect_median"]`` and ``["ran"]``).
+        model: the reference model; card: the card's recipe (``probes.model_card.ModelCard.recipe``).
+        classes: class key → ``{"label", "question": "precision", "profile", "lowers"}``: the profile that
+            serves the class's step below the card.
+        source: what produced the records.
+
+    Returns:
+        ``{"model", "card", "source", "generated", "classes"}`` (JSON-able; ``auditor.verdict.rules_out``
+        parses it).
+
+    Raises:
+        ValueError: a class without records of its profile (its effect was not measured under the card).
+    """
+    template = {"classes": {k: {**dict(c), "effects": {}} for k, c in classes.items()}}
+    table = effect_sizes_from_records(records, template)
+    if table.get("not_measured"):
+        raise ValueError(f"card {card!r} on {model}: no records of the profiles of {table['not_measured']} "
+                         "(audit each class's profile against the card's reference first)")
+    return {"model": model, "card": card, "source": source, "generated": table["generated"],
+            "classes": table["classes"]}

@@ -86,7 +86,8 @@ class AuditReport:
         suite, suite_version, suite_digest: the probe suite and its pinned version/content hash.
         reference: ``model``, ``revision`` (sha256 prefix of the weights), ``dtype``, ``variants`` (the
             honest reference variants the provider was compared with), ``card`` (the model card used,
-            ``probes.model_card``), ``card_precision`` (its precision label) and ``claimed_precision``
+            ``probes.model_card``), ``card_precision`` (its precision label), ``card_recipe`` and ``card_bits`` (its recipe
+            and bits per component, what the precision estimate's classes are relative to) and ``claimed_precision``
             (the provider's claimed label, checked by :attr:`precision_estimate`).
         started_at, finished_at: ISO 8601 UTC.
         status: run status (completed | failed | interrupted | running).
@@ -170,7 +171,8 @@ class AuditReport:
         ref = self.reference or {}
         est = estimate_precision(self.verdict, self.detectors, alpha=self.alpha, claimed=ref.get("claimed_precision"),
                                  card_precision=ref.get("card_precision"), card=ref.get("card"),
-                                 rules_out=self.rules_out)
+                                 rules_out=self.rules_out, card_bits=ref.get("card_bits"),
+                                 card_recipe=ref.get("card_recipe"), model=ref.get("model"))
         return est.to_dict() if est is not None else None
 
     @property

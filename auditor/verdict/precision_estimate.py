@@ -7,10 +7,25 @@ rules out 8-bit weights, activations or KV cache, the card's native precision".
 **Evidence.** The main effect is the logprob-divergence detector's geometric-mean KL / honest floor
 ratio ``R = exp(ȳ − μ0)`` (``details["geometric_ratio"]``, ``auditor/detectors/logprob.py``), with its
 standard error on the log scale ``s = log R / z`` (z = the detector's statistic: ``z = (ȳ − μ0) / s``).
-Each precision class *c* of the calibrated effect-size table (``auditor/calibration/effect_sizes.json``,
-:func:`auditor.verdict.rules_out.load_effect_sizes`: the median ratio its simulator profile produced in the
-calibration, docs/calibration.md) has a centre ``m_c = log R_c``; the card's native precision (honest
-serving) has ``m = 0`` (the noise floor *is* honest serving's variation: R ≈ 1).
+Each precision class *c* (:func:`card_classes`) has a centre ``m_c = log R_c``, ``R_c`` the median ratio
+its simulator profile produced in the calibration (docs/calibration.md); the card's native precision
+(honest serving) has ``m = 0`` (the noise floor *is* honest serving's variation: R ≈ 1).
+
+**Classes relative to the card.** A class is a *step below the model card in use*: each class of the
+effect-size table (``auditor/calibration/effect_sizes.json``, :func:`auditor.verdict.rules_out.load_effect_sizes`)
+says what it lowers (``lowers``: ``int4`` → weights to 4 bits, ``kv-fp8`` → the KV cache to 8 bits,
+``w8a8`` → weights and activations to 8) and is a class under a card when it lowers some component below
+the card's bits and none above (``probes.model_card.ModelCard.component_bits``; floats count as 16): an
+FP8 card (weights and activations 8, KV cache float) has 4- and 3-bit weights and an 8-bit KV cache below
+it, never "8-bit weights"; an INT4 card has 3-bit weights and an 8-bit KV cache. The effects are
+relative to the card too: under a card the reference computes the card and the floor is the card's
+(more lenient than the float32 floor: ``auditor.check.reference_setup.apply_card``), so the same step
+has another ratio (measured on the tiny model's FP8 card: int4 weights 5.1x its floor, while 8-bit KV
+steps reach 8x the float32 floor). The table's ``cards`` section holds the effects the calibration code
+measured under a card (:class:`auditor.verdict.rules_out.CardEffects`,
+:func:`auditor.calibration.effects.card_effects_from_records`); a non-float card without one is compared
+with the float32 effects and the estimate says so (``card_calibrated`` False). Each estimate names the
+card its classes are relative to (``relative_to``).
 
 **Rule.** With ``w = z_{1-α/2} · sqrt(s² + τ²)``, class *c* is
 
@@ -24,8 +39,8 @@ profile's per-cell median ratio over its cells (budgets 100–3000 tokens, suite
 ``precision``): 0.2404 (int4; int8 0.08, fp8 0.10, kv-fp8 0.07, w8a8 0.04), rounded up to 0.25
 (``tests/audit/test_precision_estimate.py`` recomputes it from ``docs/calibration.json``).
 
-**The estimate** (``best``) is the precision class — a group of calibration classes of the same
-bit width, :data:`PRECISION_GROUPS` — of the nearest quantization class or native precision in
+**The estimate** (``best``) is the precision class — the classes below the card of the same bit width,
+named by bits and what they lower (:func:`card_classes`: "4-bit weights", "8-bit KV cache") — of the nearest quantization class or native precision in
 ``log R``; the substitution classes (another model) are listed as consistent or ruled out but never
 named as the estimate of a QUANTIZATION or PASS (the verdict decides substitution). Like
 ``auditor.verdict.rules_out``, the classes are the simulator's profiles on SmolLM2-135M: "consistent with
@@ -33,8 +48,8 @@ named as the estimate of a QUANTIZATION or PASS (the verdict decides substitutio
 
 **A claim** (``claimed_precision`` in the provider's config, OpenRouter's labels) maps to classes
 (:func:`claim_classes`: a claim at or above the card's bit width is the native class, 16- and 32-bit
-floats counting as one width, since honest bf16 / fp16 serving is what the noise floor measures) and is
-checked:
+floats counting as one width, since honest bf16 / fp16 serving is what the noise floor measures; a
+claim below it names the card's classes of its bit width) and is checked:
 *matches* (every consistent quantization class is a claimed one), *does not match* (every claimed
 class is ruled out), *cannot tell* (both claimed and other classes are consistent), with the power to
 tell the claimed class nearest the observation from the nearest other class at this audit's ``s``
@@ -59,12 +74,15 @@ from auditor.verdict.rules_out import RULE_OUT_POWER, EffectSizes, load_effect_s
 __all__ = [
     "BITS",
     "ESTIMATED_VERDICTS",
+    "FLOAT_BITS",
     "NATIVE",
-    "PRECISION_GROUPS",
+    "SUBSTITUTE",
     "TAU",
     "ClaimCheck",
     "ClassFit",
+    "ClassSet",
     "PrecisionEstimate",
+    "card_classes",
     "claim_classes",
     "estimate_from_ratio",
     "estimate_precision",
@@ -77,22 +95,14 @@ ESTIMATED_VERDICTS = (str(VerdictKind.PASS), str(VerdictKind.QUANTIZATION), str(
 TAU = 0.25
 #: The native-precision pseudo-class key.
 NATIVE = "native"
-#: Calibration class → its precision class (bit width of what is quantized); other keys keep their label.
-PRECISION_GROUPS: Mapping[str, str] = {
-    "int8": "8-bit weights, activations or KV cache",
-    "fp8": "8-bit weights, activations or KV cache",
-    "kv-fp8": "8-bit weights, activations or KV cache",
-    "w8a8": "8-bit weights, activations or KV cache",
-    "int4": "4-bit weights",
-    "substituted": "another model",
-    "substituted:1": "another model",
-}
-_SUBSTITUTE = "another model"
+#: The precision class of the substitution classes (precision classes that lower nothing: another model).
+SUBSTITUTE = "another model"
+#: Bits a float component counts as (16- and 32-bit floats are one class: the floor measures honest bf16 / fp16).
+FLOAT_BITS = 16
+_COMPONENT_WORDS = {"weights": "weights", "activations": "activations", "kv_cache": "KV cache"}
 _NATIVE_LABEL = "the card's native precision"
 #: Bits per weight of a claimed label (OpenRouter's quantization vocabulary, ``probes.config.CLAIMED_PRECISIONS``).
 BITS: Mapping[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "fp6": 6, "fp4": 4, "int4": 4}
-#: Claimed label → the precision class it names when below the card's bit width.
-_CLAIM_GROUP = {8: "8-bit weights, activations or KV cache", 4: "4-bit weights"}
 _DET = str(DetectorName.LOGPROB_DIVERGENCE)
 
 Status = Literal["consistent", "ruled out", "not ruled out"]
@@ -105,7 +115,7 @@ class ClassFit:
 
     Attributes:
         key: calibration class key (``int4``) or :data:`NATIVE`; label: its report name.
-        precision: its precision class (:data:`PRECISION_GROUPS`).
+        precision: its precision class (:func:`card_classes`: ``4-bit weights``, :data:`SUBSTITUTE`).
         ratio: its calibrated geometric-mean KL / floor ratio (native: 1).
         status: ``consistent`` | ``ruled out`` | ``not ruled out`` (the audit's power record says it lacks the
             power to rule the class out although the effect is far from it: :func:`estimate_from_ratio`,
@@ -158,6 +168,9 @@ class PrecisionEstimate:
         best: the estimated precision class; best_class: the nearest class's key.
         classes: every class's fit (native first, then the table's order).
         claim: the claim check, or None without a claim.
+        card: the card's description, as the report states it.
+        relative_to: the card the classes are steps below and where their effects were measured
+            (:attr:`ClassSet.relative_to`); card_calibrated: :attr:`ClassSet.calibrated`.
     """
 
     ratio: float
@@ -169,6 +182,8 @@ class PrecisionEstimate:
     classes: tuple[ClassFit, ...]
     claim: ClaimCheck | None = None
     card: str | None = field(default=None)
+    relative_to: str = ""
+    card_calibrated: bool = True
 
     def consistent(self) -> list[ClassFit]:
         """The consistent classes."""
@@ -200,6 +215,8 @@ class PrecisionEstimate:
                      f"{LOGPROB_POSITIONS})")
         if self.claim is not None:
             parts.append(self.claim.sentence())
+        if self.relative_to:
+            parts.append(f"classes relative to {self.relative_to}")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,20 +228,89 @@ def _x(r: float) -> str:
     return kl_floor_text(r) + "x"
 
 
-def _classes(table: EffectSizes) -> list[tuple[str, str, str, float]]:
-    """(key, label, precision class, ratio) of the precision classes with a logprob-divergence effect."""
-    out = [(NATIVE, _NATIVE_LABEL, _NATIVE_LABEL, 1.0)]
-    for c in table.classes:
+@dataclass(frozen=True)
+class ClassSet:
+    """The classes an estimate compares the effect with: the steps below the card in use.
+
+    Attributes:
+        classes: (key, label, precision class, calibrated ratio, bits) per class, :data:`NATIVE` first (ratio 1,
+            bits None); bits = the fewest bits the class leaves a component with (None for substitution).
+        relative_to: the card they are steps below and where their effects come from (for the report).
+        calibrated: the effects were measured under this card (a float card: the float32 table is).
+        measured_under_card: the effects come from the table's ``cards`` section (not the float32 classes).
+    """
+
+    classes: tuple[tuple[str, str, str, float, int | None], ...]
+    relative_to: str
+    calibrated: bool
+    measured_under_card: bool
+
+
+def _below(lowers: Mapping[str, int], card_bits: Mapping[str, int]) -> bool:
+    """A class lowering ``lowers`` is a step below a card with ``card_bits``: below it somewhere, above it nowhere."""
+    have = {c: min(int(card_bits.get(c, FLOAT_BITS)), FLOAT_BITS) for c in lowers}
+    return all(b <= have[c] for c, b in lowers.items()) and any(b < have[c] for c, b in lowers.items())
+
+
+def card_classes(table: EffectSizes, card_bits: Mapping[str, int] | None = None, *, model: str | None = None,
+                 recipe: str | None = None, card: str | None = None) -> ClassSet:
+    """The precision classes below a card, with their effects relative to it (module docstring).
+
+    Args:
+        table: the effect-size table.
+        card_bits: the card's bits per component (``probes.model_card.ModelCard.component_bits``); None = no
+            card (the float32 reference: every class is below it).
+        model: the reference model; recipe: the card's recipe (``ModelCard.recipe``): together they select the
+            effects measured under the card (:meth:`auditor.verdict.rules_out.EffectSizes.for_card`).
+        card: the card's description for :attr:`ClassSet.relative_to` (default: the recipe).
+
+    The precision class of a class is named by its fewest bits and what the card's classes of that width
+    lower: "4-bit weights", "8-bit KV cache", under a float card "8-bit weights, activations or KV cache".
+    """
+    bits = dict.fromkeys(_COMPONENT_WORDS, FLOAT_BITS) if card_bits is None else dict(card_bits)
+    is_float = all(min(int(b), FLOAT_BITS) >= FLOAT_BITS for b in bits.values())
+    measured = table.for_card(model, recipe)
+    source = measured.classes if measured is not None else table.classes
+    picked: list[tuple[str, str, float, int | None, tuple[str, ...]]] = []
+    for c in source:
         r = c.effects.get(_DET)
-        if c.question == "precision" and r is not None and r > 0:
-            out.append((c.key, c.label, PRECISION_GROUPS.get(c.key, c.label), float(r)))
-    return out
+        if c.question != "precision" or r is None or r <= 0 or (c.lowers and not _below(c.lowers, bits)):
+            continue
+        picked.append((c.key, c.label, float(r), min(c.lowers.values()) if c.lowers else None, tuple(c.lowers)))
+    words: dict[int, set[str]] = {}
+    for _, _, _, b, comps in picked:
+        if b is not None:
+            words.setdefault(b, set()).update(comps)
+    out: list[tuple[str, str, str, float, int | None]] = [(NATIVE, _NATIVE_LABEL, _NATIVE_LABEL, 1.0, None)]
+    for key, label, r, b, _ in picked:
+        group = SUBSTITUTE if b is None else f"{b}-bit " + _or([_COMPONENT_WORDS[c] for c in _COMPONENT_WORDS
+                                                                 if c in words[b]])
+        out.append((key, label, group, r, b))
+    name = card or recipe
+    if card_bits is None or name is None:
+        where = "the float32 reference (no card)"
+    else:
+        where = f"the card ({name}), as steps below it"
+    if measured is not None:
+        how = f"effects measured under this card on {measured.model}"
+    elif is_float:
+        how = f"effects calibrated on {table.model} against float32"
+    else:
+        how = (f"effects calibrated on {table.model} against float32, not under this card: under its more lenient "
+               "floor a step's ratio is smaller, so the estimate may name a smaller step")
+    return ClassSet(tuple(out), f"{where}; {how}", measured is not None or is_float, measured is not None)
 
 
-def claim_classes(claimed: str, card_precision: str | None, table: EffectSizes | None = None) -> tuple[str, ...]:
+def _or(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def claim_classes(claimed: str, card_precision: str | None, table: EffectSizes | None = None, *,
+                  classes: ClassSet | None = None) -> tuple[str, ...]:
     """The class keys a claimed label names: :data:`NATIVE` when its bits are at or above the card's
-    (default card: 16-bit floats and up), else the classes of its bit width's precision class (none for
-    a width no class was calibrated at, e.g. ``fp6``).
+    (default card: 16-bit floats and up), else the card's classes (``classes``, default
+    :func:`card_classes` of ``table`` with no card) of its bit width (none for a width no class was
+    calibrated at, e.g. ``fp6``).
 
     Raises:
         ValueError: an unknown label (the message lists :data:`BITS`).
@@ -232,12 +318,11 @@ def claim_classes(claimed: str, card_precision: str | None, table: EffectSizes |
     if claimed not in BITS:
         raise ValueError(f"claimed_precision {claimed!r} is not one of {sorted(BITS)}")
     # 16- and 32-bit floats are one class: honest bf16 / fp16 serving is what the noise floor measures
-    card_bits = min(BITS.get(card_precision or "", 16), 16)
+    card_bits = min(BITS.get(card_precision or "", FLOAT_BITS), FLOAT_BITS)
     if BITS[claimed] >= card_bits:
         return (NATIVE,)
-    group = _CLAIM_GROUP.get(BITS[claimed])
-    tab = table if table is not None else load_effect_sizes()
-    return tuple(k for k, _, g, _ in _classes(tab) if group is not None and g == group)
+    cs = classes if classes is not None else card_classes(table if table is not None else load_effect_sizes())
+    return tuple(k for k, _, _, _, b in cs.classes if b == BITS[claimed])
 
 
 def estimate_from_ratio(
@@ -252,6 +337,9 @@ def estimate_from_ratio(
     effect_sizes: EffectSizes | None = None,
     tau: float = TAU,
     rules_out: Sequence[Mapping[str, Any]] | None = None,
+    card_bits: Mapping[str, int] | None = None,
+    card_recipe: str | None = None,
+    model: str | None = None,
 ) -> PrecisionEstimate:
     """The estimate from an observed ratio R > 0 and the standard error of log R (module docstring).
 
@@ -267,7 +355,11 @@ def estimate_from_ratio(
             INCONCLUSIVE audits), the one source of "ruled out" whenever it covers a class (issue 38: a
             report must never call a class both ruled out and not): a class it rules out is ``ruled
             out``; a class it does not rule out, which the effect alone would, is ``not ruled out`` with
-            the power in ``direction``; a class the effect is consistent with stays ``consistent``.
+            the power in ``direction``; a class the effect is consistent with stays ``consistent``. The
+            record's powers are against the float32 effects, so it is not used with effects measured
+            under the card (:attr:`ClassSet.measured_under_card`).
+        card_bits, card_recipe, model: the card in use and the reference model (:func:`card_classes`): the
+            classes are the steps below the card, with the effects measured under it where the table has them.
 
     Raises:
         ValueError: a non-positive or non-finite ratio, a negative or non-finite log_se, an unknown claim.
@@ -277,14 +369,16 @@ def estimate_from_ratio(
     if not (math.isfinite(log_se) and log_se >= 0):
         raise ValueError(f"log_se must be finite and >= 0, got {log_se!r}")
     table = effect_sizes if effect_sizes is not None else load_effect_sizes()
-    power_records = {str(r.get("key")): r for r in (rules_out or []) if isinstance(r, Mapping)
-                     and r.get("status") in ("ruled out", "not ruled out")}
+    cs = card_classes(table, card_bits, model=model, recipe=card_recipe, card=card_recipe or card)
+    power_records = {} if cs.measured_under_card else {
+        str(r.get("key")): r for r in (rules_out or [])
+        if isinstance(r, Mapping) and r.get("status") in ("ruled out", "not ruled out")}
     y = math.log(ratio)
     sd = math.sqrt(log_se * log_se + tau * tau)
     zc = float(stats.norm.ppf(1 - alpha / 2))
     w = zc * sd
     fits = []
-    for key, label, group, r in _classes(table):
+    for key, label, group, r, _ in cs.classes:
         m = math.log(r)
         d = (y - m) / sd if sd > 0 else math.copysign(math.inf, y - m)
         if key == NATIVE:
@@ -293,13 +387,14 @@ def estimate_from_ratio(
             ok, direction = abs(d) <= zc, ("too large" if d > 0 else "too small")
         fit = ClassFit(key, label, group, r, "consistent" if ok else "ruled out", None if ok else direction, d)
         fits.append(_with_power_record(fit, power_records.get(key)))
-    quant = [f for f in fits if f.precision != _SUBSTITUTE]
+    quant = [f for f in fits if f.precision != SUBSTITUTE]
     nearest = min(quant, key=lambda f: abs(f.distance) if f.key != NATIVE else max(f.distance, 0.0))
     check = None
     if claimed is not None:
-        keys = claim_classes(claimed, card_precision, table)
+        keys = claim_classes(claimed, card_precision, classes=cs)
         check = _check_claim(claimed, keys, fits, y, log_se, w)
-    return PrecisionEstimate(ratio, log_se, int(n), w, nearest.precision, nearest.key, tuple(fits), check, card)
+    return PrecisionEstimate(ratio, log_se, int(n), w, nearest.precision, nearest.key, tuple(fits), check, card,
+                             cs.relative_to, cs.calibrated)
 
 
 def _with_power_record(fit: ClassFit, rec: Mapping[str, Any] | None) -> ClassFit:
@@ -318,7 +413,7 @@ def _with_power_record(fit: ClassFit, rec: Mapping[str, Any] | None) -> ClassFit
 def _check_claim(claimed: str, keys: tuple[str, ...], fits: Sequence[ClassFit], y: float, s: float,
                  w: float) -> ClaimCheck:
     mine = [f for f in fits if f.key in keys]
-    others = [f for f in fits if f.key not in keys and f.precision != _SUBSTITUTE]  # substitution: the verdict's
+    others = [f for f in fits if f.key not in keys and f.precision != SUBSTITUTE]  # substitution: the verdict's
     if not mine:
         return ClaimCheck(claimed, (), "cannot tell", None, None)
     ok_mine = any(f.status != "ruled out" for f in mine)
@@ -350,6 +445,9 @@ def estimate_precision(
     card: str | None = None,
     effect_sizes: EffectSizes | None = None,
     rules_out: Sequence[Mapping[str, Any]] | None = None,
+    card_bits: Mapping[str, int] | None = None,
+    card_recipe: str | None = None,
+    model: str | None = None,
 ) -> PrecisionEstimate | None:
     """The estimate of a report (its stored detector dicts), or None when it does not apply: a verdict
     outside :data:`ESTIMATED_VERDICTS`, logprob-divergence did not run, or its ratio / statistic is
@@ -358,7 +456,8 @@ def estimate_precision(
     Args:
         verdict: the verdict kind; detectors: the report's detector dicts (``name``, ``ran``,
             ``statistic``, ``n``, ``details.geometric_ratio``).
-        alpha, claimed, card_precision, card, effect_sizes, rules_out: as :func:`estimate_from_ratio`.
+        alpha, claimed, card_precision, card, effect_sizes, rules_out, card_bits, card_recipe, model: as
+            :func:`estimate_from_ratio` (a malformed ``card_bits`` counts as no card).
     """
     if verdict not in ESTIMATED_VERDICTS:
         return None
@@ -379,8 +478,12 @@ def estimate_precision(
         n = int(d.get("n") or 0)
     except (TypeError, ValueError):
         n = 0
+    bits = ({str(k): int(v) for k, v in card_bits.items() if isinstance(v, int) and not isinstance(v, bool)}
+            if isinstance(card_bits, Mapping) else None)
     return estimate_from_ratio(r, se, n, alpha=alpha, claimed=claimed, card_precision=card_precision, card=card,
-                               effect_sizes=effect_sizes, rules_out=rules_out)
+                               effect_sizes=effect_sizes, rules_out=rules_out, card_bits=bits or None,
+                               card_recipe=card_recipe if isinstance(card_recipe, str) else None,
+                               model=model if isinstance(model, str) else None)
 
 
 def estimate_rows(est: Mapping[str, Any] | None) -> list[list[str]]:

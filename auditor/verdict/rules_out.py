@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -45,9 +45,11 @@ from auditor.verdict.power import _power_at_model, _power_model, required_positi
 
 __all__ = [
     "BELOW_RESOLUTION",
+    "COMPONENTS",
     "EFFECT_SIZES_PATH",
     "QUESTIONS",
     "RULE_OUT_POWER",
+    "CardEffects",
     "DeviationClass",
     "EffectSizes",
     "EffectSizesError",
@@ -67,6 +69,9 @@ RULE_OUT_POWER = 0.95
 EFFECT_SIZES_PATH = Path(__file__).resolve().parent.parent / "calibration" / "effect_sizes.json"
 #: The question a class belongs to: the buyer's two (``auditor.verdict.questions``) and requested decoding.
 QUESTIONS = ("precision", "verification", "decoding")
+#: What a precision class lowers (``DeviationClass.lowers``): the linear weights, the linear layers' input
+#: activations, the KV cache — the three fields of a model card (``probes.model_card``).
+COMPONENTS = ("weights", "activations", "kv_cache")
 
 Status = Literal["ruled out", "not ruled out", "not tested"]
 
@@ -93,6 +98,10 @@ class DeviationClass:
         question: ``precision`` | ``verification`` | ``decoding``.
         profile: the simulator profile whose calibration audits measured the effects.
         effects: detector registry name → median effect in that detector's power-target unit.
+        lowers: precision classes: component (:data:`COMPONENTS`) → the bits the class leaves it with
+            (``int4``: ``{"weights": 4}``; ``w8a8``: ``{"weights": 8, "activations": 8}``); empty for the
+            other classes (a precision class that lowers nothing is a substitution class: another model). Whether a class is a step *below* a model card compares these with the card's
+            (``auditor.verdict.precision_estimate``).
     """
 
     key: str
@@ -100,6 +109,31 @@ class DeviationClass:
     question: str
     profile: str
     effects: Mapping[str, float]
+    lowers: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CardEffects:
+    """The precision classes' effects measured under one model card (``effect_sizes.json`` ``cards``).
+
+    Under a card the reference computes the card and the honest floor is the card's (more lenient than
+    the float32 floor: ``auditor.check.reference_setup.apply_card``), so a step below the card moves the
+    geometric-mean KL / floor ratio by its own amount; the calibration measures it per card, with the
+    card's below-card profiles (``native-fp8-int4`` for the int4 class under an FP8 card ...).
+
+    Attributes:
+        key: the table key; model: the reference model it was measured on; card: the card's recipe
+            (``probes.model_card.ModelCard.recipe``: ``weights fp8-block 128x128 e4m3, activations fp8 per
+            1x128, KV cache fp32``); source, generated: what measured it, ISO time.
+        classes: the classes below the card, each with the profile that served it under the card.
+    """
+
+    key: str
+    model: str
+    card: str
+    source: str
+    generated: str
+    classes: tuple[DeviationClass, ...]
 
 
 @dataclass(frozen=True)
@@ -109,8 +143,9 @@ class EffectSizes:
     Attributes:
         source: what produced it; model: the model calibrated on; generated: ISO time.
         provisional: True while the numbers are placeholders, not measurements.
-        classes: the deviation classes, in file order.
+        classes: the deviation classes, in file order (measured against the float32 reference).
         path: the file read.
+        cards: the precision classes' effects measured under model cards (:class:`CardEffects`).
     """
 
     source: str
@@ -119,6 +154,11 @@ class EffectSizes:
     provisional: bool
     classes: tuple[DeviationClass, ...]
     path: str
+    cards: tuple[CardEffects, ...] = ()
+
+    def for_card(self, model: str | None, card: str | None) -> CardEffects | None:
+        """The effects measured under ``card`` (a recipe, :attr:`CardEffects.card`) on ``model``, or None."""
+        return next((c for c in self.cards if card is not None and c.card == card and c.model == model), None)
 
 
 def _fail(path: Path | str, field: str, what: str) -> EffectSizesError:
@@ -140,17 +180,47 @@ def parse_effect_sizes(raw: Any, path: Path | str = "<effect sizes>") -> EffectS
     """
     if not isinstance(raw, Mapping):
         raise _fail(path, "<top level>", f"expected an object, got {type(raw).__name__}")
-    classes = raw.get("classes")
-    if not isinstance(classes, Mapping) or not classes:
-        raise _fail(path, "classes", "expected a non-empty object of deviation classes")
     provisional = raw.get("provisional", False)
     if not isinstance(provisional, bool):
         raise _fail(path, "provisional", f"expected true or false, got {provisional!r}")
+    cards = raw.get("cards", {})
+    if not isinstance(cards, Mapping):
+        raise _fail(path, "cards", "expected an object card key -> {model, card, source, generated, classes}")
+    per_card = []
+    for key, c in cards.items():
+        if not isinstance(c, Mapping):
+            raise _fail(path, f"cards.{key}", "expected an object")
+        where = f"cards.{key}."
+        per_card.append(CardEffects(str(key), _str(c, "model", path, where), _str(c, "card", path, where),
+                                    _str(c, "source", path, where), _str(c, "generated", path, where),
+                                    _parse_classes(c.get("classes"), path, f"cards.{key}.classes")))
+    return EffectSizes(_str(raw, "source", path, ""), _str(raw, "model", path, ""), _str(raw, "generated", path, ""),
+                       provisional, _parse_classes(raw.get("classes"), path, "classes"), str(path), tuple(per_card))
+
+
+def _parse_lowers(raw: Any, path: Path | str, where: str) -> dict[str, int]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or not raw:
+        raise _fail(path, where, f"expected a non-empty object component -> bits ({list(COMPONENTS)}), got {raw!r}")
+    out = {}
+    for comp, bits in raw.items():
+        if comp not in COMPONENTS:
+            raise _fail(path, f"{where}.{comp}", f"not a component (known: {list(COMPONENTS)})")
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 32:
+            raise _fail(path, f"{where}.{comp}", f"expected bits 1..32, got {bits!r}")
+        out[str(comp)] = bits
+    return out
+
+
+def _parse_classes(classes: Any, path: Path | str, prefix: str) -> tuple[DeviationClass, ...]:
+    if not isinstance(classes, Mapping) or not classes:
+        raise _fail(path, prefix, "expected a non-empty object of deviation classes")
     out = []
     for key, c in classes.items():
-        where = f"classes.{key}."
+        where = f"{prefix}.{key}."
         if not isinstance(c, Mapping):
-            raise _fail(path, f"classes.{key}", "expected an object")
+            raise _fail(path, f"{prefix}.{key}", "expected an object")
         question = _str(c, "question", path, where)
         if question not in QUESTIONS:
             raise _fail(path, f"{where}question", f"expected one of {list(QUESTIONS)}, got {question!r}")
@@ -167,16 +237,17 @@ def parse_effect_sizes(raw: Any, path: Path | str = "<effect sizes>") -> EffectS
                 raise _fail(path, f"{where}effects.{det}", f"expected a finite number, got {v!r}")
             eff[det] = float(v)
         out.append(DeviationClass(str(key), _str(c, "label", path, where), question,
-                                  _str(c, "profile", path, where), eff))
-    return EffectSizes(_str(raw, "source", path, ""), _str(raw, "model", path, ""), _str(raw, "generated", path, ""),
-                       provisional, tuple(out), str(path))
+                                  _str(c, "profile", path, where), eff, _parse_lowers(c.get("lowers"), path,
+                                                                                      f"{where}lowers")))
+    return tuple(out)
 
 
 def load_effect_sizes(path: str | Path | None = None) -> EffectSizes:
     """Read and validate the effect-size table (default :data:`EFFECT_SIZES_PATH`; cached per path).
 
     Format: ``{"source", "model", "generated", "provisional"?, "classes": {key: {"label", "question",
-    "profile", "effects": {detector: effect}}}}``.
+    "profile", "lowers"?: {component: bits}, "effects": {detector: effect}}}, "cards"?: {key: {"model", "card",
+    "source", "generated", "classes": {...}}}}`` (:class:`DeviationClass`, :class:`CardEffects`).
 
     Raises:
         EffectSizesError: the file cannot be read, is not JSON, or a field is malformed (named).

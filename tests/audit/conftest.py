@@ -62,12 +62,13 @@ class SimFactory:
         self.served_name = served_name
         self.servers: dict[str, object] = {}
 
-    def url(self, profile: str, **overrides) -> str:
+    def url(self, profile: str, seed: int = 0, **overrides) -> str:
+        """The base URL of a simulator serving ``profile`` with simulator seed ``seed`` (started once per both)."""
         from simulator.server import ServerThread, create_app
 
-        key = profile + repr(sorted(overrides.items()))
+        key = profile + repr(sorted(overrides.items())) + ("" if seed == 0 else f"@seed{seed}")
         if key not in self.servers:
-            app = create_app(profile, lm=self.lm, served_model_name=self.served_name, seed=0, **overrides)
+            app = create_app(profile, lm=self.lm, served_model_name=self.served_name, seed=seed, **overrides)
             self.servers[key] = ServerThread(app, timeout=120).start()
         return self.servers[key].base_url
 

@@ -11,20 +11,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from auditor.calibration.effects import card_effects_from_records
 from auditor.report.common import JSON_FIELDS, AuditReport
 from auditor.report.render import render
 from auditor.verdict.precision_estimate import (
     NATIVE,
-    PRECISION_GROUPS,
     TAU,
+    card_classes,
     claim_classes,
     estimate_from_ratio,
     estimate_precision,
 )
-from auditor.verdict.rules_out import load_effect_sizes
+from auditor.verdict.rules_out import load_effect_sizes, parse_effect_sizes
+from probes.model_card import ModelCard
 
 ROOT = Path(__file__).resolve().parents[2]
-QUANT = ("int8", "fp8", "kv-fp8", "w8a8", "int4")
+QUANT = ("int8", "fp8", "kv-fp8", "w8a8", "int4", "int3")
 # Standard error of log R per logprob position count: s = 3.9 / sqrt(n), read off the calibration's int8
 # power (rejections 47% / 77% at 72 / 157 logprob tokens, budgets 500 / 1000, with log R = 0.96 and the
 # Bonferroni level 0.05/5: s = 0.96 / (z_0.99 + z_power) = 0.435 / 0.32).
@@ -35,6 +37,11 @@ Z_REJECT = 2.326  # one-sided 0.01 = 0.05 / 5 tests
 
 def _ratio(key: str) -> float:
     return next(c.effects["logprob-divergence"] for c in load_effect_sizes().classes if c.key == key)
+
+
+def _group(key: str) -> str:
+    """The precision class of ``key`` with no card (every class is a step below the float32 reference)."""
+    return next(g for k, _, g, _, _ in card_classes(load_effect_sizes()).classes if k == key)
 
 
 def test_tau_covers_the_calibrated_spread_of_each_class() -> None:
@@ -62,7 +69,7 @@ def test_estimate_names_the_right_class_in_rejections(key: str, budget: int) -> 
     right = consistent = 0
     for v in rejected:
         est = estimate_from_ratio(math.exp(v), s, LOGPROB_TOKENS[budget])
-        right += est.best == PRECISION_GROUPS[key]
+        right += est.best == _group(key)
         consistent += next(c for c in est.classes if c.key == key).status == "consistent"
     assert right / rejected.size >= 0.90, (key, budget, right / rejected.size)
     assert consistent / rejected.size >= 0.90, (key, budget, consistent / rejected.size)
@@ -164,3 +171,71 @@ def test_stored_run_states_the_card_and_the_claim(tmp_path) -> None:
     assert ref["card"].startswith("card smollm2-135m-instruct: the model is published as 4-bit weights (gguf:Q4_1); "
                                   "the reference computes in float32 with exactly those values")
     assert ref["card_precision"] == "fp32" and ref["claimed_precision"] == "bf16"
+
+
+#: The FP8 card of DeepSeek-V3 (weights and activations FP8, KV cache bf16) and an INT4 card (Kimi K2-Thinking).
+FP8_CARD = ModelCard.model_validate({"name": "ds", "weights": {"format": "fp8-block", "block_size": [128, 128]},
+                                     "activations": {"format": "fp8", "tile": [1, 128]}, "kv_cache": "bf16"})
+INT4_CARD = ModelCard.model_validate({"name": "k2", "weights": {"format": "int4", "group_size": 32},
+                                      "kv_cache": "bf16"})
+
+
+def _groups(card: ModelCard | None) -> dict[str, str]:
+    bits = card.component_bits() if card is not None else None
+    return {k: g for k, _, g, _, _ in card_classes(load_effect_sizes(), bits).classes}
+
+
+def test_classes_are_steps_below_the_card() -> None:
+    """An FP8 card has no "8-bit weights" below it (4- and 3-bit weights, an 8-bit KV cache are); an INT4 card has
+    3-bit weights and an 8-bit KV cache, not 4- or 8-bit weights; no card: every class, 8-bit ones as one group."""
+    free = _groups(None)
+    assert free["int8"] == free["fp8"] == free["kv-fp8"] == free["w8a8"] == "8-bit weights, activations or KV cache"
+    assert free["int4"] == "4-bit weights" and free["int3"] == "3-bit weights"
+    fp8 = _groups(FP8_CARD)
+    assert set(fp8) >= {NATIVE, "int4", "int3", "kv-fp8"} and not {"int8", "fp8", "w8a8"} & set(fp8)
+    assert fp8["kv-fp8"] == "8-bit KV cache" and fp8["int4"] == "4-bit weights"
+    assert not any(g.startswith("8-bit weights") for g in fp8.values())
+    int4 = _groups(INT4_CARD)
+    assert set(int4) >= {NATIVE, "int3", "kv-fp8"} and not {"int4", "int8", "fp8", "w8a8"} & set(int4)
+    # a claim below the card names the card's classes of its width; at or above it, the native precision
+    assert claim_classes("int4", "fp8", classes=card_classes(load_effect_sizes(), FP8_CARD.component_bits())) == ("int4",)
+    assert claim_classes("fp8", "fp8") == (NATIVE,)
+    # a KV cache the checkpoint declares FP8 ("auto" resolved) is the card's: no 8-bit KV step below it
+    auto = FP8_CARD.model_copy(update={"kv_cache": "auto"})
+    assert "kv-fp8" not in {k for k, *_ in card_classes(load_effect_sizes(), auto.component_bits("fp8")).classes}
+
+
+def _card_table(int4_ratio: float, kv_ratio: float):
+    """The packaged table plus effects measured under FP8_CARD (calibration records of its below-card profiles)."""
+    recs = [{"profile": p, "design": "fixed", "budget_tokens": 1000,
+             "detectors": {"logprob-divergence": {"effect_median": r, "ran": 1.0}}}
+            for p, r in (("native-fp8-int4", int4_ratio), ("native-fp8-kv-fp8", kv_ratio))]
+    entry = card_effects_from_records(recs, model="m+fp8", card=FP8_CARD.recipe(), source="test", classes={
+        "int4": {"label": "int4 weights", "question": "precision", "profile": "native-fp8-int4", "lowers": {"weights": 4}},
+        "kv-fp8": {"label": "fp8 KV cache", "question": "precision", "profile": "native-fp8-kv-fp8",
+                   "lowers": {"kv_cache": 8}}})
+    raw = json.loads(Path(load_effect_sizes().path).read_text())
+    return parse_effect_sizes({**raw, "cards": {"m+fp8": entry}}, "test")
+
+
+def test_effects_measured_under_the_card_name_the_step() -> None:
+    """int4 of an FP8 model reads 5x the card's floor (its lenient floor; 8-bit KV steps reach 8x the float32
+    floor): against the float32 effects the estimate names the 8-bit KV cache and says the effects are not the
+    card's; against the effects measured under the card it names 4-bit weights, relative to the card."""
+    bits, recipe = FP8_CARD.component_bits(), FP8_CARD.recipe()
+    plain = estimate_from_ratio(5.1, 0.2, 300, card_bits=bits, card_recipe=recipe, model="m+fp8")
+    assert plain.best == "8-bit KV cache" and not plain.card_calibrated
+    assert "not under this card" in plain.sentence() and recipe in plain.sentence()
+    table = _card_table(5.0, 1.9)
+    est = estimate_from_ratio(5.1, 0.2, 300, card_bits=bits, card_recipe=recipe, model="m+fp8", effect_sizes=table)
+    assert est.best == "4-bit weights" and est.card_calibrated
+    assert "effects measured under this card on m+fp8" in est.sentence()
+    kv = estimate_from_ratio(1.8, 0.2, 300, card_bits=bits, card_recipe=recipe, model="m+fp8", effect_sizes=table)
+    assert kv.best == "8-bit KV cache"
+    assert "rules out 4-bit weights" in kv.sentence()
+    # another model, or another card on it: the measured effects do not apply
+    other = estimate_from_ratio(5.1, 0.2, 300, card_bits=bits, card_recipe=recipe, model="x", effect_sizes=table)
+    assert not other.card_calibrated
+    with pytest.raises(ValueError, match="no records"):
+        card_effects_from_records([], model="m", card="c", source="t", classes={"int4": {
+            "label": "int4", "question": "precision", "profile": "p", "lowers": {"weights": 4}}})
