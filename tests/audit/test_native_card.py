@@ -295,14 +295,14 @@ def test_bad_card_is_exit_3_naming_the_field_and_the_fix(tiny_lm, tmp_path, card
     before any probe, naming the field and the fix."""
     from dataclasses import replace
 
-    from auditor.check import pipeline as audit
+    from auditor.check import reference_setup
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     if qc is not None:
         (ckpt / "config.json").write_text(json.dumps({"quantization_config": qc}))
     mp = pytest.MonkeyPatch()
-    mp.setitem(audit._MODELS, ("tiny+ckpt", "float32"), replace(tiny_lm, path=str(ckpt), name="tiny+ckpt"))
+    mp.setitem(reference_setup._MODELS, ("tiny+ckpt", "float32"), replace(tiny_lm, path=str(ckpt), name="tiny+ckpt"))
     try:
         text = providers_toml({"sim": "http://127.0.0.1:9/v1"}, "tiny+ckpt", reference="tiny+ckpt")
         cfg = tmp_path / "p.toml"
