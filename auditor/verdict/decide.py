@@ -91,7 +91,10 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    family) rejects: ``preflight-greedy-top1`` (temperature-0 tokens are not the provider's own
    top-1) or ``preflight-top-p`` (at temperature 1 with ``top_p = 1`` the sampled tokens miss the
    provider's own low-probability region: a server-side top-k / top-p / min-p) →
-   DECODING_NONCOMPLIANT. Pre-flight results never count towards the power check.
+   DECODING_NONCOMPLIANT. Pre-flight results never count towards the power check. A pre-flight rejection that an
+   established cause reads with more information is explained by it, not a cause of its own: ``preflight-top-p``
+   by a rule-4 sampler cause, ``preflight-greedy-top1`` by the RELAXED_VERIFICATION of rules 1u / 1s / 1d (the same
+   greedy departures, placed by gap, span or streamed step; the pre-flight's answers carry no steps).
 2t. ``tokenizer_mismatch`` (keyword, below) establishes another tokenizer → SUBSTITUTION, whatever
    the rules above decided (applied last; the previous verdict becomes a secondary cause).
 Every other rejecting detector is listed under details["findings"] with its implication (the
@@ -941,9 +944,8 @@ def _other_causes(c: _Ctx, primary: _Cause) -> list[_Cause]:
         s = _sampling_cause(c, reference=c.lp_consistent or _mild(c))
         if s is not None:
             out.append(s)
-    sampler = _sampler_cause(primary, out)
     for name in PREFLIGHT_CHECKS:
-        if c.rejects(name) and not (name == "preflight-top-p" and sampler is not None):
+        if c.rejects(name) and _preflight_explainer(name, primary, out) is None:
             out.append(_preflight_cause(c, name))
     return out
 
@@ -957,6 +959,26 @@ def _sampler_cause(primary: _Cause, secondary: Sequence[_Cause]) -> _Cause | Non
     return next((x for x in (primary, *secondary) if x.rule.startswith("4") and x.kind in kinds), None)
 
 
+def _unverified_greedy_cause(primary: _Cause, secondary: Sequence[_Cause]) -> _Cause | None:
+    """The RELAXED_VERIFICATION that ``self-greedy`` establishes (rules 1u, 1s, 1d: its greedy departures from
+    the provider's own top-1 placed by gap, span or streamed step). The pre-flight greedy-top1 check reads the
+    same departures on a few answers without that information (no stream steps, few positions per span), so
+    its rejection is explained by that cause, not a separate DECODING_NONCOMPLIANT (issue 35, issue 37 item 6)."""
+    return next((x for x in (primary, *secondary)
+                 if x.kind == VerdictKind.RELAXED_VERIFICATION and DetectorName.SELF_GREEDY in x.deciding), None)
+
+
+def _preflight_explainer(name: str, primary: _Cause, secondary: Sequence[_Cause]) -> _Cause | None:
+    """The established cause that explains pre-flight check ``name``'s rejection, or None: the sampler cause
+    (:func:`_sampler_cause`) for ``preflight-top-p``, the unverified-greedy cause
+    (:func:`_unverified_greedy_cause`) for ``preflight-greedy-top1``."""
+    if name == "preflight-top-p":
+        return _sampler_cause(primary, secondary)
+    if name == "preflight-greedy-top1":
+        return _unverified_greedy_cause(primary, secondary)
+    return None
+
+
 #: Primary-cause rules under which a greedy-near-tie rejection is part of the established cause's picture:
 #: a decode-path difference, a quantized, other or mixed model also moves near-ties (rules 1-3h come first).
 _NEAR_TIE_EXPLAINED = ("1-self-greedy", "2-", "3-", "3h-")  # 3h-logprob-mixture-* included
@@ -967,12 +989,12 @@ def _explain_findings(findings: list[dict[str, Any]], primary: _Cause, secondary
     """Mark in place each finding that the established cause explains: ``explained_by`` (the verdict kind) and
     the implication says so, so that no report lists it as a separate cause (issue 37 item 6). A rejecting
     greedy-near-tie under a decode-path or model cause (rules 1-3h); the pre-flight top-p check under a rule-4
-    RELAXED_VERIFICATION or the undetermined sampler pair (:func:`_sampler_cause`); the reference sampling tests
+    RELAXED_VERIFICATION or the undetermined sampler pair (:func:`_sampler_cause`); the pre-flight greedy-top1
+    check under the RELAXED_VERIFICATION self-greedy establishes (:func:`_unverified_greedy_cause`); the reference sampling tests
     under a model cause that no sampling cause claims (the reference's distribution is not the served one);
     the greedy findings the decode path explains (:func:`auditor.verdict.cause.explained_by_decode_path`)."""
     causes = (primary, *secondary)
     claimed = {n for x in causes for n in x.deciding}
-    sampler = _sampler_cause(primary, secondary)
     model = primary.kind in (VerdictKind.QUANTIZATION, VerdictKind.SUBSTITUTION,
                              VerdictKind.QUANTIZATION_OR_SUBSTITUTION) and primary.rule.startswith(("2-", "3"))
     ref_sampling = {str(n) for n in detectors_where(mode=Mode.SAMPLING, needs_reference=True)}
@@ -987,8 +1009,11 @@ def _explain_findings(findings: list[dict[str, Any]], primary: _Cause, secondary
         elif name == DetectorName.GREEDY_NEAR_TIE and primary.rule.startswith(_NEAR_TIE_EXPLAINED):
             by, why = primary.kind, ("a decode path that differs and weights that differ (quantized, another or a "
                                      "mixed model) move near-ties too")
-        elif name == "preflight-top-p" and sampler is not None:
-            by, why = sampler.kind, "lossy acceptance thins the tail the pre-flight reads, as a truncation does"
+        elif (pre := _preflight_explainer(name, primary, secondary)) is not None:
+            by, why = pre.kind, (
+                "lossy acceptance thins the tail the pre-flight reads, as a truncation does" if name == "preflight-top-p"
+                else f"the same greedy departures from the provider's own top-1 that rule {pre.rule} places, read on "
+                "the pre-flight's few answers without their stream steps or spans")
         elif model and name in ref_sampling:
             by, why = primary.kind, "the reference's distribution is not the served one, so its sampling tests see the model difference"
         if by is None:

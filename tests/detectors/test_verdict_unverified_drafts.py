@@ -12,6 +12,7 @@ from auditor.check.observations import _step_final
 from auditor.detectors.base import EvidenceBatch
 from auditor.detectors.consistency import self_greedy, step_counts
 from auditor.verdict.decide import decide_verdict
+from tests.verdict_results import mk
 
 GAP = 4.0  # clear, but far short of rule 1u's UNVERIFIED_GAP_NATS: a 1u verdict cannot be what names it
 
@@ -98,3 +99,19 @@ def test_step_final_from_the_answering_attempt() -> None:
     assert _step_final([_Attempt([2, 2])], 5) is None  # chunks do not cover the tokens
     assert _step_final([_Attempt(None)], 2) is None and _step_final([], 2) is None
     assert _step_final([_Attempt([1, -1, 2])], 2) is None
+
+
+def test_preflight_greedy_departures_are_explained_by_the_unverified_drafts() -> None:
+    """The pre-flight's greedy-top1 check reads the same departures from the provider's own top-1 on a few
+    answers, without their stream steps: under rule 1d it is explained by RELAXED_VERIFICATION, not a second,
+    DECODING_NONCOMPLIANT cause (issue 35 with issue 37 item 6). Under rule 1 (a decoding parameter) it stays
+    the pre-flight's own DECODING_NONCOMPLIANT."""
+    pre = mk("preflight-greedy-top1", 1e-12, n=96, statistic=30)
+    v = decide_verdict([self_greedy(_batch("inside")), pre])
+    assert v.verdict == "RELAXED_VERIFICATION" and v.details["rule"] == "1d-unverified-drafts", v.reason
+    assert [c["rule"] for c in v.details["secondary_causes"]] == [] and "DECODING_NONCOMPLIANT" not in v.reason
+    f = {x["detector"]: x for x in v.details["findings"]}["preflight-greedy-top1"]
+    assert f["explained_by"] == "RELAXED_VERIFICATION" and "1d-unverified-drafts" in f["implication"]
+    v = decide_verdict([self_greedy(_batch("final")), pre])
+    assert v.details["rule"] == "1-self-greedy"
+    assert "explained_by" not in {x["detector"]: x for x in v.details["findings"]}["preflight-greedy-top1"]
