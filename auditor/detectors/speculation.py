@@ -44,12 +44,15 @@ from scipy import stats
 __all__ = [
     "DETECT_THRESHOLD",
     "DETECT_THRESHOLD_TOKEN_CHUNKS",
+    "FLAT_MAX_RATIO",
     "MAX_STEP_TOKENS",
     "PREDICTABLE_WORKLOADS",
     "SpeculationEstimate",
     "StreamTiming",
+    "accepted_by_predictability",
     "estimate_speculation",
     "fit_log_gap_mixture",
+    "predictability_text",
     "speculation_line",
     "timing_from_records",
 ]
@@ -63,6 +66,10 @@ DETECT_THRESHOLD = 1.1
 DETECT_THRESHOLD_TOKEN_CHUNKS = 1.25
 #: Workloads where a good drafter must win (the prompts ask to copy or lightly rewrite a passage).
 PREDICTABLE_WORKLOADS = ("repetition",)
+#: The accepted length "does not move with predictability" when the bootstrap 95% interval of its ratio,
+#: predictable over other prompts, lies within [1 / FLAT_MAX_RATIO, FLAT_MAX_RATIO] (under a tenth longer
+#: or shorter on repetition than on chat; :func:`accepted_by_predictability`).
+FLAT_MAX_RATIO = 1.1
 #: Gaps below this (s) are clamped before taking logs (timer resolution; loopback coalescing).
 _GAP_FLOOR_S = 1e-6
 #: Minimum responses / gaps to say anything.
@@ -441,7 +448,9 @@ def estimate_speculation(
             why.append(f"chunks arrive at a regular interval (~{med * 1e3:.0f} ms, IQR/median "
                        f"{iqr_ratio:.2f}) with {low_tpc:.1f} tokens each even on unpredictable prompts")
         contrast = _contrast(clean, predictable_workloads, rng, n_boot)
+        ev["tokens_per_chunk_by_workload"] = _chunks_by_workload(clean)
         if contrast is not None:
+            ev["predictable_over_other"] = _r(contrast[0])
             ev["predictable_over_other_ci95"] = [_r(contrast[1]), _r(contrast[2])]
             if low_tpc >= _BATCH_MIN_TOKENS and contrast[1] <= 1.0:
                 why.append(f"{low_tpc:.1f} tokens per chunk on unpredictable prompts and no more on "
@@ -633,6 +642,16 @@ def _position_trend(clean: list[_Clean], thr_s: float | None, tau_s: float | Non
     return _r(float(rho))
 
 
+def _chunks_by_workload(clean: list[_Clean]) -> dict[str, dict[str, Any]]:
+    """Tokens per stream chunk per workload: ``{workload: {"mean", "n_responses"}}`` (sum(tokens) / sum(chunks))."""
+    out: dict[str, dict[str, Any]] = {}
+    for wl in sorted({c.workload or "unknown" for c in clean}):
+        group = [c for c in clean if (c.workload or "unknown") == wl]
+        out[wl] = {"mean": _r(sum(c.tokens for c in group) / sum(c.tpc.size for c in group)),
+                   "n_responses": len(group)}
+    return out
+
+
 def _throughput_by_workload(clean: list[_Clean]) -> dict[str, float | None]:
     """Tokens per second of streaming (first to last chunk) per workload."""
     out: dict[str, float | None] = {}
@@ -643,8 +662,69 @@ def _throughput_by_workload(clean: list[_Clean]) -> dict[str, float | None]:
     return out
 
 
+def accepted_by_predictability(spec: Mapping[str, object] | None,
+                               predictable_workloads: Sequence[str] = PREDICTABLE_WORKLOADS) -> dict[str, Any] | None:
+    """The accepted length on predictable against unpredictable prompts, from a ``speculation`` object.
+
+    A verifier accepts a draft when the target agrees with it, so its accepted length per step grows where the
+    text is predictable (repetition prompts: copy a passage) over open chat; an engine that emits a fixed number
+    of drafts per step without verifying them (synthetic acceptance) shows the same length on both. Read from the
+    fingerprint's tokens per verification step per workload (``evidence["by_workload"]``, ``per`` = ``"step"``)
+    or, where it could not tell chunks from steps (time-batched), its tokens per stream chunk
+    (``evidence["tokens_per_chunk_by_workload"]``, ``per`` = ``"chunk"``: steps only where other evidence shows
+    the chunks end at verification steps, e.g. verdict rule 1d).
+
+    Args:
+        spec: ``SpeculationEstimate.to_dict()`` (or the stored summary's ``speculation``); None or malformed → None.
+        predictable_workloads: the workloads counted as predictable.
+
+    Returns:
+        ``{"per": "step" | "chunk", "by_workload": {workload: mean tokens}, "predictable_over_other": ratio,
+        "ci95": [lo, hi], "trend": "grows" | "flat" | "undetermined"}`` — ``trend`` "grows" when the ratio's
+        bootstrap 95% interval lies above 1, "flat" when it lies within [1 / FLAT_MAX_RATIO, FLAT_MAX_RATIO];
+        None when the fingerprint has no per-workload figures on both kinds of prompt or no interval (fewer
+        than 3 responses of each).
+    """
+    ev = spec.get("evidence") if isinstance(spec, Mapping) else None
+    if not isinstance(ev, Mapping):
+        return None
+    per = "step" if isinstance(ev.get("by_workload"), Mapping) else "chunk"
+    table = ev.get("by_workload") if per == "step" else ev.get("tokens_per_chunk_by_workload")
+    ratio, ci = ev.get("predictable_over_other"), ev.get("predictable_over_other_ci95")
+    if not isinstance(table, Mapping) or not isinstance(ratio, int | float) or not isinstance(ci, list | tuple):
+        return None
+    if len(ci) != 2 or not all(isinstance(v, int | float) for v in ci):
+        return None
+    means = {str(k): float(v["mean"]) for k, v in table.items()
+             if isinstance(v, Mapping) and isinstance(v.get("mean"), int | float)}
+    if not any(k in predictable_workloads for k in means) or all(k in predictable_workloads for k in means):
+        return None
+    lo, hi = float(ci[0]), float(ci[1])
+    trend = "grows" if lo > 1.0 else "flat" if lo >= 1 / FLAT_MAX_RATIO and hi <= FLAT_MAX_RATIO else "undetermined"
+    return {"per": per, "by_workload": means, "predictable_over_other": float(ratio), "ci95": [lo, hi],
+            "trend": trend}
+
+
+def predictability_text(fig: Mapping[str, Any], predictable_workloads: Sequence[str] = PREDICTABLE_WORKLOADS, *,
+                        unit: str | None = None) -> str:
+    """The figures of :func:`accepted_by_predictability` in words, predictable workloads first, e.g. "4.00
+    tokens per step on repetition prompts, 3.98 on chat, 4.01 on code (repetition / other 1.00, 95% CI [0.98,
+    1.02])"; ``unit`` replaces the figures' own (``fig["per"]``) where the caller knows more (a chunk that
+    other evidence shows to be one verification step)."""
+    means = dict(fig["by_workload"])
+    order = sorted(means, key=lambda w: (w not in predictable_workloads, w))
+    per = unit or fig["per"]
+    parts = [f"{means[w]:.2f} tokens per {per} on {w} prompts" if i == 0 else f"{means[w]:.2f} on {w}"
+             for i, w in enumerate(order)]
+    pred = "+".join(w for w in order if w in predictable_workloads)
+    lo, hi = fig["ci95"]
+    return (f"{', '.join(parts)} ({pred} / other {float(fig['predictable_over_other']):.2f}, 95% CI "
+            f"[{float(lo):.2f}, {float(hi):.2f}])")
+
+
 def speculation_line(spec: Mapping[str, object] | None) -> str | None:
-    """One human-readable line for a ``speculation`` object (text/Markdown reports), or None."""
+    """One human-readable line for a ``speculation`` object (text/Markdown reports), with the accepted length
+    on predictable against other prompts where known (:func:`predictability_text`), or None."""
     if not isinstance(spec, Mapping) or "detected" not in spec:
         return None
     det = spec.get("detected")
@@ -652,9 +732,11 @@ def speculation_line(spec: Mapping[str, object] | None) -> str | None:
     evidence = spec.get("evidence")
     ev: Mapping[str, object] = evidence if isinstance(evidence, Mapping) else {}
     mode = ev.get("mode", "?")
+    fig = accepted_by_predictability(spec)
+    by_text = f"; {predictability_text(fig)}" if fig is not None else ""
     if det is None:
-        return f"speculation: cannot tell ({mode})"
+        return f"speculation: cannot tell ({mode}){by_text}"
     est = (f"{float(m):.2f} tokens/step [95% CI {float(ci[0]):.2f}, {float(ci[1]):.2f}]"
            if isinstance(m, (int, float)) and isinstance(ci, (list, tuple)) and len(ci) == 2
            and all(isinstance(v, (int, float)) for v in ci) else "no estimate")
-    return f"speculation: {'detected' if det else 'not detected'}, {est} ({mode}; evidence, not a verdict)"
+    return f"speculation: {'detected' if det else 'not detected'}, {est} ({mode}; evidence, not a verdict){by_text}"

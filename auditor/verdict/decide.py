@@ -26,7 +26,10 @@ means the detector ran and its Holm-adjusted p-value is <= alpha:
    predicts, one-sided exact binomial p <= alpha): a decoding parameter acts on every pick, and under
    verification its departures end a step; departures only inside the steps are drafts emitted before
    the target's own token without being verified (synthetic acceptance: vLLM ``rejection_sample_method:
-   synthetic``, SGLang ``SGLANG_SIMULATE_ACC_LEN``) → RELAXED_VERIFICATION, rule ``1d-unverified-drafts``.
+   synthetic``, SGLang ``SGLANG_SIMULATE_ACC_LEN``) → RELAXED_VERIFICATION, rule ``1d-unverified-drafts``; its reason
+   quotes the speculation fingerprint's accepted length per streamed step on repetition against other prompts
+   (``details["speculation"]["by_predictability"]``, :func:`auditor.verdict.cause.predictability_clause`): a
+   verifier's grows with predictability, synthetic acceptance's does not (1u quotes it too when flat).
 2. ``logprob-divergence`` rejects → SUBSTITUTION when the provider's top-1 leaves the reference
    argmax at positions where the reference is confident far more often than a quantization-like
    (isotropic) logit perturbation of the audit's own measured scale explains
@@ -149,6 +152,7 @@ from auditor.detectors import (
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.logprob import kl_floor_ratio
 from auditor.detectors.noise_floor import NoiseFloor
+from auditor.detectors.speculation import accepted_by_predictability
 from auditor.detectors.stats import holm
 from auditor.util import finite as _f
 from auditor.util import json_safe, kl_floor_text
@@ -166,6 +170,7 @@ from auditor.verdict.cause import (
     near_tie_reason,
     no_speculation_seen,
     p_adjusted_text,
+    predictability_clause,
     sampled_flip_cause,
     set_aside,
     span_clause,
@@ -432,6 +437,7 @@ def decide_verdict(
         details["template_mismatch"] = dict(template_mismatch)
     if speculation is not None:
         details["speculation"] = {k: speculation.get(k) for k in ("detected", "mean_accepted_tokens_per_step", "ci95")}
+        details["speculation"]["by_predictability"] = accepted_by_predictability(speculation)  # issue 35 item 3
     ctx = _Ctx(by, rejects, details, speculation)
     cause = _primary_cause(ctx)
     n_power = max(1, sum(1 for r in ran if r.name not in PREFLIGHT_CHECKS))
@@ -700,7 +706,8 @@ def _self_greedy(c: _Ctx) -> _Cause:
             f"below its own reported top-1 (and the reference's), of {n_clear} clear contradictions in {r.n} "
             f"positions (e.g. {pos}): tokens no decoding parameter picks — drafts accepted without strict "
             f"verification (e.g. speculative decoding with greedy requests batched beside sampled ones) "
-            f"(self-greedy p_adj={r.p_adjusted:.3g})",
+            f"(self-greedy p_adj={r.p_adjusted:.3g})" + predictability_clause(
+                c.speculation, chunks_are_steps=_steps_shown(d, float(c.details["alpha"])), only_flat=True),
             "1u-unverified-tokens", [DetectorName.SELF_GREEDY],
             f"{n_unv} unverified greedy tokens, self-greedy p_adj={r.p_adjusted:.3g}",
         )
@@ -715,7 +722,7 @@ def _self_greedy(c: _Ctx) -> _Cause:
             f"greedy tokens not its own top-1 inside the reasoning span, self-greedy p_adj={r.p_adjusted:.3g}",
         )
     st = d.get("steps") or {}
-    if st.get("clear") and float(st.get("p_value", 1.0)) <= float(c.details["alpha"]):  # issue 35: synthetic acceptance
+    if _steps_shown(d, float(c.details["alpha"])):  # issue 35: synthetic acceptance
         share = int(st["final_positions"]) / max(int(st["positions"]), 1)
         return c.cause(
             VerdictKind.RELAXED_VERIFICATION,
@@ -725,7 +732,8 @@ def _self_greedy(c: _Ctx) -> _Cause:
             f"positions are (binomial p={float(st['p_value']):.2g}): the departures are tokens inside each "
             f"speculative step, never the target's own token that closes it — drafts emitted without verification "
             f"(synthetic acceptance: vLLM rejection_sample_method=synthetic, SGLANG_SIMULATE_ACC_LEN, TensorRT-LLM "
-            f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS) (self-greedy p_adj={r.p_adjusted:.3g})",
+            f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS) (self-greedy p_adj={r.p_adjusted:.3g})"
+            + predictability_clause(c.speculation, chunks_are_steps=True),
             "1d-unverified-drafts", [DetectorName.SELF_GREEDY],
             f"greedy tokens not its own top-1 inside the streamed steps only, self-greedy p_adj={r.p_adjusted:.3g}",
         )
@@ -737,6 +745,14 @@ def _self_greedy(c: _Ctx) -> _Cause:
         f"before the pick) (self-greedy p_adj={r.p_adjusted:.3g})",
         "1-self-greedy", [DetectorName.SELF_GREEDY], f"greedy tokens are not its own top-1, self-greedy p_adj={r.p_adjusted:.3g}",
     )
+
+
+def _steps_shown(d: Mapping[str, Any], alpha: float) -> bool:
+    """Rule 1d's test on self-greedy's details ``d``: its clear contradictions avoid the last token of the streamed
+    steps (``d["steps"]``, one-sided binomial p <= ``alpha``) — which also shows the stream's chunks end at the
+    target's own token, i.e. are verification steps."""
+    st = d.get("steps") or {}
+    return bool(st.get("clear")) and float(st.get("p_value", 1.0)) <= alpha
 
 
 def _shown_ratio(lp: DetectorResult | None) -> str:

@@ -115,3 +115,32 @@ def test_preflight_greedy_departures_are_explained_by_the_unverified_drafts() ->
     v = decide_verdict([self_greedy(_batch("final")), pre])
     assert v.details["rule"] == "1-self-greedy"
     assert "explained_by" not in {x["detector"]: x for x in v.details["findings"]}["preflight-greedy-top1"]
+
+
+def _fingerprint(repetition: float, chat: float, ci95: tuple[float, float]) -> dict[str, object]:
+    """A speculation object (``SpeculationEstimate.to_dict()``) that could not tell chunks from steps, with
+    tokens per chunk on repetition and chat prompts and their ratio's bootstrap interval."""
+    return {"detected": None, "mean_accepted_tokens_per_step": None, "ci95": None,
+            "evidence": {"mode": "time-batched", "predictable_over_other": repetition / chat,
+                         "predictable_over_other_ci95": list(ci95),
+                         "tokens_per_chunk_by_workload": {"chat": {"mean": chat, "n_responses": 9},
+                                                          "repetition": {"mean": repetition, "n_responses": 9}}}}
+
+
+def test_unverified_drafts_name_the_accepted_length_that_does_not_move_with_predictability() -> None:
+    """Issue 35 item 3: under rule 1d (the chunks end at the target's own token, so they are the steps) the
+    reason quotes the accepted length per step on repetition and chat prompts: flat is synthetic acceptance's
+    fixed length; one that grows with predictability is a verifier's, said as such."""
+    flat = decide_verdict([self_greedy(_batch("inside"))], speculation=_fingerprint(3.9, 3.88, (0.98, 1.03)))
+    assert flat.details["rule"] == "1d-unverified-drafts"
+    assert ("does not move with predictability (3.90 tokens per streamed step on repetition prompts, 3.88 on chat "
+            "(repetition / other 1.01, 95% CI [0.98, 1.03])") in flat.reason
+    assert "synthetic acceptance emits the same number of drafts per step whatever the text" in flat.reason
+    fig = flat.details["speculation"]["by_predictability"]
+    assert fig["trend"] == "flat" and fig["per"] == "chunk" and fig["by_workload"] == {"chat": 3.88, "repetition": 3.9}
+    grows = decide_verdict([self_greedy(_batch("inside"))], speculation=_fingerprint(3.2, 1.6, (1.7, 2.3)))
+    assert grows.details["rule"] == "1d-unverified-drafts" and "grows with predictability" in grows.reason
+    assert grows.details["speculation"]["by_predictability"]["trend"] == "grows"
+    # no stream steps shown (rule 1): chunk figures are not steps and stay out of the reason
+    v = decide_verdict([self_greedy(_batch("anywhere"))], speculation=_fingerprint(3.9, 3.88, (0.98, 1.03)))
+    assert v.details["rule"] == "1-self-greedy" and "predictability" not in v.reason
