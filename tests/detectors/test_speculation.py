@@ -179,7 +179,9 @@ def test_accepted_length_moves_with_predictability_under_a_verifier_only():
     assert f is not None and f["per"] == "chunk" and f["trend"] == "flat", f
     assert f["by_workload"]["repetition"] == pytest.approx(f["by_workload"]["chat"], rel=0.05)
     assert "3.87 tokens per chunk on repetition prompts, 3.87 on chat (repetition / other 1.00" in speculation_line(d)
-    # one kind of prompt only, or no interval: no figures
+    # two answers of a kind give the interval (a short audit streams few repetition answers); one kind only: none
+    two = accepted_by_predictability(estimate_speculation(fixed[4:8]).to_dict())
+    assert two is not None and two["n_predictable"] == 2 and two["n_other"] == 2 and two["trend"] == "flat", two
     assert accepted_by_predictability(estimate_speculation(strict[:6]).to_dict()) is None
     assert accepted_by_predictability({"detected": None, "evidence": {"mode": "insufficient"}}) is None
     assert accepted_by_predictability(None) is None

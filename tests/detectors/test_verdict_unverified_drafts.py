@@ -117,14 +117,15 @@ def test_preflight_greedy_departures_are_explained_by_the_unverified_drafts() ->
     assert "explained_by" not in {x["detector"]: x for x in v.details["findings"]}["preflight-greedy-top1"]
 
 
-def _fingerprint(repetition: float, chat: float, ci95: tuple[float, float]) -> dict[str, object]:
+def _fingerprint(repetition: float, chat: float, ci95: tuple[float, float] | None) -> dict[str, object]:
     """A speculation object (``SpeculationEstimate.to_dict()``) that could not tell chunks from steps, with
-    tokens per chunk on repetition and chat prompts and their ratio's bootstrap interval."""
+    tokens per chunk on 3 repetition and 9 chat answers and their ratio's bootstrap interval (None: none)."""
+    fig = {"per": "chunk", "by_workload": {"chat": {"mean": chat, "n_responses": 9},
+                                           "repetition": {"mean": repetition, "n_responses": 3}},
+           "predictable_over_other": None if ci95 is None else repetition / chat,
+           "ci95": None if ci95 is None else list(ci95), "n_predictable": 3, "n_other": 9}
     return {"detected": None, "mean_accepted_tokens_per_step": None, "ci95": None,
-            "evidence": {"mode": "time-batched", "predictable_over_other": repetition / chat,
-                         "predictable_over_other_ci95": list(ci95),
-                         "tokens_per_chunk_by_workload": {"chat": {"mean": chat, "n_responses": 9},
-                                                          "repetition": {"mean": repetition, "n_responses": 9}}}}
+            "evidence": {"mode": "time-batched", "by_predictability": fig}}
 
 
 def test_unverified_drafts_name_the_accepted_length_that_does_not_move_with_predictability() -> None:
@@ -134,13 +135,16 @@ def test_unverified_drafts_name_the_accepted_length_that_does_not_move_with_pred
     flat = decide_verdict([self_greedy(_batch("inside"))], speculation=_fingerprint(3.9, 3.88, (0.98, 1.03)))
     assert flat.details["rule"] == "1d-unverified-drafts"
     assert ("does not move with predictability (3.90 tokens per streamed step on repetition prompts, 3.88 on chat "
-            "(repetition / other 1.01, 95% CI [0.98, 1.03])") in flat.reason
+            "(repetition / other 1.01, 95% CI [0.98, 1.03], 3 and 9 responses))") in flat.reason
     assert "synthetic acceptance emits the same number of drafts per step whatever the text" in flat.reason
     fig = flat.details["speculation"]["by_predictability"]
     assert fig["trend"] == "flat" and fig["per"] == "chunk" and fig["by_workload"] == {"chat": 3.88, "repetition": 3.9}
     grows = decide_verdict([self_greedy(_batch("inside"))], speculation=_fingerprint(3.2, 1.6, (1.7, 2.3)))
     assert grows.details["rule"] == "1d-unverified-drafts" and "grows with predictability" in grows.reason
     assert grows.details["speculation"]["by_predictability"]["trend"] == "grows"
+    none = decide_verdict([self_greedy(_batch("inside"))], speculation=_fingerprint(3.9, 3.88, None))
+    assert "against predictability is undetermined (3.90 tokens per streamed step" in none.reason
+    assert "no interval from 3 and 9 responses" in none.reason
     # no stream steps shown (rule 1): chunk figures are not steps and stay out of the reason
     v = decide_verdict([self_greedy(_batch("anywhere"))], speculation=_fingerprint(3.9, 3.88, (0.98, 1.03)))
     assert v.details["rule"] == "1-self-greedy" and "predictability" not in v.reason
