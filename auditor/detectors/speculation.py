@@ -652,10 +652,10 @@ def _by_predictability(clean: list[_Clean], predictable: Sequence[str], per: str
                        tau_s: float | None, seed: int, n_boot: int) -> dict[str, Any] | None:
     """The accepted length per workload and its ratio, predictable over other prompts, for
     :func:`accepted_by_predictability`: ``{"per", "by_workload": {workload: {"mean", "n_responses"}},
-    "predictable_over_other", "ci95", "n_predictable", "n_other"}`` — tokens per step (``per`` "step") or, in time-batched mode, per chunk
-    (``per`` "chunk"; ``thr_s`` and ``tau_s`` None), the interval a percentile bootstrap over
-    responses from ``_MIN_CONTRAST_RESPONSES`` of each kind (its own RNG, ``seed + 1``, so that the other figures do
-    not move); None without responses of both kinds."""
+    "predictable_over_other", "ci95", "n_predictable", "n_other"}`` — tokens per step (``per`` "step") or, in
+    time-batched mode, per chunk (``per`` "chunk"; ``thr_s`` and ``tau_s`` None); the interval a percentile
+    bootstrap over responses from ``_MIN_CONTRAST_RESPONSES`` of each kind (its own RNG, ``seed + 1``, so that
+    the other figures do not move), None below that; the whole None without responses of both kinds."""
     n_pred = sum(c.workload in predictable for c in clean)
     if n_pred == 0 or n_pred == len(clean):
         return None
@@ -666,8 +666,7 @@ def _by_predictability(clean: list[_Clean], predictable: Sequence[str], per: str
                       "n_responses": len(group)}
     con = _contrast(clean, predictable, np.random.default_rng(seed + 1), n_boot, thr_s, tau_s,
                     min_each=_MIN_CONTRAST_RESPONSES)
-    return {"per": per,
-            "by_workload": per_wl, "predictable_over_other": None if con is None else _r(con[0]),
+    return {"per": per, "by_workload": per_wl, "predictable_over_other": None if con is None else _r(con[0]),
             "ci95": None if con is None else [_r(con[1]), _r(con[2])], "n_predictable": n_pred,
             "n_other": len(clean) - n_pred}
 
