@@ -44,12 +44,15 @@ from scipy import stats
 __all__ = [
     "DETECT_THRESHOLD",
     "DETECT_THRESHOLD_TOKEN_CHUNKS",
+    "FLAT_MAX_RATIO",
     "MAX_STEP_TOKENS",
     "PREDICTABLE_WORKLOADS",
     "SpeculationEstimate",
     "StreamTiming",
+    "accepted_by_predictability",
     "estimate_speculation",
     "fit_log_gap_mixture",
+    "predictability_text",
     "speculation_line",
     "timing_from_records",
 ]
@@ -63,6 +66,14 @@ DETECT_THRESHOLD = 1.1
 DETECT_THRESHOLD_TOKEN_CHUNKS = 1.25
 #: Workloads where a good drafter must win (the prompts ask to copy or lightly rewrite a passage).
 PREDICTABLE_WORKLOADS = ("repetition",)
+#: The accepted length "does not move with predictability" when the bootstrap 95% interval of its ratio,
+#: predictable over other prompts, lies within [1 / FLAT_MAX_RATIO, FLAT_MAX_RATIO] (under a tenth longer
+#: or shorter on repetition than on chat; :func:`accepted_by_predictability`).
+FLAT_MAX_RATIO = 1.1
+#: Responses of each kind (predictable, other) from which :func:`accepted_by_predictability` gives the ratio's
+#: interval: a short audit streams few repetition answers (2 of 15 at 500 tokens of the default suite, tiny model),
+#: and a fixed accepted length shows in every response alike. The decisions above keep 3.
+_MIN_CONTRAST_RESPONSES = 2
 #: Gaps below this (s) are clamped before taking logs (timer resolution; loopback coalescing).
 _GAP_FLOOR_S = 1e-6
 #: Minimum responses / gaps to say anything.
@@ -453,9 +464,12 @@ def estimate_speculation(
     if mode == "time-batched":
         ev["batching_interval_s"] = _r(med, 6)
         ev["tokens_per_s_by_workload"] = _throughput_by_workload(clean)
+        ev["by_predictability"] = _by_predictability(clean, predictable_workloads, "chunk", None, None, seed, n_boot)
         return SpeculationEstimate(None, None, None, ev)
 
     tau, tau_fit = _step_time(clean, step_threshold_s)
+    ev["by_predictability"] = _by_predictability(clean, predictable_workloads, "step", step_threshold_s, tau, seed,
+                                               n_boot)
     if step_threshold_s is not None:
         ev["step_gap_threshold_s"] = _r(step_threshold_s, 6)
         ev["gap_vs_group_size"] = tau_fit
@@ -530,12 +544,13 @@ def _interior_peak(clean: list[_Clean]) -> tuple[int, int, int, float] | None:
 
 
 def _contrast(clean: list[_Clean], predictable: Sequence[str], rng: np.random.Generator, n_boot: int,
-              thr_s: float | None = None, tau_s: float | None = None) -> tuple[float, float, float] | None:
+              thr_s: float | None = None, tau_s: float | None = None, *,
+              min_each: int = 3) -> tuple[float, float, float] | None:
     """Ratio of mean tokens per step, predictable over other prompts, with a bootstrap 95% interval
-    (>= 3 responses in each group, else None)."""
+    (>= ``min_each`` responses in each group, else None)."""
     pred = [c for c in clean if c.workload in predictable]
     other = [c for c in clean if c.workload not in predictable]
-    if len(pred) < 3 or len(other) < 3:
+    if len(pred) < min_each or len(other) < min_each:
         return None
     tp = np.array([c.tokens for c in pred], float)
     sp = np.array([_steps(c, thr_s, tau_s) for c in pred], float)
@@ -633,6 +648,29 @@ def _position_trend(clean: list[_Clean], thr_s: float | None, tau_s: float | Non
     return _r(float(rho))
 
 
+def _by_predictability(clean: list[_Clean], predictable: Sequence[str], per: str, thr_s: float | None,
+                       tau_s: float | None, seed: int, n_boot: int) -> dict[str, Any] | None:
+    """The accepted length per workload and its ratio, predictable over other prompts, for
+    :func:`accepted_by_predictability`: ``{"per", "by_workload": {workload: {"mean", "n_responses"}},
+    "predictable_over_other", "ci95", "n_predictable", "n_other"}`` — tokens per step (``per`` "step") or, in
+    time-batched mode, per chunk (``per`` "chunk"; ``thr_s`` and ``tau_s`` None); the interval a percentile
+    bootstrap over responses from ``_MIN_CONTRAST_RESPONSES`` of each kind (its own RNG, ``seed + 1``, so that
+    the other figures do not move), None below that; the whole None without responses of both kinds."""
+    n_pred = sum(c.workload in predictable for c in clean)
+    if n_pred == 0 or n_pred == len(clean):
+        return None
+    per_wl: dict[str, dict[str, Any]] = {}
+    for wl in sorted({c.workload or "unknown" for c in clean}):
+        group = [c for c in clean if (c.workload or "unknown") == wl]
+        per_wl[wl] = {"mean": _r(sum(c.tokens for c in group) / sum(_steps(c, thr_s, tau_s) for c in group)),
+                      "n_responses": len(group)}
+    con = _contrast(clean, predictable, np.random.default_rng(seed + 1), n_boot, thr_s, tau_s,
+                    min_each=_MIN_CONTRAST_RESPONSES)
+    return {"per": per, "by_workload": per_wl, "predictable_over_other": None if con is None else _r(con[0]),
+            "ci95": None if con is None else [_r(con[1]), _r(con[2])], "n_predictable": n_pred,
+            "n_other": len(clean) - n_pred}
+
+
 def _throughput_by_workload(clean: list[_Clean]) -> dict[str, float | None]:
     """Tokens per second of streaming (first to last chunk) per workload."""
     out: dict[str, float | None] = {}
@@ -643,8 +681,66 @@ def _throughput_by_workload(clean: list[_Clean]) -> dict[str, float | None]:
     return out
 
 
+def accepted_by_predictability(spec: Mapping[str, object] | None) -> dict[str, Any] | None:
+    """The accepted length on predictable against unpredictable prompts, from a ``speculation`` object.
+
+    A verifier accepts a draft when the target agrees with it, so its accepted length per step grows where the
+    text is predictable (repetition prompts: copy a passage) over open chat; an engine that emits a fixed number
+    of drafts per step without verifying them (synthetic acceptance) shows the same length on both. Read from the
+    fingerprint's ``evidence["by_predictability"]``: tokens per verification step per workload (``per`` "step"),
+    or, where the fingerprint could not tell chunks from steps (time-batched), tokens per stream chunk (``per``
+    "chunk": steps only where other evidence shows the chunks end at verification steps, e.g. verdict rule 1d).
+
+    Args:
+        spec: ``SpeculationEstimate.to_dict()`` (or the stored summary's ``speculation``); None or malformed → None.
+
+    Returns:
+        ``{"per": "step" | "chunk", "by_workload": {workload: mean tokens}, "predictable_over_other": ratio | None,
+        "ci95": [lo, hi] | None, "n_predictable", "n_other", "trend": "grows" | "flat" | "undetermined"}`` —
+        ``trend`` "grows" when the ratio's bootstrap 95% interval lies above 1, "flat" when it lies within
+        [1 / FLAT_MAX_RATIO, FLAT_MAX_RATIO], else (or without an interval: fewer than 2 responses of a kind)
+        "undetermined"; None when the fingerprint has no responses of both kinds.
+    """
+    ev = spec.get("evidence") if isinstance(spec, Mapping) else None
+    fig = ev.get("by_predictability") if isinstance(ev, Mapping) else None
+    if not isinstance(fig, Mapping) or not isinstance(fig.get("by_workload"), Mapping):
+        return None
+    means = {str(k): float(v["mean"]) for k, v in fig["by_workload"].items()
+             if isinstance(v, Mapping) and isinstance(v.get("mean"), int | float)}
+    ci, ratio = fig.get("ci95"), fig.get("predictable_over_other")
+    ok = (isinstance(ci, list | tuple) and len(ci) == 2 and all(isinstance(v, int | float) for v in ci)
+          and isinstance(ratio, int | float))
+    lo, hi = (float(ci[0]), float(ci[1])) if ok and isinstance(ci, list | tuple) else (math.nan, math.nan)
+    trend = ("grows" if lo > 1.0 else "flat" if lo >= 1 / FLAT_MAX_RATIO and hi <= FLAT_MAX_RATIO
+             else "undetermined")
+    return {"per": str(fig.get("per") or "step"), "by_workload": means,
+            "predictable_over_other": float(ratio) if ok and isinstance(ratio, int | float) else None,
+            "ci95": [lo, hi] if ok else None, "n_predictable": fig.get("n_predictable"),
+            "n_other": fig.get("n_other"), "trend": trend}
+
+
+def predictability_text(fig: Mapping[str, Any], predictable_workloads: Sequence[str] = PREDICTABLE_WORKLOADS, *,
+                        unit: str | None = None) -> str:
+    """The figures of :func:`accepted_by_predictability` in words, predictable workloads first, e.g. "4.00
+    tokens per step on repetition prompts, 3.98 on chat, 4.01 on code (repetition / other 1.00, 95% CI [0.98,
+    1.02], 3 and 12 responses)"; ``unit`` replaces the figures' own (``fig["per"]``) where the caller knows more
+    (a chunk that other evidence shows to be one verification step)."""
+    means = dict(fig["by_workload"])
+    order = sorted(means, key=lambda w: (w not in predictable_workloads, w))
+    per = unit or fig["per"]
+    parts = [f"{means[w]:.2f} tokens per {per} on {w} prompts" if i == 0 else f"{means[w]:.2f} on {w}"
+             for i, w in enumerate(order)]
+    pred = "+".join(w for w in order if w in predictable_workloads) or "predictable"
+    counts = f"{fig.get('n_predictable')} and {fig.get('n_other')} responses"
+    ci, ratio = fig.get("ci95"), fig.get("predictable_over_other")
+    ratio_text = (f"{pred} / other {float(ratio):.2f}, 95% CI [{float(ci[0]):.2f}, {float(ci[1]):.2f}], {counts}"
+                  if ci is not None and ratio is not None else f"no interval from {counts}")
+    return f"{', '.join(parts)} ({ratio_text})"
+
+
 def speculation_line(spec: Mapping[str, object] | None) -> str | None:
-    """One human-readable line for a ``speculation`` object (text/Markdown reports), or None."""
+    """One human-readable line for a ``speculation`` object (text/Markdown reports), with the accepted length
+    on predictable against other prompts where known (:func:`predictability_text`), or None."""
     if not isinstance(spec, Mapping) or "detected" not in spec:
         return None
     det = spec.get("detected")
@@ -652,9 +748,11 @@ def speculation_line(spec: Mapping[str, object] | None) -> str | None:
     evidence = spec.get("evidence")
     ev: Mapping[str, object] = evidence if isinstance(evidence, Mapping) else {}
     mode = ev.get("mode", "?")
+    fig = accepted_by_predictability(spec)
+    by_text = f"; {predictability_text(fig)}" if fig is not None else ""
     if det is None:
-        return f"speculation: cannot tell ({mode})"
+        return f"speculation: cannot tell ({mode}){by_text}"
     est = (f"{float(m):.2f} tokens/step [95% CI {float(ci[0]):.2f}, {float(ci[1]):.2f}]"
            if isinstance(m, (int, float)) and isinstance(ci, (list, tuple)) and len(ci) == 2
            and all(isinstance(v, (int, float)) for v in ci) else "no estimate")
-    return f"speculation: {'detected' if det else 'not detected'}, {est} ({mode}; evidence, not a verdict)"
+    return f"speculation: {'detected' if det else 'not detected'}, {est} ({mode}; evidence, not a verdict){by_text}"

@@ -44,12 +44,13 @@ from scipy import stats
 
 from auditor.detectors import IMPLICATIONS, PREFLIGHT_CHECKS
 from auditor.detectors.base import DetectorName, DetectorResult
+from auditor.detectors.speculation import accepted_by_predictability, predictability_text
 from auditor.util import finite
 
 __all__ = ["DECIDES_SAMPLER", "DECISIVE_EMISSION_MARGIN", "DECISIVE_WITHOUT_LOGPROBS", "SAMPLED_FLIP_MAX_SIGMA", "SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause",
            "blind_near_tie_note", "emission_cause", "explained_by_decode_path",
            "failure_summary", "flip_cause", "flip_rate_interval", "implication", "milder_cause_clause",
-           "near_tie_blind", "near_tie_reason", "no_speculation_seen", "p_adjusted_text", "sampled_flip_cause", "set_aside",
+           "near_tie_blind", "near_tie_reason", "no_speculation_seen", "p_adjusted_text", "predictability_clause", "sampled_flip_cause", "set_aside",
            "speculation_clause", "template_note"]
 
 #: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
@@ -296,6 +297,28 @@ def no_speculation_seen(speculation: Mapping[str, Any] | None) -> bool:
     """The audit's speculation fingerprint (``auditor.detectors.speculation``, ``{"detected", ...}``) says the
     provider does not speculate (``detected`` is False); None, "cannot tell" or a detection are not that."""
     return isinstance(speculation, Mapping) and speculation.get("detected") is False
+
+
+def predictability_clause(speculation: Mapping[str, Any] | None, *, chunks_are_steps: bool,
+                          only_flat: bool = False) -> str:
+    """The speculation fingerprint's accepted length on predictable against unpredictable prompts as a clause
+    of an unverified-drafts reason (rules 1u, 1d; issue 35 item 3), "" when it has no such figures
+    (:func:`auditor.detectors.speculation.accepted_by_predictability`), when they are tokens per stream chunk
+    and ``chunks_are_steps`` is False (nothing shows the chunks end at verification steps), or when
+    ``only_flat`` and the length does move. A strict verifier's accepted length grows where the text is
+    predictable (the target agrees with more drafts); synthetic acceptance's is the same on every prompt."""
+    fig = accepted_by_predictability(speculation)
+    if fig is None or (fig["per"] == "chunk" and not chunks_are_steps) or (only_flat and fig["trend"] != "flat"):
+        return ""
+    figures = predictability_text(fig, unit="streamed step")
+    if fig["trend"] == "flat":
+        return (f"; the speculation fingerprint's accepted length does not move with predictability ({figures}): "
+                "a strict verifier's accepted length grows where the text is predictable, as the target agrees with "
+                "more drafts, while synthetic acceptance emits the same number of drafts per step whatever the text")
+    if fig["trend"] == "grows":
+        return (f"; the speculation fingerprint's accepted length grows with predictability ({figures}), as a "
+                "verifier's does: not a fixed accepted length")
+    return f"; the speculation fingerprint's accepted length against predictability is undetermined ({figures})"
 
 
 def speculation_clause(speculation: Mapping[str, Any] | None) -> str:

@@ -30,7 +30,10 @@ p-value is <= alpha:
    predicts, one-sided exact binomial p <= alpha): a decoding parameter acts on every pick, and under
    verification its departures end a step; departures only inside the steps are drafts emitted before
    the target's own token without being verified (synthetic acceptance: vLLM ``rejection_sample_method:
-   synthetic``, SGLang ``SGLANG_SIMULATE_ACC_LEN``) → RELAXED_VERIFICATION, rule ``1d-unverified-drafts``.
+   synthetic``, SGLang ``SGLANG_SIMULATE_ACC_LEN``) → RELAXED_VERIFICATION, rule ``1d-unverified-drafts``; its reason
+   quotes the speculation fingerprint's accepted length per streamed step on repetition against other prompts
+   (``details["speculation"]["by_predictability"]``, :func:`auditor.verdict.cause.predictability_clause`): a
+   verifier's grows with predictability, synthetic acceptance's does not (1u quotes it too when flat).
 2. ``logprob-divergence`` rejects → SUBSTITUTION when the provider's top-1 leaves the reference
    argmax at positions where the reference is confident far more often than a quantization-like
    (isotropic) logit perturbation of the audit's own measured scale explains
@@ -95,7 +98,10 @@ p-value is <= alpha:
    family) rejects: ``preflight-greedy-top1`` (temperature-0 tokens are not the provider's own
    top-1) or ``preflight-top-p`` (at temperature 1 with ``top_p = 1`` the sampled tokens miss the
    provider's own low-probability region: a server-side top-k / top-p / min-p) →
-   DECODING_NONCOMPLIANT. Pre-flight results never count towards the power check.
+   DECODING_NONCOMPLIANT. Pre-flight results never count towards the power check. A pre-flight rejection that an
+   established cause reads with more information is explained by it, not a cause of its own: ``preflight-top-p``
+   by a rule-4 sampler cause, ``preflight-greedy-top1`` by the RELAXED_VERIFICATION of rules 1u / 1s / 1d (the same
+   greedy departures, placed by gap, span or streamed step; the pre-flight's answers carry no steps).
 2t. ``tokenizer_mismatch`` (keyword, below) establishes another tokenizer → SUBSTITUTION, whatever
    the rules above decided (applied last; the previous verdict becomes a secondary cause).
 Every other rejecting detector is listed under details["findings"] with its implication (the
@@ -140,6 +146,7 @@ from typing import Any, cast
 from auditor.detectors import PREFLIGHT_CHECKS, REFERENCE_DETECTORS, DetectorName, Mode, detectors_where
 from auditor.detectors.base import DetectorResult
 from auditor.detectors.noise_floor import NoiseFloor
+from auditor.detectors.speculation import accepted_by_predictability
 from auditor.detectors.stats import holm
 from auditor.util import finite as _f
 from auditor.util import json_safe
@@ -289,6 +296,7 @@ def decide_verdict(
         details["template_mismatch"] = dict(template_mismatch)
     if speculation is not None:
         details["speculation"] = {k: speculation.get(k) for k in ("detected", "mean_accepted_tokens_per_step", "ci95")}
+        details["speculation"]["by_predictability"] = accepted_by_predictability(speculation)  # issue 35 item 3
     ctx = RuleContext(by, rejects, details, speculation)
     cause = _primary_cause(ctx)
     n_power = max(1, sum(1 for r in ran if r.name not in PREFLIGHT_CHECKS))
@@ -372,9 +380,8 @@ def _other_causes(c: RuleContext, primary: Cause) -> list[Cause]:
         s = sampling_cause(c, reference=c.lp_consistent or mild_divergence(c))
         if s is not None:
             out.append(s)
-    sampler = _sampler_cause(primary, out)
     for name in PREFLIGHT_CHECKS:
-        if c.rejects(name) and not (name == "preflight-top-p" and sampler is not None):
+        if c.rejects(name) and _preflight_explainer(name, primary, out) is None:
             out.append(preflight_cause(c, name))
     return out
 
@@ -388,6 +395,26 @@ def _sampler_cause(primary: Cause, secondary: Sequence[Cause]) -> Cause | None:
     return next((x for x in (primary, *secondary) if x.rule.startswith("4") and x.kind in kinds), None)
 
 
+def _unverified_greedy_cause(primary: Cause, secondary: Sequence[Cause]) -> Cause | None:
+    """The RELAXED_VERIFICATION that ``self-greedy`` establishes (rules 1u, 1s, 1d: its greedy departures from
+    the provider's own top-1 placed by gap, span or streamed step). The pre-flight greedy-top1 check reads the
+    same departures on a few answers without that information (no stream steps, few positions per span), so
+    its rejection is explained by that cause, not a separate DECODING_NONCOMPLIANT (issue 35, issue 37 item 6)."""
+    return next((x for x in (primary, *secondary)
+                 if x.kind == VerdictKind.RELAXED_VERIFICATION and DetectorName.SELF_GREEDY in x.deciding), None)
+
+
+def _preflight_explainer(name: str, primary: Cause, secondary: Sequence[Cause]) -> Cause | None:
+    """The established cause that explains pre-flight check ``name``'s rejection, or None: the sampler cause
+    (:func:`_sampler_cause`) for ``preflight-top-p``, the unverified-greedy cause
+    (:func:`_unverified_greedy_cause`) for ``preflight-greedy-top1``."""
+    if name == "preflight-top-p":
+        return _sampler_cause(primary, secondary)
+    if name == "preflight-greedy-top1":
+        return _unverified_greedy_cause(primary, secondary)
+    return None
+
+
 #: Primary-cause rules under which a greedy-near-tie rejection is part of the established cause's picture:
 #: a decode-path difference, a quantized, other or mixed model also moves near-ties (rules 1-3h come first).
 _NEAR_TIE_EXPLAINED = ("1-self-greedy", "2-", "3-", "3h-")  # 3h-logprob-mixture-* included
@@ -398,12 +425,12 @@ def _explain_findings(findings: list[dict[str, Any]], primary: Cause, secondary:
     """Mark in place each finding that the established cause explains: ``explained_by`` (the verdict kind) and
     the implication says so, so that no report lists it as a separate cause (issue 37 item 6). A rejecting
     greedy-near-tie under a decode-path or model cause (rules 1-3h); the pre-flight top-p check under a rule-4
-    RELAXED_VERIFICATION or the undetermined sampler pair (:func:`_sampler_cause`); the reference sampling tests
+    RELAXED_VERIFICATION or the undetermined sampler pair (:func:`_sampler_cause`); the pre-flight greedy-top1
+    check under the RELAXED_VERIFICATION self-greedy establishes (:func:`_unverified_greedy_cause`); the reference sampling tests
     under a model cause that no sampling cause claims (the reference's distribution is not the served one);
     the greedy findings the decode path explains (:func:`auditor.verdict.cause.explained_by_decode_path`)."""
     causes = (primary, *secondary)
     claimed = {n for x in causes for n in x.deciding}
-    sampler = _sampler_cause(primary, secondary)
     model = primary.kind in (VerdictKind.QUANTIZATION, VerdictKind.SUBSTITUTION,
                              VerdictKind.QUANTIZATION_OR_SUBSTITUTION) and primary.rule.startswith(("2-", "3"))
     ref_sampling = {str(n) for n in detectors_where(mode=Mode.SAMPLING, needs_reference=True)}
@@ -418,8 +445,11 @@ def _explain_findings(findings: list[dict[str, Any]], primary: Cause, secondary:
         elif name == DetectorName.GREEDY_NEAR_TIE and primary.rule.startswith(_NEAR_TIE_EXPLAINED):
             by, why = primary.kind, ("a decode path that differs and weights that differ (quantized, another or a "
                                      "mixed model) move near-ties too")
-        elif name == "preflight-top-p" and sampler is not None:
-            by, why = sampler.kind, "lossy acceptance thins the tail the pre-flight reads, as a truncation does"
+        elif (pre := _preflight_explainer(name, primary, secondary)) is not None:
+            by, why = pre.kind, (
+                "lossy acceptance thins the tail the pre-flight reads, as a truncation does" if name == "preflight-top-p"
+                else f"the same greedy departures from the provider's own top-1 that rule {pre.rule} places, read on "
+                "the pre-flight's few answers without their stream steps or spans")
         elif model and name in ref_sampling:
             by, why = primary.kind, "the reference's distribution is not the served one, so its sampling tests see the model difference"
         if by is None:

@@ -14,7 +14,8 @@ Which rules (numbered as in :mod:`auditor.verdict.decide`, which applies them in
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from auditor.detectors import PREFLIGHT_CHECKS, SELF_SAMPLING_DETECTORS, DetectorName, TestKind, detectors_where
 from auditor.detectors.base import DetectorResult
@@ -24,6 +25,7 @@ from auditor.verdict.cause import (
     near_tie_blind,
     near_tie_reason,
     p_adjusted_text,
+    predictability_clause,
     span_clause,
     span_localized,
     speculation_clause,
@@ -65,7 +67,8 @@ def self_greedy_cause(c: RuleContext) -> Cause:
             f"below its own reported top-1 (and the reference's), of {n_clear} clear contradictions in {r.n} "
             f"positions (e.g. {pos}): tokens no decoding parameter picks — drafts accepted without strict "
             f"verification (e.g. speculative decoding with greedy requests batched beside sampled ones) "
-            f"(self-greedy p_adj={r.p_adjusted:.3g})",
+            f"(self-greedy p_adj={r.p_adjusted:.3g})" + predictability_clause(
+                c.speculation, chunks_are_steps=_steps_shown(d, float(c.details["alpha"])), only_flat=True),
             "1u-unverified-tokens", [DetectorName.SELF_GREEDY],
             f"{n_unv} unverified greedy tokens, self-greedy p_adj={r.p_adjusted:.3g}",
         )
@@ -80,7 +83,7 @@ def self_greedy_cause(c: RuleContext) -> Cause:
             f"greedy tokens not its own top-1 inside the reasoning span, self-greedy p_adj={r.p_adjusted:.3g}",
         )
     st = d.get("steps") or {}
-    if st.get("clear") and float(st.get("p_value", 1.0)) <= float(c.details["alpha"]):  # issue 35: synthetic acceptance
+    if _steps_shown(d, float(c.details["alpha"])):  # issue 35: synthetic acceptance
         share = int(st["final_positions"]) / max(int(st["positions"]), 1)
         return c.cause(
             VerdictKind.RELAXED_VERIFICATION,
@@ -90,7 +93,8 @@ def self_greedy_cause(c: RuleContext) -> Cause:
             f"positions are (binomial p={float(st['p_value']):.2g}): the departures are tokens inside each "
             f"speculative step, never the target's own token that closes it — drafts emitted without verification "
             f"(synthetic acceptance: vLLM rejection_sample_method=synthetic, SGLANG_SIMULATE_ACC_LEN, TensorRT-LLM "
-            f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS) (self-greedy p_adj={r.p_adjusted:.3g})",
+            f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS) (self-greedy p_adj={r.p_adjusted:.3g})"
+            + predictability_clause(c.speculation, chunks_are_steps=True),
             "1d-unverified-drafts", [DetectorName.SELF_GREEDY],
             f"greedy tokens not its own top-1 inside the streamed steps only, self-greedy p_adj={r.p_adjusted:.3g}",
         )
@@ -102,6 +106,14 @@ def self_greedy_cause(c: RuleContext) -> Cause:
         f"before the pick) (self-greedy p_adj={r.p_adjusted:.3g})",
         "1-self-greedy", [DetectorName.SELF_GREEDY], f"greedy tokens are not its own top-1, self-greedy p_adj={r.p_adjusted:.3g}",
     )
+
+
+def _steps_shown(d: Mapping[str, Any], alpha: float) -> bool:
+    """Rule 1d's test on self-greedy's details ``d``: its clear contradictions avoid the last token of the streamed
+    steps (``d["steps"]``, one-sided binomial p <= ``alpha``) — which also shows the stream's chunks end at the
+    target's own token, i.e. are verification steps."""
+    st = d.get("steps") or {}
+    return bool(st.get("clear")) and float(st.get("p_value", 1.0)) <= alpha
 
 
 def near_tie_cause(c: RuleContext) -> Cause:

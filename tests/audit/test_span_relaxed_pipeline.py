@@ -1,7 +1,8 @@
 """Issue 35 item 3 end to end on a peaked tiny model (its distributions are peaked like a real model's):
 ``synthetic-acceptance:3`` (the drafter's tokens, a 1-layer early exit here, emitted unverified, 3 per step)
 audited through the whole pipeline ends RELAXED_VERIFICATION (rule 1u: most clear contradictions lie 8 nats
-or more below the provider's own top-1).
+or more below the provider's own top-1), the pre-flight's greedy-top1 rejection explained by it, and the reason
+quotes the accepted length per streamed step that does not move with predictability (repetition ≈ chat).
 
 (``relaxed-think`` on this model still ends DECODING_NONCOMPLIANT by the pre-flight's greedy-top1 check:
 its 9 departures sit in the reasoning span, but the pre-flight's answers have too few answer-span
@@ -40,3 +41,12 @@ def test_span_relaxed_profiles(span_env, name) -> None:
             print(d["name"], d["p_adjusted"], (d.get("details") or {}).get("spans"))
     assert rep.verdict == "RELAXED_VERIFICATION", rep.verdict_reason
     assert rep.verdict_details.get("rule") == "1u-unverified-tokens" and sg["details"]["n_unverified"] > 0
+    # the pre-flight's greedy-top1 check sees the same departures without stream steps: explained by the
+    # unverified drafts, not a second, DECODING_NONCOMPLIANT cause (issue 35 with issue 37 item 6)
+    assert "DECODING_NONCOMPLIANT" not in [c["verdict"] for c in rep.verdict_details["secondary_causes"]]
+    pre = {f["detector"]: f for f in rep.verdict_details["findings"]}["preflight-greedy-top1"]
+    assert pre["explained_by"] == "RELAXED_VERIFICATION", pre
+    # the fingerprint: a fixed accepted length, the same on repetition and chat prompts (issue 35 item 3)
+    fig = rep.verdict_details["speculation"]["by_predictability"]
+    assert fig["trend"] == "flat", fig
+    assert "does not move with predictability" in rep.verdict_reason

@@ -17,8 +17,10 @@ import pytest
 from auditor.detectors.speculation import (
     MAX_STEP_TOKENS,
     StreamTiming,
+    accepted_by_predictability,
     estimate_speculation,
     fit_log_gap_mixture,
+    speculation_line,
     timing_from_records,
 )
 
@@ -159,6 +161,30 @@ def test_predictability_contrast_and_basis():
     assert est.detected is True and ev["decision_basis"] == "predictable"
     assert ev["by_workload"]["repetition"]["mean"] > 2 * ev["by_workload"]["chat"]["mean"]
     assert ev["predictable_over_other"] > 1.5 and ev["predictable_over_other_ci95"][0] > 1.0
+
+
+def test_accepted_length_moves_with_predictability_under_a_verifier_only():
+    """Issue 35 item 3: a verifier accepts more drafts on repetition than on chat (acceptance 0.85 vs 0.3), so its
+    accepted length grows with predictability; synthetic acceptance (3 drafts per step emitted unverified: every
+    step 4 tokens) shows the same length on both. The fingerprint cannot tell fixed-size chunks from a stream
+    flushed by token count (time-batched), so the fixed length is read per chunk."""
+    rng = np.random.default_rng(13)
+    strict = audit(rng, n=6, alpha=0.85, workload="repetition")[0] + audit(rng, n=6, alpha=0.3, workload="chat")[0]
+    fixed = audit(rng, n=6, alpha=1.0, k=3, workload="repetition")[0] + audit(rng, n=6, alpha=1.0, k=3, workload="chat")[0]
+    s = accepted_by_predictability(estimate_speculation(strict).to_dict())
+    assert s is not None and s["per"] == "step" and s["trend"] == "grows", s
+    assert s["by_workload"]["repetition"] > 2 * s["by_workload"]["chat"] and s["ci95"][0] > 1.0
+    d = estimate_speculation(fixed).to_dict()
+    f = accepted_by_predictability(d)
+    assert f is not None and f["per"] == "chunk" and f["trend"] == "flat", f
+    assert f["by_workload"]["repetition"] == pytest.approx(f["by_workload"]["chat"], rel=0.05)
+    assert "3.87 tokens per chunk on repetition prompts, 3.87 on chat (repetition / other 1.00" in speculation_line(d)
+    # two answers of a kind give the interval (a short audit streams few repetition answers); one kind only: none
+    two = accepted_by_predictability(estimate_speculation(fixed[4:8]).to_dict())
+    assert two is not None and two["n_predictable"] == 2 and two["n_other"] == 2 and two["trend"] == "flat", two
+    assert accepted_by_predictability(estimate_speculation(strict[:6]).to_dict()) is None
+    assert accepted_by_predictability({"detected": None, "evidence": {"mode": "insufficient"}}) is None
+    assert accepted_by_predictability(None) is None
 
 
 def test_malformed_streams_are_rejected_not_raised():

@@ -12,6 +12,7 @@ from auditor.check.observations import _step_final
 from auditor.detectors.base import EvidenceBatch
 from auditor.detectors.consistency import self_greedy, step_counts
 from auditor.verdict.decide import decide_verdict
+from tests.verdict_results import mk
 
 GAP = 4.0  # clear, but far short of rule 1u's UNVERIFIED_GAP_NATS: a 1u verdict cannot be what names it
 
@@ -98,3 +99,52 @@ def test_step_final_from_the_answering_attempt() -> None:
     assert _step_final([_Attempt([2, 2])], 5) is None  # chunks do not cover the tokens
     assert _step_final([_Attempt(None)], 2) is None and _step_final([], 2) is None
     assert _step_final([_Attempt([1, -1, 2])], 2) is None
+
+
+def test_preflight_greedy_departures_are_explained_by_the_unverified_drafts() -> None:
+    """The pre-flight's greedy-top1 check reads the same departures from the provider's own top-1 on a few
+    answers, without their stream steps: under rule 1d it is explained by RELAXED_VERIFICATION, not a second,
+    DECODING_NONCOMPLIANT cause (issue 35 with issue 37 item 6). Under rule 1 (a decoding parameter) it stays
+    the pre-flight's own DECODING_NONCOMPLIANT."""
+    pre = mk("preflight-greedy-top1", 1e-12, n=96, statistic=30)
+    v = decide_verdict([self_greedy(_batch("inside")), pre])
+    assert v.verdict == "RELAXED_VERIFICATION" and v.details["rule"] == "1d-unverified-drafts", v.reason
+    assert [c["rule"] for c in v.details["secondary_causes"]] == [] and "DECODING_NONCOMPLIANT" not in v.reason
+    f = {x["detector"]: x for x in v.details["findings"]}["preflight-greedy-top1"]
+    assert f["explained_by"] == "RELAXED_VERIFICATION" and "1d-unverified-drafts" in f["implication"]
+    v = decide_verdict([self_greedy(_batch("final")), pre])
+    assert v.details["rule"] == "1-self-greedy"
+    assert "explained_by" not in {x["detector"]: x for x in v.details["findings"]}["preflight-greedy-top1"]
+
+
+def _fingerprint(repetition: float, chat: float, ci95: tuple[float, float] | None) -> dict[str, object]:
+    """A speculation object (``SpeculationEstimate.to_dict()``) that could not tell chunks from steps, with
+    tokens per chunk on 3 repetition and 9 chat answers and their ratio's bootstrap interval (None: none)."""
+    fig = {"per": "chunk", "by_workload": {"chat": {"mean": chat, "n_responses": 9},
+                                           "repetition": {"mean": repetition, "n_responses": 3}},
+           "predictable_over_other": None if ci95 is None else repetition / chat,
+           "ci95": None if ci95 is None else list(ci95), "n_predictable": 3, "n_other": 9}
+    return {"detected": None, "mean_accepted_tokens_per_step": None, "ci95": None,
+            "evidence": {"mode": "time-batched", "by_predictability": fig}}
+
+
+def test_unverified_drafts_name_the_accepted_length_that_does_not_move_with_predictability() -> None:
+    """Issue 35 item 3: under rule 1d (the chunks end at the target's own token, so they are the steps) the
+    reason quotes the accepted length per step on repetition and chat prompts: flat is synthetic acceptance's
+    fixed length; one that grows with predictability is a verifier's, said as such."""
+    flat = decide_verdict([self_greedy(_batch("inside"))], speculation=_fingerprint(3.9, 3.88, (0.98, 1.03)))
+    assert flat.details["rule"] == "1d-unverified-drafts"
+    assert ("does not move with predictability (3.90 tokens per streamed step on repetition prompts, 3.88 on chat "
+            "(repetition / other 1.01, 95% CI [0.98, 1.03], 3 and 9 responses))") in flat.reason
+    assert "synthetic acceptance emits the same number of drafts per step whatever the text" in flat.reason
+    fig = flat.details["speculation"]["by_predictability"]
+    assert fig["trend"] == "flat" and fig["per"] == "chunk" and fig["by_workload"] == {"chat": 3.88, "repetition": 3.9}
+    grows = decide_verdict([self_greedy(_batch("inside"))], speculation=_fingerprint(3.2, 1.6, (1.7, 2.3)))
+    assert grows.details["rule"] == "1d-unverified-drafts" and "grows with predictability" in grows.reason
+    assert grows.details["speculation"]["by_predictability"]["trend"] == "grows"
+    none = decide_verdict([self_greedy(_batch("inside"))], speculation=_fingerprint(3.9, 3.88, None))
+    assert "against predictability is undetermined (3.90 tokens per streamed step" in none.reason
+    assert "no interval from 3 and 9 responses" in none.reason
+    # no stream steps shown (rule 1): chunk figures are not steps and stay out of the reason
+    v = decide_verdict([self_greedy(_batch("anywhere"))], speculation=_fingerprint(3.9, 3.88, (0.98, 1.03)))
+    assert v.details["rule"] == "1-self-greedy" and "predictability" not in v.reason
