@@ -61,6 +61,20 @@ def test_floor_estimate_grows_with_the_block_not_the_positions(tiny_lm, monkeypa
         floor_block_rows()
 
 
+def test_floor_estimate_does_not_count_the_bf16_copy_beside_scoring(tiny_lm) -> None:
+    """The honest-bf16 copy is dropped before its variant is scored (compute_floors): it adds to the
+    estimate only where copy + decoding rows exceed the scoring chunk + block, never on top of them."""
+    import dataclasses
+
+    small = model_shape(tiny_lm)  # a copy of a few MB: the scoring chunk (512 MiB) sets the estimate
+    args = {"n_positions": 1_000, "max_new_tokens": 32, "block_rows": 16}
+    assert floor_need(small, needs_bf16_copy=True, **args).bytes == floor_need(small, needs_bf16_copy=False, **args).bytes
+    big = dataclasses.replace(small, n_params=8_000_000_000)  # an 8B float32 reference: a 16 GB copy
+    with_copy = floor_need(big, needs_bf16_copy=True, **args).bytes
+    without = floor_need(big, needs_bf16_copy=False, **args).bytes
+    assert 16_000_000_000 < with_copy < 16_000_000_000 + without  # the copy, not copy + scoring
+
+
 def test_check_refuses_the_floor_and_keeps_the_run(tmp_path: Path, tiny_sims, tiny_lm, small_floors,
                                                   monkeypatch) -> None:
     """With 64 MiB available the first audit's floor measurement is refused before it starts: exit 3,
