@@ -30,9 +30,11 @@ On each change of group the child reads its RSS high-water mark (``VmHWM`` of /p
 keeps it as the finished group's peak, and resets it (``5`` to /proc/self/clear_refs); a group's
 peak is therefore the largest RSS while it ran (absolute: weights and interpreter included), and
 its seconds are wall-clock. Notes (callbacks with ``total == 0``) do not change the group. The
-audit's peak in all is the child's ``ru_maxrss`` (``os.wait4``: what the kernel's OOM killer
-sees). The simulator's own peak (its ``VmHWM`` just before it is stopped) is printed apart: it is
-the provider's memory, not the auditor's.
+audit's peak in all is the largest of the groups' peaks and of the high-water mark before the first
+group (imports): the child's ``ru_maxrss`` cannot serve, the kernel keeps it in the high-water mark
+that each reset clears (it is the last group's peak; recorded as ``last_reset_maxrss_mib``). The
+simulator's own peak (its ``VmHWM`` just before it is stopped) is printed apart: it is the
+provider's memory, not the auditor's.
 
 Printed: a table per audit (verdict, exit code, whether the floor was measured, peak RSS per group
 and in all in MiB, wall seconds, load average before/after) and, with ``--json``, the records as
@@ -88,6 +90,7 @@ class StagePeaks:
         self.seconds: dict[str, float] = {}
         self.notes: list[str] = []
         self._t = time.perf_counter()
+        self.start_peak_mib = status_kib("VmHWM") / 1024  # imports, before the first reset
         reset_peak_rss()
 
     def _switch(self, group: str) -> None:
@@ -140,7 +143,7 @@ def worker(provider: str, config: str, suite: str) -> dict[str, Any]:
     rec["wall_s"] = time.perf_counter() - t0
     cb.close()
     rec.update(stage_peak_mib=cb.peak_mib, stage_s=cb.seconds, notes=cb.notes[-20:],
-               floor_measured="floor" in cb.peak_mib)
+               floor_measured="floor" in cb.peak_mib, peak_mib=max(cb.start_peak_mib, *cb.peak_mib.values()))
     return rec
 
 
@@ -155,8 +158,8 @@ def providers_toml(name: str, base_url: str, model: str, chat: bool) -> str:
 
 
 def run_audit(model: str, profile: str, suite: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Simulator + child audit for one ``(model, profile, suite)``; the child's record plus ``peak_mib``
-    (its ``ru_maxrss``), the simulator's peak and the load averages.
+    """Simulator + child audit for one ``(model, profile, suite)``; the child's record (``peak_mib``: the
+    audit's peak in all) plus the simulator's peak and the load averages.
 
     Raises:
         RuntimeError: the simulator did not start or the child failed (its stderr's tail).
@@ -196,7 +199,8 @@ def run_audit(model: str, profile: str, suite: str, args: argparse.Namespace) ->
         if proc.returncode != 0 or not out.is_file():
             raise RuntimeError(f"{model} {profile} {suite}: child exited {proc.returncode}: {tail}")
         rec: dict[str, Any] = json.loads(out.read_text())
-    rec.update(model=model, profile=profile, suite=suite, peak_mib=peak, child_wall_s=wall, simulator_peak_mib=sim_peak,
+    rec.update(model=model, profile=profile, suite=suite, last_reset_maxrss_mib=peak, child_wall_s=wall,
+               simulator_peak_mib=sim_peak,
                load_before=load0, load_after=os.getloadavg(), cold=not args.noise_dir and not rec["noise_files_before"])
     return rec
 

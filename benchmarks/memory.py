@@ -90,7 +90,8 @@ def reset_peak_rss() -> None:
 
 def wait_peak(proc: subprocess.Popen[Any]) -> float:
     """Wait for ``proc`` and return its peak RSS in MiB (``ru_maxrss`` from ``os.wait4``, KiB on
-    Linux); sets ``proc.returncode``."""
+    Linux); sets ``proc.returncode``. The kernel reads it from the same high-water mark that
+    :func:`reset_peak_rss` resets: for a child that reset it, the peak since its last reset."""
     _, status, ru = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return ru.ru_maxrss / 1024

@@ -46,6 +46,7 @@ __all__ = [
     "floor_block_rows",
     "floor_need",
     "model_shape",
+    "release_freed_memory",
     "scoring_need",
 ]
 
@@ -120,6 +121,34 @@ def available_bytes() -> int | None:
     except ImportError:
         return None
     return int(psutil.virtual_memory().available)
+
+
+def release_freed_memory() -> bool:
+    """Give the C heap's free pages back to the system (glibc ``malloc_trim(0)``); call it after
+    dropping large objects whose memory was allocated in pieces below glibc's mmap threshold (up to
+    32 MiB: e.g. the per-layer weights of the floor's bf16 copy), which ``free`` keeps resident when
+    a live allocation sits above them in the heap.
+
+    Issue 41: the first gemma-3-270m audit kept ~300 MiB of the dropped bf16 copy resident through
+    the honest-bf16 variant's scoring (floor stage peak 2,906 MiB instead of ~2,600; docs/scale.md).
+
+    Returns:
+        True when ``malloc_trim`` ran and released memory; False when nothing was released or the C
+        library is not glibc (nothing done; never raises).
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): no malloc_trim
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return bool(trim(0))
 
 
 def floor_block_rows() -> int:

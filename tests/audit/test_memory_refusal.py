@@ -18,6 +18,7 @@ from auditor.check.memory import (
     floor_block_rows,
     floor_need,
     model_shape,
+    release_freed_memory,
 )
 
 
@@ -74,6 +75,27 @@ def test_floor_estimate_does_not_count_the_bf16_copy_beside_scoring(tiny_lm) -> 
     without = floor_need(big, needs_bf16_copy=False, **args).bytes
     assert 16_000_000_000 < with_copy < 16_000_000_000 + without  # the copy, not copy + scoring
 
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads RSS from /proc (Linux)")
+def test_freed_heap_memory_is_given_back() -> None:
+    """Issue 41: memory freed in pieces below glibc's mmap threshold (the floor's dropped bf16 copy)
+    stays resident while a live allocation sits above it; release_freed_memory gives it back."""
+    blocks = [bytearray(64 << 10) for _ in range(3200)]  # 200 MiB in 64 KiB pieces (C heap, not mmap)
+    pin = bytearray(64 << 10)  # a live allocation above them
+    before = _rss_mib()
+    del blocks
+    kept = _rss_mib()
+    if not release_freed_memory():
+        pytest.skip("not glibc (no malloc_trim), or nothing was kept")
+    assert kept > before - 50  # free() alone kept the pages
+    assert _rss_mib() < kept - 150  # given back
+    assert len(pin) == 64 << 10
 
 def test_check_refuses_the_floor_and_keeps_the_run(tmp_path: Path, tiny_sims, tiny_lm, small_floors,
                                                   monkeypatch) -> None:
