@@ -68,13 +68,33 @@ MIB = 1 << 20
 
 
 # ----------------------------------------------------------------------------- child process
-def _status_kib(key: str) -> int:
-    """A ``/proc/self/status`` field in KiB (``VmRSS``, ``VmHWM``)."""
-    with open("/proc/self/status", encoding="ascii") as f:
+def status_kib(key: str, pid: int | str = "self") -> int:
+    """A ``/proc/PID/status`` field in KiB (``VmRSS``, ``VmHWM``) of this process or of ``pid``.
+
+    Raises:
+        RuntimeError: the field is missing (not Linux, or a kernel thread).
+    """
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
         for line in f:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {key}")
+    raise RuntimeError(f"/proc/{pid}/status has no {key}")
+
+
+def reset_peak_rss() -> None:
+    """Reset this process's RSS high-water mark (``VmHWM``) to its current RSS (``5`` written to
+    ``/proc/self/clear_refs``), so that the next ``status_kib("VmHWM")`` is the peak since now."""
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")
+
+
+def wait_peak(proc: subprocess.Popen[Any]) -> float:
+    """Wait for ``proc`` and return its peak RSS in MiB (``ru_maxrss`` from ``os.wait4``, KiB on
+    Linux); sets ``proc.returncode``. The kernel reads it from the same high-water mark that
+    :func:`reset_peak_rss` resets: for a child that reset it, the peak since its last reset."""
+    _, status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return ru.ru_maxrss / 1024
 
 
 def _git_source(path: str) -> str:
@@ -139,13 +159,12 @@ def worker(model: str, path: str, n_prompts: int, tokens: int, threads: int) -> 
     lm = _load(model)
     names, prompts = floor_prompts(lm.tokenizer, n_prompts)
     old = old_noise_module() if path == "old" else None
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")  # reset VmHWM: the floor's own peak, not the model load's
-    rss0 = _status_kib("VmRSS")
+    reset_peak_rss()  # the floor's own peak, not the model load's
+    rss0 = status_kib("VmRSS")
     marks: list[tuple[str, int, float]] = []
 
     def progress(stage: str, done: int, total: int) -> None:  # high-water mark after each decoded prompt
-        marks.append((stage, done, _status_kib("VmHWM") / 1024))
+        marks.append((stage, done, status_kib("VmHWM") / 1024))
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="floor-bench-") as d:
@@ -156,7 +175,7 @@ def worker(model: str, path: str, n_prompts: int, tokens: int, threads: int) -> 
             fs = compute_floors({"float32": lm}, prompt_names=names, prompts=prompts, max_new_tokens=tokens,
                                 spill_dir=d, progress=progress)
     wall = time.perf_counter() - t0
-    hwm = _status_kib("VmHWM")
+    hwm = status_kib("VmHWM")
     return {
         "model": model, "path": path, "vocab": int(lm.model.config.vocab_size),
         "positions": int(sum(fs.meta["positions"].values())), "wall_s": wall,
@@ -173,7 +192,7 @@ def _first_mark_of_each_stage(marks: list[tuple[str, int, float]], rss0_mib: flo
     out: dict[str, float] = {}
     for stage, _, hwm in marks:
         out.setdefault(stage.removeprefix("noise floor: "), hwm - rss0_mib)
-    out["end"] = _status_kib("VmHWM") / 1024 - rss0_mib
+    out["end"] = status_kib("VmHWM") / 1024 - rss0_mib
     return out
 
 
@@ -191,14 +210,13 @@ def run_child(model: str, path: str, args: argparse.Namespace) -> dict[str, Any]
         env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         with (Path(d) / "stderr.txt").open("w+") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=ROOT)
-            _, status, ru = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
+            peak_mib = wait_peak(proc)
             err.seek(0)
             tail = err.read()[-2000:]
         if proc.returncode != 0:
             raise RuntimeError(f"{model} {path}: child exited {proc.returncode}: {tail}")
         rec: dict[str, Any] = json.loads(out.read_text())
-    rec["peak_mib"] = ru.ru_maxrss / 1024
+    rec["peak_mib"] = peak_mib
     return rec
 
 

@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from auditor.check.memory import StageNeed, floor_block_rows, floor_need, model_shape
+from auditor.check.memory import StageNeed, floor_block_rows, floor_need, model_shape, release_freed_memory
 from auditor.detectors.noise_floor import FloorAccumulator, KLFloor, NoiseFloor
 
 __all__ = [
@@ -517,6 +517,7 @@ def compute_floors(
                 models.pop(prof.dtype, None)
             del base, served, drafter
             gc.collect()
+            release_freed_memory()  # the dropped copy's per-layer weights, kept in the C heap otherwise
             for r in refs:
                 acc = _score_against(ref_lms[r], name, prompts, cs, spill, batch_size)
                 cross[r][name] = acc.mean_full_kl(name)
