@@ -190,9 +190,17 @@ def _fallback(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
     raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4, int3 or fp8")
 
 
+#: Environment variable naming another folder for the quantized-weight cache (the test session points it
+#: at a temporary folder so that no test writes into the user's cache).
+ENV_QUANT_DIR = "SPEC_AUDITOR_QUANT_DIR"
+
+
 def quant_cache_dir() -> Path:
-    """``<model cache>/quantized`` (``$SPEC_AUDITOR_HOME/models/quantized`` or the user cache), beside the
-    converted models it is made from."""
+    """``$SPEC_AUDITOR_QUANT_DIR`` when set, else ``<model cache>/quantized``
+    (``$SPEC_AUDITOR_HOME/models/quantized`` or the user cache), beside the converted models it is made from."""
+    override = os.environ.get(ENV_QUANT_DIR)
+    if override:
+        return Path(override).expanduser()
     from reference.models import model_cache_dir
 
     return model_cache_dir() / "quantized"

@@ -15,6 +15,8 @@
   the same machine measures the same numbers). Models stay shared. For local development only,
   ``$SPEC_AUDITOR_TEST_NOISE_DIR`` names a persistent directory to use instead (so repeated targeted
   runs measure the floor once); CI and ``make test`` never set it.
+- ``quant_dir`` (session, autouse): the same for the quantized-weight cache (``$SPEC_AUDITOR_QUANT_DIR``;
+  ``$SPEC_AUDITOR_TEST_QUANT_DIR`` for a persistent local one).
 """
 
 from __future__ import annotations
@@ -25,6 +27,21 @@ from pathlib import Path
 
 import pytest
 import torch
+
+#: Environment variable that turns the ``calibration_loop`` tests on (see :func:`pytest_collection_modifyitems`).
+ENV_CALIBRATION_LOOPS = "SPEC_AUDITOR_CALIBRATION_LOOPS"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the ``calibration_loop`` tests (tens to hundreds of whole audits: too long for the README's
+    ``make test`` within CI's 90 minutes) unless ``SPEC_AUDITOR_CALIBRATION_LOOPS=1``; the skip says how
+    to run them. The ``slow`` marker is not skipped: it marks long tests that still fit ``make test``."""
+    if os.environ.get(ENV_CALIBRATION_LOOPS) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"a calibration loop of many audits; run with {ENV_CALIBRATION_LOOPS}=1")
+    for item in items:
+        if "calibration_loop" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -45,6 +62,29 @@ def noise_dir(tmp_path_factory) -> Iterator[Path]:
         os.environ.pop(ENV_NOISE_DIR, None)
     else:
         os.environ[ENV_NOISE_DIR] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quant_dir(tmp_path_factory) -> Iterator[Path]:
+    """This session's quantized-weight cache (``$SPEC_AUDITOR_QUANT_DIR``): an engine that loads a model
+    itself caches its quantized weights there, never in the user's ``models/quantized`` (tests load tiny
+    models from temporary folders, whose cache files would pile up there). ``$SPEC_AUDITOR_TEST_QUANT_DIR``
+    names a persistent folder instead, for repeated local runs."""
+    from simulator.quantize import ENV_QUANT_DIR
+
+    shared = os.environ.get("SPEC_AUDITOR_TEST_QUANT_DIR")
+    if shared:
+        d = Path(shared)
+        d.mkdir(parents=True, exist_ok=True)
+    else:
+        d = tmp_path_factory.mktemp("quantized-weights")
+    old = os.environ.get(ENV_QUANT_DIR)
+    os.environ[ENV_QUANT_DIR] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop(ENV_QUANT_DIR, None)
+    else:
+        os.environ[ENV_QUANT_DIR] = old
 
 
 def make_tiny_model(

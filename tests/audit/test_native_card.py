@@ -22,7 +22,6 @@ geometric ratio to the floor).
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -148,14 +147,6 @@ HONEST_SUITES = ("default", "precision")
 NOT_ACCUSED = ("PASS", "INCONCLUSIVE")
 
 
-#: The calibration loops below run tens to hundreds of audits (the honest native-FP8 loop: 160 audits, ~40 min on
-#: 2 cores), too long for the README's `make test` (CI's time limit): they run only when asked for.
-CALIBRATION_LOOP = pytest.mark.skipif(
-    os.environ.get("SPEC_AUDITOR_CALIBRATION_LOOPS") != "1",
-    reason="a calibration loop of many audits (~40 min on 2 cores); run with SPEC_AUDITOR_CALIBRATION_LOOPS=1",
-)
-
-
 def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
     """One-sided upper confidence bound of a binomial rate with k of n (Clopper-Pearson, exact)."""
     from scipy import stats
@@ -164,7 +155,7 @@ def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
 
 
 @pytest.mark.slow
-@CALIBRATION_LOOP
+@pytest.mark.calibration_loop
 def test_honest_native_fp8_is_not_accused_at_any_budget_or_suite(card_env) -> None:
     """Honest native-FP8 serving (``native-fp8`` on ``tiny+fp8``) against its FP8 card, seeds 1..40 (simulator and
     audit seed), budgets 400 and 1000, suites default and precision: at most 5% false accusations with a one-sided
@@ -245,7 +236,7 @@ def card_effects(card_env, tmp_path_factory):
     mp.undo()
 
 
-@pytest.mark.parametrize("n_seeds", [2, pytest.param(10, marks=[pytest.mark.slow, CALIBRATION_LOOP])])
+@pytest.mark.parametrize("n_seeds", [2, pytest.param(10, marks=[pytest.mark.slow, pytest.mark.calibration_loop])])
 def test_precision_estimate_names_the_step_below_the_card(card_env, card_effects, n_seeds: int) -> None:
     """Below the card (issue 36 acceptance): int4 of the FP8 model, an FP8 KV cache under the FP8 card and int3 of the
     INT4 model are rejected at 400 tokens in >= 95% of seeds, and the report's precision estimate names the step

@@ -179,3 +179,26 @@ def test_quantized_weights_are_cached_and_the_second_start_reads_them(tiny_lm, t
     path.write_bytes(b"not a safetensors file")
     rep4 = quantize_model_weights(copy.deepcopy(tiny_lm.model), "int4", use_quanto=False, cache_file=path)
     assert not rep4.cached
+
+
+def test_an_engine_that_loads_its_model_caches_quantized_weights_in_the_session_folder(tiny_lm, tmp_path,
+                                                                                      quant_dir):
+    """The tests never write into the user's model cache: an engine that loads a model from a folder
+    itself (here a tiny model saved to a temporary folder, as the CLI tests do) caches its int4 weights
+    under ``$SPEC_AUDITOR_QUANT_DIR`` — the test session's folder — and not under
+    ``<model cache>/quantized``, where each session used to leave a ``_tmp_pytest-…-int4-g64`` file."""
+    from reference.models import model_cache_dir
+    from simulator.engine import SimulatorEngine
+    from simulator.profiles import get_profile
+    from simulator.quantize import quant_cache_dir
+
+    d = tmp_path / "tiny-model"
+    tiny_lm.model.save_pretrained(d)
+    tiny_lm.tokenizer.save_pretrained(d)
+    user_dir = model_cache_dir() / "quantized"
+    before = set(user_dir.glob("*")) if user_dir.is_dir() else set()
+    assert quant_cache_dir() == quant_dir
+    SimulatorEngine(get_profile("int4"), model=str(d), seed=0)
+    assert [p for p in quant_dir.glob("*.safetensors") if "tiny-model" in p.name]
+    after = set(user_dir.glob("*")) if user_dir.is_dir() else set()
+    assert after == before
