@@ -44,24 +44,30 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _session_dir(tmp_path_factory, env: str, local_env: str, name: str) -> Iterator[Path]:
+    """Point ``$env`` at a folder of this test session (``$local_env`` names a persistent one instead,
+    for repeated local runs; CI and ``make test`` never set it) and restore ``$env`` afterwards."""
+    shared = os.environ.get(local_env)
+    if shared:
+        d = Path(shared)
+        d.mkdir(parents=True, exist_ok=True)
+    else:
+        d = tmp_path_factory.mktemp(name)
+    old = os.environ.get(env)
+    os.environ[env] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop(env, None)
+    else:
+        os.environ[env] = old
+
+
 @pytest.fixture(scope="session", autouse=True)
 def noise_dir(tmp_path_factory) -> Iterator[Path]:
     """This session's noise-floor cache directory (``$SPEC_AUDITOR_NOISE_DIR``, see module docstring)."""
     from auditor.check.measured_floors import ENV_NOISE_DIR
 
-    shared = os.environ.get("SPEC_AUDITOR_TEST_NOISE_DIR")
-    if shared:
-        d = Path(shared)
-        d.mkdir(parents=True, exist_ok=True)
-    else:
-        d = tmp_path_factory.mktemp("noise-floors")
-    old = os.environ.get(ENV_NOISE_DIR)
-    os.environ[ENV_NOISE_DIR] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop(ENV_NOISE_DIR, None)
-    else:
-        os.environ[ENV_NOISE_DIR] = old
+    yield from _session_dir(tmp_path_factory, ENV_NOISE_DIR, "SPEC_AUDITOR_TEST_NOISE_DIR", "noise-floors")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -72,19 +78,7 @@ def quant_dir(tmp_path_factory) -> Iterator[Path]:
     names a persistent folder instead, for repeated local runs."""
     from simulator.quantize import ENV_QUANT_DIR
 
-    shared = os.environ.get("SPEC_AUDITOR_TEST_QUANT_DIR")
-    if shared:
-        d = Path(shared)
-        d.mkdir(parents=True, exist_ok=True)
-    else:
-        d = tmp_path_factory.mktemp("quantized-weights")
-    old = os.environ.get(ENV_QUANT_DIR)
-    os.environ[ENV_QUANT_DIR] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop(ENV_QUANT_DIR, None)
-    else:
-        os.environ[ENV_QUANT_DIR] = old
+    yield from _session_dir(tmp_path_factory, ENV_QUANT_DIR, "SPEC_AUDITOR_TEST_QUANT_DIR", "quantized-weights")
 
 
 def make_tiny_model(
