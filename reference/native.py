@@ -13,6 +13,15 @@ of a bundled model can be made (weights moved onto the format's grid once) and s
 - :func:`int4_group_fake_quant` — symmetric INT4 weights, one scale per ``group`` input values,
   scale = amax(group) / 7, values in [-8, 7] (Kimi K2-Thinking's weight-only group-32 INT4,
   compressed-tensors ``pack-quantized``, symmetric).
+- :func:`nvfp4_fake_quant` — NVIDIA's NVFP4 (a below-card format, not a native one here: the simulator's
+  ``native-fp8-nvfp4`` re-quantizes the FP8 model's weights and activations to it): FP4 E2M1 values
+  (±{0, 0.5, 1, 1.5, 2, 3, 4, 6}) with one FP8 E4M3 scale per 16 consecutive values along the reduction
+  dimension and one FP32 scale per tensor, amax(tensor) / (448 · 6), so that a value decodes as
+  e2m1 · e4m3 · fp32 (NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference",
+  developer.nvidia.com, 2025; the ModelOpt NVFP4 checkpoint: ``weight_scale`` per 16, ``weight_scale_2`` per
+  tensor; torchao ``NVFP4Tensor``'s two-level scaling, ``per_tensor_amax_to_scale``).
+  :func:`install_act_nvfp4` quantizes the decoder linears' inputs to it with static per-linear tensor
+  scales calibrated on :data:`KV_CALIBRATION_TEXT` (ModelOpt's calibrated ``input_scale``).
 - :func:`install_kv_fp8` — an FP8 e4m3 KV cache with static per-layer scales amax/448 (vLLM
   ``--kv-cache-dtype fp8`` with calibrated ``k_scale``/``v_scale``): the simulator's ``kv-fp8`` profiles
   and a reference computing a card whose KV cache is FP8 (``auditor.check.reference_setup.apply_card``).
@@ -37,23 +46,36 @@ LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 FP8_E4M3_MAX = 448.0
 #: Block / tile sizes a native variant of a model tries, largest first (:func:`native_block`).
 NATIVE_BLOCKS = (128, 64, 32)
+#: The magnitudes FP4 E2M1 represents (1 sign, 2 exponent, 1 mantissa bit; OCP MX spec v1.0, FP4 E2M1).
+FP4_E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+#: Largest FP4 E2M1 magnitude.
+FP4_E2M1_MAX = 6.0
+#: Values per NVFP4 block scale (one FP8 E4M3 scale per 16 values along the reduction dimension).
+NVFP4_BLOCK = 16
 
 __all__ = [
+    "FP4_E2M1_GRID",
+    "FP4_E2M1_MAX",
     "FP8_E4M3_MAX",
     "KV_CALIBRATION_TEXT",
     "KV_FP8_ATTN",
     "LINEAR_NAMES",
     "NATIVE_BLOCKS",
+    "NVFP4_BLOCK",
+    "fp4_e2m1_round",
     "fp8_block_fake_quant",
     "fp8_e4m3_fake_quant",
     "fp8_tile_fake_quant",
     "install_act_fp8_tiles",
+    "install_act_nvfp4",
     "install_kv_fp8",
     "int4_group_fake_quant",
     "is_decoder_linear_key",
     "iter_decoder_linears",
     "make_native_weights",
     "native_block",
+    "nvfp4_fake_quant",
+    "nvfp4_tensor_scale",
 ]
 
 
@@ -114,6 +136,15 @@ def fp8_block_fake_quant(w: torch.Tensor, block: Sequence[int] = (128, 128)) -> 
     return _e4m3(x, scale).reshape(o, i)
 
 
+def _last_dim_blocks(x: torch.Tensor, n: int, what: str) -> torch.Tensor:
+    """``x`` [..., K] in float32 as [..., K / n, n] (one scale per row of n); ValueError naming ``what`` when n does
+    not divide K (the input dimension of the GEMM that reads it)."""
+    k = x.shape[-1]
+    if k % n:
+        raise ValueError(f"{what} {n} does not divide the input dimension {k} (shape {list(x.shape)})")
+    return x.float().reshape(*x.shape[:-1], k // n, n)
+
+
 def fp8_tile_fake_quant(x: torch.Tensor, tile: int = 128) -> torch.Tensor:
     """FP8 e4m3 activation quantize-dequantize with one dynamic scale per 1 x ``tile`` channels.
 
@@ -127,10 +158,7 @@ def fp8_tile_fake_quant(x: torch.Tensor, tile: int = 128) -> torch.Tensor:
     Raises:
         ValueError: ``tile`` does not divide K.
     """
-    k = x.shape[-1]
-    if k % tile:
-        raise ValueError(f"activation tile {tile} does not divide the input dimension {k}")
-    t = x.float().reshape(*x.shape[:-1], k // tile, tile)
+    t = _last_dim_blocks(x, tile, "activation tile")
     scale = t.abs().amax(dim=-1, keepdim=True) / FP8_E4M3_MAX
     return _e4m3(t, scale).reshape(x.shape).to(x.dtype)
 
@@ -209,6 +237,104 @@ def install_act_fp8_tiles(model: Any, tile: int = 128) -> int:
     for _, m in lins:
         m.register_forward_pre_hook(hook)
     return len(lins)
+
+
+# ------------------------------------------------------------------------------------ NVFP4 (W4A4)
+def fp4_e2m1_round(x: torch.Tensor) -> torch.Tensor:
+    """Round ``x`` (any shape, float) to the nearest FP4 E2M1 value (:data:`FP4_E2M1_GRID`, sign kept), ties to
+    the even mantissa as the hardware conversion does (0.25 → 0, 0.75 → 1, 2.5 → 2, 5 → 4); magnitudes beyond 6
+    saturate to 6. Returns float32."""
+    grid = torch.tensor(FP4_E2M1_GRID, dtype=torch.float32, device=x.device)
+    mids = (grid[1:] + grid[:-1]) / 2
+    a = x.float().abs().clamp(max=FP4_E2M1_MAX)
+    i = torch.bucketize(a, mids)  # mids[i-1] < a <= mids[i]: the lower neighbour on a tie
+    tie = (i < len(mids)) & (a == mids[i.clamp(max=len(mids) - 1)]) & (i % 2 == 1)
+    i = torch.where(tie, i + 1, i)  # an odd index has mantissa 1: the tie goes to the even neighbour above
+    return torch.copysign(grid[i], x.float())
+
+
+def nvfp4_tensor_scale(amax: torch.Tensor | float) -> torch.Tensor:
+    """NVFP4's per-tensor FP32 scale, amax / (448 · 6), so that the largest block scale is E4M3's largest value
+    (torchao ``per_tensor_amax_to_scale``); 1 for an all-zero tensor. A float32 0-d tensor."""
+    a = torch.as_tensor(amax, dtype=torch.float32)
+    return torch.where(a > 0, a / (FP8_E4M3_MAX * FP4_E2M1_MAX), torch.ones_like(a))
+
+
+def nvfp4_fake_quant(x: torch.Tensor, tensor_scale: torch.Tensor | float | None = None,
+                     block: int = NVFP4_BLOCK) -> torch.Tensor:
+    """NVFP4 quantize-dequantize along the last dimension (module docstring).
+
+    Per block of ``block`` values: block scale = amax(block) / 6 / tensor_scale rounded to E4M3 (saturating at
+    448), decode scale = that E4M3 value · tensor_scale, values = FP4 E2M1 rounding of x / decode scale (a block
+    whose E4M3 scale underflows to 0 decodes to 0).
+
+    Args:
+        x: [..., K] weights ([out, in]: blocks along the input dimension) or activations ([..., K]).
+        tensor_scale: the per-tensor FP32 scale; None = :func:`nvfp4_tensor_scale` of this tensor's amax
+            (weights); activations pass the calibrated one (:func:`install_act_nvfp4`).
+        block: values per E4M3 scale (16, NVFP4's).
+
+    Returns:
+        Same shape and dtype as ``x``.
+
+    Raises:
+        ValueError: ``block`` does not divide K.
+    """
+    t = _last_dim_blocks(x, block, "NVFP4 block")
+    ts = nvfp4_tensor_scale(t.abs().max()) if tensor_scale is None else torch.as_tensor(tensor_scale,
+                                                                                           dtype=torch.float32)
+    ts = ts.to(t.device)
+    bs = torch.clamp(t.abs().amax(dim=-1, keepdim=True) / FP4_E2M1_MAX / ts, max=FP8_E4M3_MAX)
+    dec = bs.to(torch.float8_e4m3fn).to(torch.float32) * ts
+    q = fp4_e2m1_round(t / torch.where(dec > 0, dec, torch.ones_like(dec))) * dec
+    return q.reshape(x.shape).to(x.dtype)
+
+
+def install_act_nvfp4(model: Any, calibration_ids: list[int], block: int = NVFP4_BLOCK) -> dict[str, Any]:
+    """Quantize the input of every decoder linear to NVFP4 (forward pre-hooks), with a static per-linear tensor
+    scale: amax of that linear's input over a calibration forward of ``calibration_ids``, / (448 · 6) — ModelOpt's
+    calibrated ``input_scale`` of an NVFP4 checkpoint (activations beyond the calibrated range saturate at the
+    largest E4M3 block scale). Call after the weights are final (the calibration forward runs the model as is).
+
+    Returns:
+        ``{"act_quant": "nvfp4-e2m1-e4m3x16", "act_quant_linears": n, "act_tensor_scales": {name: scale}}``.
+
+    Raises:
+        ValueError: empty ``calibration_ids``, no decoder linear, or ``block`` does not divide some linear's
+            input dimension (no hook is installed then).
+    """
+    if not calibration_ids:
+        raise ValueError("install_act_nvfp4: calibration_ids is empty; pass the calibration text's token ids")
+    lins = list(iter_decoder_linears(model))
+    if not lins:
+        raise ValueError("install_act_nvfp4: no decoder linear layer found")
+    bad = [n for n, m in lins if m.in_features % block]
+    if bad:
+        raise ValueError(f"NVFP4 block {block} does not divide the input dimension of {bad[0]}")
+    amax: dict[str, float] = {}
+
+    def recorder(name: str) -> Any:
+        def hook(_m: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            amax[name] = max(amax.get(name, 0.0), float(args[0].detach().abs().max()))
+        return hook
+
+    handles = [m.register_forward_pre_hook(recorder(n)) for n, m in lins]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(calibration_ids)]), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    scales = {n: float(nvfp4_tensor_scale(amax.get(n, 0.0))) for n, _ in lins}
+
+    def quant(scale: float) -> Any:
+        def hook(_m: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            return (nvfp4_fake_quant(args[0], scale, block), *args[1:])
+        return hook
+
+    for n, m in lins:
+        m.register_forward_pre_hook(quant(scales[n]))
+    return {"act_quant": f"nvfp4-e2m1-e4m3x{block}", "act_quant_linears": len(lins), "act_tensor_scales": scales}
 
 
 # ------------------------------------------------------------------------------------ FP8 KV cache

@@ -742,6 +742,7 @@ class SimulatorEngine:
         temperature: float,
         seeds: Sequence[int],
         top_n: int | None = None,
+        span: str | None = None,
     ) -> list[ChoiceResult]:
         """:meth:`generate` for many requests at once, in lock step (``reference.speculative_batch``): the same
         drafter, verifier, seeds and sampling per request, one target forward per round for all of them.
@@ -754,6 +755,7 @@ class SimulatorEngine:
             temperature: shared by the requests.
             seeds: [B] choice seeds.
             top_n: None = no logprobs; else top alternatives per token.
+            span: as :meth:`generate` (``reasoning`` inside a reasoning span: span-restricted verifiers relax there).
 
         Returns:
             [B] ChoiceResult (``elapsed_s``: the batch's).
@@ -784,7 +786,7 @@ class SimulatorEngine:
                 self.served, prompts, drafter=self.drafter, k=self.k, max_new_tokens=[int(m) for m in max_tokens],
                 temperature=eff["temperature"], top_k=eff["top_k"], top_p=eff["top_p"],
                 generators=[torch.Generator().manual_seed(s) for s in seeds],
-                verifiers=[make_verifier(self.profile, request_seed=s) for s in seeds],
+                verifiers=[make_verifier(self.profile, request_seed=s, span=span) for s in seeds],
                 eos_token_ids=self.eos_ids, adaptive_k=self.adaptive_k, on_round=on_round,
             )
         dt = time.perf_counter() - t0
@@ -793,6 +795,60 @@ class SimulatorEngine:
                          chunks=ch, elapsed_s=dt, effective=eff)
             for c, ch, r in zip(collected, chunks, res, strict=True)
         ]
+
+    def generate_reasoning_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: Sequence[int],
+        budget: int,
+        temperature: float,
+        seeds: Sequence[int],
+        top_n: int | None = None,
+    ) -> list[ChoiceResult]:
+        """:meth:`generate_reasoning` for many requests at once (:meth:`generate_batch` for the reasoning, then for
+        the answers after the forced close tag): row b is ``generate_reasoning(prompts[b], max_tokens=max_tokens[b],
+        budget=budget, seed=seeds[b], temperature=temperature, top_n=top_n)``, no stop strings. For offline
+        collection (the calibration's ``think:PROFILE`` pools).
+
+        Raises:
+            ValueError: budget < 1, or from :meth:`generate_batch`.
+        """
+        if budget < 1:
+            raise ValueError(f"budget={budget} must be >= 1")
+        seeds = [self.next_seed() if self.profile.ignore_seed else int(s) for s in seeds]
+        first = self.generate_batch(prompts, max_tokens=[min(budget, int(m)) for m in max_tokens],
+                                    temperature=temperature, seeds=seeds, top_n=top_n, span="reasoning")
+        close_ids = list(self.tokenizer.encode(REASONING_CLOSE, add_special_tokens=False))
+        out: list[ChoiceResult] = []
+        todo: list[tuple[int, list[int], int]] = []  # (row, prefix + close tag, room)
+        for b, r in enumerate(first):
+            for t in r.tokens:
+                t.span = "reasoning"
+            reasoning_ids = [t.token_id for t in r.tokens]
+            room = int(max_tokens[b]) - len(reasoning_ids) - len(close_ids)
+            out.append(ChoiceResult(tokens=list(r.tokens), text="", finish_reason="length", chunks=list(r.chunks),
+                                    elapsed_s=r.elapsed_s, effective=r.effective,
+                                    reasoning_text=self.text_of(reasoning_ids)))
+            if room >= 1:
+                todo.append((b, [int(x) for x in prompts[b]] + reasoning_ids + close_ids, room))
+        if not todo:
+            return out
+        answers = self.generate_batch([p for _, p, _ in todo], max_tokens=[m for *_, m in todo], temperature=temperature,
+                                      seeds=[self.choice_seed(seeds[b], 1 << 20) for b, *_ in todo], top_n=top_n)
+        for (b, prefix, _), a in zip(todo, answers, strict=True):
+            n_close = len(close_ids)
+            forced = ([TokenInfo(i) for i in close_ids] if top_n is None
+                      else self.score_prompt(prefix, top_n, nonce=seeds[b])[len(prefix) - n_close:])
+            for t in forced:
+                t.span = "close"
+            for t in a.tokens:
+                t.span = "answer"
+            d = out[b]
+            out[b] = ChoiceResult(tokens=d.tokens + forced + a.tokens, text=a.text, finish_reason=a.finish_reason,
+                                  chunks=d.chunks + [n_close] + a.chunks, elapsed_s=d.elapsed_s + a.elapsed_s,
+                                  effective=a.effective, reasoning_text=d.reasoning_text)
+        return out
 
     def score_prompt(self, prompt_ids: Sequence[int], top_n: int, nonce: int = 0) -> list[TokenInfo]:
         """Teacher-forced logprobs of the prompt itself under the served model (``echo``).

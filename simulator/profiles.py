@@ -33,7 +33,7 @@ VERIFIERS = (
     "synthetic-acceptance",
 )
 DTYPES = ("float32", "bfloat16", "float16")
-WEIGHT_QUANT = (None, "int8", "int4", "int3", "fp8")
+WEIGHT_QUANT = (None, "int8", "int4", "int3", "fp8", "nvfp4")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ class Profile:
             RELAXED_VERIFICATION, SUBSTITUTION, DECODING_NONCOMPLIANT); used by calibration.
         dtype: weights/activations dtype of the served model (``float32`` | ``bfloat16``).
         weight_quant: weight-only quantization of the decoder's linear layers (``int8`` per output
-            channel symmetric; ``int4`` / ``int3`` group-wise affine; ``fp8`` E4M3 per-tensor) or None.
+            channel symmetric; ``int4`` / ``int3`` group-wise affine; ``fp8`` E4M3 per-tensor; ``nvfp4`` NVFP4,
+            ``reference.native.nvfp4_fake_quant``) or None.
         group_size: int4/int3 group size (elements along the input dimension; 32..128).
         logit_noise: std (nats) of the kernel/batch-order noise added to every logit (honest-noisy).
             0 disables. The noise is seeded per request and position (see ``engine.NoisyLogitsModel``).
@@ -85,7 +86,9 @@ class Profile:
             (``reference.native.install_kv_fp8``); None = full precision.
         act_quant: ``int8``: decoder linears' inputs fake-quantized to int8 per token (W8A8 with
             ``weight_quant="int8"``); ``fp8-tile``: to FP8 e4m3 per 1 x T tile, T the model's native block
-            (``reference.native.native_block``: DeepSeek-V3's 1x128 activation quantization); None = full precision.
+            (``reference.native.native_block``: DeepSeek-V3's 1x128 activation quantization); ``nvfp4``: to NVFP4
+            (FP4 E2M1, an E4M3 scale per 16, a calibrated FP32 scale per linear: ``reference.native.install_act_nvfp4``);
+            None = full precision.
         greedy_relaxed_margin: greedy-relaxed: a draft in the target's top-2 within this many nats of
             the argmax is accepted at temperature 0.
         mix_with: ``mix-PROFILE:F``: name of the profile that serves a fraction ``mix_fraction`` of
@@ -137,10 +140,10 @@ class Profile:
             raise ValueError(f"profile {self.name!r}: weight_quant={self.weight_quant!r} must be one of {WEIGHT_QUANT}")
         if self.dtype not in DTYPES:
             raise ValueError(f"profile {self.name!r}: dtype={self.dtype!r} must be one of {DTYPES}")
-        if self.kv_cache_dtype not in (None, "fp8") or self.act_quant not in (None, "int8", "fp8-tile"):
+        if self.kv_cache_dtype not in (None, "fp8") or self.act_quant not in (None, "int8", "fp8-tile", "nvfp4"):
             raise ValueError(
                 f"profile {self.name!r}: kv_cache_dtype={self.kv_cache_dtype!r} must be None or 'fp8', "
-                f"act_quant={self.act_quant!r} must be None, 'int8' or 'fp8-tile'"
+                f"act_quant={self.act_quant!r} must be None, 'int8', 'fp8-tile' or 'nvfp4'"
             )
         if self.greedy_relaxed_margin < 0 or not (0.0 <= self.mix_fraction <= 1.0):
             raise ValueError(
@@ -407,6 +410,16 @@ PROFILES: dict[str, Profile] = {
             kv_cache_dtype="fp8",
         ),
         Profile(
+            "native-fp8-nvfp4",
+            "Below an FP8 card: the FP8 model re-quantized to NVIDIA's NVFP4, weights and activations (W4A4): FP4 E2M1 "
+            "values, one E4M3 scale per 16 input values, one FP32 scale per tensor (calibrated static scales for the "
+            "activations, reference.native.nvfp4_fake_quant); serve with --model NAME+fp8.",
+            "quantized",
+            "QUANTIZATION",
+            weight_quant="nvfp4",
+            act_quant="nvfp4",
+        ),
+        Profile(
             "native-int4-int3",
             "Below an INT4 card: the INT4 model re-quantized to int3 weights (group-wise affine, group 32, the "
             "card's group); serve with --model NAME+int4.",
@@ -450,7 +463,20 @@ def _float_param(name: str, text: str, lo: float, hi: float) -> float:
 
 #: Name prefix of a recorded provider (``recorded:NAME``, :func:`parameterized_profile`).
 RECORDED_PREFIX = "recorded:"
+#: Name prefix of a profile served in reasoning mode (``think:PROFILE``, :func:`parameterized_profile`; issue 35).
+THINK_PREFIX = "think:"
+#: Reasoning tokens at most before the close tag is forced: the simulator's default thinking budget
+#: (``auditor serve --reasoning-budget``, ``simulator.server.create_app``) and the one ``think:PROFILE`` serves with.
+DEFAULT_REASONING_BUDGET = 32
 _RECORDED_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
+def reasoning_of(profile: Profile) -> int | None:
+    """Reasoning budget (tokens) of a ``think:PROFILE`` profile (served in reasoning mode: the template opens
+    ``<think>``, the budget closes it, then the answer; ``simulator.engine.SimulatorEngine.generate_reasoning``),
+    None for a profile served as plain chat."""
+    b = profile.extra.get("reasoning_budget")
+    return int(b) if b is not None else None
 
 
 def recorded_of(profile: Profile) -> str | None:
@@ -469,7 +495,10 @@ def parameterized_profile(name: str) -> Profile | None:
     ``mix-PROFILE:F`` (the honest-fp32 model, except a fraction F in [0, 1] of requests served by
     PROFILE, itself possibly parameterized; family and expected verdict are PROFILE's),
     ``recorded:NAME`` (an honest provider whose outputs a real engine recorded,
-    ``auditor.calibration.recorded``; ``extra["recorded"]`` = NAME; calibration only, never served).
+    ``auditor.calibration.recorded``; ``extra["recorded"]`` = NAME; calibration only, never served),
+    ``think:PROFILE`` (PROFILE served in reasoning mode with the default thinking budget,
+    ``extra["reasoning_budget"]`` = :data:`DEFAULT_REASONING_BUDGET`, :func:`reasoning_of`; issue 35 item 5:
+    ``auditor serve --profile think:PROFILE`` serves it with ``--reasoning field`` unless told otherwise).
 
     Raises:
         KeyError: unknown base profile or a parameter that is not a number.
@@ -477,6 +506,16 @@ def parameterized_profile(name: str) -> Profile | None:
     """
     if ":" not in name:
         return None
+    if name.startswith(THINK_PREFIX):
+        inner = get_profile(name[len(THINK_PREFIX):])
+        if reasoning_of(inner) is not None or inner.mix_with is not None or recorded_of(inner) is not None:
+            raise ValueError(f"profile {name!r}: think: takes a served profile, not a mixture, a recording or "
+                             "another think: profile")
+        return dataclasses.replace(
+            inner, name=name, extra={**inner.extra, "reasoning_budget": DEFAULT_REASONING_BUDGET},
+            summary=f"{inner.name} in reasoning mode: the template opens <think>, at most {DEFAULT_REASONING_BUDGET} "
+                    "reasoning tokens, the close tag, then the answer.",
+        )
     head, _, arg = name.rpartition(":")
     if head.startswith("mix-"):
         other = head[len("mix-"):]
@@ -523,7 +562,7 @@ def parameterized_profile(name: str) -> Profile | None:
         return dataclasses.replace(PROFILES[head], name=name, greedy_relaxed_margin=m,
                                    summary=f"Greedy drafts accepted in the top-2 within {m:g} nats of the argmax.")
     raise KeyError(f"unknown profile {name!r}; parameterized forms: relaxed-threshold:S, typical-acceptance:EPS, "
-                   "greedy-relaxed:M, substituted:K, synthetic-acceptance:L, mix-PROFILE:F, recorded:NAME")
+                   "greedy-relaxed:M, substituted:K, synthetic-acceptance:L, mix-PROFILE:F, recorded:NAME, think:PROFILE")
 
 
 def find_profile(name: str) -> Profile | None:

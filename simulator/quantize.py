@@ -19,6 +19,10 @@ Formats (the decoder's linear layers ``q,k,v,o,gate,up,down``; embeddings and th
   torch RTN below.
 - ``fp8``: E4M3 (max 448) with one per-tensor scale amax/448 (vLLM online fp8); quanto
   ``qfloat8_e4m3fn`` with that scale broadcast to every row.
+- ``nvfp4``: NVIDIA's NVFP4, FP4 E2M1 values with one E4M3 scale per 16 input values and one FP32 scale
+  per tensor (``reference.native.nvfp4_fake_quant``, the one home of the format); always the torch path
+  (quanto has no NVFP4 type). With ``act_quant="nvfp4"`` (``reference.native.install_act_nvfp4``) it is
+  W4A4, the ``native-fp8-nvfp4`` profile.
 
 Fallback: when quanto is unavailable or fails (e.g. its C++ unpack extension cannot be
 compiled), an equivalent quantize-dequantize written in torch is used (same formulas; the
@@ -36,7 +40,14 @@ from typing import Any
 
 import torch
 
-from reference.native import FP8_E4M3_MAX, KV_CALIBRATION_TEXT, install_kv_fp8, iter_decoder_linears
+from reference.native import (
+    FP8_E4M3_MAX,
+    KV_CALIBRATION_TEXT,
+    install_act_nvfp4,
+    install_kv_fp8,
+    iter_decoder_linears,
+    nvfp4_fake_quant,
+)
 
 
 @dataclass
@@ -187,7 +198,9 @@ def _fallback(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
         return rtn_int4_groupwise(w.float(), group_size, bits=3)
     if scheme == "fp8":
         return rtn_fp8_per_tensor(w.float())
-    raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4, int3 or fp8")
+    if scheme == "nvfp4":
+        return nvfp4_fake_quant(w.float())
+    raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4, int3, fp8 or nvfp4")
 
 
 #: Environment variable naming another folder for the quantized-weight cache (the test session points it
@@ -268,7 +281,7 @@ def quantize_model_weights(
 
     Args:
         model: a transformers causal LM (float32 weights expected; other dtypes are cast back).
-        scheme: ``int8`` | ``int4`` | ``int3`` | ``fp8`` (see module docstring).
+        scheme: ``int8`` | ``int4`` | ``int3`` | ``fp8`` | ``nvfp4`` (see module docstring).
         group_size: int4/int3 group size along the input dimension (must divide every in_features).
         use_quanto: try optimum-quanto first (default); False forces the torch fallback.
         cache_file: read the quantized weights from this file when it matches the model (seconds
@@ -282,12 +295,12 @@ def quantize_model_weights(
     Raises:
         ValueError: unknown scheme, or no linear layer found.
     """
-    if scheme not in ("int8", "int4", "int3", "fp8"):
-        raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4, int3 or fp8")
+    if scheme not in ("int8", "int4", "int3", "fp8", "nvfp4"):
+        raise ValueError(f"unknown quantization scheme {scheme!r}; use int8, int4, int3, fp8 or nvfp4")
     rep = QuantReport(scheme=scheme, group_size=group_size if scheme in ("int4", "int3") else None)
     if cache_file is not None and cache_file.is_file() and _load_cached(model, rep, cache_file):
         return rep
-    use_quanto = use_quanto and scheme != "int3"  # quanto has no 3-bit type
+    use_quanto = use_quanto and scheme not in ("int3", "nvfp4")  # quanto has no 3-bit or NVFP4 type
     t0 = time.perf_counter()
     errs: list[float] = []
     n_fallback = 0
@@ -388,9 +401,12 @@ def apply_runtime_quant(model: Any, profile: Any, tokenizer: Any = None) -> dict
         tile = native_block(tuple(m.weight.shape) for _, m in iter_decoder_linears(model))
         out["act_quant"] = f"fp8-e4m3-per-1x{tile}"
         out["act_quant_linears"] = install_act_fp8_tiles(model, tile)
+    elif act == "nvfp4":  # issue 36: NVFP4 W4A4, activations with calibrated static tensor scales
+        ids = list(tokenizer.encode(KV_CALIBRATION_TEXT)) if tokenizer is not None else list(range(1, 129))
+        out.update(install_act_nvfp4(model, ids))
     elif act is not None:
         if act != "int8":
-            raise ValueError(f"act_quant={act!r}: only 'int8' (dynamic per token) or 'fp8-tile' is supported")
+            raise ValueError(f"act_quant={act!r}: only 'int8' (dynamic per token), 'fp8-tile' or 'nvfp4' is supported")
         out["act_quant"] = "int8-per-token"
         out["act_quant_linears"] = install_act_int8(model)
     if kv is not None:

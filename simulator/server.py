@@ -47,7 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from reference.loopback import free_port
 from simulator.engine import REASONING_CLOSE, REASONING_OPENER, ChoiceResult, SimulatorEngine, TokenInfo
 from simulator.faults import FaultInjector
-from simulator.profiles import Profile, get_profile
+from simulator.profiles import DEFAULT_REASONING_BUDGET, Profile, get_profile
 from simulator.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -264,7 +264,7 @@ class SimulatorApp:
         logprob_convention: str = "openai",
         reasoning: str | None = None,
         reasoning_logprobs: str = "both",
-        reasoning_budget: int = 32,
+        reasoning_budget: int = DEFAULT_REASONING_BUDGET,
         stream_chunking: str = "round",
         stream_interval_ms: float = 50.0,
         enforce: Mapping[str, float] | None = None,
@@ -579,7 +579,7 @@ def create_app(
     logprob_convention: str = "openai",
     reasoning: str | None = None,
     reasoning_logprobs: str = "both",
-    reasoning_budget: int = 32,
+    reasoning_budget: int = DEFAULT_REASONING_BUDGET,
     enforce: Mapping[str, float] | None = None,
     reject: Sequence[str] = (),
     **profile_overrides: Any,

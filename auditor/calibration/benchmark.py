@@ -30,10 +30,11 @@ from simulator.profiles import get_profile
 
 if TYPE_CHECKING:
     from auditor.calibration.reference_side import RefModels
+    from probes.model_card import ModelCard
     from reference.models import LoadedModel
 
 __all__ = [
-    "CalibrationRun", "default_profiles", "load_reference_models", "run_calibration",
+    "CalibrationRun", "card_references", "default_profiles", "load_reference_models", "run_calibration",
 ]
 
 #: Profiles a plain ``auditor calibrate`` runs: the ones docs/calibration.md covers (issue 14 added
@@ -93,12 +94,38 @@ class CalibrationRun:
         return out
 
 
-def load_reference_models(model: str | None = None) -> dict[str, LoadedModel]:
-    """The reference in every honest precision (``auditor.check.measured_floors.REFERENCE_DTYPES``)."""
+def load_reference_models(model: str | None = None, card: ModelCard | None = None) -> dict[str, LoadedModel]:
+    """The reference in every honest precision (``auditor.check.measured_floors.REFERENCE_DTYPES``); with ``card``
+    the reference computing it (:func:`card_references`). Picklable with ``functools.partial`` (``--workers``).
+
+    Raises:
+        auditor.check.errors.AuditError: ``parameter="card"``: the card cannot be computed on this model.
+    """
     from reference.models import DEFAULT_MODEL, load_model  # torch
 
     name = model or DEFAULT_MODEL
-    return {dt: load_model(name, dtype=dt) for dt in REFERENCE_DTYPES}
+    refs = {dt: load_model(name, dtype=dt) for dt in REFERENCE_DTYPES}
+    return refs if card is None else card_references(refs, card)[0]
+
+
+def card_references(refs: RefModels, card: ModelCard) -> tuple[dict[str, LoadedModel], tuple[str, ...]]:
+    """The references of a calibration under a model card (issue 36): the card's checkpoint (``refs``, e.g. the
+    native ``NAME+fp8`` variant) computing the card as ``auditor check`` computes it
+    (``auditor.check.reference_setup.card_models``: FP8 activation tiles, an FP8 KV cache ...), so that the
+    noise floor is the card's (keyed by the ``+card:`` revision) and every profile's pool is served from and
+    scored against the card. Returns (dtype → model, the card's steps; () = the loaded weights are the card's).
+
+    Each profile is served from the card-computing model (``auditor.calibration.collect.collect_pool`` builds the
+    served model from the float32 reference): a profile's own FP8 activation tiles then repeat the card's (FP8
+    rounding at one scale is idempotent), and NVFP4 activations (``native-fp8-nvfp4``) are rounded from the card's
+    FP8 tiles, an error about 1/16 of NVFP4's own.
+
+    Raises:
+        auditor.check.errors.AuditError: ``parameter="card"``: the card cannot be computed on this model.
+    """
+    from auditor.check.reference_setup import card_models
+
+    return card_models(as_refs(refs), card)
 
 
 def run_calibration(
@@ -122,6 +149,7 @@ def run_calibration(
     workers: int = 1,
     threads: int | None = None,
     progress: Callable[[str], None] | None = None,
+    card: ModelCard | None = None,
 ) -> CalibrationRun:
     """Run the detection benchmark: pools (cached), resampled fixed-budget audits, sequential audits.
 
@@ -158,6 +186,11 @@ def run_calibration(
             loads its own.
         threads: torch CPU threads per worker process (default 1 when ``workers`` > 1).
         progress: callback for one-line status messages.
+        card: calibrate under this model card (issue 36): the references compute it (:func:`card_references`,
+            applied to ``ref_lms`` or to the loaded ``model``, the card's checkpoint), so that the floor is the
+            card's and each profile's effects are relative to it; ``meta["card"]`` records its name, recipe, bits
+            and steps (``auditor.calibration.effects.card_effects_entry`` turns the records into the effect-size
+            table's ``cards`` entry). None = the float32 reference.
 
     Returns:
         CalibrationRun.
@@ -165,6 +198,7 @@ def run_calibration(
     Raises:
         KeyError: unknown profile name.
         ValueError: empty budgets, audits < 1, or ``workers`` > 1 with ``ref_lms`` given.
+        auditor.check.errors.AuditError: ``parameter="card"``: the card cannot be computed on this model.
     """
     say = progress or (lambda _m: None)
     profiles = list(profiles or default_profiles(pool_cfg))
@@ -181,6 +215,9 @@ def run_calibration(
     timings: dict[str, float] = {}
     t = time.perf_counter()
     refs = as_refs(ref_lms) if ref_lms is not None else load_reference_models(model)
+    steps: tuple[str, ...] = ()
+    if card is not None:
+        refs, steps = card_references(refs, card)
     timings["load_models_s"] = time.perf_counter() - t
     first = refs["float32"]
     mixes = [default_mix()] if mix is None else ([mix] if isinstance(mix, AuditMix) else list(mix))
@@ -196,14 +233,20 @@ def run_calibration(
     pools_meta: dict[str, dict] = {}
     t_pools = t_audits = t_seq = 0.0
     n_for = {p: honest_audits if honest_audits is not None and get_profile(p).honest else audits for p in profiles}
-    spec = CellSpec(tuple(mixes), tuple(budgets), alpha, seed, fixed, sequential, sequential_audits or audits)
+    card_info: dict[str, Any] | None = None
+    if card is not None:
+        from auditor.check.reference_setup import card_fields
+
+        card_info = {"name": card.name, "model": model or card.model, "steps": list(steps),
+                     **card_fields(card, str(first.revision))}
+    spec = CellSpec(tuple(mixes), tuple(budgets), alpha, seed, fixed, sequential, sequential_audits or audits, card_info)
     done: dict[str, ProfileCells] = {}
     if workers > 1:
         from functools import partial
 
         from auditor.calibration.parallel import audit_in_workers, prebuild_in_workers
 
-        load_refs = partial(load_reference_models, model)
+        load_refs = partial(load_reference_models, model, card)
         t = time.perf_counter()
         prebuild_in_workers(profiles, refs, cfg, load_refs=load_refs, workers=workers, threads=threads,
                             cache_dir=cache_dir, refresh=refresh, floor_kwargs=floor_kwargs, progress=say)
@@ -255,5 +298,6 @@ def run_calibration(
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "python": platform.python_version(), "torch": torch.__version__},
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "card": card_info,
     }
     return CalibrationRun(records, seq_records, meta)

@@ -7,7 +7,7 @@ worker of :mod:`auditor.calibration.parallel` (both import it from here, so neit
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +68,8 @@ class CellSpec:
         fixed: run the fixed-budget audits.
         sequential: the sequential design, or None (skip).
         sequential_audits: audits per profile of the sequential simulation.
+        card: a calibration under a model card: ``{"card_bits", "card_recipe", "model"}`` for every verdict
+            (``auditor.calibration.draws.audit_verdict``); None = the float32 reference.
     """
 
     mixes: tuple[AuditMix, ...]
@@ -77,6 +79,7 @@ class CellSpec:
     fixed: bool
     sequential: SequentialDesign | None
     sequential_audits: int
+    card: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -110,7 +113,8 @@ def profile_cells(
     recs: list[CalibrationRecord] = []
     for mi, m in enumerate(mixes if spec.fixed else ()):
         bl = mix_budgets(m, spec.budgets, primary=mi == 0)
-        outs = run_audits(pool, floors, budgets=bl, audits=n_audits, mix=m, alpha=alpha, seed=seed, progress=say)
+        outs = run_audits(pool, floors, budgets=bl, audits=n_audits, mix=m, alpha=alpha, seed=seed, progress=say,
+                          card=spec.card)
         for r in summarize_audits(outs, pool, mix=m, alpha=alpha):
             r.extra["suite_max_tokens"] = m.max_total
             recs.append(r)
@@ -124,7 +128,8 @@ def profile_cells(
     sr, t_seq = None, 0.0
     if sequential is not None:
         t = time.perf_counter()
-        sr = run_sequential_audits(pool, floors, sequential, audits=spec.sequential_audits, mix=mixes[0], seed=seed)
+        sr = run_sequential_audits(pool, floors, sequential, audits=spec.sequential_audits, mix=mixes[0], seed=seed,
+                                   card=spec.card)
         t_seq = time.perf_counter() - t
         say(f"{p} sequential: rejection {sr['rejection_rate']:.3f}, mean tokens {sr['mean_tokens']:.0f} "
             f"(saved {sr['tokens_saved']:.0%}) {sr['verdicts']}")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from auditor.calibration.decoding import decode_rows
+from auditor.calibration.decoding import choice_row, decode_rows
 from auditor.calibration.pool import (
     POOL_FORMAT,
     PROVIDER_TOP_N,
@@ -32,8 +32,9 @@ from auditor.calibration.pool import (
     short_sha,
     suite_fingerprint,
 )
+from auditor.calibration.reasoning import close_ids, decode_reasoning_rows, engine_result, opener_ids
 from auditor.calibration.reference_side import as_refs, assemble_pool, score_reference
-from simulator.profiles import Profile, get_profile, recorded_of
+from simulator.profiles import Profile, get_profile, reasoning_of, recorded_of
 
 if TYPE_CHECKING:
     from auditor.calibration.reference_side import RefModels
@@ -53,7 +54,11 @@ _LOSSY_AT = {
     "greedy-verify": "sampling",
     "decode-noncompliant": "greedy",
     "greedy-relaxed": "greedy",  # T=0 top-2-within-margin acceptance: depends on the drafts
+    "synthetic-acceptance": "both",  # the drafter's tokens emitted unverified at every temperature (issue 35)
 }
+#: Lossy only in reasoning mode (``think:PROFILE``): relaxed-think relaxes the greedy path inside <think> and
+#: verifies strictly everywhere else, so served as plain chat its law is plain decoding.
+_LOSSY_IN_REASONING = {"relaxed-think": "greedy"}
 #: Lossy verifiers whose output law does not depend on the drafts, so batched decoding with a
 #: per-position rule reproduces it exactly (the rule is the verifier's own, per its docstring):
 #: greedy-verify emits argmax p at every position; decode-noncompliant emits the 2nd-ranked token
@@ -75,7 +80,9 @@ def backend_for(profile: Profile, temperature: float, *, emulate: bool = True) -
     if profile.mix_with is not None:
         return "mixed"  # per-request routing of two component pools (mix_pools)
     at = _LOSSY_AT.get(profile.verifier)
-    if at is None or (at == "sampling") != (temperature > 0):
+    if at is None and reasoning_of(profile) is not None:
+        at = _LOSSY_IN_REASONING.get(profile.verifier)
+    if at is None or (at != "both" and (at == "sampling") != (temperature > 0)):
         return "batched"
     if emulate and profile.verifier in _RULES:
         return "rule"
@@ -135,7 +142,10 @@ def collect_pool(
     served_lm, info = build_served_model(profile, ref_lm, copy_model=True)
     eos = list(ref_lm.eos_token_ids)
     be = {t: backend_for(profile, t, emulate=cfg.emulate_rules) for t in (0.0, 1.0)}
-    reqs = build_requests(ref_lm.tokenizer, cfg, n_samples=cfg.samples_for(profile, be[1.0] == "engine"))
+    think = reasoning_of(profile)  # reasoning mode (think:PROFILE): reasoning budget in tokens, else None
+    reqs = build_requests(ref_lm.tokenizer, cfg, n_samples=cfg.samples_for(profile, be[1.0] == "engine"),
+                          opener=opener_ids(ref_lm.tokenizer) if think is not None else ())
+    close = close_ids(ref_lm.tokenizer) if think is not None else []
     results: dict[str, dict] = {}
     backends: Counter = Counter()
     engine = None
@@ -160,7 +170,16 @@ def collect_pool(
         chs: list[ChoiceResult] = []
         for b in range(0, len(rs), batch):
             chunk = [rs[i] for i in order[b : b + batch]]
-            if batch > 1:
+            if think is not None:  # reasoning mode (think:PROFILE): generate_reasoning, batched where it can
+                if batch > 1:
+                    chs += engine.generate_reasoning_batch(
+                        [list(r.prompt_ids) for r in chunk], max_tokens=[r.max_tokens for r in chunk], budget=think,
+                        temperature=chunk[0].temperature, seeds=[r.seed for r in chunk], top_n=PROVIDER_TOP_N)
+                else:
+                    chs += [engine.generate_reasoning(list(r.prompt_ids), max_tokens=r.max_tokens, budget=think,
+                                                      temperature=r.temperature, seed=r.seed, top_n=PROVIDER_TOP_N)
+                            for r in chunk]
+            elif batch > 1:
                 chs += engine.generate_batch([list(r.prompt_ids) for r in chunk], max_tokens=[r.max_tokens for r in chunk],
                                              temperature=chunk[0].temperature, seeds=[r.seed for r in chunk],
                                              top_n=PROVIDER_TOP_N)
@@ -169,21 +188,7 @@ def collect_pool(
                                         seed=r.seed, top_n=PROVIDER_TOP_N) for r in chunk]
             say(f"{profile_name}: engine {len(chs)}/{len(rs)} requests" + (f" (batches of {batch})" if batch > 1 else ""))
         for i, ch in zip(order, chs, strict=True):
-            r = rs[i]
-            toks = list(ch.tokens)
-            T = len(toks)
-            top_ids = np.full((T, PROVIDER_TOP_N), -1, np.int64)
-            top_lp = np.full((T, PROVIDER_TOP_N), -np.inf)
-            for j, t in enumerate(toks):
-                k = len(t.top_ids)
-                top_ids[j, :k] = t.top_ids
-                top_lp[j, :k] = t.top_logprobs
-            results[r.key] = {
-                "token_ids": np.asarray([t.token_id for t in toks], np.int64),
-                "logprob": np.asarray([np.nan if t.logprob is None else t.logprob for t in toks], np.float64),
-                "top_ids": top_ids,
-                "top_lp": top_lp,
-            }
+            results[rs[i].key] = engine_result(ch) if think is not None else choice_row(ch)
             backends["engine"] += 1
 
     def via_batched(rs: list[PoolRequest], temperature: float) -> None:
@@ -196,18 +201,25 @@ def collect_pool(
                 chunk = rs[b : b + bs]
                 if hasattr(model, "nonce"):
                     model.nonce = chunk[0].seed  # honest-noisy: a fresh "batch" of kernel noise
-                outs = decode_rows(
-                    model,
-                    [r.prompt_ids for r in chunk],
-                    max_new_tokens=max(r.max_tokens for r in chunk),
-                    temperature=0.0,
-                    top_p=1.0,
-                    top_k=0,
-                    eos_ids=eos,
-                    seeds=[r.seed for r in chunk],
-                    rule=rule,
-                    flip_rate=profile.greedy_flip_rate,
-                )
+                if think is not None:
+                    outs = decode_reasoning_rows(
+                        model, [r.prompt_ids for r in chunk], budget=think, close=close,
+                        max_tokens=[r.max_tokens for r in chunk], temperature=0.0, top_p=1.0, top_k=0, eos_ids=eos,
+                        seeds=[r.seed for r in chunk], rule=rule, flip_rate=profile.greedy_flip_rate,
+                    )
+                else:
+                    outs = decode_rows(
+                        model,
+                        [r.prompt_ids for r in chunk],
+                        max_new_tokens=max(r.max_tokens for r in chunk),
+                        temperature=0.0,
+                        top_p=1.0,
+                        top_k=0,
+                        eos_ids=eos,
+                        seeds=[r.seed for r in chunk],
+                        rule=rule,
+                        flip_rate=profile.greedy_flip_rate,
+                    )
                 for r, o in zip(chunk, outs, strict=True):
                     results[r.key] = _cut(o, r.max_tokens)
                     backends[tag] += 1
@@ -223,19 +235,29 @@ def collect_pool(
                 gchunk = groups[b : b + per]
                 if hasattr(model, "nonce"):
                     model.nonce = gchunk[0][0].seed
-                outs = decode_rows(
-                    model,
-                    [g[0].prompt_ids for g in gchunk],
-                    max_new_tokens=max(r.max_tokens for g in gchunk for r in g),
-                    temperature=temperature,
-                    top_p=eff_p,
-                    top_k=eff_k,
-                    eos_ids=eos,
-                    seeds=[r.seed for g in gchunk for r in g],
-                    expand=n_s,
-                    rule=rule,
-                    flip_rate=profile.greedy_flip_rate,
-                )
+                if think is not None:
+                    if any(len(g) != n_s for g in gchunk):
+                        raise ValueError(f"{profile_name}: reasoning-mode pools need n_s={n_s} samples of every prompt")
+                    outs = decode_reasoning_rows(
+                        model, [g[0].prompt_ids for g in gchunk], budget=think, close=close,
+                        max_tokens=[r.max_tokens for g in gchunk for r in g], temperature=temperature, top_p=eff_p,
+                        top_k=eff_k, eos_ids=eos, seeds=[r.seed for g in gchunk for r in g], expand=n_s, rule=rule,
+                        flip_rate=profile.greedy_flip_rate,
+                    )
+                else:
+                    outs = decode_rows(
+                        model,
+                        [g[0].prompt_ids for g in gchunk],
+                        max_new_tokens=max(r.max_tokens for g in gchunk for r in g),
+                        temperature=temperature,
+                        top_p=eff_p,
+                        top_k=eff_k,
+                        eos_ids=eos,
+                        seeds=[r.seed for g in gchunk for r in g],
+                        expand=n_s,
+                        rule=rule,
+                        flip_rate=profile.greedy_flip_rate,
+                    )
                 for gi, g in enumerate(gchunk):
                     for si, r in enumerate(g):
                         results[r.key] = _cut(outs[gi * n_s + si], r.max_tokens)
@@ -269,6 +291,7 @@ def collect_pool(
             "backends": dict(backends),
             "backend_t0": be[0.0],
             "backend_t1": be[1.0],
+            **({"reasoning_budget": think} if think is not None else {}),
             "served": {"dtype": info.dtype, "layers": info.layers, "quant": info.quant},
             "generate_s": round(gen_s, 2),
             "reference_s": round(ref_s, 2),

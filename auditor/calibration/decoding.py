@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     import torch
 
     from reference.models import LoadedModel
+    from simulator.engine import ChoiceResult
 
-__all__ = ["decode_rows", "score_groups", "score_prompt_groups"]
+__all__ = ["choice_row", "decode_rows", "score_groups", "score_prompt_groups"]
 
 
 def _inner(model: LoadedModel | torch.nn.Module) -> torch.nn.Module:
@@ -38,6 +39,26 @@ def _top(logp: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
 
     tv, ti = torch.topk(logp, k, dim=-1)
     return ti.cpu().numpy().astype(np.int64), tv.double().cpu().numpy()
+
+
+def choice_row(ch: ChoiceResult) -> dict:
+    """One choice of the simulator engine as a pool row (the shape :func:`decode_rows` returns per row):
+    ``token_ids`` [T] int64, ``logprob`` [T] float64 (NaN where none), ``top_ids`` [T, 20] int64 (-1 padding),
+    ``top_lp`` [T, 20] float64 (-inf padding), the served model's raw logprobs (nats)."""
+    toks = list(ch.tokens)
+    T = len(toks)
+    top_ids = np.full((T, PROVIDER_TOP_N), -1, np.int64)
+    top_lp = np.full((T, PROVIDER_TOP_N), -np.inf)
+    for j, t in enumerate(toks):
+        k = len(t.top_ids)
+        top_ids[j, :k] = t.top_ids
+        top_lp[j, :k] = t.top_logprobs
+    return {
+        "token_ids": np.asarray([t.token_id for t in toks], np.int64),
+        "logprob": np.asarray([np.nan if t.logprob is None else t.logprob for t in toks], np.float64),
+        "top_ids": top_ids,
+        "top_lp": top_lp,
+    }
 
 
 def decode_rows(

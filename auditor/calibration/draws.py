@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_AUDITS",
     "DEFAULT_BUDGETS",
     "MODES",
+    "SPAN_NAMED",
     "AuditDraw",
     "AuditDrawer",
     "AuditMix",
@@ -42,6 +43,7 @@ __all__ = [
     "evidence_for",
     "floor_references",
     "run_audits",
+    "span_tokens",
 ]
 
 #: Completion-token budgets per audit and resampled audits per cell of the benchmark.
@@ -266,7 +268,10 @@ def evidence_for(pool: Pool, draw: AuditDraw, mix: AuditMix, reference: str = "f
 
     Each item is one probe (``prompt_id`` = its request key, so positions of one continuation are
     grouped as the detectors expect); the provider's top list is cut to the mode's
-    ``top_logprobs`` width and its token logprob dropped when the mode asks for none.
+    ``top_logprobs`` width and its token logprob dropped when the mode asks for none. In a
+    reasoning-mode pool (``pool.token_span``) every position carries its span (``reasoning`` /
+    ``answer``) and its stream step (``pool.step_final``), and the close tag's positions are left out,
+    as ``auditor.check.evidence.build_evidence`` leaves out think tags; a plain pool's batch has neither.
 
     Args:
         reference: which reference precision's rows to use (a key of ``pool.ref_top_ids``).
@@ -293,6 +298,14 @@ def evidence_for(pool: Pool, draw: AuditDraw, mix: AuditMix, reference: str = "f
         p_lp[cut] = -np.inf
     p_tok = np.where(w > 0, pool.prov_logprob[sel], np.nan)
     temps = np.repeat(pool.item_temperature[items], lens)
+    extra: dict = {}
+    if pool.token_span is not None:  # reasoning mode: span labels and stream steps; no close-tag position
+        keep = pool.token_span[sel] != "close"
+        pids, within, sel, p_ids, p_lp, p_tok, temps = (a[keep] for a in (pids, within, sel, p_ids, p_lp, p_tok, temps))
+        spans = pool.token_span[sel].astype(object)
+        extra["token_spans"] = spans if (spans == "reasoning").any() else None
+        if pool.step_final is not None and np.isfinite(pool.step_final[sel]).any():
+            extra["step_final"] = pool.step_final[sel]
     return EvidenceBatch.from_arrays(
         prompt_ids=pids,
         positions=within,
@@ -304,7 +317,22 @@ def evidence_for(pool: Pool, draw: AuditDraw, mix: AuditMix, reference: str = "f
         provider_top_ids=p_ids,
         provider_top_logprobs=p_lp,
         provider_token_logprobs=p_tok,
+        **extra,
     )
+
+
+def span_tokens(pool: Pool, draw: AuditDraw) -> dict[str, int]:
+    """Completion tokens of a drawn audit per span (``reasoning`` / ``close`` / ``answer``) in a reasoning-mode
+    pool; {} for a plain pool."""
+    if pool.token_span is None or not draw.items:
+        return {}
+    labels = np.concatenate([pool.token_span[pool.item_offsets[i]:pool.item_offsets[i] + n] for i, n, *_ in draw.items])
+    return {str(k): int(c) for k, c in zip(*np.unique(labels, return_counts=True), strict=True)}
+
+
+#: What a verdict's reason says when it places the evidence inside the reasoning span
+#: (``auditor.verdict.cause.span_clause``, rules 1s / 3n / 6s).
+SPAN_NAMED = "inside the reasoning span"
 
 
 def audit_verdict(
@@ -314,6 +342,7 @@ def audit_verdict(
     alpha: float = 0.05,
     seed: int = 0,
     power: float | None = None,
+    card: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """Per-position evidence → detector results → verdict, exactly as ``auditor check`` decides.
 
@@ -329,6 +358,10 @@ def audit_verdict(
         alpha: family-wise level (Holm).
         seed: detector randomisation seed.
         power: power a PASS needs against the target effects (None: the verdict's default).
+        card: a calibration under a model card: ``{"card_bits", "card_recipe", "model"}``
+            (``auditor.check.reference_setup.card_fields`` and the reference model), passed to ``decide_verdict`` as
+            the pipeline passes them, so that a PASS's rules-out list (and ``--budget-tokens auto``'s stopping rule)
+            are the card's; None = the float32 reference.
 
     Returns:
         ``auditor.verdict.kinds.Verdict`` (its ``results`` carry the Holm-adjusted p-values).
@@ -339,8 +372,10 @@ def audit_verdict(
     fl = getattr(floors, "floors", None) or {}
     lp = next((r for r in results if r.name == DetectorName.LOGPROB_DIVERGENCE and r.ran), None)
     lp_floor = fl.get(lp.details.get("nearest_reference")) if lp is not None else None
+    c = card or {}
     return decide_verdict(results, alpha, floor=lp_floor or fl.get(next(iter(batches))),
-                          power=DEFAULT_POWER if power is None else power)
+                          power=DEFAULT_POWER if power is None else power, card_bits=c.get("card_bits"),
+                          card_recipe=c.get("card_recipe"), model=c.get("model"))
 
 
 @dataclass
@@ -358,12 +393,18 @@ class AuditOutcome:
     planned: dict[str, int] = field(default_factory=dict)
     #: detector → its effect in the unit of its power target (``auditor.verdict.power.power_effect``)
     effects: dict[str, float] = field(default_factory=dict)
+    #: reasoning-mode pools: completion tokens per span (:func:`span_tokens`), and whether the verdict's reason
+    #: places the evidence inside the reasoning span (:data:`SPAN_NAMED`); {} and False for plain pools
+    spans: dict[str, int] = field(default_factory=dict)
+    span_named: bool = False
 
 
-def _outcome(budget: int, draw: AuditDraw, v: Verdict) -> AuditOutcome:
-    """The compact record of one audit's verdict."""
+def _outcome(budget: int, draw: AuditDraw, v: Verdict, spans: dict[str, int] | None = None) -> AuditOutcome:
+    """The compact record of one audit's verdict (``spans``: its tokens per span in a reasoning-mode pool)."""
     det = v.details.get("detectors", {})
     return AuditOutcome(
+        spans=dict(spans or {}),
+        span_named=bool(spans) and SPAN_NAMED in str(v.reason),
         budget=budget,
         verdict=str(v.verdict),
         rule=str(v.details.get("rule", "")),
@@ -393,8 +434,9 @@ def run_audits(
     alpha: float = 0.05,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    card: Mapping[str, Any] | None = None,
 ) -> list[AuditOutcome]:
-    """Run ``audits`` resampled audits at each budget on one pool.
+    """Run ``audits`` resampled audits at each budget on one pool (``card``: :func:`audit_verdict`'s).
 
     Seeds: audit j at budget B draws with ``SeedSequence([seed, B, j])`` and seeds its detectors
     with ``seed * 1_000_003 + j`` — reproducible and independent of the other budgets.
@@ -408,8 +450,8 @@ def run_audits(
             rng = np.random.default_rng(np.random.SeedSequence([seed, int(B), j]))
             d = draw_audit(pool, int(B), mix, rng)
             batches = {r: evidence_for(pool, d, mix, r) for r in refs}
-            v = audit_verdict(batches, floor, alpha=alpha, seed=seed * 1_000_003 + j)
-            out.append(_outcome(int(B), d, v))
+            v = audit_verdict(batches, floor, alpha=alpha, seed=seed * 1_000_003 + j, card=card)
+            out.append(_outcome(int(B), d, v, span_tokens(pool, d)))
         if progress:
             progress(f"{pool.profile}: {audits} audits at {B} tokens in {time.perf_counter() - t:.0f}s")
     return out

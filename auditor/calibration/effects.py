@@ -29,7 +29,8 @@ from pathlib import Path
 from auditor.calibration.metrics import record_suite
 from auditor.detectors import DetectorName
 
-__all__ = ["EFFECT_SIZES_PATH", "MIN_RAN_SHARE", "card_effects_from_records", "effect_sizes_from_records",
+__all__ = ["BELOW_CARD_CLASSES", "BELOW_CARD_PROFILES", "EFFECT_SIZES_PATH", "MIN_RAN_SHARE",
+           "card_classes_of", "card_effects_from_records", "effect_sizes_from_records", "write_card_effects",
            "write_effect_sizes"]
 
 #: The package's table (``auditor.verdict.rules_out.load_effect_sizes`` reads it).
@@ -118,6 +119,91 @@ def write_effect_sizes(records: Sequence[Mapping], path: Path | str = EFFECT_SIZ
     table = effect_sizes_from_records(records, json.loads(p.read_text(encoding="utf-8")))
     p.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
     return p
+
+
+#: The class each below-card profile serves under a card (issue 36): the float32 table's class of that key (its
+#: label, question and ``lowers``), or one of :data:`BELOW_CARD_CLASSES`. ``kv-fp8`` serves an FP8 KV cache under a
+#: card whose own KV cache is float (the INT4 card); ``native-fp8-kv-fp8`` the same step with the FP8 card's tiles.
+BELOW_CARD_PROFILES: Mapping[str, str] = {
+    "native-fp8-int4": "int4", "native-fp8-kv-fp8": "kv-fp8", "native-fp8-nvfp4": "nvfp4",
+    "native-int4-int3": "int3", "kv-fp8": "kv-fp8",
+}
+#: Classes that exist only below a card (no float32 class: their profiles serve a native variant), each saying
+#: what it lowers (``auditor.verdict.rules_out.DeviationClass.lowers``): NVFP4 W4A4 of the FP8 model
+#: (``simulator.profiles`` ``native-fp8-nvfp4``, ``reference.native.nvfp4_fake_quant``).
+BELOW_CARD_CLASSES: Mapping[str, Mapping[str, object]] = {
+    "nvfp4": {"label": "NVFP4 weights and activations (W4A4)", "question": "precision",
+              "lowers": {"weights": 4, "activations": 4}},
+}
+
+
+def card_classes_of(profiles: Sequence[str], card_bits: Mapping[str, int], template: Mapping) -> dict[str, dict]:
+    """The ``classes`` argument of :func:`card_effects_from_records` for a calibration under a card: per profile of
+    ``profiles`` that :data:`BELOW_CARD_PROFILES` maps to a class, that class (from the float32 table
+    ``template``'s ``classes``, else :data:`BELOW_CARD_CLASSES`) with ``profile`` set, kept only when it is a step
+    below the card (``auditor.verdict.rules_out.lowers_below``, the rule the reports apply); the first profile of
+    a class wins.
+
+    Args:
+        profiles: the profiles the calibration ran; card_bits: the card's bits per component
+            (``probes.model_card.ModelCard.component_bits``); template: the effect-size table (JSON).
+    """
+    from auditor.verdict.rules_out import lowers_below
+
+    known = dict(template.get("classes") or {})
+    out: dict[str, dict] = {}
+    for p in profiles:
+        key = BELOW_CARD_PROFILES.get(p)
+        base = known.get(key) if key is not None else None
+        if base is None and key is not None:
+            base = BELOW_CARD_CLASSES.get(key)
+        if key is None or base is None or key in out:
+            continue
+        lowers = dict(base.get("lowers") or {})
+        if lowers and lowers_below(lowers, card_bits):
+            out[key] = {"label": base["label"], "question": base["question"], "profile": p, "lowers": lowers}
+    return out
+
+
+def write_card_effects(records: Sequence[Mapping], *, key: str, model: str, card: str, card_bits: Mapping[str, int],
+                       source: str, path: Path | str = EFFECT_SIZES_PATH) -> tuple[Path, dict]:
+    """Write the effects of a calibration under a card into the table at ``path``, ``cards[key]``
+    (:func:`card_effects_from_records` of the below-card classes of the profiles in ``records``,
+    :func:`card_classes_of`); the float32 classes and the other cards are kept. The file is validated
+    (``auditor.verdict.rules_out.parse_effect_sizes``) before it is written.
+
+    Args:
+        records: calibration records under the card; key: the entry's key (the card's name); model: the reference
+            model audits name (a provider's ``reference``, e.g. ``smollm2-135m-instruct+fp8``); card: the card's recipe
+            (``ModelCard.recipe``); card_bits: its bits per component; source: what produced the records.
+
+    Returns:
+        (the path written, the entry).
+
+    Raises:
+        ValueError: ``path`` is not a table, or no profile of ``records`` serves a class below the card (the message
+            names the below-card profiles to run).
+    """
+    from auditor.verdict.rules_out import EffectSizesError, parse_effect_sizes
+
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{p}: cannot read the effect-size table ({exc})") from None
+    profiles = list(dict.fromkeys(str(r.get("profile")) for r in records if r.get("design", "fixed") == "fixed"))
+    classes = card_classes_of(profiles, card_bits, raw)
+    if not classes:
+        raise ValueError(f"card {card!r}: none of the profiles run ({', '.join(profiles) or 'none'}) serves a class below "
+                         f"the card; run the below-card profiles ({', '.join(BELOW_CARD_PROFILES)}) that apply to it")
+    entry = card_effects_from_records(records, model=model, card=card, classes=classes, source=source)
+    raw["cards"] = {**dict(raw.get("cards") or {}), key: entry}
+    try:
+        parse_effect_sizes(raw, p)
+    except EffectSizesError as exc:
+        raise ValueError(str(exc)) from None
+    p.write_text(json.dumps(raw, indent=1) + "\n", encoding="utf-8")
+    return p, entry
 
 
 def card_effects_from_records(records: Sequence[Mapping], *, model: str, card: str,

@@ -30,6 +30,7 @@ __all__ = [
     "MAX_FALSE_ACCUSATION_UPPER",
     "MIN_CAUSE_CORRECT",
     "POWER_TARGETS",
+    "SPAN_NAMED_TARGETS",
     "TARGET_POWER",
     "CalibrationRecord",
     "check_targets",
@@ -173,6 +174,13 @@ def summarize_audits(
                 "effect_median": float(np.median(eff)) if eff else None,
             }
         tokens = {m: float(np.mean([o.tokens.get(m, 0) for o in os_])) for m in MODES}
+        extra: dict = {}
+        if any(o.spans for o in os_):  # a reasoning-mode pool (think:PROFILE): tokens per span, the span named
+            rej = [o for o in os_ if o.verdict in _DEVIATIONS]
+            extra = {"span_tokens": {k: float(np.mean([o.spans.get(k, 0) for o in os_]))
+                                     for k in sorted({k for o in os_ for k in o.spans})},
+                     "reasoning_tokens": float(np.mean([o.spans.get("reasoning", 0) for o in os_])),
+                     "span_named_rate": sum(o.span_named for o in rej) / len(rej) if rej else None}
         recs.append(
             CalibrationRecord(
                 profile=prof.name,
@@ -195,14 +203,16 @@ def summarize_audits(
                 alpha=alpha,
                 model=pool.model,
                 revision=pool.revision,
+                extra=extra,
             )
         )
     return recs
 
 
-#: Power targets on the bundled model (issue 7, tightened and extended by issue 14): profile →
-#: (tokens, unit) where unit is ``tokens`` (audit budget) or ``sampled`` (temperature-1 tokens
-#: within the audit). Met when the best suite reaches TARGET_POWER within the limit.
+#: Power targets on the bundled model (issue 7, tightened and extended by issue 14; the ``think:`` reasoning-mode
+#: cells by issue 35 item 5): profile → (tokens, unit) where unit is ``tokens`` (audit budget), ``sampled``
+#: (temperature-1 tokens within the audit) or ``reasoning`` (reasoning-span tokens within the audit). Met when
+#: the best suite reaches TARGET_POWER within the limit.
 POWER_TARGETS: dict[str, tuple[int, str]] = {
     "int4": (100, "tokens"),
     "int8": (500, "tokens"),
@@ -215,8 +225,13 @@ POWER_TARGETS: dict[str, tuple[int, str]] = {
     "greedy-relaxed": (300, "tokens"),
     "mix-int4:0.1": (1000, "tokens"),
     "substituted": (100, "tokens"),
+    "think:relaxed-think": (1000, "reasoning"),
+    "think:synthetic-acceptance:3": (500, "tokens"),
 }
 TARGET_POWER = 0.95
+#: Reasoning-mode cells whose rejections must also say "inside the reasoning span" (issue 35: the rule relaxes
+#: verification there only), in at least MIN_CAUSE_CORRECT of them.
+SPAN_NAMED_TARGETS = ("think:relaxed-think",)
 MAX_FALSE_ACCUSATION = 0.05
 MAX_FALSE_ACCUSATION_UPPER = 0.08
 MIN_CAUSE_CORRECT = 0.90
@@ -230,12 +245,14 @@ def tokens_for_power(records: Sequence[dict], power: float = TARGET_POWER, *, un
          "interpolated": log-linear interpolation of the power curve between the grid budgets
          bracketing ``power`` (None if not reached), "unit": tokens|sampled,
          "power_at_max": rejection rate at the largest budget}. With ``unit="sampled"`` the
-         x axis is the mean sampled (T=1) tokens per audit.
+         x axis is the mean sampled (T=1) tokens per audit, with ``unit="reasoning"`` the mean
+         reasoning-span tokens per audit (``extra["reasoning_tokens"]`` of a reasoning-mode cell).
     """
     rs = sorted((r for r in records if r.get("design", "fixed") == "fixed"), key=lambda r: r["budget_tokens"])
     if not rs:
         return {"grid": None, "interpolated": None, "unit": unit, "power_at_max": None}
-    xs = [float(r["budget_tokens"] if unit == "tokens" else r.get("sampled_tokens", 0.0)) for r in rs]
+    xs = [float(r["budget_tokens"] if unit == "tokens" else r.get("sampled_tokens", 0.0) if unit == "sampled"
+                else (r.get("extra") or {}).get("reasoning_tokens", 0.0)) for r in rs]
     ys = [float(r["rejection_rate"]) for r in rs]
     grid = interp = None
     for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
@@ -297,11 +314,23 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
         best = min(reached, key=lambda m: reached[m]) if reached else None
         rows.append({
             "profile": p,
-            "target": f">= {TARGET_POWER:.0%} power at <= {limit} {'sampled tokens' if unit == 'sampled' else 'tokens'}",
+            "target": f">= {TARGET_POWER:.0%} power at <= {limit} "
+                      + {"sampled": "sampled tokens", "reasoning": "reasoning tokens"}.get(unit, "tokens"),
             "measured": "; ".join(parts),
             "best_suite": best,
             "met": best is not None and reached[best] <= limit,
         })
+        if best is not None and p in SPAN_NAMED_TARGETS:  # issue 35: "the verdict names the reasoning span"
+            named, n_rej = _span_named_counts(per_mix[best])
+            if n_rej:
+                rows.append({
+                    "profile": p,
+                    "suite": best,
+                    "target": f"verdict names the reasoning span in >= {MIN_CAUSE_CORRECT:.0%} of rejections, "
+                              f"best suite `{best}`",
+                    "measured": f"{named / n_rej:.3f} ({named}/{n_rej})",
+                    "met": named / n_rej >= MIN_CAUSE_CORRECT,
+                })
         if best is not None:  # the acceptance's "with the cause right": that profile, its best suite, all budgets
             ok, und, n_rej = _cause_counts(per_mix[best])
             if n_rej:
@@ -350,6 +379,19 @@ def _cause_counts(records: Sequence[dict]) -> tuple[int, dict[str, int], int]:
             if r.get("expected_verdict") in pair and verdicts.get(v):
                 und[v] = und.get(v, 0) + int(verdicts[v])
     return ok, und, n
+
+
+def _span_named_counts(records: Sequence[dict]) -> tuple[int, int]:
+    """(rejections whose verdict names the reasoning span, rejections) summed over reasoning-mode ``records``
+    (``extra["span_named_rate"]``, :func:`summarize_audits`)."""
+    named = n = 0
+    for r in records:
+        k = int(r.get("rejections") or 0)
+        rate = (r.get("extra") or {}).get("span_named_rate")
+        if k and rate is not None:
+            n += k
+            named += round(k * float(rate))
+    return named, n
 
 
 def _cause_text(ok: int, und: dict[str, int], n: int) -> str:

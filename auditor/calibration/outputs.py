@@ -16,7 +16,7 @@ import numpy as np
 from auditor.calibration.metrics import TARGET_POWER, check_targets, record_grid, record_suite
 from auditor.util import json_safe
 from auditor.verdict.kinds import VerdictKind
-from simulator.profiles import find_profile
+from simulator.profiles import DEFAULT_REASONING_BUDGET, find_profile
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -44,6 +44,16 @@ METHOD_MD = """## Method
   replay a real engine's recorded outputs (`auditor/calibration/recorded/NAME.npz`, `scripts/gpu_pool.py`);
   their reference side is teacher-forced here like every pool's. Pools are cached on disk
   keyed by model revision, profile recipe (a recording's sha256), suite versions/digests and pool configuration.
+- **Reasoning mode** (`think:PROFILE`, issue 35 item 5; `auditor/calibration/reasoning.py`): PROFILE served as
+  `auditor serve --reasoning` serves it — the template opens the assistant turn with `<think>\\n`, at most 32
+  reasoning tokens, the forced `</think>`, then the answer within the request's `max_tokens`. Every position
+  keeps its span label (reasoning / close / answer) and, where the simulator engine served it, whether it ends
+  its streamed chunk (one per verification step); batched profiles decode reasoning and answer in two phases,
+  `relaxed-think` (greedy) and `synthetic-acceptance` (both temperatures) go through the engine. Audits use
+  the reasoning and answer tokens with their span labels and leave out the close tag, as `auditor check` does;
+  the evidence after normalization is the same for every parser variant that returns the reasoning's logprobs
+  (field or inline), which the simulator tests check end to end. Power of `think:relaxed-think` is read
+  against the reasoning tokens an audit holds (`extra.reasoning_tokens`).
 - **Audits**: each audit draws requests without replacement in the default suite's proportions,
   charging each request its `max_tokens` exactly like `auditor check --budget-tokens`
   (`auditor.check.planning.plan_budget`), and decides with the pipeline's own functions
@@ -126,6 +136,27 @@ def _rate_table(fixed: Sequence[dict], mname: str, mmeta: dict, *, primary: bool
     return L
 
 
+def _reasoning_table(run_list: Sequence[dict]) -> list[str]:
+    """The reasoning-mode cells (``think:PROFILE``, issue 35 item 5): per suite and budget the mean reasoning / answer /
+    close-tag tokens of an audit and, among rejections, the share whose verdict names the reasoning span; [] when the
+    run has none (a plain run's report is unchanged)."""
+    rows = [r for r in run_list if r.get("design", "fixed") == "fixed" and "reasoning_tokens" in (r.get("extra") or {})]
+    if not rows:
+        return []
+    L = [f"## Reasoning mode (`think:PROFILE`: served with `--reasoning`, at most {DEFAULT_REASONING_BUDGET} reasoning "
+         "tokens)\n",
+         "| profile | suite | budget | rejection [95% CI] | reasoning / answer / close tokens | verdict names the span |",
+         "|---|---|---|---|---|---|"]
+    for r in rows:
+        sp = r["extra"].get("span_tokens") or {}
+        named = r["extra"].get("span_named_rate")
+        L.append(f"| `{r['profile']}` | {record_suite(r)} | {r['budget_tokens']:,} | {_pct(r['rejection_rate'])} "
+                 f"[{_pct(r['ci_low'])}, {_pct(r['ci_high'])}] | {sp.get('reasoning', 0):.0f} / {sp.get('answer', 0):.0f} / "
+                 f"{sp.get('close', 0):.0f} | {'–' if named is None else _pct(named, 0)} |")
+    L.append("")
+    return L
+
+
 def _rate_cell(r: dict) -> str:
     """One cell of :func:`_rate_table`: rejection rate [CI], cause-correct and INCONCLUSIVE rates."""
     c = f"{_pct(r['rejection_rate'])} [{_pct(r['ci_low'])}, {_pct(r['ci_high'])}]"
@@ -149,6 +180,7 @@ def _rest_of_markdown(run_list: Sequence[dict], meta: dict, fixed: Sequence[dict
             met = ("yes" if t["met"] else "**no**") + (f" (`{t['best_suite']}`)" if t.get("best_suite") else "")
             L.append(f"| `{t['profile']}` | {t['target']} | {t['measured']} | {met} |")
         L.append("")
+    L.extend(_reasoning_table(run_list))
     if seq:
         L.append("## Sequential audits (`auditor check --budget-tokens auto`)\n")
         d = seq[0].get("sequential_design") or {}

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from auditor.calibration.metrics import TARGET_POWER, record_suite, tokens_for_power
 from auditor.verdict.cause import DECISIVE_WITHOUT_LOGPROBS
+from simulator.profiles import THINK_PREFIX
 
 if TYPE_CHECKING:
     from probes.config import Capabilities, Pricing
@@ -20,8 +21,10 @@ if TYPE_CHECKING:
 __all__ = ["PLAN_TARGETS", "make_plan", "target_profiles"]
 
 #: ``auditor plan --target`` names → simulator profiles. ``any`` is every deviation class the calibration holds for
-#: the model (:func:`target_profiles`: mixtures, kv-fp8, w8a8, greedy-relaxed, ... included; issue 37 item 4 — it
-#: used to list six of them, and a 10% int4 mixture passed at the budget it advised).
+#: the model served as plain chat (:func:`target_profiles`: mixtures, kv-fp8, w8a8, greedy-relaxed, ... included;
+#: issue 37 item 4 — it used to list six of them, and a 10% int4 mixture passed at the budget it advised);
+#: ``reasoning`` every deviation calibrated in reasoning mode (``think:PROFILE`` cells, issue 35 item 5), for a
+#: reasoning model's audit.
 PLAN_TARGETS: dict[str, tuple[str, ...]] = {
     "int8": ("int8",),
     "int4": ("int4",),
@@ -29,24 +32,33 @@ PLAN_TARGETS: dict[str, tuple[str, ...]] = {
     "relaxed": ("relaxed-threshold",),
     "typical": ("typical-acceptance",),
     "substituted": ("substituted",),
+    "relaxed-think": (THINK_PREFIX + "relaxed-think",),
+    "synthetic-acceptance": (THINK_PREFIX + "synthetic-acceptance:3",),
     "any": (),
+    "reasoning": (),
 }
 
 
 def target_profiles(target: str, rows: Sequence[dict]) -> tuple[str, ...]:
-    """The profiles a plan for ``target`` must reach: :data:`PLAN_TARGETS`, or for ``any`` every profile of ``rows``
-    (one model's calibration records) that is not honest (``honest`` false and an expected verdict other than
-    PASS), in the records' order.
+    """The profiles a plan for ``target`` must reach: :data:`PLAN_TARGETS`, or for ``any`` (``reasoning``) every
+    plain-chat (reasoning-mode, ``think:``) profile of ``rows`` (one model's calibration records) that is not honest
+    (``honest`` false and an expected verdict other than PASS), in the records' order.
 
     Raises:
         KeyError: unknown target.
     """
     if target not in PLAN_TARGETS:
         raise KeyError(f"unknown target {target!r}; choose one of {list(PLAN_TARGETS)}")
-    if target != "any":
+    if target not in ("any", "reasoning"):
         return PLAN_TARGETS[target]
     return tuple(dict.fromkeys(str(r["profile"]) for r in rows
-                               if not r.get("honest") and r.get("expected_verdict", "") != "PASS"))
+                               if not r.get("honest") and r.get("expected_verdict", "") != "PASS"
+                               and _reasoning_mode(str(r["profile"])) == (target == "reasoning")))
+
+
+def _reasoning_mode(profile: str) -> bool:
+    """Whether a calibration cell's profile is served in reasoning mode (``think:PROFILE``)."""
+    return profile.startswith(THINK_PREFIX)
 
 def make_plan(
     rows: Sequence[dict],
@@ -238,6 +250,8 @@ def _plan_rows(mine: Sequence[dict], profiles: Sequence[str], power: float, pric
     honest = [r for r in mine if r.get("honest")]
     out_rows = []
     for p in profiles:
+        # the false accusations that matter: the honest cells served the same way (plain chat / reasoning mode)
+        honest_p = [r for r in honest if _reasoning_mode(str(r["profile"])) == _reasoning_mode(p)]
         rs = sorted((r for r in mine if r["profile"] == p), key=lambda r: r["budget_tokens"])
         if not rs:
             continue
@@ -250,7 +264,7 @@ def _plan_rows(mine: Sequence[dict], profiles: Sequence[str], power: float, pric
         priced = pricing is not None and (pricing.usd_per_1m_input > 0 or pricing.usd_per_1m_output > 0)
         if pricing is not None and priced and grid is not None:
             usd = float(pricing.cost_usd(round(prompt), grid))
-        at_b = [r for r in honest if r["budget_tokens"] == (grid or rs[-1]["budget_tokens"])]
+        at_b = [r for r in honest_p if r["budget_tokens"] == (grid or rs[-1]["budget_tokens"])]
         fa = [r["rejection_rate"] for r in at_b]
         fa_hi = [r["ci_high"] for r in at_b if r.get("ci_high") is not None]
         out_rows.append({

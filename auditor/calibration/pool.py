@@ -182,7 +182,8 @@ def suite_fingerprint(cfg: PoolConfig) -> dict:
 
 
 def build_requests(
-    tokenizer: Any, cfg: PoolConfig, *, engine: bool = False, n_samples: int | None = None
+    tokenizer: Any, cfg: PoolConfig, *, engine: bool = False, n_samples: int | None = None,
+    opener: tuple[int, ...] = (),
 ) -> list[PoolRequest]:
     """The pool's requests: one T=0 request per distinct prompt and ``n`` T=1 samples per prompt.
 
@@ -192,6 +193,8 @@ def build_requests(
         engine: True when the T=1 requests will run through the simulator engine (uses
             ``cfg.engine_sampling_samples`` samples per prompt unless ``n_samples`` is given).
         n_samples: samples per prompt (overrides the config; see ``PoolConfig.samples_for``).
+        opener: token ids the template appends after the generation prompt (a reasoning-mode pool's
+            ``<think>\n``, ``auditor.calibration.reasoning.opener_ids``); () for plain chat.
 
     Returns:
         T=0 requests first, then T=1 requests grouped by prompt.
@@ -201,7 +204,7 @@ def build_requests(
     reqs: list[PoolRequest] = []
     n_s = n_samples if n_samples is not None else (cfg.engine_sampling_samples if engine else cfg.sampling_samples)
     prompts = _distinct_prompts(cfg)
-    enc = {pid: tuple(encode_prompt(tokenizer, msgs, chat=True)) for pid, _, msgs in prompts}
+    enc = {pid: tuple(encode_prompt(tokenizer, msgs, chat=True)) + tuple(opener) for pid, _, msgs in prompts}
     for i, (pid, w, _) in enumerate(prompts):
         reqs.append(PoolRequest(f"{pid}@t0#0", pid, w, enc[pid], cfg.t0_max_tokens, 0.0, cfg.seed + i))
     for pid, w, _ in prompts:
@@ -232,6 +235,11 @@ class Pool:
             precisions of ``auditor.check.measured_floors.REFERENCE_DTYPES``) → [N, 20] reference top-20 at the
             provider's prefix (int64 ids, float64 nats).
         ref_token_lp: reference dtype → [N] float64 reference log p(emitted token) (nats).
+        item_prompt_tokens: [I] int64 prompt tokens per item, or None (older pools).
+        token_span: [N] str span label of each position in a reasoning-mode pool (``think:PROFILE``;
+            ``reasoning`` / ``close`` / ``answer``, ``auditor.calibration.reasoning``), None for a plain pool.
+        step_final: [N] float64 in a reasoning-mode pool: 1.0 at the last token of its streamed chunk, 0.0 inside
+            one, NaN unknown (``EvidenceBatch.step_final``); None for a plain pool.
     """
 
     profile: str
@@ -251,6 +259,8 @@ class Pool:
     ref_top_lp: dict[str, np.ndarray]
     ref_token_lp: dict[str, np.ndarray]
     item_prompt_tokens: np.ndarray | None = None
+    token_span: np.ndarray | None = None
+    step_final: np.ndarray | None = None
 
     _ARRAYS = (
         "item_keys",
@@ -285,13 +295,17 @@ class Pool:
         return int(self.item_lengths[self.items_at(temperature)].sum())
 
     def summary(self) -> dict:
-        """Sizes: items and tokens at T=0 and T=1."""
-        return {
+        """Sizes: items and tokens at T=0 and T=1 (and, in a reasoning-mode pool, tokens per span)."""
+        out: dict[str, Any] = {
             "t0_items": int(self.items_at(0.0).size),
             "t0_tokens": self.tokens_at(0.0),
             "t1_items": int(self.items_at(1.0).size),
             "t1_tokens": self.tokens_at(1.0),
         }
+        if self.token_span is not None:
+            out["span_tokens"] = {str(k): int(n) for k, n in zip(*np.unique(self.token_span, return_counts=True),
+                                                                 strict=True)}
+        return out
 
     # ------------------------------------------------------------------ io
     def save(self, path: Path) -> None:
@@ -300,6 +314,10 @@ class Pool:
         arrays = {k: getattr(self, k) for k in self._ARRAYS}
         if self.item_prompt_tokens is not None:
             arrays["item_prompt_tokens"] = np.asarray(self.item_prompt_tokens, np.int64)
+        if self.token_span is not None:  # reasoning-mode pools only: plain pools' files are unchanged
+            arrays["token_span"] = np.asarray(self.token_span, dtype=str)
+        if self.step_final is not None:
+            arrays["step_final"] = np.asarray(self.step_final, np.float64)
         for k in ("item_keys", "item_prompt", "item_workload"):
             arrays[k] = np.asarray(arrays[k], dtype=str)
         for k in self._REF_ARRAYS:
@@ -326,5 +344,6 @@ class Pool:
             arrays: dict[str, Any] = {k: z[k] for k in cls._ARRAYS}
             for k in cls._REF_ARRAYS:
                 arrays[k] = {n.split("__", 1)[1]: z[n] for n in z.files if n.startswith(k + "__")}
-            arrays["item_prompt_tokens"] = z["item_prompt_tokens"] if "item_prompt_tokens" in z.files else None
+            for k in ("item_prompt_tokens", "token_span", "step_final"):  # optional arrays
+                arrays[k] = z[k] if k in z.files else None
         return cls(profile=head["profile"], model=head["model"], revision=head["revision"], meta=head["meta"], **arrays)

@@ -110,7 +110,8 @@ def as_refs(ref_lms: RefModels) -> dict[str, LoadedModel]:
 
 def assemble_pool(profile_name: str, ref_lm: LoadedModel, reqs: list[PoolRequest], results: dict, ref: dict) -> Pool:
     """The :class:`~auditor.calibration.pool.Pool` of ``reqs``: the provider outputs ``results`` (request key →
-    {token_ids [T], logprob [T], top_ids [T, 20], top_lp [T, 20]}) concatenated in request order, with the
+    {token_ids [T], logprob [T], top_ids [T, 20], top_lp [T, 20]}, plus span [T] str and step_final [T] float64 in
+    a reasoning-mode pool, :mod:`auditor.calibration.reasoning`) concatenated in request order, with the
     reference side ``ref`` (dtype → request key → {top_ids, top_lp, token_lp}, :func:`score_reference`)."""
     lens = [len(results[r.key]["token_ids"]) for r in reqs]
     offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
@@ -119,7 +120,10 @@ def assemble_pool(profile_name: str, ref_lm: LoadedModel, reqs: list[PoolRequest
         parts = [np.asarray(src[r.key][k], dtype).reshape((-1, *shape_tail)) for r in reqs]
         return np.concatenate(parts) if parts else np.zeros((0, *shape_tail), dtype)
 
+    spans = all("span" in results[r.key] for r in reqs) and bool(reqs)  # a reasoning-mode pool (think:PROFILE)
     return Pool(
+        token_span=cat(results, "span", (), str) if spans else None,
+        step_final=cat(results, "step_final", (), np.float64) if spans else None,
         profile=profile_name,
         model=str(ref_lm.name),
         revision=str(ref_lm.revision),

@@ -8,7 +8,8 @@ by look of a :class:`auditor.check.auto_budget.SequentialDesign` and decides at 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,8 +42,10 @@ def run_sequential_audits(
     audits: int = DEFAULT_AUDITS,
     mix: AuditMix | None = None,
     seed: int = 0,
+    card: Mapping[str, Any] | None = None,
 ) -> dict:
-    """Simulate ``audits`` sequential audits (``auditor.check.auto_budget``) on one pool.
+    """Simulate ``audits`` sequential audits (``auditor.check.auto_budget``) on one pool (``card``: as
+    ``auditor.calibration.draws.audit_verdict``'s: the rules-out list the stopping rule reads is the card's).
 
     Each audit draws nested evidence (:class:`AuditDrawer`) and looks at the design's token
     counts, deciding at the look's spent α.
@@ -68,7 +71,7 @@ def run_sequential_audits(
             batches = {r: evidence_for(pool, d, mix, r) for r in refs}
 
             def verdict_at(a: float, power: float | None = None, _b: dict = batches, _j: int = j) -> Verdict:
-                return audit_verdict(_b, floor, alpha=a, seed=seed * 1_000_003 + _j, power=power)
+                return audit_verdict(_b, floor, alpha=a, seed=seed * 1_000_003 + _j, power=power, card=card)
 
             dec = seq.update(d.planned_total, verdict_at)
             if dec.stop:

@@ -420,10 +420,12 @@ def _analyze(store: Store, run_id: str, config: ProviderConfig, opts: CheckOptio
     # issue 37 item 8)
     ref0 = next(iter(ref.scorers), ref.dtype_label)
     speed = speed_summary(store, run_id)
+    card = ref.card_info  # the rules-out list is below the card (issue 36; set in stage 2)
     verdict = decide_verdict([*results, *pre.detector_results], opts.alpha,
                              floor=_deciding_floor(results, floors, ref0) if floors is not None else None,
                              power=DEFAULT_POWER if opts.power is None else opts.power,
                              tokenizer_mismatch=ev.tokenizer_mismatch, speculation=speed.get("speculation"),
+                             card_bits=card["card_bits"], card_recipe=card["card_recipe"], model=config.reference,
                              **_with_excluded(pre.verdict_kwargs, excluded))
     verdict = _mark_not_tested(verdict, ref)
     verdict = _mark_impossible(verdict, impossible)

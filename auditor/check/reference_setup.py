@@ -15,7 +15,7 @@ import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from auditor.check.errors import AuditError
 
@@ -29,6 +29,8 @@ __all__ = [
     "NOT_TESTED_WITHOUT_REFERENCE",
     "ReferenceSetup",
     "apply_card",
+    "card_fields",
+    "card_models",
     "card_steps",
     "check_card",
     "check_device",
@@ -186,6 +188,10 @@ class ReferenceSetup:
         backend: a ``reference.backends.ReferenceBackend`` to close afterwards, or None.
         tokenizer_is_claimed: False when ``tokenizer`` is a stand-in (``none`` without the claimed
             model's tokenizer): tokenizer evidence (cross-family substitution) is then not collected.
+        card_info: what the audit's precision classes are relative to, :func:`card_fields` of the provider's
+            model card (checked against the loaded weights, :func:`check_card`) and the final revision, set once
+            in the reference stage by :func:`apply_card`; all None without a card. The verdict's rules-out list
+            reads it.
     """
 
     kind: str
@@ -198,6 +204,7 @@ class ReferenceSetup:
     notes: list[str] | None = None
     backend: object | None = None
     tokenizer_is_claimed: bool = True
+    card_info: dict[str, Any] = dataclasses.field(default_factory=lambda: card_fields(None, None))
 
     def close(self) -> None:
         """Close the backend's HTTP client (vllm); no-op otherwise."""
@@ -284,6 +291,19 @@ def _off_grid(model: object, card: ModelCard) -> list[str]:
                 if not torch.equal(fn(m.weight.data).to(m.weight.dtype), m.weight.data)]
 
 
+def card_fields(card: ModelCard | None, revision: str | None) -> dict[str, Any]:
+    """What the precision classes of an audit are relative to (issue 36): ``card_precision`` (the card's weight
+    label), ``card_recipe`` (``ModelCard.recipe``) and ``card_bits`` (bits per component,
+    ``ModelCard.component_bits``; a KV cache ``auto`` read as FP8 where the reference computed one: its revision's
+    ``+card:`` steps name ``kv-fp8``, :func:`card_steps`); all None without a card. The report states them
+    (``auditor.report.render``) and the verdict's rules-out list is relative to them (``auditor.check.pipeline``)."""
+    if card is None:
+        return {"card_precision": None, "card_recipe": None, "card_bits": None}
+    steps = (revision or "").partition("+card:")[2].split(",")
+    kv = "fp8" if card.kv_cache == "auto" and "kv-fp8" in steps else None
+    return {"card_precision": card.precision_label, "card_recipe": card.recipe(), "card_bits": card.component_bits(kv)}
+
+
 def card_steps(card: ModelCard | None, lm: LoadedModel, qc: Mapping[str, object] | None = None) -> tuple[str, ...]:
     """What the reference must do beyond computing the loaded weights in its dtype to compute ``card``.
 
@@ -337,7 +357,7 @@ def apply_card(ref: ReferenceSetup, card: ModelCard | None) -> ReferenceSetup:
 
     Float cards (bf16, fp16, fp32) with a float KV cache, weight-only native formats whose checkpoint is on
     its grid (``+int4``), no card, and references without local weights (vLLM, none) return ``ref``
-    unchanged (with a note for a card); float32 stays the default.
+    unchanged but for ``card_info`` (and a note for a local card); float32 stays the default.
 
     Raises:
         AuditError: ``parameter="card"``: the card cannot be computed on this model (a tile that does not
@@ -345,18 +365,44 @@ def apply_card(ref: ReferenceSetup, card: ModelCard | None) -> ReferenceSetup:
     """
     from auditor.check.reference_scoring import local_scorers
 
-    if card is None or ref.kind != "local" or not ref.lms:
+    if card is None:
         return ref
-    first = next(iter(ref.lms.values()))
-    qc = _checkpoint_qc(first)
-    steps = card_steps(card, first, qc)
+    if ref.kind != "local" or not ref.lms:
+        return dataclasses.replace(ref, card_info=card_fields(card, ref.revision))
+    lms, steps = card_models(ref.lms, card)
     notes = list(ref.notes or [])
     if not steps:
         notes.append(f"reference computes {card.describe()}: the loaded weights in {ref.dtype_label} are the card's "
                      "computation (no activation or KV quantization; weights on the card's grid)")
-        return dataclasses.replace(ref, notes=notes)
-    lms: dict[str, LoadedModel] = {}
-    for dt, lm in ref.lms.items():
+        return dataclasses.replace(ref, notes=notes, card_info=card_fields(card, ref.revision))
+    notes.append(f"reference computes {card.describe()} ({', '.join(steps)}); noise floor measured over the card's "
+                 "honest variants: the card in float32 served speculatively, with kernel noise on the logits, and in "
+                 "bfloat16 around its low-precision GEMMs")
+    new_first = next(iter(lms.values()))
+    return dataclasses.replace(ref, scorers=dict(local_scorers(lms)), lms=lms, revision=str(new_first.revision),
+                               notes=notes, card_info=card_fields(card, str(new_first.revision)))
+
+
+def card_models(lms: Mapping[str, LoadedModel], card: ModelCard, qc: Mapping[str, object] | None = None,
+                ) -> tuple[dict[str, LoadedModel], tuple[str, ...]]:
+    """The reference models computing ``card`` (:func:`apply_card`; the calibration's card references,
+    ``auditor.calibration.benchmark.load_reference_models``): dtype → a copy of each loaded model computing the
+    card's steps (:func:`card_steps` of the first model), made once per process for models loaded through
+    :func:`get_reference_models`, and the steps. ``lms`` itself and ``()`` when the card needs no step.
+
+    Args:
+        lms: dtype → the loaded reference (the card's checkpoint); card: the card; qc: the checkpoint's own
+            ``quantization_config`` (default: read from the first model, as :func:`check_card` does).
+
+    Raises:
+        AuditError: ``parameter="card"``: the card cannot be computed on this model (:func:`card_steps`).
+    """
+    first = next(iter(lms.values()))
+    steps = card_steps(card, first, qc if qc is not None else _checkpoint_qc(first))
+    if not steps:
+        return dict(lms), ()
+    out: dict[str, LoadedModel] = {}
+    for dt, lm in lms.items():
         with _MODELS_LOCK:  # a copy per loaded model and card computation, made once per process
             own = next((k for k, v in _MODELS.items() if v is lm), None)
             key = None if own is None else (*own, "card:" + ",".join(steps))
@@ -365,13 +411,8 @@ def apply_card(ref: ReferenceSetup, card: ModelCard | None) -> ReferenceSetup:
                 got = _card_model(lm, card, steps)
                 if key is not None:
                     _MODELS[key] = got
-        lms[dt] = got
-    notes.append(f"reference computes {card.describe()} ({', '.join(steps)}); noise floor measured over the card's "
-                 "honest variants: the card in float32 served speculatively, with kernel noise on the logits, and in "
-                 "bfloat16 around its low-precision GEMMs")
-    new_first = next(iter(lms.values()))
-    return dataclasses.replace(ref, scorers=dict(local_scorers(lms)), lms=lms, revision=str(new_first.revision),
-                               notes=notes)
+        out[dt] = got
+    return out, steps
 
 
 def _card_model(lm: LoadedModel, card: ModelCard, steps: Sequence[str]) -> LoadedModel:

@@ -105,15 +105,25 @@ def calibrate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the records as JSON instead of a table."),
     device: str | None = typer.Option(None, "--device", help="Where the reference (and the simulated engines) run: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
     dtype: str | None = typer.Option(None, "--dtype", help="One reference precision: float32 | bfloat16 | float16 (default: float32 and bfloat16)."),
+    card: str | None = typer.Option(
+        None, "--card",
+        help="Calibrate under a bundled model card (e.g. smollm2-135m-instruct+fp8; docs/model-cards.md): the reference "
+             "computes the card and the floor is the card's; --model defaults to the card's model. With --effects the "
+             "below-card profiles' effects (e.g. --profiles native-fp8-int4,native-fp8-kv-fp8,native-fp8-nvfp4) go into "
+             "effect_sizes.json's cards section, not the float32 classes."),
 ) -> None:
     """Detection benchmark: false-accusation rate and power per simulator profile and token budget."""
     from auditor import calibration as cal
+    from auditor.check.errors import AuditError
 
     # a str option: Path("") would read as "." and write into the working directory
     out: Path | None = Path(out_arg) if out_arg.strip() else None
     if merge is not None:
+        if card is not None:
+            fail("--merge joins float32 runs only; drop --card (calibrate under the card in one run)")
         _merge_runs(merge, out, effects=effects, as_json=as_json)
         return
+    the_card, model = _card(card, model)
     # options → configuration (each check exits 3 naming its option, before any model loads)
     cfg = cal.PoolConfig(
         sampling_samples=samples,
@@ -143,12 +153,16 @@ def calibrate_cmd(
         run = cal.run_calibration(
             names, bl, audits, ref_lms=ref_lms, model=model, pool_cfg=cfg, alpha=alpha, seed=seed, cache_dir=cache_dir, mix=mixes,
             refresh=refresh, sequential=design, sequential_audits=sequential_audits, honest_audits=honest_audits, fixed=fixed,
-            workers=workers, threads=threads, progress=say,
+            workers=workers, threads=threads, progress=say, card=the_card,
         )
     except (KeyError, ValueError) as exc:
         fail(str(exc))
+    except AuditError as exc:
+        fail(f"--{exc.parameter}: {exc}")
     # rendering: files, database rows, the tables
-    _save_run(run, out, store=store, db=db, effects=effects, say=say)
+    _save_run(run, out, store=store, db=db, effects=effects and the_card is None, say=say)
+    if effects and the_card is not None:
+        _refresh_card_effects(run, str(model), say)
     _print_records(run.to_json_list(), run.meta, as_json=as_json)
 
 
@@ -166,6 +180,41 @@ def _merge_runs(merge: str, out: Path | None, *, effects: bool, as_json: bool) -
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()), err=True)
     _refresh_effects(recs, effects)
     _print_records(recs, meta, as_json=as_json)
+
+
+def _card(name: str | None, model: str | None) -> tuple[Any, str | None]:
+    """``--card NAME`` as (the bundled card, the reference model: ``--model`` or the card's); (None, ``model``)
+    without it. Exits 3 on an unknown card name or a ``--model`` the card does not describe."""
+    if name is None:
+        return None, model
+    from probes.model_card import BUNDLED_CARDS
+
+    card = BUNDLED_CARDS.get(name)
+    if card is None:
+        fail(f"--card: no bundled card named {name!r} (known: {', '.join(sorted(BUNDLED_CARDS))}). Fix: use one of "
+             "these (docs/model-cards.md).")
+    if model is not None and card.model is not None and model != card.model:
+        fail(f"--card {name} describes the model {card.model!r}, not --model {model!r}. Fix: drop --model or give "
+             f"--model {card.model}.")
+    return card, model or card.model
+
+
+def _refresh_card_effects(run: Any, model: str, say: Callable[[str], None]) -> None:
+    """``--card NAME --effects``: write the below-card profiles' effects into effect_sizes.json's ``cards`` section
+    (:func:`auditor.calibration.effects.write_card_effects`); exits 3 when no profile run serves a class below it."""
+    from auditor.calibration import effects as eff
+
+    c = run.meta["card"]
+    try:
+        path, entry = eff.write_card_effects(
+            run.to_json_list(), key=c["name"], model=model, card=c["card_recipe"], card_bits=c["card_bits"],
+            path=eff.EFFECT_SIZES_PATH,
+            source=f"auditor calibrate --card {c['name']} ({len(run.meta['profiles'])} profiles, budgets "
+                   f"{run.meta['budgets']}, {run.meta['audits']} audits, revision {run.meta['revision']})")
+    except ValueError as exc:
+        fail(f"--effects: {exc}")
+    lp = {k: v["effects"].get("logprob-divergence") for k, v in entry["classes"].items()}
+    say(f"wrote the effects under card {c['name']} into {path} (logprob-divergence ratio to the card's floor: {lp})")
 
 
 def _profile_names(profiles: str | None, cfg: Any) -> list[str]:
@@ -297,7 +346,7 @@ def _print_records(records: list[dict], meta: dict, *, as_json: bool) -> None:
 def plan_cmd(
     provider: str | None = typer.Option(None, "--provider", help="Provider name (providers.toml): its reference model and prices."),
     model: str | None = typer.Option(None, "--model", help="Reference model name (instead of --provider)."),
-    target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | any (every calibrated deviation class)."),
+    target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | relaxed-think | synthetic-acceptance | any (every calibrated deviation class served as plain chat) | reasoning (every one calibrated in reasoning mode, think:PROFILE: for a reasoning model)."),
     power: float = typer.Option(0.95, "--power", min=0.01, max=0.999, help="Wanted power (rejection rate)."),
     config: str | None = typer.Option(None, "--config", help="providers.toml path."),
     db: DbOption = None,

@@ -53,7 +53,7 @@ def serve_cmd(
     stream_interval_ms: float = typer.Option(50.0, "--stream-interval-ms", min=0.001, help="Interval of --stream-chunking time (ms)."),
     reasoning: str | None = typer.Option(None, "--reasoning", help="Reasoning mode of chat completions: field (message.reasoning_content) | field-reasoning (message.reasoning) | inline (<think>…</think> in content). The template opens <think>; --reasoning-budget closes it. Audit with reasoning_opener = \"<think>\\n\" in the provider's config."),
     reasoning_logprobs: str = typer.Option("both", "--reasoning-logprobs", help="What logprobs.content covers in reasoning mode: both (reasoning, close tag, answer) | answer (field modes only)."),
-    reasoning_budget: int = typer.Option(32, "--reasoning-budget", min=1, help="Reasoning tokens at most before the close tag is forced."),
+    reasoning_budget: int | None = typer.Option(None, "--reasoning-budget", min=1, help="Reasoning tokens at most before the close tag is forced (default: simulator.profiles.DEFAULT_REASONING_BUDGET, 32)."),
     device: str | None = typer.Option(None, "--device", help="Where the served model runs: auto (CUDA when available) | cpu | cuda | cuda:N (default: cpu)."),
     logprob_convention: str = typer.Option("openai", "--logprob-convention", help="Chat logprobs spelled as: openai (ranked top-k, raw partial bytes) | vllm (sampled token first, empty-then-whole-character tokens)."),
     enforce: str | None = typer.Option(None, "--enforce", help="Sampling parameters applied whatever the request asks, e.g. temperature=1.0,top_p=0.95 (as APIs that fix them do)."),
@@ -61,7 +61,7 @@ def serve_cmd(
 ) -> None:
     """Serve the reference model over the OpenAI API, honestly or with one named degradation."""
 
-    from simulator.profiles import get_profile
+    from simulator.profiles import DEFAULT_REASONING_BUDGET, get_profile, reasoning_of
     from simulator.profiles import list_profiles as _list
 
     console = out_console()
@@ -91,6 +91,10 @@ def serve_cmd(
         raise _fail(str(e.args[0]) + " (see auditor serve --list-profiles)") from None
     except ValueError as e:
         raise _fail(str(e)) from None
+    if reasoning is None and reasoning_of(prof) is not None:
+        reasoning = "field"  # think:PROFILE is served in reasoning mode (simulator.profiles.reasoning_of)
+    if reasoning_budget is None:
+        reasoning_budget = reasoning_of(prof) or DEFAULT_REASONING_BUDGET
     if device is not None:
         from reference.models import resolve_device
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from auditor.detectors.speculation import speculation_line
 from auditor.report.common import (
@@ -72,9 +72,6 @@ from auditor.report.junit import render_junit
 from auditor.report.markdown import render_markdown
 from auditor.util import fmt_p as _fmt_p
 from auditor.verdict.rules_out import RULE_OUT_POWER, rules_out_sentence
-
-if TYPE_CHECKING:
-    from probes.model_card import ModelCard
 
 __all__ = [
     "FORMATS",
@@ -257,6 +254,7 @@ def report_from_store(session: Any, run_id: str) -> AuditReport:
         ReportError: unknown/ambiguous id, or the run has no verdict yet (not finished or not an audit; a
             ``failed`` run's message carries its stored failure reason).
     """
+    from auditor.check.reference_setup import card_fields
     from auditor.store import queries as q
     from probes.model_card import card_description, stored_card
 
@@ -334,7 +332,7 @@ def report_from_store(session: Any, run_id: str) -> AuditReport:
             "revision": run.reference_revision,
             "dtype": run.reference_dtype,
             "card": card_description(prov.get("card"), run.reference_model, run.reference_dtype),
-            **_card_fields(stored_card(prov.get("card"), run.reference_model), run.reference_revision),
+            **card_fields(stored_card(prov.get("card"), run.reference_model), run.reference_revision),
             "claimed_precision": prov.get("claimed_precision"),
             **({"variants": extra["reference_variants"]} if extra.get("reference_variants") else {}),
         },
@@ -357,18 +355,6 @@ def report_from_store(session: Any, run_id: str) -> AuditReport:
         code_version=run.code_version,
         wall_s=extra.get("wall_s"),
     )
-
-
-def _card_fields(card: ModelCard | None, revision: str | None) -> dict[str, Any]:
-    """The report's ``card_precision`` (the card's weight label), ``card_recipe`` and ``card_bits`` (bits per
-    component, ``ModelCard.component_bits``; a KV cache ``auto`` read as FP8 where the reference computed one:
-    its revision's ``+card:`` steps name ``kv-fp8``, ``auditor.check.reference_setup.card_steps``), which the
-    precision estimate's classes are relative to; all None without a card."""
-    if card is None:
-        return {"card_precision": None, "card_recipe": None, "card_bits": None}
-    steps = (revision or "").partition("+card:")[2].split(",")
-    kv = "fp8" if card.kv_cache == "auto" and "kv-fp8" in steps else None
-    return {"card_precision": card.precision_label, "card_recipe": card.recipe(), "card_bits": card.component_bits(kv)}
 
 
 def load_report(run_id: str, db_url: str | None = None) -> AuditReport:

@@ -92,7 +92,8 @@ p-value is <= alpha:
    PASS and INCONCLUSIVE also record ``details["rules_out"]`` (``auditor.verdict.rules_out``): per deviation
    class of the calibration (int4, int8, fp8, kv-fp8, w8a8, relaxed acceptance at s, truncation,
    substitution) whether some detector that ran had RULE_OUT_POWER (95%) against its measured
-   effect; a PASS reason ends with "rules out ...; does not rule out ... (power ...)". This does not
+   effect; a PASS reason ends with "rules out ...; does not rule out ... (power ...)". Under a model card
+   the precision classes are the steps below it (``decide_verdict(card_bits=...)``). This does not
    change the verdict (``--budget-tokens auto`` requires it, ``auditor.check.auto_budget``).
 6. A pre-flight parameter check (``auditor.check.preflight``; ``preflight-*`` results in the same Holm
    family) rejects: ``preflight-greedy-top1`` (temperature-0 tokens are not the provider's own
@@ -209,6 +210,9 @@ def decide_verdict(
     tokenizer_mismatch: Mapping[str, Any] | None = None,
     effect_sizes: EffectSizes | None = None,
     speculation: Mapping[str, Any] | None = None,
+    card_bits: Mapping[str, int] | None = None,
+    card_recipe: str | None = None,
+    model: str | None = None,
 ) -> Verdict:
     """Apply Holm at family-wise level ``alpha`` across the detectors that ran, then the rules above.
 
@@ -233,6 +237,10 @@ def decide_verdict(
             .to_dict()``: ``detected`` True / False / None, ``mean_accepted_tokens_per_step``, ...); None = not
             measured. ``detected`` False (no speculation seen) keeps rule 4 from naming RELAXED_VERIFICATION (the
             undetermined pair instead); ``detected`` True makes a pre-flight top-p rejection alone the pair.
+        card_bits, card_recipe, model: the model card the reference computes (``ModelCard.component_bits``, its
+            ``recipe``) and the reference model: ``details["rules_out"]`` lists the precision classes below the card,
+            with the effects measured under it where the table has them (``auditor.verdict.rules_out.classes_for_card``);
+            None = the float32 reference.
 
     Returns:
         Verdict (``results`` carries the Holm-adjusted copies; ``details["secondary_causes"]``
@@ -327,7 +335,8 @@ def decide_verdict(
         )
         details["suggested_budget_tokens"] = None
     if cause.kind in (VerdictKind.PASS, VerdictKind.INCONCLUSIVE) and cause.rule != "0-provider-failures":
-        ro = rules_out(adj, alpha=alpha, n_tests=n_power, floor=floor, effect_sizes=effect_sizes)
+        ro = rules_out(adj, alpha=alpha, n_tests=n_power, floor=floor, effect_sizes=effect_sizes, card_bits=card_bits,
+                       card_recipe=card_recipe, model=model)
         details["rules_out"] = [r.to_dict() for r in ro]
         sentence = rules_out_sentence(ro)
         if cause.kind == VerdictKind.PASS and sentence:

@@ -69,12 +69,11 @@ from auditor.detectors import DetectorName
 from auditor.detectors.logprob import LOGPROB_POSITIONS, kl_floor_ratio
 from auditor.util import finite, kl_floor_text
 from auditor.verdict.kinds import VerdictKind
-from auditor.verdict.rules_out import RULE_OUT_POWER, EffectSizes, load_effect_sizes
+from auditor.verdict.rules_out import FLOAT_BITS, RULE_OUT_POWER, EffectSizes, classes_for_card, load_effect_sizes
 
 __all__ = [
     "BITS",
     "ESTIMATED_VERDICTS",
-    "FLOAT_BITS",
     "NATIVE",
     "SUBSTITUTE",
     "TAU",
@@ -97,8 +96,6 @@ TAU = 0.25
 NATIVE = "native"
 #: The precision class of the substitution classes (precision classes that lower nothing: another model).
 SUBSTITUTE = "another model"
-#: Bits a float component counts as (16- and 32-bit floats are one class: the floor measures honest bf16 / fp16).
-FLOAT_BITS = 16
 _COMPONENT_WORDS = {"weights": "weights", "activations": "activations", "kv_cache": "KV cache"}
 _NATIVE_LABEL = "the card's native precision"
 #: Bits per weight of a claimed label (OpenRouter's quantization vocabulary, ``probes.config.CLAIMED_PRECISIONS``).
@@ -246,12 +243,6 @@ class ClassSet:
     measured_under_card: bool
 
 
-def _below(lowers: Mapping[str, int], card_bits: Mapping[str, int]) -> bool:
-    """A class lowering ``lowers`` is a step below a card with ``card_bits``: below it somewhere, above it nowhere."""
-    have = {c: min(int(card_bits.get(c, FLOAT_BITS)), FLOAT_BITS) for c in lowers}
-    return all(b <= have[c] for c, b in lowers.items()) and any(b < have[c] for c, b in lowers.items())
-
-
 def card_classes(table: EffectSizes, card_bits: Mapping[str, int] | None = None, *, model: str | None = None,
                  recipe: str | None = None, card: str | None = None) -> ClassSet:
     """The precision classes below a card, with their effects relative to it (module docstring).
@@ -269,12 +260,14 @@ def card_classes(table: EffectSizes, card_bits: Mapping[str, int] | None = None,
     """
     bits = dict.fromkeys(_COMPONENT_WORDS, FLOAT_BITS) if card_bits is None else dict(card_bits)
     is_float = all(min(int(b), FLOAT_BITS) >= FLOAT_BITS for b in bits.values())
-    measured = table.for_card(model, recipe)
-    source = measured.classes if measured is not None else table.classes
+    below = classes_for_card(table, card_bits, model=model, recipe=recipe)  # the rule: auditor.verdict.rules_out
+    measured = below.measured
     picked: list[tuple[str, str, float, int | None, tuple[str, ...]]] = []
-    for c in source:
+    for c in below.classes:
         r = c.effects.get(_DET)
-        if c.question != "precision" or r is None or r <= 0 or (c.lowers and not _below(c.lowers, bits)):
+        if measured is not None and c.key not in below.under_card:
+            continue  # effects measured under the card only: the float32 ones are on another floor's scale
+        if c.question != "precision" or r is None or r <= 0:
             continue
         picked.append((c.key, c.label, float(r), min(c.lowers.values()) if c.lowers else None, tuple(c.lowers)))
     words: dict[int, set[str]] = {}
@@ -355,9 +348,10 @@ def estimate_from_ratio(
             INCONCLUSIVE audits), the one source of "ruled out" whenever it covers a class (issue 38: a
             report must never call a class both ruled out and not): a class it rules out is ``ruled
             out``; a class it does not rule out, which the effect alone would, is ``not ruled out`` with
-            the power in ``direction``; a class the effect is consistent with stays ``consistent``. The
-            record's powers are against the float32 effects, so it is not used with effects measured
-            under the card (:attr:`ClassSet.measured_under_card`).
+            the power in ``direction``; a class the effect is consistent with stays ``consistent``. A record
+            counts only where its power was computed against the same effects as the estimate's class: under
+            the card (``under_card``, :func:`auditor.verdict.rules_out.classes_for_card`) when the estimate's
+            are (:attr:`ClassSet.measured_under_card`), against the float32 effects otherwise.
         card_bits, card_recipe, model: the card in use and the reference model (:func:`card_classes`): the
             classes are the steps below the card, with the effects measured under it where the table has them.
 
@@ -370,9 +364,10 @@ def estimate_from_ratio(
         raise ValueError(f"log_se must be finite and >= 0, got {log_se!r}")
     table = effect_sizes if effect_sizes is not None else load_effect_sizes()
     cs = card_classes(table, card_bits, model=model, recipe=card_recipe, card=card_recipe or card)
-    power_records = {} if cs.measured_under_card else {
+    power_records = {  # a record counts only when its effect was on the same scale (under the card or not)
         str(r.get("key")): r for r in (rules_out or [])
-        if isinstance(r, Mapping) and r.get("status") in ("ruled out", "not ruled out")}
+        if isinstance(r, Mapping) and r.get("status") in ("ruled out", "not ruled out")
+        and bool(r.get("under_card")) == cs.measured_under_card}
     y = math.log(ratio)
     sd = math.sqrt(log_se * log_se + tau * tau)
     zc = float(stats.norm.ppf(1 - alpha / 2))

@@ -23,6 +23,15 @@ INCONCLUSIVE verdicts and appends :func:`rules_out_sentence` to a PASS reason;
 ``auditor.check.auto_budget`` (``--budget-tokens auto``) stops with PASS only once every tested class is
 ruled out (:func:`not_ruled_out`, :func:`tokens_to_rule_out`).
 
+**Relative to the model card in use** (issue 36): the precision classes are the steps *below* the card
+(:func:`classes_for_card`, the one home of that rule, which ``auditor.verdict.precision_estimate`` reads too):
+a class that lowers a component (``DeviationClass.lowers``) to no fewer bits than the card already has there
+is the card itself, not a deviation below it, and is left out (an FP8 card's PASS never "rules out 8-bit
+weights"). Their effects are those measured under the card (the table's ``cards`` section) where the table
+has them; otherwise the float32 effects stand in, each such record says so (``under_card`` False) and
+:func:`rules_out_sentence` names them: under the card's more lenient floor a step's effect is smaller, so
+the power against it is overstated.
+
 The measured effects are those of the simulator's profiles on SmolLM2-135M: a real provider's
 deviation of the same kind may be larger or smaller, so "rules out int8" means "rules out a
 deviation at least as large as the simulator's int8".
@@ -47,15 +56,20 @@ __all__ = [
     "BELOW_RESOLUTION",
     "COMPONENTS",
     "EFFECT_SIZES_PATH",
+    "FLOAT_BITS",
     "QUESTIONS",
     "RULE_OUT_POWER",
+    "CardClasses",
     "CardEffects",
     "DeviationClass",
     "EffectSizes",
     "EffectSizesError",
     "RuleOut",
     "as_rule_outs",
+    "card_basis",
+    "classes_for_card",
     "load_effect_sizes",
+    "lowers_below",
     "not_ruled_out",
     "rules_out",
     "rules_out_rows",
@@ -72,6 +86,9 @@ QUESTIONS = ("precision", "verification", "decoding")
 #: What a precision class lowers (``DeviationClass.lowers``): the linear weights, the linear layers' input
 #: activations, the KV cache — the three fields of a model card (``probes.model_card``).
 COMPONENTS = ("weights", "activations", "kv_cache")
+#: Bits a float component counts as (16- and 32-bit floats are one class: the noise floor measures honest bf16 /
+#: fp16 serving; ``probes.model_card.ModelCard.component_bits`` counts a float format as 16).
+FLOAT_BITS = 16
 
 Status = Literal["ruled out", "not ruled out", "not tested"]
 
@@ -159,6 +176,61 @@ class EffectSizes:
     def for_card(self, model: str | None, card: str | None) -> CardEffects | None:
         """The effects measured under ``card`` (a recipe, :attr:`CardEffects.card`) on ``model``, or None."""
         return next((c for c in self.cards if card is not None and c.card == card and c.model == model), None)
+
+
+def lowers_below(lowers: Mapping[str, int], card_bits: Mapping[str, int]) -> bool:
+    """A class lowering ``lowers`` (component → bits, :attr:`DeviationClass.lowers`) is a step below a card with
+    ``card_bits`` (component → bits, ``probes.model_card.ModelCard.component_bits``; a missing component and
+    anything above :data:`FLOAT_BITS` count as a float): below it somewhere and above it nowhere."""
+    have = {c: min(int(card_bits.get(c, FLOAT_BITS)), FLOAT_BITS) for c in lowers}
+    return all(b <= have[c] for c, b in lowers.items()) and any(b < have[c] for c, b in lowers.items())
+
+
+@dataclass(frozen=True)
+class CardClasses:
+    """The table's deviation classes relative to the model card in use (:func:`classes_for_card`).
+
+    Attributes:
+        classes: the precision classes below the card and the classes that lower nothing (substitution,
+            verification, decoding), in the table's order (classes only the card's entry has last).
+        under_card: keys of the classes whose effects were measured under the card (empty without a
+            ``cards`` entry for it).
+        card: the recipe of the non-float card the precision classes are steps below (None: no card or a
+            float card, the float32 reference).
+        measured: the table's entry measured under the card, or None.
+    """
+
+    classes: tuple[DeviationClass, ...]
+    under_card: frozenset[str]
+    card: str | None
+    measured: CardEffects | None
+
+
+def classes_for_card(table: EffectSizes, card_bits: Mapping[str, int] | None = None, *, model: str | None = None,
+                     recipe: str | None = None) -> CardClasses:
+    """The deviation classes of ``table`` relative to a model card (module docstring): the one rule both
+    :func:`rules_out` and ``auditor.verdict.precision_estimate.card_classes`` apply.
+
+    A class that lowers something (:attr:`DeviationClass.lowers`) is kept only when it is a step below the card
+    (:func:`lowers_below`). A class the table's entry measured under the card (:meth:`EffectSizes.for_card` of
+    ``model`` and ``recipe``) has that entry's effects (:attr:`CardClasses.under_card`); every other class keeps
+    the float32 table's (another model, verification, decoding, and a step the entry did not measure).
+
+    Args:
+        table: the effect-size table.
+        card_bits: the card's bits per component (``probes.model_card.ModelCard.component_bits``); None = no
+            card: the float32 reference, every class below it (the table's classes, unchanged).
+        model: the reference model; recipe: the card's recipe (``probes.model_card.ModelCard.recipe``).
+    """
+    bits = dict.fromkeys(COMPONENTS, FLOAT_BITS) if card_bits is None else dict(card_bits)
+    is_float = all(min(int(b), FLOAT_BITS) >= FLOAT_BITS for b in bits.values())
+    measured = table.for_card(model, recipe)
+    mine = {c.key: c for c in (measured.classes if measured is not None else ())}
+    known = {c.key for c in table.classes}
+    every = [mine.get(c.key, c) for c in table.classes] + [c for k, c in mine.items() if k not in known]
+    picked = tuple(c for c in every if not c.lowers or lowers_below(c.lowers, bits))
+    under = frozenset(c.key for c in picked if c.key in mine)
+    return CardClasses(picked, under, None if card_bits is None or is_float else recipe, measured)
 
 
 def _fail(path: Path | str, field: str, what: str) -> EffectSizesError:
@@ -284,6 +356,9 @@ class RuleOut:
             reachable): the positions it lacks, times its tokens per position (greedy-near-tie tests only
             the near-ties among the greedy tokens, :func:`auditor.verdict.power.tokens_per_position`).
         mode: that detector's probe mode (``greedy`` | ``logprob`` | ``sampling``).
+        card: a precision class that lowers something, under a non-float model card: the card's recipe (the
+            class is a step below it, :func:`classes_for_card`); None: relative to the float32 reference.
+        under_card: with ``card``: the effect was measured under the card (False: the float32 effect stands in).
     """
 
     key: str
@@ -298,6 +373,8 @@ class RuleOut:
     required_positions: int | None = None
     missing_positions: int | None = None
     mode: str | None = None
+    card: str | None = None
+    under_card: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """``dataclasses.asdict(self)``; built directly when every field holds a str, number, bool or None
@@ -324,6 +401,9 @@ def rules_out(
     floor: NoiseFloor | None = None,
     effect_sizes: EffectSizes | None = None,
     power: float = RULE_OUT_POWER,
+    card_bits: Mapping[str, int] | None = None,
+    card_recipe: str | None = None,
+    model: str | None = None,
 ) -> list[RuleOut]:
     """Per deviation class, the audit's power against its measured effect (module docstring).
 
@@ -334,17 +414,23 @@ def rules_out(
         floor: the noise floor (a KL test's power needs its variance components).
         effect_sizes: the table (default :func:`load_effect_sizes`).
         power: power that rules a class out.
+        card_bits, card_recipe, model: the model card in use (``ModelCard.component_bits`` and ``.recipe``) and
+            the reference model: the classes are those below the card, with the effects measured under it where
+            the table has them (:func:`classes_for_card`); None = the float32 reference.
 
     Returns:
-        One :class:`RuleOut` per class, in the table's order.
+        One :class:`RuleOut` per class of :func:`classes_for_card`, in its order.
     """
     table = effect_sizes if effect_sizes is not None else load_effect_sizes()
+    cc = classes_for_card(table, card_bits, model=model, recipe=card_recipe)
     ran = {r.name: r for r in results if r.ran and r.name not in PREFLIGHT_CHECKS}
     m = n_tests if n_tests is not None else len(ran)
     alpha_test = alpha / max(1, m)
     out = []
     models: dict[str, Any] = {}  # detector → its power model, read once (power_at's, for every class)
-    for c in table.classes:
+    for c in cc.classes:
+        rel: dict[str, Any] = ({"card": cc.card, "under_card": c.key in cc.under_card}
+                               if cc.card is not None and c.lowers else {})
         best: tuple[float, str, float, DetectorResult] | None = None
         for det, eff in c.effects.items():
             r = ran.get(det)
@@ -356,7 +442,7 @@ def rules_out(
             if pw is not None and (best is None or pw > best[0]):
                 best = (pw, det, eff, r)
         if best is None:
-            out.append(RuleOut(c.key, c.label, c.question, "not tested", False))
+            out.append(RuleOut(c.key, c.label, c.question, "not tested", False, **rel))
             continue
         pw, det, eff, r = best
         ok = pw >= power
@@ -368,7 +454,7 @@ def rules_out(
             required_positions=req,
             missing_positions=0 if ok else (math.ceil(max(0, req - r.n) * tokens_per_position(r)) if req is not None
                                             else None),
-            mode=str(MODES[det]),
+            mode=str(MODES[det]), **rel,
         ))
     return out
 
@@ -380,8 +466,10 @@ def as_rule_outs(records: Sequence[RuleOut | Mapping[str, Any]]) -> list[RuleOut
 
 def rules_out_sentence(records: Sequence[RuleOut | Mapping[str, Any]]) -> str:
     """"rules out int4 weights, fp8 weights; does not rule out int8 weights (power 39%); not tested:
-    truncated sampling; cannot be distinguished at any budget: ..." (parts without classes are left out;
-    the last part, :data:`BELOW_RESOLUTION`, whenever a precision class was tested; "" for no records)."""
+    truncated sampling; cannot be distinguished at any budget: ...; precision classes are steps below the card
+    (...): effects of ... measured against float32, not under it" (parts without classes are left out;
+    :data:`BELOW_RESOLUTION` whenever a precision class was tested; the card part, :func:`card_basis`, when the
+    precision classes are relative to a non-float card; "" for no records)."""
     recs = as_rule_outs(records)
     yes = [r.label for r in recs if r.status == "ruled out"]
     no = [f"{r.label} (power {r.power:.0%})" if r.power is not None else r.label
@@ -396,7 +484,30 @@ def rules_out_sentence(records: Sequence[RuleOut | Mapping[str, Any]]) -> str:
         parts.append("not tested: " + ", ".join(nt))
     if any(r.question == "precision" and r.status != "not tested" for r in recs):
         parts.append("cannot be distinguished at any budget: " + BELOW_RESOLUTION)
+    basis = card_basis(recs)
+    if basis:
+        parts.append(basis)
     return "; ".join(parts)
+
+
+def card_basis(records: Sequence[RuleOut | Mapping[str, Any]]) -> str:
+    """What the precision classes of ``records`` are relative to, when a non-float card is in use (:attr:`RuleOut.card`):
+    "precision classes are steps below the card (RECIPE), effects measured under it" or, for the classes whose
+    effects were not (the table has no calibration under this card), "...; the effects of int4 weights are the
+    float32 reference's, not measured under this card: under its more lenient floor a step's effect is smaller,
+    so this power overstates the audit's" ("" without a card)."""
+    recs = [r for r in as_rule_outs(records) if r.question == "precision" and r.card]
+    if not recs:
+        return ""
+    cards = sorted({str(r.card) for r in recs})
+    out = f"precision classes are steps below the card ({'; '.join(cards)})"
+    fallback = [r.label for r in recs if not r.under_card]
+    if len(fallback) < len(recs):
+        out += ", effects measured under it" + (" where calibrated" if fallback else "")
+    if fallback:
+        out += (f"; the effects of {', '.join(fallback)} are the float32 reference's, not measured under this card: "
+                "under its more lenient floor a step's effect is smaller, so this power overstates the audit's")
+    return out
 
 
 def not_ruled_out(records: Sequence[RuleOut | Mapping[str, Any]] | None) -> list[RuleOut]:
@@ -420,12 +531,15 @@ def tokens_to_rule_out(records: Sequence[RuleOut | Mapping[str, Any]] | None) ->
 
 def rules_out_rows(records: Sequence[RuleOut | Mapping[str, Any]] | None) -> list[list[str]]:
     """Table rows for reports: [class label, question, status, power, deciding detector and positions,
-    positions still missing] per record (stored dicts or :class:`RuleOut`)."""
+    positions still missing] per record (stored dicts or :class:`RuleOut`); under a non-float card a step's label
+    says whether its effect was measured under the card or the float32 one stands in."""
     rows = []
     for r in as_rule_outs(records or []):
         pw = f"{r.power:.0%}" if r.power is not None else "—"
         det = f"{r.detector} on {r.n} positions" if r.detector else "no detector of this audit tests it"
         miss = str(r.missing_positions) if r.status == "not ruled out" and r.missing_positions is not None else (
             "unreachable" if r.status == "not ruled out" else "—")
-        rows.append([r.label, r.question, r.status, pw, det, miss])
+        label = r.label + ("" if not r.card else " (effect under the card)" if r.under_card else
+                           " (float32 effect: not calibrated under the card)")
+        rows.append([label, r.question, r.status, pw, det, miss])
     return rows

@@ -7,8 +7,9 @@ simulator serving each honestly and below its card:
   card's FP8 activation tiles and the floor is measured over the card's honest variants
   (``auditor.check.reference_setup.apply_card``);
 - the same provider against a bf16 card → QUANTIZATION: the card matters, and the report says which card;
-- int4 of the FP8 model (``native-fp8-int4``) and an FP8 KV cache under the FP8 card's fp32 KV cache
-  (``native-fp8-kv-fp8``) against the FP8 card → QUANTIZATION;
+- int4 of the FP8 model (``native-fp8-int4``), NVFP4 W4A4 of it (``native-fp8-nvfp4``: FP4 E2M1 weights and
+  activations, an E4M3 scale per 16, an FP32 scale per tensor) and an FP8 KV cache under the FP8 card's fp32 KV
+  cache (``native-fp8-kv-fp8``) against the FP8 card → QUANTIZATION;
 - honest native-INT4 (``honest-fp32`` on ``tiny+int4``) → PASS; int3 of it (``native-int4-int3``) → QUANTIZATION.
 
 Floors: 16 prompts x 16 tokens per honest variant; the floor's own sampling variance enters every logprob
@@ -45,6 +46,7 @@ CASES = [
     ("fp8", "native-fp8", None, "PASS", 0, 1000),
     ("fp8", "native-fp8", BF16_CARD, "QUANTIZATION", 1, 400),
     ("fp8", "native-fp8-int4", None, "QUANTIZATION", 1, 400),
+    ("fp8", "native-fp8-nvfp4", None, "QUANTIZATION", 1, 400),
     ("fp8", "native-fp8-kv-fp8", None, "QUANTIZATION", 1, 400),
     ("int4", "honest-fp32", None, "PASS", 0, 1000),
     ("int4", "native-int4-int3", None, "QUANTIZATION", 1, 400),
@@ -134,6 +136,12 @@ def test_reference_computes_the_card(card_env, variant, profile, card, expected,
     assert d["tokens"]["completion"] <= budget
     if expected == "PASS":
         assert not any(x["rejects"] for x in d["detectors"])
+        # what the PASS rules out is below the card: never the card's own width (8-bit weights under FP8, 4-bit
+        # weights under INT4), and it says so (auditor.verdict.rules_out.classes_for_card)
+        keys = {r["key"] for r in d["rules_out"]}
+        at_card = {"fp8": {"int8", "fp8", "w8a8"}, "int4": {"int4", "int8", "fp8", "w8a8"}}[variant]
+        assert keys and not keys & at_card, keys
+        assert "steps below the card" in d["verdict_reason"], d["verdict_reason"]
     else:
         assert lp["rejects"], lp
 
@@ -178,25 +186,31 @@ def test_honest_native_fp8_is_not_accused_at_any_budget_or_suite(card_env) -> No
     assert not bad, bad
 
 
-#: The classes below each tiny card and the profile that serves each step under it (issue 36 item 4: the
-#: precision estimate's classes are steps below the card, with effects measured under it).
+#: The below-card profiles of each tiny card and the precision class the estimate must name for each (issue 36
+#: item 4: the estimate's classes are steps below the card, with effects measured under it). The classes themselves
+#: (label, what they lower) are the package's: ``auditor.calibration.effects.card_classes_of``.
 BELOW_CARD = {
-    "fp8": {"int4": ("native-fp8-int4", {"weights": 4}, "int4 weights", "4-bit weights"),
-            "kv-fp8": ("native-fp8-kv-fp8", {"kv_cache": 8}, "fp8 KV cache", "8-bit KV cache")},
-    "int4": {"int3": ("native-int4-int3", {"weights": 3}, "int3 weights", "3-bit weights"),
-             "kv-fp8": ("kv-fp8", {"kv_cache": 8}, "fp8 KV cache", "8-bit KV cache")},
+    # int4 weights and NVFP4 W4A4 are both 4-bit steps below the FP8 card: one precision class, named by what the
+    # card's 4-bit classes lower
+    "fp8": {"native-fp8-int4": "4-bit weights or activations", "native-fp8-nvfp4": "4-bit weights or activations",
+            "native-fp8-kv-fp8": "8-bit KV cache"},
+    "int4": {"native-int4-int3": "3-bit weights", "kv-fp8": "8-bit KV cache"},
 }
 #: Seeds of the calibration audits that measure the effects under each card (disjoint from the evaluation's).
 CALIBRATION_SEEDS = (101, 102)
 CALIBRATION_BUDGET = 1000
 
 
-def _recipe(variant: str) -> str:
+def _card(variant: str):
     import tomllib
 
     from probes.model_card import ModelCard
 
-    return ModelCard.model_validate(tomllib.loads("c = " + CARDS[variant])["c"]).recipe()
+    return ModelCard.model_validate(tomllib.loads("c = " + CARDS[variant])["c"])
+
+
+def _recipe(variant: str) -> str:
+    return _card(variant).recipe()
 
 
 @pytest.fixture(scope="module")
@@ -206,14 +220,14 @@ def card_effects(card_env, tmp_path_factory):
     card's reference at 1000 tokens, seeds :data:`CALIBRATION_SEEDS`), installed as the table reports read."""
     import statistics
 
-    from auditor.calibration.effects import card_effects_from_records
+    from auditor.calibration.effects import card_classes_of, card_effects_from_records
     from auditor.verdict import rules_out
 
     raw = json.loads(rules_out.EFFECT_SIZES_PATH.read_text())
     cards = {}
-    for variant, classes in BELOW_CARD.items():
+    for variant, profiles in BELOW_CARD.items():
         records = []
-        for _key, (profile, _lowers, _label, _group) in classes.items():
+        for profile in profiles:
             ratios = []
             for seed in CALIBRATION_SEEDS:
                 d, _, _ = _audit(card_env, variant, profile, None, CALIBRATION_BUDGET, seed=seed)
@@ -226,8 +240,7 @@ def card_effects(card_env, tmp_path_factory):
                                 "ran": len(ratios) / len(CALIBRATION_SEEDS)}}})
         cards[f"tiny+{variant}"] = card_effects_from_records(
             records, model=f"tiny+{variant}", card=_recipe(variant), source="tests/audit/test_native_card.py",
-            classes={k: {"label": lab, "question": "precision", "profile": p, "lowers": low}
-                     for k, (p, low, lab, _g) in classes.items()})
+            classes=card_classes_of(list(profiles), _card(variant).component_bits(), raw))
     path = tmp_path_factory.mktemp("card-effects") / "effect_sizes.json"
     path.write_text(json.dumps({**raw, "cards": cards}, indent=1))
     mp = pytest.MonkeyPatch()
@@ -238,9 +251,9 @@ def card_effects(card_env, tmp_path_factory):
 
 @pytest.mark.parametrize("n_seeds", [2, pytest.param(10, marks=[pytest.mark.slow, pytest.mark.calibration_loop])])
 def test_precision_estimate_names_the_step_below_the_card(card_env, card_effects, n_seeds: int) -> None:
-    """Below the card (issue 36 acceptance): int4 of the FP8 model, an FP8 KV cache under the FP8 card and int3 of the
-    INT4 model are rejected at 400 tokens in >= 95% of seeds, and the report's precision estimate names the step
-    below the card (4-bit weights, 8-bit KV cache, 3-bit weights) in >= 90% of rejections, relative to the card and
+    """Below the card (issue 36 acceptance): int4 and NVFP4 W4A4 of the FP8 model, an FP8 KV cache under the FP8 card
+    and int3 of the INT4 model are rejected at 400 tokens in >= 95% of seeds, and the report's precision estimate
+    names the step below the card (4-bit, 8-bit KV cache, 3-bit weights) in >= 90% of rejections, relative to the card and
     with the effects measured under it. Before the estimate's classes were relative to the card, int4 of the FP8
     model was named "8-bit" (its ratio to the card's lenient floor, 5x, is an 8-bit step's against float32)."""
     from auditor.verdict.precision_estimate import estimate_precision
@@ -249,8 +262,8 @@ def test_precision_estimate_names_the_step_below_the_card(card_env, card_effects
     packaged = json.loads((Path(__file__).resolve().parents[2] / "auditor/calibration/effect_sizes.json").read_text())
     plain = parse_effect_sizes({**packaged, "cards": {}}, "packaged")
     rows = []
-    for variant, classes in BELOW_CARD.items():
-        for profile, _lowers, _label, group in classes.values():
+    for variant, profiles in BELOW_CARD.items():
+        for profile, group in profiles.items():
             if profile == "kv-fp8":
                 continue  # the INT4 card's 8-bit KV class is calibrated, not an acceptance case
             verdicts, named, plain_named = [], [], []

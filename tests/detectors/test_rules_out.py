@@ -20,6 +20,7 @@ from auditor.verdict.rules_out import (
     load_effect_sizes,
     parse_effect_sizes,
     rules_out,
+    rules_out_rows,
     rules_out_sentence,
     tokens_to_rule_out,
 )
@@ -223,3 +224,97 @@ def test_near_tie_missing_positions_are_counted_in_greedy_tokens():
     assert rules_out([big], alpha=0.05, effect_sizes=t)[0].status == "ruled out"
     assert required_positions(nt, alpha_test=0.05, effect=0.02) is None
     assert power_effect(mk("greedy-near-tie", effect=0.2, mean_bound=0.02)) == 0.2
+
+
+#: An FP8 card's recipe and bits (``probes.model_card.ModelCard.recipe`` / ``component_bits``: weights and
+#: activations 8, KV cache float).
+FP8_RECIPE = "weights fp8-block 128x128 e4m3, activations fp8 per 1x128, KV cache fp32"
+FP8_BITS = {"weights": 8, "activations": 8, "kv_cache": 16}
+
+
+def _with_card_effects(int4_kl: float):
+    """The test table plus effects measured under the FP8 card on model ``m`` (int4 only: kv-fp8 falls back)."""
+    raw = json.loads(json.dumps({
+        "source": "t", "model": "test", "generated": "2026-01-01T00:00:00Z",
+        "classes": {r.key: {"label": r.label, "question": r.question, "profile": r.profile, "effects": dict(r.effects),
+                            **({"lowers": dict(r.lowers)} if r.lowers else {})} for r in effect_table().classes},
+    }))
+    raw["cards"] = {"m+fp8": {"model": "m", "card": FP8_RECIPE, "source": "t", "generated": "2026-01-01T00:00:00Z",
+                              "classes": {"int4": {"label": "int4 weights", "question": "precision", "profile": "native-fp8-int4",
+                                                   "lowers": {"weights": 4},
+                                                   "effects": {"logprob-divergence": int4_kl}}}}}
+    return parse_effect_sizes(raw, "card.json")
+
+
+def _kl_audit(n=4000, n_prompts=40):
+    return [mk("logprob-divergence", 1.0, n=n, m=5, n_prompts=n_prompts)]
+
+
+def test_rules_out_under_an_fp8_card_lists_only_the_steps_below_it():
+    """Issue 36: under an FP8 card 8-bit weights are the card itself, not a deviation below it: the PASS's
+    rules-out list never names them, and says the float32 effects stand in where no card calibration exists."""
+    t = effect_table()
+    plain = {r.key for r in rules_out(greedy_audit(20_000), alpha=0.05, effect_sizes=t)}
+    assert "int8" in plain
+    recs = rules_out(greedy_audit(20_000), alpha=0.05, effect_sizes=t, card_bits=FP8_BITS, card_recipe=FP8_RECIPE,
+                     model="m")
+    by = {r.key: r for r in recs}
+    assert "int8" not in by and {"int4", "kv-fp8", "substituted", "relaxed-threshold"} <= set(by)
+    assert by["int4"].card == FP8_RECIPE and by["int4"].under_card is False
+    assert by["substituted"].card is None and by["relaxed-threshold"].card is None  # not steps below the card
+    s = rules_out_sentence(recs)
+    assert "int8" not in s and "int4 weights" in s
+    assert f"steps below the card ({FP8_RECIPE})" in s
+    assert "the effects of int4 weights, fp8 KV cache are the float32 reference's, not measured under this card" in s
+    rows = {row[0] for row in rules_out_rows(recs)}
+    assert "int4 weights (float32 effect: not calibrated under the card)" in rows and "a different model" in rows
+    # a float card (bf16) is the float32 reference: the same classes as no card, no card sentence
+    flt = rules_out(greedy_audit(20_000), alpha=0.05, effect_sizes=t, card_bits=dict.fromkeys(FP8_BITS, 16),
+                    card_recipe="weights bf16, activations bf16, KV cache bf16", model="m")
+    assert [r.key for r in flt] == [r.key for r in rules_out(greedy_audit(20_000), alpha=0.05, effect_sizes=t)]
+    assert "steps below the card" not in rules_out_sentence(flt)
+
+
+def test_rules_out_uses_the_effects_measured_under_the_card():
+    """With the table's ``cards`` entry for the card and model, the power is against the card's effect (an int4
+    step under the FP8 card's lenient floor: 1.5x, not the float32 table's 12x), and a class without one falls back."""
+    fl = _floor()
+    t = _with_card_effects(1.5)
+    recs = {r.key: r for r in rules_out(_kl_audit(20, 2), alpha=0.05, floor=fl, effect_sizes=t, card_bits=FP8_BITS,
+                                        card_recipe=FP8_RECIPE, model="m")}
+    assert recs["int4"].effect == 1.5 and recs["int4"].under_card is True
+    assert recs["kv-fp8"].effect == 1.3 and recs["kv-fp8"].under_card is False
+    f32 = {r.key: r for r in rules_out(_kl_audit(20, 2), alpha=0.05, floor=fl, effect_sizes=t)}
+    assert f32["int4"].effect == 12.0 and recs["int4"].power < f32["int4"].power
+    s = rules_out_sentence(list(recs.values()))
+    assert "effects measured under it where calibrated" in s and "the effects of fp8 KV cache are the float32" in s
+    # another model's card entry is not this one's
+    other = {r.key: r for r in rules_out(_kl_audit(20, 2), alpha=0.05, floor=fl, effect_sizes=t, card_bits=FP8_BITS,
+                                         card_recipe=FP8_RECIPE, model="other")}
+    assert other["int4"].effect == 12.0 and other["int4"].under_card is False
+
+
+def test_rules_out_and_the_precision_estimate_share_the_below_card_rule():
+    """One rule: the precision classes a PASS rules out under a card are the precision estimate's classes (which,
+    with effects measured under the card, keeps only those: the float32 ones are on another floor's scale)."""
+    from auditor.verdict.precision_estimate import NATIVE, card_classes
+
+    for t in (effect_table(), _with_card_effects(3.0)):
+        for bits in (None, FP8_BITS, {"weights": 4, "activations": 16, "kv_cache": 16}):
+            recipe = None if bits is None else FP8_RECIPE
+            measured = t.for_card("m", recipe) is not None
+            est = {k for k, *_ in card_classes(t, bits, model="m", recipe=recipe).classes} - {NATIVE}
+            ro = [r for r in rules_out(_kl_audit(), alpha=0.05, floor=_floor(), effect_sizes=t, card_bits=bits,
+                                       card_recipe=recipe, model="m") if r.question == "precision"]
+            assert est == {r.key for r in ro if not measured or r.under_card}, (bits, est, ro)
+            if bits is not None and bits["weights"] < 16:
+                assert not {r.key for r in ro} & {"int8", f"int{bits['weights']}"}  # at the card's width: the card
+
+
+def test_pass_reason_under_a_card_does_not_rule_out_the_card_itself():
+    t = effect_table()
+    v = decide_verdict(greedy_audit(20_000), effect_sizes=t, card_bits=FP8_BITS, card_recipe=FP8_RECIPE, model="m")
+    assert v.verdict == VerdictKind.PASS
+    assert "int8" not in v.reason and "rules out int4 weights" in v.reason and "steps below the card" in v.reason
+    assert "int8" not in {r["key"] for r in v.details["rules_out"]}
+    assert "rules out int4 weights, int8 weights" in decide_verdict(greedy_audit(20_000), effect_sizes=t).reason

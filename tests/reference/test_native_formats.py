@@ -73,3 +73,72 @@ def test_native_variant_of_a_model() -> None:
     with pytest.raises(ValueError, match="unknown native format"):
         make_native_weights(m, "mxfp4")
 
+
+
+def test_fp4_e2m1_rounds_to_the_nearest_value_ties_to_even() -> None:
+    """FP4 E2M1: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}; a tie goes to the even mantissa (0, 1, 2, 4, 6: 0.25 → 0,
+    0.75 → 1, 1.25 → 1, 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4); beyond 6 saturates."""
+    from reference.native import FP4_E2M1_GRID, fp4_e2m1_round
+
+    x = torch.tensor([0.0, 0.2, 0.25, 0.3, 0.75, 1.25, 1.3, 1.75, 2.5, 2.6, 3.5, 5.0, 5.1, 7.0, 100.0])
+    want = torch.tensor([0.0, 0.0, 0.0, 0.5, 1.0, 1.0, 1.5, 2.0, 2.0, 3.0, 4.0, 4.0, 6.0, 6.0, 6.0])
+    assert torch.equal(fp4_e2m1_round(x), want)
+    assert torch.equal(fp4_e2m1_round(-x), -want)
+    g = torch.tensor(FP4_E2M1_GRID)
+    assert torch.equal(fp4_e2m1_round(g), g)  # the grid is its own rounding
+
+
+def test_nvfp4_two_level_scales_and_blocks_of_16() -> None:
+    """NVFP4 (NVIDIA's 'Introducing NVFP4' / ModelOpt): every block of 16 decodes as e2m1 x e4m3 x fp32, the
+    largest value of the tensor is kept exactly, one loud block does not coarsen the others (per-block scales),
+    and a last dimension 16 does not divide is refused."""
+    from reference.native import FP4_E2M1_GRID, FP8_E4M3_MAX, nvfp4_fake_quant, nvfp4_tensor_scale
+
+    w = _w(64, 128)
+    w[0, :16] *= 50.0  # one loud block
+    q = nvfp4_fake_quant(w)
+    ts = nvfp4_tensor_scale(w.abs().max())
+    assert float(ts) == pytest.approx(float(w.abs().max()) / (FP8_E4M3_MAX * 6.0))
+    assert float(q.abs().max()) == pytest.approx(float(w.abs().max()), rel=1e-6)  # the amax block: scale 448 exactly
+    grid = torch.tensor(FP4_E2M1_GRID)
+    for r, c in ((0, 0), (5, 3), (63, 7)):  # each block: e2m1 values times one e4m3 scale times the tensor scale
+        blk, src = q[r, 16 * c:16 * (c + 1)], w[r, 16 * c:16 * (c + 1)]
+        dec = (src.abs().max() / 6.0 / ts).to(torch.float8_e4m3fn).float() * ts
+        vals = (blk / dec).abs()
+        assert torch.allclose(vals, grid[(vals[:, None] - grid).abs().argmin(-1)], atol=1e-5)
+    rel = lambda a, b: float((a - b).norm() / b.norm())
+    quiet = slice(1, None)
+    assert rel(q[quiet], w[quiet]) < 0.15  # 4-bit values with a scale per 16: ~10% error, not swamped by the loud block
+    assert rel(q[quiet], w[quiet]) > 0.01
+    # activations: a fixed (calibrated) tensor scale; values beyond its range saturate at 6 x 448 x scale
+    a = torch.randn(3, 5, 32)
+    qa = nvfp4_fake_quant(a, tensor_scale=float(a.abs().max()) / (448 * 6) / 4)
+    assert qa.shape == a.shape and float(qa.abs().max()) <= float(a.abs().max()) / 4 + 1e-6
+    with pytest.raises(ValueError, match="NVFP4 block 16 does not divide the input dimension 24"):
+        nvfp4_fake_quant(torch.randn(4, 24))
+
+
+def test_nvfp4_w4a4_profile_quantizes_weights_and_activations(tiny_lm) -> None:
+    """The simulator's ``native-fp8-nvfp4`` profile (issue 36 item 3: NVFP4-like W4A4 of the FP8 model): weights
+    through NVFP4, every decoder linear's input through NVFP4 with its calibrated tensor scale; it moves the
+    distribution more than the FP8 activation tiles of honest native-FP8 serving."""
+    from reference.native import iter_decoder_linears, nvfp4_fake_quant
+    from simulator.engine import build_served_model
+    from simulator.profiles import get_profile
+
+    p = get_profile("native-fp8-nvfp4")
+    assert p.expected_verdict == "QUANTIZATION" and p.weight_quant == "nvfp4" and p.act_quant == "nvfp4"
+    slm, info = build_served_model(p, tiny_lm)
+    assert info.quant["scheme"] == "nvfp4" and info.quant["act_quant"] == "nvfp4-e2m1-e4m3x16"
+    assert info.quant["act_quant_linears"] == 14 and all(s > 0 for s in info.quant["act_tensor_scales"].values())
+    w_ref = dict(iter_decoder_linears(tiny_lm.model))
+    for name, lin in iter_decoder_linears(slm.model.inner):
+        assert torch.equal(lin.weight, nvfp4_fake_quant(w_ref[name].weight.float()))
+    ids = torch.tensor([tiny_lm.tokenizer.encode("Once upon a time there was a small village by the sea.")])
+    fp8, _ = build_served_model(get_profile("native-fp8"), tiny_lm)
+    with torch.no_grad():
+        ref = torch.log_softmax(tiny_lm.model(input_ids=ids).logits[0].double(), -1)
+        lp4 = torch.log_softmax(slm.model(input_ids=ids, use_cache=False).logits[0].double(), -1)
+        lp8 = torch.log_softmax(fp8.model(input_ids=ids, use_cache=False).logits[0].double(), -1)
+    kl = lambda p, q: float((p.exp() * (p - q)).sum(-1).mean())
+    assert 0 < kl(ref, lp8) < kl(ref, lp4)
