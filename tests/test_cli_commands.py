@@ -23,7 +23,7 @@ EXPECTED_OPTIONS: dict[str, tuple[str, ...]] = {
         "--sampling-max-tokens", "--sequential/--no-sequential", "--fixed/--no-fixed", "--sequential-audits",
         "--honest-audits", "--spending", "--accept-power", "--resolve-cause/--stop-at-rejection", "--refresh",
         "--effects/--no-effects", "--merge", "--export-requests", "--cache-dir", "--threads", "--workers", "--json",
-        "--device", "--dtype",
+        "--device", "--dtype", "--card",
     ),
     "check": (
         "--provider/-p", "--suite/-s", "--budget-tokens", "--alpha", "--json", "--format/-f", "--db", "--config/-c",
