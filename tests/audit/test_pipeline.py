@@ -214,7 +214,7 @@ def test_each_response_is_normalized_once_and_ids_are_written_at_the_end(tiny_en
         raise AssertionError("normalize_response called after the probe stage")
 
     monkeypatch.setattr(probes.normalize, "normalize_response", boom)
-    cfg = __import__("probes.config", fromlist=["get_provider"]).get_provider("sim", tiny_env["config"])
+    cfg = __import__("probes.providers_file", fromlist=["get_provider"]).get_provider("sim", tiny_env["config"])
     obs = evidence.load_observations(st, rep.run_id, cfg, audit_lm(tiny_env).tokenizer)
     assert obs and all(o.one_to_one for o in obs)
     with st.session() as ses:  # loading wrote nothing
