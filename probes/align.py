@@ -39,8 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from probes.byte_recovery import gpt2_unicode_to_bytes
 from probes.conventions import whole_character_follows
-from probes.normalize import TokenRecord, gpt2_unicode_to_bytes
+from probes.records import TokenRecord
 
 __all__ = ["AlignmentFailure", "AlignmentResult", "ByteVocab", "TokenizerLike", "align_to_reference"]
 

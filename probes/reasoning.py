@@ -11,10 +11,11 @@ normalized once, at probe time). Formats: vLLM v0.11 ``vllm/reasoning/`` (``deep
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from probes.records import TokenRecord
 
-__all__ = ["REASONING_FIELDS", "THINK_TAGS", "think_tag_positions"]
+__all__ = ["REASONING_FIELDS", "THINK_TAGS", "reasoning_field", "think_tag_positions"]
 
 #: Reasoning fields of a chat ``message`` or streamed ``delta``, in the order they are read:
 #: ``reasoning_content`` (DeepSeek's API, SGLang ``--reasoning-parser``, vLLM up to v0.10),
@@ -61,3 +62,11 @@ def think_tag_positions(tokens: Sequence[TokenRecord]) -> frozenset[int]:
         if any(a < e and s < b for s, e in ranges) or (a == b and any(s <= a < e for s, e in ranges)):
             out.add(k)
     return frozenset(out)
+
+
+def reasoning_field(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """``(field name, text)`` of the reasoning field in a ``message`` or ``delta`` object: the first
+    (``REASONING_FIELDS`` order) holding a non-empty string, else the first holding a string (a
+    server sending both names, one of them empty), else ``None``."""
+    found = [(name, v) for name in REASONING_FIELDS if isinstance(v := obj.get(name), str)]
+    return next((f for f in found if f[1]), found[0] if found else None)

@@ -3,7 +3,7 @@
 Shared by the client (:mod:`probes.client`, which classifies attempts and decides retries) and
 the normalizer (:mod:`probes.normalize`, which reports anomalies), so both read a body the same
 way and name what they find with one vocabulary (:data:`BODY_ANOMALIES`, a subset of
-``probes.normalize.ANOMALY_KINDS``).
+``probes.anomalies.ANOMALY_KINDS``).
 
 Wire format (WHATWG HTML "Server-sent events" §9.2, as used by the OpenAI streaming API): a
 body is lines ending in ``\\n``, ``\\r\\n`` or ``\\r``; ``field: value`` lines; a blank line ends an

@@ -35,7 +35,8 @@ def provider_config(provider_name: str, config_path: str | None = None,
         AuditError: unknown provider, invalid providers file or unset API key variable
             (``parameter`` = ``config_path``; the message names the fix).
     """
-    from probes.config import ConfigError, get_provider
+    from probes.config import ConfigError
+    from probes.providers_file import get_provider
 
     try:
         cfg = given if given is not None else get_provider(provider_name, config_path)

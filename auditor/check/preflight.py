@@ -73,8 +73,9 @@ from auditor.detectors.base import DetectorResult, not_run
 from auditor.util import finite
 from probes.config import ProviderConfig
 from probes.conventions import RANKED, LogprobConvention, certified_top, learn_convention, requested_top_logprobs
-from probes.normalize import NormalizedResponse, normalize_response
+from probes.normalize import normalize_response
 from probes.reasoning import think_tag_positions
+from probes.records import NormalizedResponse
 
 __all__ = [
     "GREEDY_R0",

@@ -64,7 +64,8 @@ def get_reference_models(
             local weights; those kinds are served by ``reference.backends``) — message names the fix.
     """
     from auditor.check.measured_floors import REFERENCE_DTYPES
-    from probes.config import ConfigError, load_references
+    from probes.config import ConfigError
+    from probes.providers_file import load_references
 
     try:
         tables = load_references(config_path)
@@ -122,7 +123,8 @@ def check_reference_api(name: str, api: str, config_path: str | None = None) -> 
     """
     if api != "chat" or name == "none":
         return
-    from probes.config import ConfigError, get_reference
+    from probes.config import ConfigError
+    from probes.providers_file import get_reference
     from reference.backends import ReferenceError, load_tokenizer
     from reference.models import check_api_supported
 
@@ -460,7 +462,8 @@ def _check_known(name: str, model: str | None, config_path: str | None) -> None:
     Raises:
         AuditError: ``parameter="reference"``, the message lists what the name could have been.
     """
-    from probes.config import ConfigError, load_references
+    from probes.config import ConfigError
+    from probes.providers_file import load_references
     from reference.models import BUNDLED
 
     m = str(model or name)
@@ -506,7 +509,8 @@ def resolve_reference(
             (exit code 3, ``parameter="reference"`` or ``"device"``).
     """
     from auditor.check.reference_scoring import local_scorers
-    from probes.config import ConfigError, get_reference
+    from probes.config import ConfigError
+    from probes.providers_file import get_reference
     from reference.backends import ReferenceError
 
     if models:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["LOGPROB_DEFECT_KINDS", "headline_summary", "logprob_defects", "summary_stage"]
 
-#: Per-token normalizer anomalies (``probes.normalize.ANOMALY_KINDS``) that the report names with
+#: Per-token normalizer anomalies (``probes.anomalies.ANOMALY_KINDS``) that the report names with
 #: their counts (issue 37, item 11): what the provider's logprobs were, in the report's words.
 LOGPROB_DEFECT_KINDS: dict[str, str] = {
     "nonfinite_logprob": "NaN, ±Infinity or null logprobs",

@@ -365,7 +365,8 @@ def plan_cmd(
     pricing = None
     caps = None
     if provider is not None:
-        from probes.config import ConfigError, get_provider
+        from probes.config import ConfigError
+        from probes.providers_file import get_provider
 
         try:
             pc = get_provider(provider, config)

@@ -43,7 +43,8 @@ def probe_cmd(
     from auditor.check.planning import load_suite_spec
     from auditor.check.runner import RunnerError, describe_errors, render_summary, run_probes, summarize_run
     from auditor.store import StoreError, open_store
-    from probes.config import ConfigError, get_provider
+    from probes.config import ConfigError
+    from probes.providers_file import get_provider
 
     err = Console(stderr=True, soft_wrap=True)  # one message, one line
     if resume and new:

@@ -33,13 +33,8 @@ def providers_list(
     """List the configured providers (the API key is never shown; only whether its env var is set)."""
     import os
 
-    from probes.config import (
-        EXAMPLE_PROVIDERS_TOML,
-        ConfigError,
-        find_config_path,
-        load_providers,
-        user_config_path,
-    )
+    from probes.config import ConfigError
+    from probes.providers_file import EXAMPLE_PROVIDERS_TOML, find_config_path, load_providers, user_config_path
 
     if example:
         typer.echo(EXAMPLE_PROVIDERS_TOML, nl=False)
@@ -89,7 +84,8 @@ def providers_show(
     as_json: JsonFlag = False,
 ) -> None:
     """Show one provider's full configuration (defaults filled in; secrets redacted)."""
-    from probes.config import ConfigError, get_provider
+    from probes.config import ConfigError
+    from probes.providers_file import get_provider
 
     try:
         p = get_provider(name, config)
@@ -121,8 +117,9 @@ def providers_probe(
     echo, stream); ~12 tiny requests."""
     import asyncio
 
-    from probes.config import ConfigError, get_provider, write_capabilities
+    from probes.config import ConfigError
     from probes.discover import discover_capabilities
+    from probes.providers_file import get_provider, write_capabilities
 
     try:
         p = get_provider(name, config)

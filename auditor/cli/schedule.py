@@ -41,7 +41,8 @@ def known_providers(store: Any, config: str | None) -> tuple[set[str], str | Non
     names: set[str] = set()
     problem = None
     try:
-        from probes.config import ConfigError, find_config_path, load_providers
+        from probes.config import ConfigError
+        from probes.providers_file import find_config_path, load_providers
 
         if config is not None or find_config_path(None) is not None:
             try:

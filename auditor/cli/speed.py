@@ -44,7 +44,8 @@ def speed_cmd(
 
     from auditor.speed import SpeedError, measure_speed, plan_speed, store_speed
     from auditor.store import StoreError
-    from probes.config import ConfigError, get_provider
+    from probes.config import ConfigError
+    from probes.providers_file import get_provider
 
     out = out_console()
     err = Console(stderr=True)

@@ -71,7 +71,7 @@ UNTRUSTED_LOGPROB_ANOMALIES = frozenset(
     }
 )
 
-#: Response-level anomaly kinds (``probes.normalize.ANOMALY_KINDS``; ``normalize_error`` is the runner's)
+#: Response-level anomaly kinds (``probes.anomalies.ANOMALY_KINDS``; ``normalize_error`` is the runner's)
 #: after which the response's tokens no longer stand for what the model generated, so none of its
 #: positions reaches any detector (``auditor.check.observations.read_observations`` excludes the whole
 #: response, records it and counts it; reports list it as excluded with this reason). A per-token

@@ -247,7 +247,7 @@ class ProbeAttempt(Base):
 
 
 class NormalizedToken(Base):
-    """One generated token after normalization (``probes.normalize.TokenRecord``).
+    """One generated token after normalization (``probes.records.TokenRecord``).
 
     ``logprob`` is in nats, null when censored/untrustworthy; ``top_logprobs`` is a JSON list of
     ``[token, logprob]``; ``top_logprobs_bytes`` the alternatives' authoritative bytes in the same

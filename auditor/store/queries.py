@@ -481,7 +481,7 @@ def add_probe_attempt(
 
 
 def token_row_values(rec: Any, position: int | None = None) -> dict[str, Any]:
-    """Column values of a ``normalized_tokens`` row from a ``probes.normalize.TokenRecord`` (or an
+    """Column values of a ``normalized_tokens`` row from a ``probes.records.TokenRecord`` (or an
     equivalent mapping). ``top_logprobs`` becomes ``[[token, logprob], ...]`` and
     ``top_logprobs_bytes`` the alternatives' bytes as hex (None where unknown)."""
     tops = []

@@ -1,7 +1,7 @@
 """Reference backends: one interface (:class:`ReferenceBackend`), three kinds (local, vllm, none).
 
 :func:`make_backend` builds one from a ``probes.config.ReferenceConfig`` (a ``[references.NAME]``
-table, or a plain model name resolved by ``probes.config.get_reference``); CLI flags override the
+table, or a plain model name resolved by ``probes.providers_file.get_reference``); CLI flags override the
 table's device/dtype. Errors are :class:`ReferenceError` (exit code 3) with the fix in the message.
 """
 

@@ -8,7 +8,7 @@ import numpy as np
 from auditor.check.evidence import Observation, build_evidence, stored_tokens
 from auditor.check.run_detectors import run_reference_detectors
 from probes.align import align_to_reference
-from probes.normalize import TokenRecord
+from probes.records import TokenRecord
 from reference.scoring import ScoredContinuation
 
 

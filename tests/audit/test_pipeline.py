@@ -207,14 +207,15 @@ def test_each_response_is_normalized_once_and_ids_are_written_at_the_end(tiny_en
         tree = ast.parse((Path(evidence.__file__).parent / f"{mod}.py").read_text())
         names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        assert "probes.normalize" not in names, mod
+        normalizer = {"probes.normalize", "probes.logprob_entries", "probes.reasoning_spans", "probes.token_checks"}
+        assert not normalizer & names, mod
 
     # ...and call none: re-analyse the finished run with the normalizer disabled
     def boom(*a, **k):
         raise AssertionError("normalize_response called after the probe stage")
 
     monkeypatch.setattr(probes.normalize, "normalize_response", boom)
-    cfg = __import__("probes.config", fromlist=["get_provider"]).get_provider("sim", tiny_env["config"])
+    cfg = __import__("probes.providers_file", fromlist=["get_provider"]).get_provider("sim", tiny_env["config"])
     obs = evidence.load_observations(st, rep.run_id, cfg, audit_lm(tiny_env).tokenizer)
     assert obs and all(o.one_to_one for o in obs)
     with st.session() as ses:  # loading wrote nothing

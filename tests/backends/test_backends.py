@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from probes.config import ConfigError, ReferenceConfig, get_reference, parse_providers, parse_references
+from probes.config import ConfigError, ReferenceConfig
+from probes.providers_file import get_reference, parse_providers, parse_references
 from reference.backends import NoReferenceError, ReferenceError, make_backend
 from reference.backends.local import LocalBackend
 from reference.backends.none import NoneBackend

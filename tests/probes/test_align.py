@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from probes.align import AlignmentResult, ByteVocab, align_to_reference
-from probes.normalize import TokenRecord, normalize_response
+from probes.normalize import normalize_response
+from probes.records import TokenRecord
 
 TEXTS = [
     " that is",

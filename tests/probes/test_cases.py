@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.normalize import ANOMALY_KINDS, normalize_response
+from probes.anomalies import ANOMALY_KINDS
+from probes.normalize import normalize_response
 
 #: ``SPEC_AUDITOR_SHARED_CASES`` points at a ``shared/cases`` folder elsewhere (a clone that does
 #: not sit beside ``shared/``); by default the folder beside the repository root is used.

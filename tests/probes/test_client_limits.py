@@ -289,7 +289,8 @@ def test_stream_of_empty_events_is_cut() -> None:
 
 
 def test_one_vocabulary_for_body_problems() -> None:
-    from probes.normalize import ANOMALY_KINDS, normalize_response
+    from probes.anomalies import ANOMALY_KINDS
+    from probes.normalize import normalize_response
     from probes.sse import BODY_ANOMALIES
     from probes.wire import parse_response
 

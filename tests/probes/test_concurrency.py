@@ -11,8 +11,9 @@ import pytest
 
 from probes.client import ProbeClient
 from probes.concurrency import AdaptiveConcurrency, is_pressure
-from probes.config import ProviderConfig, write_capabilities
+from probes.config import ProviderConfig
 from probes.discover import discover_capabilities
+from probes.providers_file import write_capabilities
 from tests.probes._one_slot_server import OneSlotServer, threaded_server
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True}

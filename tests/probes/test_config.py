@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from probes import config as cfgmod
-from probes.config import Capabilities, ConfigError, ProviderConfig, get_provider, load_providers, write_capabilities
+from probes import providers_file
+from probes.config import Capabilities, ConfigError, ProviderConfig
+from probes.providers_file import get_provider, load_providers, write_capabilities
 
 GOOD = """
 [providers.sim]
@@ -56,7 +58,7 @@ def test_load_defaults_and_fields(tmp_path: Path) -> None:
 def test_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     user_dir = tmp_path / "user"
     user_dir.mkdir()
-    monkeypatch.setattr(cfgmod, "user_config_path", lambda: user_dir / "providers.toml")
+    monkeypatch.setattr(providers_file, "user_config_path", lambda: user_dir / "providers.toml")
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

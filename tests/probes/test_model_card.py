@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from probes.config import ConfigError, parse_providers, provider_card
+from probes.config import ConfigError, provider_card
 from probes.model_card import (
     BUNDLED_CARDS,
     CardError,
@@ -17,6 +17,7 @@ from probes.model_card import (
     checkpoint_recipe,
     resolve_kv_cache,
 )
+from probes.providers_file import parse_providers
 
 DEEPSEEK = {"weights": {"format": "fp8-block", "block_size": [128, 128], "fp8_format": "e4m3"},
             "activations": {"format": "fp8", "tile": [1, 128]}, "kv_cache": "bf16",

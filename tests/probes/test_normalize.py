@@ -8,7 +8,10 @@ import random
 
 import pytest
 
-from probes.normalize import ANOMALY_KINDS, NormalizedResponse, gpt2_unicode_to_bytes, normalize_response
+from probes.anomalies import ANOMALY_KINDS
+from probes.byte_recovery import gpt2_unicode_to_bytes
+from probes.normalize import normalize_response
+from probes.records import NormalizedResponse
 
 CHAT_REQ = {"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 2, "temperature": 0.0}
 

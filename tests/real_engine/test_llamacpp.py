@@ -33,7 +33,7 @@ SUITES = ("default", "precision", "verification")
 @pytest.fixture(scope="module")
 def preflight(llama_server, real_out, provider_toml):
     from auditor.check.preflight import run_preflight
-    from probes.config import load_providers
+    from probes.providers_file import load_providers
     from reference.models import load_model
 
     cfg_path = real_out / "providers-preflight.toml"

@@ -120,7 +120,7 @@ def _synthetic(rng, top_k=None, n_pos=60):
     """One answer drawn from random peaked distributions, the provider reporting its top-5 raw logprobs."""
     import numpy as np
 
-    from probes.normalize import NormalizedResponse, TokenRecord
+    from probes.records import NormalizedResponse, TokenRecord
 
     toks = []
     for i in range(n_pos):

@@ -1,6 +1,6 @@
 """normalized_tokens.top_logprobs_bytes: the alternatives' bytes, so each response is normalized once.
 
-The runner stores every ``probes.normalize.TokenRecord`` field the later stages need; before this
+The runner stores every ``probes.records.TokenRecord`` field the later stages need; before this
 revision the alternatives' bytes were dropped and the audit normalized the raw body a second time.
 Rows written before it keep NULL (the evidence stage then falls back to the alternatives' UTF-8).
 
