@@ -239,7 +239,7 @@ def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> No
     own functions call into, in call order, with consecutive repeats collapsed, contain no module
     twice (no climb back to a stage already left). Teardown is not a stage: ``close`` and
     ``__exit__`` (closing the reference's HTTP client at the very end) are left out of the trace.
-    The normalizer runs only while probing: inside the runner (each probe response), the
+    The normalizer runs only while probing: inside the runner (each probe response, in its attempt writer), the
     pre-flight (its own requests, sent right after the probes) and the reference-path stage (its
     echo requests, right after the pre-flight), and never once the pipeline has gone on to a
     later stage."""
@@ -284,10 +284,12 @@ def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> No
     for a, b in [("auditor.check.planning", "auditor.check.runner"), ("auditor.check.runner", "auditor.check.evidence"),
                  ("auditor.check.evidence", "auditor.check.run_detectors"), ("auditor.check.run_detectors", "auditor.verdict.decide")]:
         assert stages.index(a) < stages.index(b), stages
-    probing = {"auditor.check.runner", "auditor.check.preflight", "auditor.check.reference_path"}
+    # the runner's attempt writer (auditor.check.attempt_writer) normalizes each response on the runner's writer thread
+    probing = {"auditor.check.runner", "auditor.check.attempt_writer", "auditor.check.preflight",
+               "auditor.check.reference_path"}
     assert stages.index("auditor.check.preflight") == stages.index("auditor.check.runner") + 1, stages
     # the reference-path stage (echo on the reference's continuations) follows the pre-flight, before the floor
     assert stages.index("auditor.check.reference_path") == stages.index("auditor.check.preflight") + 1, stages
     assert stages.index("auditor.check.reference_path") < stages.index("auditor.check.measured_floors"), stages
-    assert "auditor.check.runner" in normalize_callers and normalize_callers <= probing, normalize_callers
+    assert "auditor.check.attempt_writer" in normalize_callers and normalize_callers <= probing, normalize_callers
     assert normalize_during <= probing, normalize_during
