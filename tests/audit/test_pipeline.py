@@ -18,6 +18,7 @@ from auditor.report.render import load_report, render_json
 from auditor.store import dashboard_queries as dq
 from auditor.store import open_store
 from auditor.store import queries as q
+from auditor.store import run_detail_queries as rdq
 
 from .conftest import providers_toml
 
@@ -81,7 +82,7 @@ def test_run_check_stores_everything_and_rerenders_identically(tiny_env) -> None
     ET.fromstring(render_junit(again).split("\n", 1)[1])
     # the dashboard shows the answers, headline and standing stored with the verdict (issue 34): the report's
     with st.session() as ses:
-        shown = dq.run_detail(ses, rep.run_id)
+        shown = rdq.run_detail(ses, rep.run_id)
         (row,) = dq.provider_overview(ses)
     assert shown is not None and shown["not_stored"] is None
     assert shown["questions"] == rep.to_dict()["questions"] and shown["headline"] == rep.headline
