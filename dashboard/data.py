@@ -1,4 +1,5 @@
-"""Cached, read-only data access for the dashboard (through :mod:`auditor.store.dashboard_queries`).
+"""Cached, read-only data access for the dashboard (through :mod:`auditor.store.dashboard_queries` and, for the
+run-detail page, :mod:`auditor.store.run_detail_queries`).
 
 The engine is cached per URL with ``st.cache_resource``; query results (plain dicts/lists) with
 ``st.cache_data`` for :data:`CACHE_TTL_S` seconds, so reruns triggered by widgets do not hit the
@@ -8,7 +9,7 @@ database. The sidebar's "Refresh" button clears the data cache.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import streamlit as st
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from auditor.store import dashboard_queries
+from auditor.store import dashboard_queries, run_detail_queries
 from auditor.store.db import make_engine, redact_url, resolve_db_url
 
 #: Seconds a query result stays cached.
@@ -65,10 +66,22 @@ def database_state(db_url: str) -> tuple[str, str]:
         return "error", f"{type(exc).__name__}: {exc}"
 
 
+def query_function(name: str) -> Callable[..., Any]:
+    """The store query ``name``: from :mod:`auditor.store.run_detail_queries` when it is one of the run-detail
+    page's (``run_detail``, ``probe_detail``, ...), else from :mod:`auditor.store.dashboard_queries`.
+
+    Raises:
+        AttributeError: neither module defines ``name``.
+    """
+    module = run_detail_queries if name in run_detail_queries.__all__ else dashboard_queries
+    fn: Callable[..., Any] = getattr(module, name)
+    return fn
+
+
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
 def query(db_url: str, name: str, *args: Any, **kwargs: Any) -> Any:
-    """Call ``auditor.store.dashboard_queries.<name>(session, *args, **kwargs)`` (cached)."""
-    fn = getattr(dashboard_queries, name)
+    """Call the query ``name`` (:func:`query_function`) as ``fn(session, *args, **kwargs)`` (cached)."""
+    fn = query_function(name)
     with Session(get_engine(db_url)) as s:
         return fn(s, *args, **kwargs)
 

@@ -1,5 +1,5 @@
 """The normalized shapes of a provider's answer (data only, no parsing): what :mod:`probes.normalize`
-produces, what :mod:`auditor.check.runner` stores and what the analysis stages read back.
+produces, what :mod:`auditor.check.attempt_writer` stores and what the analysis stages read back.
 
 Kept apart from the normalizer so that the evidence stage (``auditor.check.evidence``) can rebuild stored
 tokens without importing the normalizer (issue 11: each response is normalized once, at probe time).

@@ -137,7 +137,8 @@ SIMULATOR_USERS = ("auditor/check/measured_floors.py", "auditor/calibration/", "
                    "auditor/cli/calibrate.py")
 #: what dashboard/ may import from auditor/ (exact modules: the store's query functions and engine helpers)
 DASHBOARD_AUDITOR_API = frozenset(
-    {"auditor.store", "auditor.store.queries", "auditor.store.dashboard_queries", "auditor.store.db", "auditor.util"}
+    {"auditor.store", "auditor.store.queries", "auditor.store.dashboard_queries", "auditor.store.run_detail_queries",
+     "auditor.store.db", "auditor.util"}
 )
 #: third-party imports that must stay lazy (function-level or TYPE_CHECKING) anywhere in auditor/ (L10),
 #: together with every repo module that imports one of them at load time (:func:`loads_heavy`)

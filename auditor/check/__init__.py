@@ -6,8 +6,9 @@ entered once on the way down (tests/audit/test_pipeline.py traces it at run time
 
 1. ``planning`` — provider config, suite, budget;
 2. ``reference_setup`` — device and chat-template checks, the reference (before any probe);
-3. ``runner`` — the probes sent, every attempt stored, each response normalized once
-   (``usage_estimate``: prompt tokens when the provider sends no ``usage``);
+3. ``runner`` — the probes sent, every attempt stored (``attempt_writer``, on the runner's writer
+   thread), each response normalized once there (``usage_estimate``: prompt tokens when the provider
+   sends no ``usage``); ``run_progress`` shows the session's progress;
 4. ``preflight`` — the parameter-compliance requests and the run's probe failures;
 5. ``reference_path`` — echo requests on the reference's own greedy continuations (rule 2's cause);
 6. ``measured_floors`` — the noise floors measured on the simulator, cached per model and machine

@@ -2,7 +2,7 @@
 
 - :func:`load_observations` reads each finished probe's tokens as the runner stored them
   (``normalized_tokens``: bytes, logprob, alternatives with their bytes, anomalies — each response
-  is normalized exactly once, at probe time, by ``auditor.check.runner``) and aligns them to the
+  is normalized exactly once, at probe time, by ``auditor.check.attempt_writer``) and aligns them to the
   reference tokenizer through bytes (``probes.align``). It writes nothing.
 - :func:`read_observations` is the stage as the pipeline runs it: the same observations, and the
   responses it excluded as a whole (:class:`ExcludedResponse`, with the reason): a response-level

@@ -21,13 +21,16 @@ config or suite refuses to resume rather than mixing two configurations in one r
 Units: seconds, tokens, USD (``ProviderConfig.pricing``). The API key is read from the env var
 named by ``api_key_env``, sent only as a header by ``probes.client.ProbeClient``, and scrubbed
 from every stored string; request headers are never stored.
+
+Parts: this module opens (or reopens) the run and schedules the probes on the client's workers; every
+attempt is stored by :class:`auditor.check.attempt_writer.AttemptWriter` on one writer thread, and the
+session's progress is shown by :class:`auditor.check.run_progress.ProgressDisplay`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import socket
@@ -40,15 +43,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from auditor.check.attempt_writer import AttemptWriter
+from auditor.check.run_progress import ProgressDisplay, RunProgress
 from auditor.store import queries as q
 from auditor.store.db import Store
 from auditor.util import json_safe
 
-log = logging.getLogger(__name__)
-
 __all__ = [
     "PlanItem",
-    "RunProgress",
     "RunSummary",
     "RunnerError",
     "code_version",
@@ -90,19 +92,6 @@ class PlanItem:
     probe_key: str
     probe: Any  # probes.suites.Probe
     sample: int
-
-
-@dataclass
-class RunProgress:
-    """Live counters passed to a progress callback after every finished probe."""
-
-    run_id: str
-    total: int  # probes in the run
-    done: int  # finished before this session + in it (ok + failed)
-    ok: int
-    failed: int
-    attempts: int  # attempts sent in this session
-    retries: int  # attempts beyond each probe's first, this session
 
 
 @dataclass
@@ -213,16 +202,6 @@ def _owner_alive(owner: dict[str, Any] | None) -> bool:
         if stat.rsplit(")", 1)[-1].split()[0] == "Z":
             return False
     return True
-
-
-def _error_text(rec: Any) -> str | None:
-    """``"<error_kind>: detail"`` (the kind first, so summaries can group by it)."""
-    if rec.error is None:
-        return None
-    kind = getattr(rec, "error_kind", None)
-    if kind and not str(rec.error).startswith(f"{kind}:"):
-        return f"{kind}: {rec.error}"
-    return str(rec.error)
 
 
 def _median(xs: list[float]) -> float | None:
@@ -460,152 +439,8 @@ def _prepare_run(
         return run.id, resumed
 
 
-class _AttemptWriter:
-    """Stores attempts and finishes probes for one run session; its methods run on the writer thread.
-
-    Each attempt is one transaction (:meth:`persist`): the attempt row (raw body scrubbed of the key,
-    capped per request and per run: ``response_limits``, issue 37 item 11) and, for a probe's final
-    attempt, the normalized response, the probe's status and the run's usage (:meth:`finalize`).
-    """
-
-    def __init__(self, store: Store, rid: str, config: Any, payloads: dict[str, dict[str, Any]], pending: list[tuple[int, str, int]],
-                 secrets: list[str]) -> None:
-        from auditor.check.usage_estimate import UsageEstimates
-        from probes.wire import stored_body_cap
-
-        self.store, self.rid, self.payloads, self.secrets = store, rid, payloads, secrets
-        self.api, self.pricing, self.max_top = config.api, config.pricing, config.capabilities.max_top_logprobs
-        self.base_attempts = {key: n for _pid, key, n in pending}
-        self.probe_ids = {key: pid for pid, key, _n in pending}
-        # raw bodies kept in the store: per attempt what its request can bring back, per run a budget,
-        # counted across resumes
-        self.body_caps = {key: stored_body_cap(p, config) for key, p in payloads.items()}
-        with store.session() as s:
-            self.stored_chars = q.stored_body_chars(s, rid)
-        self.run_body_budget = config.response_limits.max_stored_bytes_per_run
-        self.usage_est = UsageEstimates(config.reference)  # responses without usage: counted, marked estimated
-
-    def finalize(self, s: Any, key: str, rec: Any) -> str:
-        """Mark the probe done/failed from its final attempt ``rec`` (same transaction)."""
-        from probes.normalize import normalize_response
-
-        pid = self.probe_ids[key]
-        if rec.error is not None:
-            q.mark_probe_done(s, pid, status="failed", anomalies=[rec.error_kind or "error"])
-            return "failed"
-        req = self.payloads[key]
-        try:
-            norm = normalize_response(self.api, req, response_text=rec.response_text, stream=bool(req.get("stream")),
-                                      max_top_logprobs=self.max_top)
-            tokens, text, finish, anomalies, usage = (
-                norm.tokens, norm.text, norm.finish_reason, list(norm.anomalies), norm.usage)
-            reasoning, coverage = norm.reasoning, norm.reasoning_coverage
-        except Exception as exc:
-            log.warning("normalizing %s failed: %s", key, exc)
-            tokens, text, finish, usage, reasoning, coverage = [], None, None, None, None, None
-            anomalies = [f"normalize_error: {type(exc).__name__}: {q.scrub(str(exc), self.secrets)}"]
-        q.mark_probe_done(
-            s, pid, status="done", text=text, finish_reason=finish, anomalies=anomalies, usage=usage, tokens=tokens,
-            reasoning=reasoning, reasoning_coverage=coverage,
-        )
-        usage = usage or {}
-        pt = int(usage.get("prompt_tokens") or 0)
-        ct = int(usage.get("completion_tokens") or len(tokens))
-        if not all(isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens")):
-            pt, ct = self.usage_est.get().estimate(req, n_tokens=len(tokens), chunk_tokens=rec.tokens_per_chunk, text=text)
-            self.usage_est.missing += 1
-        q.add_run_usage(s, self.rid, pt, ct, self.pricing.cost_usd(pt, ct))
-        return "done"
-
-    def persist(self, key: str, rec: Any, final: bool) -> str | None:
-        """Store one attempt (and finish the probe when ``final``) in one transaction; the probe's outcome
-        (``done``/``failed``) when finished, else None."""
-        from probes.wire import STORED_EVIDENCE_CHARS, stored_body
-
-        cap = self.body_caps[key] if self.stored_chars < self.run_body_budget else STORED_EVIDENCE_CHARS
-        body = stored_body(q.scrub(rec.response_text, self.secrets), cap)
-        self.stored_chars += len(body or "")
-        with self.store.session() as s:
-            q.add_probe_attempt(
-                s,
-                probe_id=self.probe_ids[key],
-                run_id=self.rid,
-                attempt_no=self.base_attempts[key] + rec.attempt_no,
-                started_at=rec.started_at,
-                latency_s=rec.latency_s,
-                http_status=rec.http_status,
-                error=q.scrub(_error_text(rec), self.secrets),
-                response_text=body,
-                ttft_s=rec.ttft_s,
-                chunk_gaps_s=list(rec.chunk_gaps_s) if rec.ttft_s is not None or rec.chunk_gaps_s else None,
-                tokens_per_chunk=list(rec.tokens_per_chunk) if rec.tokens_per_chunk else None,
-            )
-            return self.finalize(s, key, rec) if final else None
-
-    def finalize_only(self, key: str, rec: Any) -> str:
-        """Finish a probe whose client stopped before its final attempt was reported."""
-        with self.store.session() as s:
-            return self.finalize(s, key, rec)
-
-
-class _ProgressDisplay:
-    """The session's progress: a rich bar on the console (``progress=True``), a callback with the
-    :class:`RunProgress` (``progress`` callable), or nothing."""
-
-    def __init__(self, progress: bool | Callable[[RunProgress], None] | None, state: RunProgress, title: str,
-                 console: Any | None) -> None:
-        self.state = state
-        self.callback = progress if callable(progress) else None
-        self.bar: Any = None
-        if progress is True:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.bar = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("ok {task.fields[ok]} · failed {task.fields[failed]} · retries {task.fields[retries]}"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=console or Console(stderr=True),
-                transient=False,
-            )
-            self.bar.start()
-            self.task_id = self.bar.add_task(title, total=state.total, completed=state.done, ok=state.ok,
-                                             failed=state.failed, retries=0)
-
-    def count(self, outcome: str | None) -> None:
-        """Count a finished probe (``done``/``failed``; None: not finished)."""
-        if outcome is None:
-            return
-        self.state.done += 1
-        if outcome == "done":
-            self.state.ok += 1
-        else:
-            self.state.failed += 1
-
-    def report(self) -> None:
-        st = self.state
-        if self.bar is not None:
-            self.bar.update(self.task_id, completed=st.done, ok=st.ok, failed=st.failed, retries=st.retries)
-        if self.callback is not None:
-            self.callback(st)
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 async def _send_pending(client: Any, keys: list[str], payloads: dict[str, dict[str, Any]], writer: ThreadPoolExecutor,
-                        attempts: _AttemptWriter, display: _ProgressDisplay, n_max: int, n_workers: int,
+                        attempts: AttemptWriter, display: ProgressDisplay, n_max: int, n_workers: int,
                         deadline_s: float | None) -> bool:
     """Send the pending probes ``keys`` on ``n_workers`` workers, storing every attempt in order on
     ``writer``; stop at the first connection refused (``client.unreachable``). Returns True when the
@@ -755,12 +590,12 @@ async def run_probes_async(
             update={"rate_limits": config.rate_limits.model_copy(update={"concurrency": int(concurrency)})}
         )
     n_max = int(max_attempts or config.retry.max_attempts)
-    attempts = _AttemptWriter(store, rid, config, payloads, pending, [api_key] if api_key else [])
+    attempts = AttemptWriter(store, rid, config, payloads, pending, [api_key] if api_key else [])
     # All database writes happen on one writer thread, so the event loop keeps reading other
     # responses (TTFT and chunk timing stay accurate) and SQLite sees a single writer. The client
     # awaits on_attempt before its next try or backoff, so attempts are stored in order.
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="auditor-db-writer")
-    display = _ProgressDisplay(progress, state, f"{config.name} {rid}", console)
+    display = ProgressDisplay(progress, state, f"{config.name} {rid}", console)
 
     status = "failed"
     unreachable: str | None = None

@@ -70,7 +70,7 @@ def token_evidence_md(item: dict[str, Any]) -> str | None:
 
     Reads the ``auditor.detectors`` evidence format (``token_id``/``token``, ``ref_top5`` as
     ``[[id, logprob], ...]`` with optional ``ref_top5_tokens`` texts, ``ref_margin``, ``kl``,
-    ...) plus the ``_view`` added by ``dashboard_queries.run_detail`` (context text, id→text).
+    ...) plus the ``_view`` added by ``run_detail_queries.run_detail`` (context text, id→text).
     The emitted token is highlighted after its context; the reference top-5 is a table with
     log-probabilities (nats), probabilities, and the provider's token marked.
     """

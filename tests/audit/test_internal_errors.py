@@ -133,7 +133,7 @@ def test_unexpected_error_exits_4_with_one_line_and_stores_the_reason(plain_env,
 
 def test_failure_reason_on_the_run_page(plain_env, monkeypatch) -> None:
     from auditor.check import pipeline as audit
-    from auditor.store.dashboard_queries import run_detail
+    from auditor.store.run_detail_queries import run_detail
     from dashboard.views.run_detail import status_md
 
     monkeypatch.setattr(audit, "_analyze", lambda *_a, **_k: (_ for _ in ()).throw(ValueError("bad <b>value</b>")))

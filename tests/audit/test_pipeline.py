@@ -18,6 +18,7 @@ from auditor.report.render import load_report, render_json
 from auditor.store import dashboard_queries as dq
 from auditor.store import open_store
 from auditor.store import queries as q
+from auditor.store import run_detail_queries as rdq
 
 from .conftest import providers_toml
 
@@ -81,7 +82,7 @@ def test_run_check_stores_everything_and_rerenders_identically(tiny_env) -> None
     ET.fromstring(render_junit(again).split("\n", 1)[1])
     # the dashboard shows the answers, headline and standing stored with the verdict (issue 34): the report's
     with st.session() as ses:
-        shown = dq.run_detail(ses, rep.run_id)
+        shown = rdq.run_detail(ses, rep.run_id)
         (row,) = dq.provider_overview(ses)
     assert shown is not None and shown["not_stored"] is None
     assert shown["questions"] == rep.to_dict()["questions"] and shown["headline"] == rep.headline
@@ -240,7 +241,7 @@ def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> No
     own functions call into, in call order, with consecutive repeats collapsed, contain no module
     twice (no climb back to a stage already left). Teardown is not a stage: ``close`` and
     ``__exit__`` (closing the reference's HTTP client at the very end) are left out of the trace.
-    The normalizer runs only while probing: inside the runner (each probe response), the
+    The normalizer runs only while probing: inside the runner (each probe response, in its attempt writer), the
     pre-flight (its own requests, sent right after the probes) and the reference-path stage (its
     echo requests, right after the pre-flight), and never once the pipeline has gone on to a
     later stage."""
@@ -285,10 +286,12 @@ def test_check_follows_the_provider_down_through_each_stage_once(tiny_env) -> No
     for a, b in [("auditor.check.planning", "auditor.check.runner"), ("auditor.check.runner", "auditor.check.evidence"),
                  ("auditor.check.evidence", "auditor.check.run_detectors"), ("auditor.check.run_detectors", "auditor.verdict.decide")]:
         assert stages.index(a) < stages.index(b), stages
-    probing = {"auditor.check.runner", "auditor.check.preflight", "auditor.check.reference_path"}
+    # the runner's attempt writer (auditor.check.attempt_writer) normalizes each response on the runner's writer thread
+    probing = {"auditor.check.runner", "auditor.check.attempt_writer", "auditor.check.preflight",
+               "auditor.check.reference_path"}
     assert stages.index("auditor.check.preflight") == stages.index("auditor.check.runner") + 1, stages
     # the reference-path stage (echo on the reference's continuations) follows the pre-flight, before the floor
     assert stages.index("auditor.check.reference_path") == stages.index("auditor.check.preflight") + 1, stages
     assert stages.index("auditor.check.reference_path") < stages.index("auditor.check.measured_floors"), stages
-    assert "auditor.check.runner" in normalize_callers and normalize_callers <= probing, normalize_callers
+    assert "auditor.check.attempt_writer" in normalize_callers and normalize_callers <= probing, normalize_callers
     assert normalize_during <= probing, normalize_during

@@ -370,6 +370,7 @@ def test_dashboard_run_detail_and_provider_row_show_the_questions(tmp_path) -> N
     from auditor.check.stored_figures import store_figures
     from auditor.store import dashboard_queries as dq
     from auditor.store import models as orm
+    from auditor.store import run_detail_queries as rdq
     from auditor.store.db import open_store
     from dashboard.views.overview import why_markdown
     from dashboard.views.run_detail import questions_table
@@ -387,7 +388,7 @@ def test_dashboard_run_detail_and_provider_row_show_the_questions(tmp_path) -> N
             store_figures(s, run.id)  # as the pipeline does with each verdict: the dashboard reads them (issue 34)
             run_id = run.id
         with store.session() as s:
-            d = dq.run_detail(s, run_id)
+            d = rdq.run_detail(s, run_id)
             (row,) = dq.provider_overview(s)
     finally:
         store.close()

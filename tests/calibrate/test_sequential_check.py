@@ -30,9 +30,9 @@ def sim_env(tmp_path, tiny_lm, tiny_refs, monkeypatch):
 def test_sequential_check_probes_in_rounds_on_one_run(sim_env):
     from auditor.check.auto_budget import SequentialDesign, run_sequential_check
     from auditor.report.render import report_from_store
-    from auditor.store import dashboard_queries as dq
     from auditor.store import open_store
     from auditor.store import queries as q
+    from auditor.store import run_detail_queries as rdq
 
     looks = []
     design = SequentialDesign((40, 80), spending="pocock")
@@ -55,7 +55,7 @@ def test_sequential_check_probes_in_rounds_on_one_run(sim_env):
                 r["status"] != "not ruled out" for r in rep.verdict_details["rules_out"])
         n_probes = sum(q.probe_counts(s, rep.run_id).values())
         # the dashboard's stored figures follow the sequential decision: what `auditor report RUN_ID` renders
-        shown = dq.run_detail(s, rep.run_id)
+        shown = rdq.run_detail(s, rep.run_id)
         again = report_from_store(s, rep.run_id)
     assert shown is not None and shown["verdict"] == rep.verdict
     assert shown["questions"] == [a.to_dict() for a in again.questions] and shown["headline"] == again.headline

@@ -1,4 +1,4 @@
-"""dashboard_queries against the seeded database: figures agree with what was stored."""
+"""dashboard_queries and run_detail_queries against the seeded database: figures agree with what was stored."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from auditor.store import dashboard_queries as q
+from auditor.store import run_detail_queries as rdq
 from auditor.store.db import make_engine
 from auditor.store.models import AuditRun, ProbeAttempt
 
@@ -78,7 +79,7 @@ def test_run_detail_resolves_evidence(session, seeded):
     from tests.fixtures_store import HOSTILE_TOKEN
 
     _, summary = seeded
-    d = q.run_detail(session, summary["runs"]["sim-relaxed"][-1])
+    d = rdq.run_detail(session, summary["runs"]["sim-relaxed"][-1])
     assert d["strongest"] == "greedy-match"
     greedy = next(x for x in d["detectors"] if x["name"] == "greedy-match")
     ev = greedy["evidence"][0]
@@ -94,20 +95,20 @@ def test_run_detail_resolves_evidence(session, seeded):
         for x in session.scalars(select(ProbeAttempt.tokens_per_chunk).where(ProbeAttempt.run_id == d["run_id"]))
     )
     assert sum(hist.values()) == n_chunks > 0
-    assert q.run_detail(session, "no-such-run") is None
+    assert rdq.run_detail(session, "no-such-run") is None
 
 
 def test_probe_detail(session, seeded):
     _, summary = seeded
     run_id = summary["runs"]["sim-honest"][0]
-    d = q.run_detail(session, run_id)
-    p = q.probe_detail(session, d["probes"][0]["id"])
+    d = rdq.run_detail(session, run_id)
+    p = rdq.probe_detail(session, d["probes"][0]["id"])
     assert p["attempts"][0]["http_status"] == 200 and "chat.completion" in p["attempts"][0]["response_text"]
     assert [t["position"] for t in p["tokens"]] == list(range(len(p["tokens"])))
-    same = q.probe_detail(session, run_id=run_id, probe_key=p["probe_key"])
+    same = rdq.probe_detail(session, run_id=run_id, probe_key=p["probe_key"])
     assert same["id"] == p["id"]
     with pytest.raises(ValueError, match="probe_id"):
-        q.probe_detail(session)
+        rdq.probe_detail(session)
 
 
 def test_calibration_and_counts(session, empty_url):
@@ -133,9 +134,9 @@ def test_tokens_per_chunk_falls_back_to_summary(tmp_path):
         s.add(AuditRun(id="r2", provider_name="p", summary={"tokens_per_chunk": [1, 1, 2]}))
         s.add(AuditRun(id="r3", provider_name="p", summary={}))
     with store.session() as s:
-        assert q.tokens_per_chunk_histogram(s, "r1") == {1: 3, 4: 2}
-        assert q.tokens_per_chunk_histogram(s, "r2") == {1: 2, 2: 1}
-        assert q.tokens_per_chunk_histogram(s, "r3") == {}
+        assert rdq.tokens_per_chunk_histogram(s, "r1") == {1: 3, 4: 2}
+        assert rdq.tokens_per_chunk_histogram(s, "r2") == {1: 2, 2: 1}
+        assert rdq.tokens_per_chunk_histogram(s, "r3") == {}
         assert s.scalar(select(func.count()).select_from(AuditRun)) == 3
     store.close()
 

@@ -21,6 +21,7 @@ from auditor.report.render import render, report_from_store
 from auditor.store import dashboard_queries as dq
 from auditor.store import db as sdb
 from auditor.store import models as orm
+from auditor.store import run_detail_queries as rdq
 from auditor.store.db import open_store
 from auditor.watch.standing import provider_standing
 from tests.fixtures_store import seed_demo
@@ -46,7 +47,7 @@ def test_stored_answers_and_headline_are_what_the_report_renders(tmp_path) -> No
         verdicts = set()
         for rid in run_ids:
             rep = report_from_store(s, rid)
-            d = dq.run_detail(s, rid)
+            d = rdq.run_detail(s, rid)
             assert d is not None and d["not_stored"] is None
             assert d["questions"] == [q.to_dict() for q in rep.questions]
             assert d["headline"] == rep.headline
@@ -97,7 +98,7 @@ def test_dashboard_says_not_stored_instead_of_computing(tmp_path) -> None:
         ids = llama_like(s)
         s.execute(sa.update(orm.VerdictRow).values(questions=None, headline=None, standing=None))
     with store.session() as s:
-        d = dq.run_detail(s, ids["default"])
+        d = rdq.run_detail(s, ids["default"])
         (row,) = dq.provider_overview(s)
     store.close()
     assert d is not None and d["verdict"] == "QUANTIZATION"
@@ -155,7 +156,7 @@ def _migration_backfills(url: str) -> None:
             _insert_old_audit(c, t, "oldpass00002", "verification", "PASS", T0 + dt.timedelta(hours=2),
                               {"rule": "5-pass", "alpha": 0.05, "findings": []}, [("sampling-argmax", 0.6, 0.0)])
         with Session(engine) as s:  # the dashboard on a database not upgraded yet: "not stored", no error
-            old = dq.run_detail(s, "oldquant0001")
+            old = rdq.run_detail(s, "oldquant0001")
             (stale,) = dq.provider_overview(s)
         assert old is not None and old["not_stored"] == dq.NOT_STORED and old["questions"] == []
         assert stale["standing"] is None and stale["standing_reason"] == dq.NOT_STORED
@@ -171,7 +172,7 @@ def _migration_backfills(url: str) -> None:
                 assert v.standing == st.to_dict()
             assert s.get(orm.VerdictRow, _vid(s, "oldquant0001")).questions[0]["answer"] == "no"
             (row,) = dq.provider_overview(s)
-            d = dq.run_detail(s, "oldquant0001")
+            d = rdq.run_detail(s, "oldquant0001")
         assert row["standing"] == "QUANTIZATION" and row["run_id"] == "oldpass00002"  # the older cause counts
         assert d is not None and d["not_stored"] is None and d["headline"].startswith("Not at its original precision")
         # down and up again: the columns go, then come back filled
@@ -218,11 +219,11 @@ def test_a_replaced_verdict_clears_its_figures_until_they_are_stored_again(tmp_p
     store = open_store(f"sqlite:///{tmp_path / 'a.db'}")
     with store.session() as s:
         ids = llama_like(s)
-        assert dq.run_detail(s, ids["default"])["questions"][0]["answer"] == "no"  # type: ignore[index]
+        assert rdq.run_detail(s, ids["default"])["questions"][0]["answer"] == "no"  # type: ignore[index]
         store_verdict(s, ids["default"], "PASS", "re-decided", {"rule": "5-pass", "alpha": 0.05})
-        cleared = dq.run_detail(s, ids["default"])
+        cleared = rdq.run_detail(s, ids["default"])
         store_figures(s, ids["default"])
-        again = dq.run_detail(s, ids["default"])
+        again = rdq.run_detail(s, ids["default"])
         rep = report_from_store(s, ids["default"])
     store.close()
     assert cleared is not None and cleared["not_stored"] == dq.NOT_STORED and cleared["questions"] == []
