@@ -3,7 +3,7 @@
 For a reference model (e.g. ``gemma-3-270m``, which has no calibration pool) and simulator profiles
 (e.g. ``int4,substituted``): the default suite's first N T=0 prompts (completions text), greedy
 continuations of T tokens decoded by the reference, then one teacher-forced forward of the
-reference (float32) and of the served model (``simulator.engine.build_served_model``) over
+reference (float32) and of the served model (``simulator.served_model.build_served_model``) over
 prompt+continuation.
 At every continuation position the provider's top-M (``--top``, the suite's 5) and the reference's
 top-20 give ``auditor.detectors.logprob.margin_flip_stats`` (the statistic of verdict rule 2), the
@@ -108,8 +108,8 @@ def main() -> int:
     import torch
 
     from reference.models import load_model
-    from simulator.engine import build_served_model
     from simulator.profiles import get_profile
+    from simulator.served_model import build_served_model
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()

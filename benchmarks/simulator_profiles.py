@@ -55,8 +55,8 @@ def full_logprobs(model, prompt_ids: list[int], cont: list[int], nonce: int = 0)
 def main() -> None:
     from reference.models import load_model
     from reference.speculative import autoregressive_generate
-    from simulator.engine import build_served_model
     from simulator.profiles import get_profile, list_profiles
+    from simulator.served_model import build_served_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=32)

@@ -473,7 +473,7 @@ _RECORDED_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 def reasoning_of(profile: Profile) -> int | None:
     """Reasoning budget (tokens) of a ``think:PROFILE`` profile (served in reasoning mode: the template opens
-    ``<think>``, the budget closes it, then the answer; ``simulator.engine.SimulatorEngine.generate_reasoning``),
+    ``<think>``, the budget closes it, then the answer; ``simulator.reasoning.generate_reasoning``),
     None for a profile served as plain chat."""
     b = profile.extra.get("reasoning_budget")
     return int(b) if b is not None else None

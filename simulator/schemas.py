@@ -7,14 +7,19 @@ and rejected with a 400 naming the field otherwise, so a client never silently g
 did not ask for. Unknown fields are ignored (as vLLM does).
 
 Bad types are errors (strict mode: ``"max_tokens": "5"`` or ``1.5`` is a 400), except that ints are
-accepted where a float is expected.
+accepted where a float is expected. :func:`parse_request` reads a request's JSON body into a schema,
+every failure an :class:`InvalidRequest` (HTTP 400).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from fastapi import Request
 
 MAX_N = 16
 MAX_STOP = 4
@@ -175,3 +180,40 @@ class CompletionRequest(_Sampling):
         if all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
+
+
+def _validation_to_invalid(e: ValidationError) -> InvalidRequest:
+    """The first error of a pydantic ``ValidationError`` as an :class:`InvalidRequest` naming the field."""
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ()) if x not in ("function-after",))
+    msg = err.get("msg", "invalid value")
+    msg = msg.removeprefix("Value error, ")
+    inp = err.get("input")
+    shown = "" if isinstance(inp, dict) or err.get("type") == "missing" else f" (got {json.dumps(inp, default=str)[:80]})"
+    return InvalidRequest(f"{loc or 'body'}: {msg}{shown}", param=loc or None, code="invalid_value")
+
+
+_Req = TypeVar("_Req", bound=BaseModel)
+
+
+async def parse_request(request: Request, schema: type[_Req]) -> _Req:
+    """The request's JSON body validated against ``schema`` (:class:`ChatCompletionRequest`,
+    :class:`CompletionRequest`).
+
+    Raises:
+        InvalidRequest: a body that is not JSON (``invalid_json``), not a JSON object, or that
+            ``schema`` refuses (``invalid_value``; the message and ``param`` name the first bad field).
+    """
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"the request body is not valid JSON ({e}); send a JSON object", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the request body must be a JSON object", code="invalid_json")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        raise _validation_to_invalid(e) from None
+    except InvalidRequest:
+        raise

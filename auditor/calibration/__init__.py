@@ -16,7 +16,7 @@ How it works (issue 7); the modules of this package, in the order they run:
    (strict/lossless verification — honest, quantized, substituted, truncated sampling, and the
    greedy path of the lossy verifiers, which ``simulator.verifiers`` verifies exactly),
    the requests are decoded in batches directly from the simulator's served model
-   (``simulator.engine.build_served_model``): lossless speculative decoding has exactly
+   (``simulator.served_model.build_served_model``): lossless speculative decoding has exactly
    the output law of plain decoding of the target (Leviathan et al. 2023, Thm. 1; tested in
    ``tests/reference``), and batching makes the pool ~8x cheaper on CPU. Where the profile's
    behaviour lives in its verifier at that temperature (``relaxed-threshold``,

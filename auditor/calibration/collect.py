@@ -3,7 +3,7 @@
 Two backends (the package docstring, :mod:`auditor.calibration`, says why each is exact): where a
 profile serves plain decoding at a temperature (strict/lossless verification, and the greedy path
 of the lossy verifiers) requests are decoded in batches from the simulator's served model
-(``simulator.engine.build_served_model``), with the verifier's draft-independent per-position rule
+(``simulator.served_model.build_served_model``), with the verifier's draft-independent per-position rule
 where it has one (``greedy-verify``, ``decode-noncompliant``); where the verifier's law depends on
 the drafts (``relaxed-threshold``, ``typical-acceptance`` at T > 0) every request goes through
 :class:`simulator.engine.SimulatorEngine` itself. The reference is then teacher-forced at the
@@ -127,7 +127,7 @@ def collect_pool(
     Raises:
         KeyError: unknown profile.
     """
-    from simulator.engine import build_served_model  # torch
+    from simulator.served_model import build_served_model  # torch
 
     cfg = cfg or PoolConfig()
     ref_lms = as_refs(ref_lms)
@@ -159,6 +159,7 @@ def collect_pool(
     def via_engine(rs: list[PoolRequest]) -> None:
         nonlocal engine
         from simulator.engine import SimulatorEngine
+        from simulator.reasoning import generate_reasoning, generate_reasoning_batch
 
         if engine is None:
             # the engine builds its served model from the reference (a copy), as `auditor serve` does
@@ -172,12 +173,12 @@ def collect_pool(
             chunk = [rs[i] for i in order[b : b + batch]]
             if think is not None:  # reasoning mode (think:PROFILE): generate_reasoning, batched where it can
                 if batch > 1:
-                    chs += engine.generate_reasoning_batch(
-                        [list(r.prompt_ids) for r in chunk], max_tokens=[r.max_tokens for r in chunk], budget=think,
+                    chs += generate_reasoning_batch(
+                        engine, [list(r.prompt_ids) for r in chunk], max_tokens=[r.max_tokens for r in chunk], budget=think,
                         temperature=chunk[0].temperature, seeds=[r.seed for r in chunk], top_n=PROVIDER_TOP_N)
                 else:
-                    chs += [engine.generate_reasoning(list(r.prompt_ids), max_tokens=r.max_tokens, budget=think,
-                                                      temperature=r.temperature, seed=r.seed, top_n=PROVIDER_TOP_N)
+                    chs += [generate_reasoning(engine, list(r.prompt_ids), max_tokens=r.max_tokens, budget=think,
+                                               temperature=r.temperature, seed=r.seed, top_n=PROVIDER_TOP_N)
                             for r in chunk]
             elif batch > 1:
                 chs += engine.generate_batch([list(r.prompt_ids) for r in chunk], max_tokens=[r.max_tokens for r in chunk],
@@ -394,7 +395,7 @@ def _cat(parts: list[tuple[Pool, int]], field: str, ref: str | None = None) -> n
 def mix_pools(profile_name: str, base: Pool, other: Pool, fraction: float, *, seed: int = 0) -> Pool:
     """The pool of ``mix-OTHER:F``: each request served by ``other``'s model with probability F, else by the base's.
 
-    A mixing provider routes whole requests (``simulator.engine.MixtureServedModel``: the choice depends on the request's
+    A mixing provider routes whole requests (``simulator.served_model.MixtureServedModel``: the choice depends on the request's
     seed, not its content), so its output law is, request by request, that of one component; a pool
     built by routing each request key of the two component pools (the honest-fp32 pool and
     OTHER's, collected with the same prompts, seeds and references) has exactly that law. Only keys

@@ -87,7 +87,7 @@ class PoolConfig:
             is ~6% faster per token at 128 rows than at 32 (``benchmarks/pool_collection.py``);
             two processes decoding side by side gain almost nothing, as they share memory bandwidth.
         noisy_batch_size: sequences per batched forward of a model with kernel noise
-            (honest-noisy): its noise is drawn per batch (``simulator.engine.ServedModel``), so the
+            (honest-noisy): its noise is drawn per batch (``simulator.served_model.ServedModel``), so the
             batch composition is part of that profile's output law and stays at its own size.
         engine_batch_size: requests the simulator engine decodes in lock step
             (``simulator.engine.SimulatorEngine.generate_batch``; 1 = one at a time). Each request keeps its own

@@ -1,7 +1,7 @@
 """Reasoning-mode pools (issue 35 item 5): a ``think:PROFILE`` profile's requests decoded as the simulator serves them.
 
-In reasoning mode (``simulator.engine.SimulatorEngine.generate_reasoning``; ``auditor serve --reasoning``) the
-template opens the assistant turn with ``<think>\\n`` (``simulator.engine.REASONING_OPENER``, put at the end of
+In reasoning mode (``simulator.reasoning.generate_reasoning``; ``auditor serve --reasoning``) the
+template opens the assistant turn with ``<think>\\n`` (``simulator.reasoning.REASONING_OPENER``, put at the end of
 the request's prompt ids, :func:`opener_ids`), the served model writes at most ``budget`` reasoning tokens (or
 ends its turn earlier), the close tag ``</think>`` is forced, and the answer is generated after it with the rest
 of ``max_tokens``. Every position of a reasoning pool carries its span label — ``reasoning``, ``close`` (the
@@ -42,14 +42,14 @@ SPANS = ("reasoning", "close", "answer")
 
 def opener_ids(tokenizer: Any) -> tuple[int, ...]:
     """Token ids of the reasoning opener the simulator's template appends to the prompt (``REASONING_OPENER``)."""
-    from simulator.engine import REASONING_OPENER  # torch
+    from simulator.reasoning import REASONING_OPENER  # torch
 
     return tuple(int(x) for x in tokenizer.encode(REASONING_OPENER, add_special_tokens=False))
 
 
 def close_ids(tokenizer: Any) -> list[int]:
     """Token ids of the close tag ``generate_reasoning`` forces after the reasoning (``REASONING_CLOSE``)."""
-    from simulator.engine import REASONING_CLOSE  # torch
+    from simulator.reasoning import REASONING_CLOSE  # torch
 
     return [int(x) for x in tokenizer.encode(REASONING_CLOSE, add_special_tokens=False)]
 
@@ -139,7 +139,7 @@ def decode_reasoning_rows(
 
 
 def engine_result(ch: ChoiceResult) -> dict:
-    """One ``SimulatorEngine.generate_reasoning`` choice as a pool row: ``decoding.choice_row``'s arrays (the served
+    """One ``simulator.reasoning.generate_reasoning`` choice as a pool row: ``decoding.choice_row``'s arrays (the served
     model's logprobs, close tag included), ``span`` (each token's, :data:`SPANS`) and ``step_final`` from its chunks
     (one per speculative round; the close tag is one chunk of its own)."""
     return {**choice_row(ch), "span": np.asarray([t.span for t in ch.tokens], dtype=str),

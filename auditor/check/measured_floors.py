@@ -370,7 +370,7 @@ def _cpu_capability() -> str:
 def _served(lm: Any, sigma: float) -> Any:
     """``lm`` wrapped as the simulator serves it (logit tap + optional kernel noise), no copy."""
     from reference.models import LoadedModel
-    from simulator.engine import ServedModel
+    from simulator.served_model import ServedModel
 
     served = ServedModel(lm.model, sigma=sigma)
     served.eval()

@@ -110,7 +110,8 @@ def serve_cmd(
 
     from reference.loopback import free_port
     from reference.models import ModelNotAvailableError
-    from simulator.server import create_app, parse_enforce
+    from simulator.server import create_app
+    from simulator.serving_options import parse_enforce
 
     sim_log = logging.getLogger("simulator")  # model build progress (quantization) on stderr
     if not sim_log.handlers:

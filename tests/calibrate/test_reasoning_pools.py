@@ -51,12 +51,13 @@ def test_backends_of_reasoning_profiles():
 
 
 def test_reasoning_pool_is_what_the_simulator_serves_and_round_trips(tiny_lm, think_cfg, think_pool, tmp_path):
-    """The batched T=0 rows equal SimulatorEngine.generate_reasoning (tokens and span labels), and a saved pool
+    """The batched T=0 rows equal simulator.reasoning.generate_reasoning (tokens and span labels), and a saved pool
     reads back with its span labels and steps."""
     from auditor.calibration import Pool, build_requests
     from auditor.calibration.reasoning import opener_ids
     from simulator.engine import SimulatorEngine
     from simulator.profiles import DEFAULT_REASONING_BUDGET, get_profile
+    from simulator.reasoning import generate_reasoning
 
     pool = think_pool
     assert pool.token_span is not None and pool.step_final is not None
@@ -65,8 +66,8 @@ def test_reasoning_pool_is_what_the_simulator_serves_and_round_trips(tiny_lm, th
     reqs = [r for r in build_requests(tiny_lm.tokenizer, think_cfg, opener=opener_ids(tiny_lm.tokenizer))
             if r.temperature == 0]
     for r in reqs:
-        ch = eng.generate_reasoning(list(r.prompt_ids), max_tokens=r.max_tokens, budget=DEFAULT_REASONING_BUDGET,
-                                    temperature=0.0, seed=1, top_n=5)
+        ch = generate_reasoning(eng, list(r.prompt_ids), max_tokens=r.max_tokens, budget=DEFAULT_REASONING_BUDGET,
+                                temperature=0.0, seed=1, top_n=5)
         i = int(np.flatnonzero(pool.item_keys == r.key)[0])
         a, b = pool.item_offsets[i], pool.item_offsets[i + 1]
         assert pool.token_ids[a:b].tolist() == [t.token_id for t in ch.tokens]
@@ -177,22 +178,23 @@ def test_reasoning_cells_reach_the_targets_and_the_plan():
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_reasoning_batch_is_generate_reasoning(tiny_lm, temperature):
-    """SimulatorEngine.generate_reasoning_batch (the calibration's engine pools) is row by row generate_reasoning:
+    """simulator.reasoning.generate_reasoning_batch (the calibration's engine pools) is row by row generate_reasoning:
     the same tokens, spans and chunks, for a verifier that relaxes inside the reasoning span only."""
     from auditor.calibration import PoolConfig, build_requests
     from auditor.calibration.reasoning import opener_ids
     from simulator.engine import SimulatorEngine
     from simulator.profiles import get_profile
+    from simulator.reasoning import generate_reasoning, generate_reasoning_batch
 
     eng = SimulatorEngine(get_profile("think:relaxed-think"), tiny_lm, seed=0)
     reqs = [r for r in build_requests(tiny_lm.tokenizer, PoolConfig(max_prompts=3), n_samples=1,
                                       opener=opener_ids(tiny_lm.tokenizer)) if r.temperature == temperature]
     caps = [40, 20, 12][: len(reqs)]  # an answer; one answer token (20 - 16 - 3); reasoning only
-    got = eng.generate_reasoning_batch([list(r.prompt_ids) for r in reqs], max_tokens=caps, budget=16,
-                                       temperature=temperature, seeds=[r.seed for r in reqs], top_n=5)
+    got = generate_reasoning_batch(eng, [list(r.prompt_ids) for r in reqs], max_tokens=caps, budget=16,
+                                   temperature=temperature, seeds=[r.seed for r in reqs], top_n=5)
     for r, cap, g in zip(reqs, caps, got, strict=True):
-        one = eng.generate_reasoning(list(r.prompt_ids), max_tokens=cap, budget=16, temperature=temperature,
-                                     seed=r.seed, top_n=5)
+        one = generate_reasoning(eng, list(r.prompt_ids), max_tokens=cap, budget=16, temperature=temperature,
+                                 seed=r.seed, top_n=5)
         assert [t.token_id for t in g.tokens] == [t.token_id for t in one.tokens]
         assert [t.span for t in g.tokens] == [t.span for t in one.tokens]
         assert g.chunks == one.chunks and g.text == one.text

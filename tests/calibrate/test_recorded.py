@@ -118,7 +118,7 @@ def test_recorded_profiles_are_honest_listed_and_never_served(recording, tiny_re
     assert recorded_name("honest-fp32") is None
     with pytest.raises(ValueError, match="a recording's name"):
         get_profile("recorded:Bad Name")
-    from simulator.engine import build_served_model
+    from simulator.served_model import build_served_model
 
     with pytest.raises(ValueError, match="recorded"):
         build_served_model(prof, tiny_refs["float32"])

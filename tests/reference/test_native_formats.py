@@ -123,8 +123,8 @@ def test_nvfp4_w4a4_profile_quantizes_weights_and_activations(tiny_lm) -> None:
     through NVFP4, every decoder linear's input through NVFP4 with its calibrated tensor scale; it moves the
     distribution more than the FP8 activation tiles of honest native-FP8 serving."""
     from reference.native import iter_decoder_linears, nvfp4_fake_quant
-    from simulator.engine import build_served_model
     from simulator.profiles import get_profile
+    from simulator.served_model import build_served_model
 
     p = get_profile("native-fp8-nvfp4")
     assert p.expected_verdict == "QUANTIZATION" and p.weight_quant == "nvfp4" and p.act_quant == "nvfp4"

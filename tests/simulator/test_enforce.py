@@ -11,7 +11,8 @@ import pytest
 from probes.config import ConfigError, EnforcedParams, ProviderConfig
 from probes.discover import discover_capabilities
 from probes.providers_file import parse_providers, write_capabilities
-from simulator.server import ServerThread, create_app, parse_enforce
+from simulator.server import ServerThread, create_app
+from simulator.serving_options import parse_enforce
 
 MSG = [{"role": "user", "content": "Write a list of ten random, unrelated words."}]
 

@@ -11,8 +11,8 @@ def test_native_fp8_profile_quantizes_activations_per_tile(tiny_lm) -> None:
     """The simulator's native-fp8 profile: FP8 e4m3 inputs per 1xT tile (T = the model's native block),
     weights as loaded; a small nonzero change of the distribution, below int4's."""
     from reference.native import iter_decoder_linears, native_block
-    from simulator.engine import build_served_model
     from simulator.profiles import get_profile
+    from simulator.served_model import build_served_model
 
     slm, info = build_served_model(get_profile("native-fp8"), tiny_lm)
     tile = native_block(tuple(m.weight.shape) for _, m in iter_decoder_linears(tiny_lm.model))
@@ -38,8 +38,8 @@ def test_native_fp8_profile_quantizes_activations_per_tile(tiny_lm) -> None:
 
 def test_below_the_card_profiles_build(tiny_lm) -> None:
     """issue 36 item 3: int4 of the FP8 model (W4A8), FP8 KV under an FP8 card, int3 of the INT4 model at its group."""
-    from simulator.engine import build_served_model
     from simulator.profiles import get_profile
+    from simulator.served_model import build_served_model
 
     _m, w4 = build_served_model(get_profile("native-fp8-int4"), tiny_lm)
     assert w4.quant["scheme"] == "int4" and w4.quant["act_quant"] == "fp8-e4m3-per-1x32"

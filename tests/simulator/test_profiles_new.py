@@ -18,9 +18,10 @@ from scipy import stats
 
 from reference.native import FP8_E4M3_MAX, fp8_e4m3_fake_quant, iter_decoder_linears
 from reference.scoring import score_continuations
-from simulator.engine import MixtureServedModel, SimulatorEngine, build_served_model
+from simulator.engine import SimulatorEngine
 from simulator.profiles import PROFILES, get_profile, mix_selects
 from simulator.quantize import int8_per_token_fake_quant
+from simulator.served_model import MixtureServedModel, build_served_model
 from simulator.verifiers import GreedyRelaxedVerifier, RelaxedThresholdVerifier, make_verifier
 
 TEXT = "Once upon a time there was a small village by the sea, and every morning the fishermen went out."

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from reference.speculative import autoregressive_generate
-from simulator.engine import build_served_model
 from simulator.profiles import get_profile
+from simulator.served_model import build_served_model
 from simulator.server import create_app
 
 pytestmark = pytest.mark.real_model

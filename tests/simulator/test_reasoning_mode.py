@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from probes.normalize import normalize_response
-from simulator.engine import REASONING_CLOSE
+from simulator.reasoning import REASONING_CLOSE
 from simulator.server import create_app
 
 REQ = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me about cats."}], "max_tokens": 24,
