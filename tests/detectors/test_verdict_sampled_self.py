@@ -17,30 +17,30 @@ from auditor.verdict.kinds import VerdictKind
 from tests.detectors.conftest import dirichlet_logprobs, make_batch, normalise, prompt_labels, sample_rows
 from tests.verdict_results import mk
 
-#: The sampled path of the failing audit's shape: provider top_logprobs close to the reference (σ̂ well inside
-#: production quantization), no confident flip beyond the isotropic prediction.
-FAITHFUL_PATH = {"confident_flip_ratio": 1.0, "confident_flips": 0, "confident_flips_expected": 0.05,
-                 "n_confident": 60, "sigma_hat": 0.05, "confident_margin_sigmas": 3.0, "confident_flip_p": 1.0,
-                 "margin_bins": [], "n_positions": 280}
+#: The sampled path of the failing audit (``think:synthetic-acceptance:3``, ``verification``, 300 tokens, audit 0 of
+#: seed 0): the provider's top_logprobs are the reference's (σ̂ 6e-6 nats; int4's 0.85-1.03), no confident flip.
+FAITHFUL_PATH = {"confident_flip_ratio": 1.0, "confident_flips": 0, "confident_flips_expected": 0.0,
+                 "n_confident": 288, "sigma_hat": 6.4e-6, "confident_margin_sigmas": 3.0, "confident_flip_p": 1.0,
+                 "margin_bins": [], "n_positions": 288}
 
 
 def _sampling_only(self_p: float | None) -> list:
     """The detectors of a ``verification``-suite audit (sampling only, top_logprobs 5) whose ``sampling-gof``
     rejects with the argmax under-emitted and the tail intact — ``think:synthetic-acceptance:3`` at 300 tokens —
     and whose sampled tokens tested against the provider's own list give ``self_p`` (None: not recorded)."""
-    own = None if self_p is None else {"n_positions": 280, "p_value": self_p, "statistic": 2.1, "mean_u": 0.58,
-                                       "frac_u_below_0.1": 0.05, "frac_u_above_0.9": 0.16}
-    gof = mk("sampling-gof", 1e-9, n=288, sampled_path=FAITHFUL_PATH, **({"sampled_self": own} if own else {}))
+    own = None if self_p is None else {"n_positions": 288, "p_value": self_p, "statistic": 2.94, "mean_u": 0.588,
+                                       "frac_u_below_0.1": 0.08, "frac_u_above_0.9": 0.17}
+    gof = mk("sampling-gof", 1.8e-9, n=288, sampled_path=FAITHFUL_PATH, **({"sampled_self": own} if own else {}))
     return [gof,
-            mk("sampling-argmax", 0.99, n=288, excess_per_position=-0.11, argmax_rate=0.45, expected_rate=0.56),
-            mk("sampling-tail", 0.9, n=288, mean_tail_mass=0.1, tail_ratio=1.4, deficit_per_position=-0.04)]
+            mk("sampling-argmax", 0.99, n=288, excess_per_position=-0.108, argmax_rate=0.17, expected_rate=0.28),
+            mk("sampling-tail", 0.99, n=288, mean_tail_mass=0.1, tail_ratio=1.44, deficit_per_position=-0.16)]
 
 
 def test_tokens_against_the_providers_own_distribution_are_not_a_weight_cause() -> None:
-    v = decide_verdict(_sampling_only(1e-7))
+    v = decide_verdict(_sampling_only(1.8e-7))
     assert v.verdict == VerdictKind.RELAXED_VERIFICATION and v.details["rule"] == "4d-relaxed", v.reason
     assert "own reported top_logprobs" in v.reason and "not from the weights" in v.reason
-    assert v.details["shape"]["sampled_self_p"] == pytest.approx(1e-7)
+    assert v.details["shape"]["sampled_self_p"] == pytest.approx(1.8e-7)
     assert v.details["cause_established"] is True
 
 
