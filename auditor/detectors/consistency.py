@@ -56,38 +56,20 @@ from .noise_floor import NoiseFloor
 from .sampling import (
     TAIL_TOP_P,
     SamplingView,
-    _rank_of,
     argmax_result,
-    declared_law,
     gof_result,
+    provider_view,
     tail_result,
 )
 from .stats import RngLike
 
-__all__ = ["UNVERIFIED_GAP_NATS", "provider_view", "self_argmax", "self_gof", "self_greedy", "self_tail", "step_counts"]
+__all__ = ["UNVERIFIED_GAP_NATS", "self_argmax", "self_gof", "self_greedy", "self_tail", "step_counts"]
 
-_T1_TOL = 1e-6
 #: Nats below the top-1 (the provider's own, and the reference's when known) from which a greedy
 #: contradiction is an unverified token (a ratio of e^8 ≈ 3000: no penalty or near-tie moves a token so far).
 UNVERIFIED_GAP_NATS = 8.0
 #: Unverified positions kept in ``details["unverified_positions"]``.
 UNVERIFIED_EVIDENCE = 20
-
-
-def provider_view(batch: EvidenceBatch) -> SamplingView:
-    """View of the batch's T = 1 positions under the provider's own reported top_logprobs."""
-    mask = (
-        (np.abs(batch.temperatures - 1.0) <= _T1_TOL)
-        & batch.provider_trusted
-        & (batch.provider_listed >= 1)
-        & (batch.token_ids >= 0)
-    )
-    idx = np.flatnonzero(mask)
-    probs = np.exp(batch.provider_top_logprobs[idx])  # -inf padding -> 0
-    s = probs.sum(1, keepdims=True)
-    probs = np.where(s > 1.0, probs / np.maximum(s, 1e-300), probs)
-    ranks = _rank_of(batch.provider_top_ids[idx], batch.token_ids[idx])
-    return declared_law(batch, SamplingView(idx.astype(np.int64), probs, ranks, "provider"))
 
 
 def _view_or_not_run(batch: EvidenceBatch, name: str) -> SamplingView | DetectorResult:

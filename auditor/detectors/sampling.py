@@ -60,7 +60,7 @@ from .stats import (
 
 __all__ = [
     "ARGMAX_TEST_MIN_P",
-    "EMISSION_FIT_MAX_P",
+    "CAUSE_FEATURE_MAX_P",
     "FULL_ROW_TOP_K",
     "GOF_PIT_DRAWS",
     "TAIL_TOP_P",
@@ -72,7 +72,10 @@ __all__ = [
     "declared_law",
     "gof_test",
     "poisson_binomial_mid_p",
+    "provider_view",
     "reference_view",
+    "sampled_flip_stats",
+    "sampled_self_stats",
     "sampling_argmax",
     "sampling_gof",
     "sampling_tail",
@@ -89,11 +92,13 @@ TAIL_TOP_P = 0.9
 #: simulator (issue 7, docs/calibration.md): relaxed-threshold (s = 0.5) with 500 sampled tokens
 #: is caught in 99% of audits instead of 90% with every position counted, false accusations unchanged.
 ARGMAX_TEST_MIN_P = 0.3
-#: ``*-tail`` results record the emission-model fit (``details["emission"]``, :mod:`.emission`: truncation or
-#: acceptance, the verdict's rule 4b) when their p-value is at most this: the verdict uses it only when the
-#: tail test rejects at the family-wise α after Holm, so p <= α <= this; skipping it elsewhere keeps the
-#: calibration's hundred thousand audits cheap. (At α > 0.1 rule 4b falls back to the shape ratio.)
-EMISSION_FIT_MAX_P = 0.1
+#: The sampling results record their cause features only when their own p-value is at most this: ``*-tail``
+#: the emission-model fit (``details["emission"]``, :mod:`.emission`: truncation or acceptance, the verdict's rule
+#: 4b), ``sampling-gof`` the sampled tokens against the provider's own reported distribution
+#: (``details["sampled_self"]``, :func:`sampled_self_stats`, rule 4d). The verdict uses them only when that test
+#: rejects at the family-wise α after Holm, so p <= α <= this; skipping them elsewhere keeps the calibration's
+#: hundred thousand audits cheap. (At α > 0.1 rule 4b falls back to the shape ratio, rule 4d to the flip statistic.)
+CAUSE_FEATURE_MAX_P = 0.1
 #: Randomized PITs whose Cramér–von Mises p-values ``gof_test`` aggregates (2 × their median): odd, so
 #: the median is one of them. 21 draws leave the aggregate's seed-to-seed spread small next to its data
 #: spread (docs/detectors.md) at a cost of sorting a [21, n] array.
@@ -221,6 +226,25 @@ def declared_law(batch: EvidenceBatch, view: SamplingView) -> SamplingView:
     ok = ~cut | known
     return SamplingView(view.idx[ok], probs[ok], ranks[ok].astype(np.int64), view.source,
                         view.unknown_law + int((~ok).sum()))
+
+
+def provider_view(batch: EvidenceBatch) -> SamplingView:
+    """View of the batch's T = 1 positions under the provider's own reported top_logprobs (the ``self-*`` tests'
+    law, :mod:`.consistency`, and rule 4d's cause feature :func:`sampled_self_stats`): the listed support plus the
+    unlisted mass as one tail bucket; positions with untrusted or no listed logprobs are left out, listed masses
+    above 1 renormalised, and an enforced top_p / top_k applied (:func:`declared_law`)."""
+    mask = (
+        (np.abs(batch.temperatures - 1.0) <= _T1_TOL)
+        & batch.provider_trusted
+        & (batch.provider_listed >= 1)
+        & (batch.token_ids >= 0)
+    )
+    idx = np.flatnonzero(mask)
+    probs = np.exp(batch.provider_top_logprobs[idx])  # -inf padding -> 0
+    s = probs.sum(1, keepdims=True)
+    probs = np.where(s > 1.0, probs / np.maximum(s, 1e-300), probs)
+    ranks = _rank_of(batch.provider_top_ids[idx], batch.token_ids[idx])
+    return declared_law(batch, SamplingView(idx.astype(np.int64), probs, ranks, "provider"))
 
 
 # --------------------------------------------------------------------------- core tests
@@ -527,7 +551,7 @@ def tail_result(
         "mean_tail_mass": t["mean_tail_mass"],
         "top_p": float(top_p),
         "p_randomized": t["p_randomized"],
-    }, {"emission": emission_fit(view.top_probs, view.token_rank)} if t["p_value"] <= EMISSION_FIT_MAX_P else None)
+    }, {"emission": emission_fit(view.top_probs, view.token_rank)} if t["p_value"] <= CAUSE_FEATURE_MAX_P else None)
 
 
 def _margin(view: SamplingView, j: int) -> float:
@@ -559,6 +583,9 @@ def sampling_gof(
     flips = sampled_flip_stats(batch, view.idx)
     if flips is not None:
         r.details["sampled_path"] = flips
+    own = sampled_self_stats(batch, view.idx, rng) if r.p_value <= CAUSE_FEATURE_MAX_P else None
+    if own is not None:
+        r.details["sampled_self"] = own
     return r
 
 
@@ -583,6 +610,33 @@ def sampled_flip_stats(batch: EvidenceBatch, idx: np.ndarray) -> dict[str, Any] 
                             batch.provider_top_logprobs[use], ref.at_provider_top[use])
     out["n_positions"] = int(use.size)
     return out
+
+
+def sampled_self_stats(batch: EvidenceBatch, idx: np.ndarray, rng: RngLike = 0) -> dict[str, Any] | None:
+    """The sampled positions ``idx`` [n] tested against the provider's *own* reported top_logprobs
+    (:func:`provider_view`: T = 1, a trusted list): the derandomized PIT test of ``self-gof`` (:func:`gof_test`),
+    recorded by ``sampling-gof`` as a cause feature of the verdict's rule 4d, not as a test of the family.
+
+    With a reference the ``self-*`` tests do not run (``auditor.check.run_detectors``), so an audit whose only
+    evidence is sampled (the ``verification`` suite: no T = 0 logprob test either) has nothing else that tells a
+    served model sampled faithfully from its own distribution (a quantized or another model: its tokens follow what
+    it reports, p uniform) from a sampler that emits tokens that distribution did not pick (drafts emitted without
+    verification, issue 35's synthetic acceptance: its tokens contradict the target's reported distribution).
+
+    Returns:
+        None when fewer than MIN_POSITIONS of ``idx`` have such a list; else ``n_positions``, ``p_value`` (the
+        aggregate p of :func:`gof_test`, valid under H0 "the tokens were sampled from the reported distribution"),
+        ``statistic`` (median W²), ``mean_u`` (mean mid-PIT; < 0.5: the reported top tokens over-emitted),
+        ``frac_u_below_0.1``, ``frac_u_above_0.9``.
+    """
+    pv = provider_view(batch)
+    keep = np.isin(pv.idx, np.asarray(idx, np.int64))
+    if int(keep.sum()) < MIN_POSITIONS:
+        return None
+    t = gof_test(SamplingView(pv.idx[keep], pv.top_probs[keep], pv.token_rank[keep], pv.source), rng)
+    return {"n_positions": int(keep.sum()), "p_value": float(t["p_value"]), "statistic": float(t["statistic"]),
+            "mean_u": float(t["u"].mean()), "frac_u_below_0.1": float(t["frac_low"]),
+            "frac_u_above_0.9": float(t["frac_high"])}
 
 
 def sampling_argmax(

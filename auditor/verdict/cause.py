@@ -47,10 +47,11 @@ from auditor.detectors.base import DetectorName, DetectorResult
 from auditor.detectors.speculation import accepted_by_predictability, predictability_text
 from auditor.util import finite
 
-__all__ = ["DECIDES_SAMPLER", "DECISIVE_EMISSION_MARGIN", "DECISIVE_WITHOUT_LOGPROBS", "SAMPLED_FLIP_MAX_SIGMA", "SAMPLED_FLIP_TEST_LEVEL", "EmissionCause", "FlipCause",
+__all__ = ["DECIDES_SAMPLER", "DECISIVE_EMISSION_MARGIN", "DECISIVE_WITHOUT_LOGPROBS", "SAMPLED_FLIP_MAX_SIGMA", "SAMPLED_FLIP_TEST_LEVEL",
+           "SAMPLED_SELF_TEST_LEVEL", "EmissionCause", "FlipCause",
            "blind_near_tie_note", "emission_cause", "explained_by_decode_path",
            "failure_summary", "flip_cause", "flip_rate_interval", "implication", "milder_cause_clause",
-           "near_tie_blind", "near_tie_reason", "no_speculation_seen", "p_adjusted_text", "predictability_clause", "sampled_flip_cause", "set_aside",
+           "near_tie_blind", "near_tie_reason", "no_speculation_seen", "p_adjusted_text", "predictability_clause", "sampled_flip_cause", "sampled_self_contradiction", "sampled_self_text", "set_aside",
            "speculation_clause", "template_note"]
 
 #: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
@@ -222,6 +223,36 @@ def sampled_flip_cause(gof: DetectorResult | None, threshold: float) -> FlipCaus
     return FlipCause(sub, fc.value, text, conf)
 
 
+#: Level of rule 4d's test "the sampled tokens follow the provider's own reported distribution" (``sampling-gof``
+#: ``details["sampled_self"]``, a cause decision after the family-wise rejection, not a family test). A model that
+#: samples from what it reports — honest, quantized or another model — passes it at this rate whatever its weights,
+#: so a weight cause is taken from rule 4d in at most 1% of such audits; below it the samples contradict the
+#: distribution the provider computes: its sampler or verifier emits tokens that distribution did not pick.
+SAMPLED_SELF_TEST_LEVEL = 0.01
+
+
+def sampled_self_contradiction(gof: DetectorResult | None) -> Mapping[str, Any] | None:
+    """Rule 4d's self-consistency evidence: ``sampling-gof``'s ``details["sampled_self"]`` (the sampled tokens
+    tested against the provider's own reported top_logprobs, ``auditor.detectors.sampling.sampled_self_stats``)
+    when its p-value is at most SAMPLED_SELF_TEST_LEVEL; None when it is larger, absent (no provider
+    top_logprobs, older results, or a gof p-value above ``auditor.detectors.sampling.CAUSE_FEATURE_MAX_P``) or
+    ``sampling-gof`` did not run."""
+    own = (gof.details or {}).get("sampled_self") if gof is not None and gof.ran else None
+    if not isinstance(own, Mapping):
+        return None
+    p = own.get("p_value")
+    return own if p is not None and math.isfinite(float(p)) and float(p) <= SAMPLED_SELF_TEST_LEVEL else None
+
+
+def sampled_self_text(own: Mapping[str, Any]) -> str:
+    """The clause a rule-4d reason quotes for :func:`sampled_self_contradiction`'s evidence ``own``."""
+    return (f"nor do they follow the provider's own reported top_logprobs (randomized PIT at "
+            f"{int(own.get('n_positions') or 0)} sampled positions, p={float(own['p_value']):.2g} <= "
+            f"{SAMPLED_SELF_TEST_LEVEL:g}, mean PIT {float(own.get('mean_u', math.nan)):.3f}): a quantized or another "
+            f"model samples from the distribution it computes and reports, so these tokens come from the sampler or "
+            f"the verifier (e.g. drafts emitted without verification), not from the weights")
+
+
 #: Rules 4b/4c (issue 37 item 8): the emission models name a mechanism only when one family's best law explains the
 #: sampled tokens better than the other's by at least this many nats (|log-likelihood ratio|); below it the verdict
 #: is the undetermined pair RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT. Derived by benchmarks/emission_margin.py
@@ -265,7 +296,7 @@ def emission_cause(tail: DetectorResult | None) -> EmissionCause | None:
     of its family on the audit's sampled tokens; the family with the larger likelihood is the one the evidence
     leans to, and it is *established* only when it wins by DECISIVE_EMISSION_MARGIN nats or more (both
     families have a shape and a leak parameter). Returns None when the fit is absent (older results, or a tail
-    p-value above ``EMISSION_FIT_MAX_P``): the verdict then uses the shape ratio.
+    p-value above ``auditor.detectors.sampling.CAUSE_FEATURE_MAX_P``): the verdict then uses the shape ratio.
     """
     em = (tail.details or {}).get("emission") if tail is not None and tail.ran else None
     if not isinstance(em, Mapping) or em.get("log_lik_ratio") is None:

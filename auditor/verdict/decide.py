@@ -77,7 +77,11 @@ p-value is <= alpha:
    c. argmax over-emission rejects (tail intact or only partly thinned) → RELAXED_VERIFICATION.
    d. only the PIT (or a partial tail) rejects: RELAXED_VERIFICATION when the provider's logprobs
       are consistent with the reference or a self-test rejects (the samples do not follow the
-      distribution the provider reports) or the argmax excess is positive; otherwise the sampled
+      distribution the provider reports) or the argmax excess is positive — with a reference the
+      self-tests do not run, so ``sampling-gof`` records the same test on its sampled positions as a cause
+      feature (``details["sampled_self"]``): p <= SAMPLED_SELF_TEST_LEVEL counts as a self-test rejection
+      (issue 35: unverified drafts on the ``verification`` suite were named QUANTIZATION; a model, quantized or
+      not, samples from the distribution it reports); otherwise the sampled
       distribution is another model's: SUBSTITUTION when rule 2's flip statistic, measured on the
       sampled positions' reported top_logprobs (``sampling-gof`` ``details["sampled_path"]``), is
       informative and significantly above SUBSTITUTION_MIN_FLIP_RATIO (``verdict_cause``), else QUANTIZATION;

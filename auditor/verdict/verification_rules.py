@@ -26,6 +26,8 @@ from auditor.verdict.cause import (
     near_tie_reason,
     p_adjusted_text,
     predictability_clause,
+    sampled_self_contradiction,
+    sampled_self_text,
     span_clause,
     span_localized,
     speculation_clause,
@@ -187,17 +189,20 @@ def sampling_cause(c: RuleContext, *, reference: bool, record_shape: bool = Fals
             f"{what}: the signature of lossy speculative acceptance ({p_adjusted_text(by, arg_names)})",
             "4c-relaxed", rej, f"argmax over-emitted, {p_adjusted_text(by, arg_names)}")
     self_sig = any(rejects(k) for k in SELF_SAMPLING_DETECTORS)
-    if c.lp_consistent or self_sig or excess > 0:
+    # issue 35: with a reference the self-* tests do not run, so sampling-gof carries the sampled tokens tested
+    # against the provider's own reported distribution; tokens that contradict it are no weight cause's doing
+    own = sampled_self_contradiction(by.get(DetectorName.SAMPLING_GOF)) if not self_sig else None
+    if record_shape and own is not None:
+        c.details["shape"]["sampled_self_p"] = float(own["p_value"])
+    if c.lp_consistent or self_sig or own is not None or excess > 0:
+        what = (f"sampled tokens do not follow the distribution the provider reports "
+                f"({p_adjusted_text(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position"
+                + (f"; {sampled_self_text(own)}" if own is not None else ""))
         if c.no_speculation:
-            return sampler_undetermined(
-                c, f"sampled tokens do not follow the distribution the provider reports "
-                f"({p_adjusted_text(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position", rej,
-                speculation_clause(c.speculation))
-        return c.cause(
-            VerdictKind.RELAXED_VERIFICATION,
-            "sampled tokens do not follow the distribution the provider reports "
-            f"({p_adjusted_text(by, gof_names + tail_names)}); argmax excess {excess:.3g}/position",
-            "4d-relaxed", rej, p_adjusted_text(by, gof_names + tail_names))
+            return sampler_undetermined(c, what, rej, speculation_clause(c.speculation))
+        return c.cause(VerdictKind.RELAXED_VERIFICATION, what, "4d-relaxed", rej,
+                       p_adjusted_text(by, gof_names + tail_names)
+                       + (f", own-distribution PIT p={float(own['p_value']):.2g}" if own is not None else ""))
     return sampled_model_cause(c, rej, p_adjusted_text(by, gof_names + tail_names))
 
 
