@@ -333,7 +333,8 @@ def merge_outputs(dirs: Sequence[Path | str]) -> tuple[list[dict], dict]:
 
     A long calibration can run as parts (profile subsets in parallel processes, sharing the pool
     cache); this joins them. Records are keyed by (profile, suite, budget, design): a later
-    directory's record replaces an earlier one's. The runs must share model, revision, alpha and
+    directory's record replaces an earlier one's. A directory that is itself a merge (its meta has
+    ``parts``, e.g. ``docs/`` when a few cells are re-run and merged into it) contributes its parts, not itself. The runs must share model, revision, alpha and
     seed (the meta of the first run is the base; profiles, pools and timings are joined).
 
     Raises:
@@ -363,9 +364,12 @@ def merge_outputs(dirs: Sequence[Path | str]) -> tuple[list[dict], dict]:
             base["pools"].update(meta.get("pools") or {})
             for k, v in (meta.get("timings") or {}).items():
                 base["timings"][k] = round(float(base["timings"].get(k, 0.0)) + float(v), 1)
-        parts.append({"dir": str(d), "profiles": meta.get("profiles"), "audits": meta.get("audits"),
-                      "honest_audits": meta.get("honest_audits"), "created_at": meta.get("created_at"),
-                      "timings": meta.get("timings")})
+        if meta.get("parts"):  # a merge itself (e.g. docs/): its own parts, so a re-merge keeps where each came from
+            parts.extend(meta["parts"])
+        else:
+            parts.append({"dir": str(d), "profiles": meta.get("profiles"), "audits": meta.get("audits"),
+                          "honest_audits": meta.get("honest_audits"), "created_at": meta.get("created_at"),
+                          "timings": meta.get("timings")})
         for r in json.loads(jp.read_text(encoding="utf-8")):
             merged[_record_key(r)] = r
     assert base is not None

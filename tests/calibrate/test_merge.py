@@ -18,8 +18,14 @@ def _committed() -> tuple[list[dict], dict]:
     return recs, meta
 
 
+def _one_run(meta: dict) -> dict:
+    """The meta of one run (the committed file is a merge: its ``parts`` say which runs it joins)."""
+    return {k: v for k, v in meta.items() if k != "parts"}
+
+
 def test_parts_merge_back_into_the_whole(tmp_path: Path) -> None:
     recs, meta = _committed()
+    meta = _one_run(meta)
     profiles = list(dict.fromkeys(r["profile"] for r in recs))
     half = set(profiles[: len(profiles) // 2])
     a = [r for r in recs if r["profile"] in half]
@@ -33,6 +39,21 @@ def test_parts_merge_back_into_the_whole(tmp_path: Path) -> None:
     assert [p["dir"] for p in mmeta["parts"]] == [str(tmp_path / "a"), str(tmp_path / "b")]
     paths = write_record_files(merged, mmeta, tmp_path / "out")
     assert all(p.is_file() for p in paths.values())
+
+
+def test_remerging_a_merge_keeps_its_parts(tmp_path: Path) -> None:
+    """Cells re-run and merged into docs/ (``--merge docs,NEW --out docs``): the merged meta lists the runs docs/
+    joined, then the new one — not one part called "docs" that hides where the cells came from."""
+    recs, meta = _committed()
+    meta = _one_run(meta)
+    write_record_files(recs[:2], meta, tmp_path / "a")
+    write_record_files(recs[2:4], meta, tmp_path / "b")
+    first, first_meta = merge_outputs([tmp_path / "a", tmp_path / "b"])
+    write_record_files(first, first_meta, tmp_path / "docs")
+    write_record_files(recs[4:5], meta, tmp_path / "c")
+    merged, mmeta = merge_outputs([tmp_path / "docs", tmp_path / "c"])
+    assert [p["dir"] for p in mmeta["parts"]] == [str(tmp_path / x) for x in ("a", "b", "c")]
+    assert len(merged) == 5
 
 
 def test_a_later_part_replaces_the_same_cell(tmp_path: Path) -> None:
