@@ -169,7 +169,9 @@ def write_card_effects(records: Sequence[Mapping], *, key: str, model: str, card
                        source: str, path: Path | str = EFFECT_SIZES_PATH) -> tuple[Path, dict]:
     """Write the effects of a calibration under a card into the table at ``path``, ``cards[key]``
     (:func:`card_effects_from_records` of the below-card classes of the profiles in ``records``,
-    :func:`card_classes_of`); the float32 classes and the other cards are kept. The file is validated
+    :func:`card_classes_of`); the float32 classes and the other cards are kept, and so are the classes of an earlier
+    entry for the same card (same model and recipe) that this run's profiles do not serve (the entry's ``source``
+    names them and where they came from); a different recipe under the same key replaces the entry. The file is validated
     (``auditor.verdict.rules_out.parse_effect_sizes``) before it is written.
 
     Args:
@@ -197,6 +199,14 @@ def write_card_effects(records: Sequence[Mapping], *, key: str, model: str, card
         raise ValueError(f"card {card!r}: none of the profiles run ({', '.join(profiles) or 'none'}) serves a class below "
                          f"the card; run the below-card profiles ({', '.join(BELOW_CARD_PROFILES)}) that apply to it")
     entry = card_effects_from_records(records, model=model, card=card, classes=classes, source=source)
+    old = dict(raw.get("cards") or {}).get(key)
+    if isinstance(old, Mapping) and old.get("card") == card and old.get("model") == model:
+        # the same card measured before: classes this run did not serve keep their earlier effects (and say so)
+        kept = {k: v for k, v in dict(old.get("classes") or {}).items() if k not in entry["classes"]}
+        if kept:
+            entry = {**entry, "classes": {**entry["classes"], **kept},
+                     "source": f"{entry['source']}; {', '.join(kept)} kept from {old.get('source')} "
+                               f"(generated {old.get('generated')})"}
     raw["cards"] = {**dict(raw.get("cards") or {}), key: entry}
     try:
         parse_effect_sizes(raw, p)

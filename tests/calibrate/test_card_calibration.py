@@ -137,3 +137,34 @@ def test_card_classes_of_keeps_the_steps_below_the_card() -> None:
     assert card_classes_of(allp, fp8, raw)["kv-fp8"]["profile"] == "native-fp8-kv-fp8"  # the first profile wins
     assert set(card_classes_of(allp, int4, raw)) == {"kv-fp8", "nvfp4", "int3"}
     assert card_classes_of(["honest-fp32", "int8"], fp8, raw) == {}
+
+
+def test_a_second_run_under_the_same_card_keeps_the_classes_it_did_not_serve(tmp_path) -> None:
+    """``--card NAME --effects`` twice with different below-card profiles (e.g. the full-size run without the NVFP4
+    profile, after a run that had it): the entry keeps the class the second run did not serve, with its effects and
+    the source it came from; the classes it served are replaced; a different recipe under the same key replaces all.
+    Records: SmolLM2's committed calibration under its +fp8 card (docs/cards/smollm2-fp8)."""
+    from pathlib import Path
+
+    from auditor.calibration.effects import EFFECT_SIZES_PATH, write_card_effects
+
+    run = Path(__file__).resolve().parents[2] / "docs" / "cards" / "smollm2-fp8"
+    recs = json.loads((run / "calibration.json").read_text(encoding="utf-8"))
+    card = json.loads((run / "calibration.meta.json").read_text(encoding="utf-8"))["card"]
+    table = tmp_path / "effect_sizes.json"
+    raw = json.loads(Path(EFFECT_SIZES_PATH).read_text(encoding="utf-8"))
+    raw.pop("cards", None)
+    table.write_text(json.dumps(raw), encoding="utf-8")
+    kw = {"key": card["name"], "model": card["model"], "card": card["card_recipe"], "card_bits": card["card_bits"],
+          "path": table}
+    int4 = [r for r in recs if r["profile"] == "native-fp8-int4"]
+    kv = [r for r in recs if r["profile"] == "native-fp8-kv-fp8"]
+    write_card_effects(int4, source="first run", **kw)
+    _, entry = write_card_effects(kv, source="second run", **kw)
+    stored = json.loads(table.read_text(encoding="utf-8"))["cards"][card["name"]]
+    assert stored == entry and set(entry["classes"]) == {"int4", "kv-fp8"}
+    assert entry["source"].startswith("second run; int4 kept from first run")
+    _, again = write_card_effects(int4, source="third run", **kw)  # int4 re-measured, kv-fp8 kept
+    assert set(again["classes"]) == {"int4", "kv-fp8"} and again["classes"]["kv-fp8"] == entry["classes"]["kv-fp8"]
+    _, other = write_card_effects(kv, source="other recipe", **{**kw, "card": card["card_recipe"] + " (changed)"})
+    assert set(other["classes"]) == {"kv-fp8"} and other["source"] == "other recipe"
