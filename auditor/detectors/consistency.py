@@ -63,7 +63,7 @@ from .sampling import (
 )
 from .stats import RngLike
 
-__all__ = ["UNVERIFIED_GAP_NATS", "self_argmax", "self_gof", "self_greedy", "self_tail", "step_counts"]
+__all__ = ["UNVERIFIED_GAP_NATS", "after_first_unverified", "self_argmax", "self_gof", "self_greedy", "self_tail", "step_counts"]
 
 #: Nats below the top-1 (the provider's own, and the reference's when known) from which a greedy
 #: contradiction is an unverified token (a ratio of e^8 ≈ 3000: no penalty or near-tie moves a token so far).
@@ -158,6 +158,79 @@ def step_counts(step_final: np.ndarray | None, rows: np.ndarray, clear: np.ndarr
             "p_value": min(p, 1.0)}
 
 
+def _self_greedy_rows(batch: EvidenceBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The greedy positions self-greedy tests and their gaps to the provider's own top-1.
+
+    Returns:
+        (idx [n] int64 batch rows: T = 0, trusted provider list of >= 1 entry, aligned token; own_top1 [n] int64
+        the provider's reported top-1 id; contra [n] bool emitted != own top-1; gap [n] float64 nats
+        logp_top1 − logp_emitted where contra, else 0 — the emitted logprob, when not reported and not listed,
+        bounded below by the smaller of the last listed logprob and log(1 − Σ listed)).
+    """
+    mask = (
+        (batch.temperatures <= GREEDY_TEMPERATURE_MAX)
+        & batch.provider_trusted
+        & (batch.provider_listed >= 1)
+        & (batch.token_ids >= 0)
+    )
+    idx = np.flatnonzero(mask)
+    ids = batch.provider_top_ids[idx]
+    lps = batch.provider_top_logprobs[idx]
+    tok = batch.token_ids[idx]
+    lp1 = lps[:, 0]
+    lp_tok = batch.provider_token_logprobs[idx].copy()
+    # unknown emitted logprob and not listed: p(tok) <= min(p_last_listed, 1 - Σ listed)
+    last = np.where(np.isfinite(lps), lps, np.inf).min(1) if idx.size else np.zeros(0)
+    rest = np.clip(1.0 - np.exp(lps).sum(1), 1e-300, 1.0)
+    bound = np.minimum(last, np.log(rest))
+    lp_tok = np.where(np.isnan(lp_tok), bound, lp_tok)
+    contra = tok != ids[:, 0]
+    gap = np.where(contra, np.maximum(lp1 - lp_tok, 0.0), 0.0)
+    return idx, ids[:, 0], contra, gap
+
+
+def _unverified(batch: EvidenceBatch, idx: np.ndarray, clear: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(unverified [n] bool, ref_gap [n] float64 nats) at rows ``idx``: a clear contradiction UNVERIFIED_GAP_NATS or more
+    below the provider's own top-1 and not less below the reference's top-1 (module docstring; the one home of this
+    rule). A NaN reference gap (no reference, or the token outside its top-K with no logprob) leaves the provider's own
+    gap to decide."""
+    ref_gap = np.full(idx.size, np.nan)
+    if batch.has_reference:
+        ref = batch.reference()
+        ref_gap = ref.top_logprobs[idx, 0] - ref.token_logprobs[idx]
+    return clear & (gap >= UNVERIFIED_GAP_NATS) & ~(ref_gap < UNVERIFIED_GAP_NATS), ref_gap
+
+
+def after_first_unverified(batch: EvidenceBatch, floor: NoiseFloor | None, of: EvidenceBatch | None = None) -> np.ndarray:
+    """Which positions lie at or after the first unverified greedy token of their response.
+
+    The unverified tokens are self-greedy's (:func:`self_greedy` ``details["n_unverified"]``: same positions, band
+    and rule, found in ``batch`` with ``floor``); a response is a ``prompt_id``. After such a token a response goes on
+    from a context the honest engine would not have produced, so comparisons there see a degenerate context (issue 40).
+
+    Args:
+        batch: the batch self-greedy reads (provider top_logprobs; its reference, when present, for the reference gap).
+        floor: the floor self-greedy uses (its near-tie band), or None.
+        of: the batch to mark (default ``batch``), matched by ``prompt_id`` and ``position``.
+
+    Returns:
+        [N] bool over ``of``'s rows: True where the position is >= the position of its response's first unverified
+        token; all False when there is none.
+    """
+    target = batch if of is None else of
+    idx, _, contra, gap = _self_greedy_rows(batch)
+    band, r0 = honest_band_and_rate(floor)
+    unverified, _ = _unverified(batch, idx, clear_mismatch_test(contra, gap, band, r0)["clear"], gap)
+    first: dict[str, int] = {}
+    for j in np.flatnonzero(unverified):
+        pid, pos = str(batch.prompt_ids[idx[j]]), int(batch.positions[idx[j]])
+        first[pid] = min(pos, first.get(pid, pos))
+    if not first:
+        return np.zeros(len(target.token_ids), dtype=bool)
+    start = np.array([first.get(str(p), np.iinfo(np.int64).max) for p in target.prompt_ids], dtype=np.int64)
+    return np.asarray(target.positions, dtype=np.int64) >= start
+
+
 def self_greedy(
     batch: EvidenceBatch,
     floor: NoiseFloor | None = None,
@@ -174,41 +247,18 @@ def self_greedy(
         rate (Wilson CI), details = {agreement, n_contradiction, n_near_tie, band, r0, p_randomized, n_unverified,
         and for a reasoning model ``spans``: per span its positions, clear contradictions and honest expectation}.
     """
-    mask = (
-        (batch.temperatures <= GREEDY_TEMPERATURE_MAX)
-        & batch.provider_trusted
-        & (batch.provider_listed >= 1)
-        & (batch.token_ids >= 0)
-    )
-    n = int(mask.sum())
+    idx, own_top1, contra, gap = _self_greedy_rows(batch)
+    n = int(idx.size)
     if n < MIN_POSITIONS:
         return not_run(
             name,
             f"too few greedy positions with trusted provider top_logprobs ({n} < {MIN_POSITIONS})",
             n=n,
         )
-    idx = np.flatnonzero(mask)
-    ids = batch.provider_top_ids[idx]
-    lps = batch.provider_top_logprobs[idx]
-    tok = batch.token_ids[idx]
-    lp1 = lps[:, 0]
-    lp_tok = batch.provider_token_logprobs[idx].copy()
-    # unknown emitted logprob and not listed: p(tok) <= min(p_last_listed, 1 - Σ listed)
-    last = np.where(np.isfinite(lps), lps, np.inf).min(1)
-    rest = np.clip(1.0 - np.exp(lps).sum(1), 1e-300, 1.0)
-    bound = np.minimum(last, np.log(rest))
-    lp_tok = np.where(np.isnan(lp_tok), bound, lp_tok)
-    contra = tok != ids[:, 0]
-    gap = np.where(contra, np.maximum(lp1 - lp_tok, 0.0), 0.0)
     band, r0 = honest_band_and_rate(floor)
     t = clear_mismatch_test(contra, gap, band, r0, rng)
     clear = t["clear"]
-    ref_gap = np.full(idx.size, np.nan)
-    if batch.has_reference:
-        ref = batch.reference()
-        ref_gap = ref.top_logprobs[idx, 0] - ref.token_logprobs[idx]
-    # a NaN reference gap (no reference, or the token outside its top-K with no logprob) leaves the provider's own gap to decide
-    unverified = clear & (gap >= UNVERIFIED_GAP_NATS) & ~(ref_gap < UNVERIFIED_GAP_NATS)
+    unverified, ref_gap = _unverified(batch, idx, clear, gap)
     unv_rows = [
         {"prompt_id": str(batch.prompt_ids[idx[j]]), "position": int(batch.positions[idx[j]]),
          "gap": float(gap[j]), "reference_gap": None if np.isnan(ref_gap[j]) else float(ref_gap[j])}
@@ -217,7 +267,7 @@ def self_greedy(
     return clear_mismatch_result(
         batch, name, idx, contra, gap, t, floor, n_evidence,
         agreement=("agreement", "n_contradiction"),
-        row_ints={"provider_top1": ids[:, 0]},
+        row_ints={"provider_top1": own_top1},
         details={
             "n_unverified": int(unverified.sum()),
             "unverified_gap_nats": UNVERIFIED_GAP_NATS,

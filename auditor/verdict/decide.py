@@ -19,7 +19,13 @@ p-value is <= alpha:
    reference's (``details["n_unverified"]`` of self-greedy): tokens no decoding parameter picks are
    drafts that were never verified → RELAXED_VERIFICATION, rule ``1u-unverified-tokens``, the
    positions named (issue 40 item 3: a real vLLM with ngram speculation, greedy requests batched
-   with sampled ones) — or (1s) when a reasoning model's contradictions sit in its reasoning span and
+   with sampled ones). 1u decides before rule 2 also when ``logprob-divergence`` rejects but its test on the
+   positions before each response's first unverified token (``details["verified_prefix"]`` of logprob-divergence,
+   :func:`auditor.check.run_detectors.verified_prefix`: a cause feature outside the Holm family) ran on at least
+   MIN_POSITIONS positions with p > alpha: the divergence sits where the responses continue from unverified tokens,
+   contexts the honest floor never saw, so the finding is marked ``explained_by`` RELAXED_VERIFICATION
+   (:func:`auditor.verdict.verification_rules.divergence_after_unverified`); a verified prefix that still diverges
+   keeps rule 2 with 1u as a secondary cause (a quantized engine that also skips verification) — or (1s) when a reasoning model's contradictions sit in its reasoning span and
    not in its answer (the answer's within their honest expectation, and the reasoning span's rate higher
    by a one-sided Fisher exact test at alpha, ``verdict_cause.span_localized``): a rule that applies only
    between <think> and </think> is a verification rule (relaxed MTP acceptance inside the reasoning
@@ -175,6 +181,7 @@ from auditor.verdict.model_rules import (
 from auditor.verdict.power import DEFAULT_POWER, _budget
 from auditor.verdict.rules_out import RULE_OUT_POWER, EffectSizes, rules_out, rules_out_sentence
 from auditor.verdict.verification_rules import (
+    divergence_after_unverified,
     near_tie_cause,
     preflight_cause,
     preflight_primary_cause,
@@ -310,7 +317,11 @@ def decide_verdict(
         details["speculation"] = {k: speculation.get(k) for k in ("detected", "mean_accepted_tokens_per_step", "ci95")}
         details["speculation"]["by_predictability"] = accepted_by_predictability(speculation)  # issue 35 item 3
     ctx = RuleContext(by, rejects, details, speculation)
-    cause = _primary_cause(ctx)
+    explained_divergence = divergence_after_unverified(ctx)
+    lp_res = by.get(DetectorName.LOGPROB_DIVERGENCE)
+    if lp_res is not None and (vp := (lp_res.details or {}).get("verified_prefix")):
+        details["verified_prefix"] = {**vp, "explains_divergence": explained_divergence is not None}
+    cause = _primary_cause(ctx, explained_divergence)
     n_power = max(1, sum(1 for r in ran if r.name not in PREFLIGHT_CHECKS))
     if cause is None:
         cause = _no_rejection(adj, alpha, power, floor, details, n_power)
@@ -321,7 +332,7 @@ def decide_verdict(
         _budget(adj, alpha, power, floor, scratch, n_tests=n_power)
         details["power"], details["power_families"] = scratch["power"], scratch["power_families"]
     secondary = [c for c in _other_causes(ctx, cause) if c.rule != cause.rule]
-    _explain_findings(details["findings"], cause, secondary, rejects)
+    _explain_findings(details["findings"], cause, secondary, rejects, explained_divergence)
     fail = failure_summary(provider_failures)
     if fail is not None:
         details["provider_failures"] = fail
@@ -359,12 +370,15 @@ def decide_verdict(
     return tokenizer_substitution(verdict, tokenizer_mismatch) if tokenizer_mismatch else verdict
 
 
-def _primary_cause(c: RuleContext) -> Cause | None:
-    """Rules 1-4 and 6 in order (the first that fires), or None when nothing rejects."""
+def _primary_cause(c: RuleContext, explained_divergence: str | None = None) -> Cause | None:
+    """Rules 1-4 and 6 in order (the first that fires), or None when nothing rejects. ``explained_divergence``:
+    :func:`auditor.verdict.verification_rules.divergence_after_unverified`'s clause (rule 1u before rule 2)."""
     rejects = c.rejects
     c.details["logprobs_consistent"] = c.lp_consistent
     if rejects(DetectorName.SELF_GREEDY) and not c.lp_sig:
         return self_greedy_cause(c)
+    if explained_divergence is not None:
+        return self_greedy_cause(c, divergence=explained_divergence)
     if c.lp_sig:
         return logprob_cause(c)
     if rejects(DetectorName.GREEDY_MATCH):
@@ -434,14 +448,15 @@ _NEAR_TIE_EXPLAINED = ("1-self-greedy", "2-", "3-", "3h-")  # 3h-logprob-mixture
 
 
 def _explain_findings(findings: list[dict[str, Any]], primary: Cause, secondary: Sequence[Cause],
-                      rejects: Callable[[str], bool]) -> None:
+                      rejects: Callable[[str], bool], explained_divergence: str | None = None) -> None:
     """Mark in place each finding that the established cause explains: ``explained_by`` (the verdict kind) and
     the implication says so, so that no report lists it as a separate cause (issue 37 item 6). A rejecting
     greedy-near-tie under a decode-path or model cause (rules 1-3h); the pre-flight top-p check under a rule-4
     RELAXED_VERIFICATION or the undetermined sampler pair (:func:`_sampler_cause`); the pre-flight greedy-top1
     check under the RELAXED_VERIFICATION self-greedy establishes (:func:`_unverified_greedy_cause`); the reference sampling tests
     under a model cause that no sampling cause claims (the reference's distribution is not the served one);
-    the greedy findings the decode path explains (:func:`auditor.verdict.cause.explained_by_decode_path`)."""
+    the greedy findings the decode path explains (:func:`auditor.verdict.cause.explained_by_decode_path`); a
+    logprob-divergence that rule 1u explains (``explained_divergence``, its verified prefix matches the reference)."""
     causes = (primary, *secondary)
     claimed = {n for x in causes for n in x.deciding}
     model = primary.kind in (VerdictKind.QUANTIZATION, VerdictKind.SUBSTITUTION,
@@ -455,6 +470,9 @@ def _explain_findings(findings: list[dict[str, Any]], primary: Cause, secondary:
             continue
         if explained_by_decode_path(name, rejects):
             by = VerdictKind.DECODING_NONCOMPLIANT
+        elif (name == DetectorName.LOGPROB_DIVERGENCE and explained_divergence is not None
+              and primary.rule == "1u-unverified-tokens"):
+            by, why = primary.kind, explained_divergence
         elif name == DetectorName.GREEDY_NEAR_TIE and primary.rule.startswith(_NEAR_TIE_EXPLAINED):
             by, why = primary.kind, ("a decode path that differs and weights that differ (quantized, another or a "
                                      "mixed model) move near-ties too")

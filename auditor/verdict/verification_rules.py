@@ -3,7 +3,8 @@ Which rules (numbered as in :mod:`auditor.verdict.decide`, which applies them in
 
 - rule 1, ``self-greedy`` rejects: the greedy path does not follow the request (DECODING_NONCOMPLIANT), or
   drafts were never verified (1u unverified tokens, 1s inside the reasoning span, 1d inside the streamed steps
-  → RELAXED_VERIFICATION) (:func:`self_greedy_cause`);
+  → RELAXED_VERIFICATION) (:func:`self_greedy_cause`); 1u also when logprob-divergence rejects only after the
+  unverified tokens (:func:`divergence_after_unverified`);
 - rule 3n, near-ties flipped at temperature 0 (:func:`near_tie_cause`);
 - rule 4, the sampling tests: greedy-served, truncated, relaxed acceptance, and the mechanism-undetermined
   pair RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT (:func:`sampling_cause`, :func:`sampler_undetermined`);
@@ -18,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from auditor.detectors import PREFLIGHT_CHECKS, SELF_SAMPLING_DETECTORS, DetectorName, TestKind, detectors_where
-from auditor.detectors.base import DetectorResult
+from auditor.detectors.base import MIN_POSITIONS, DetectorResult
 from auditor.verdict.cause import (
     DECIDES_SAMPLER,
     emission_cause,
@@ -36,8 +37,8 @@ from auditor.verdict.kinds import Cause, RuleContext, VerdictKind
 from auditor.verdict.model_rules import sampled_model_cause
 
 __all__ = ["GREEDY_SERVED_MIN_ARGMAX_RATE", "TAIL_MISSING_MAX_RATIO", "TRUNCATION_SHAPE_RATIO", "UNVERIFIED_MIN_TOKENS",
-           "near_tie_cause", "preflight_cause", "preflight_primary_cause", "sampler_undetermined", "sampling_cause",
-           "self_greedy_cause"]
+           "divergence_after_unverified", "near_tie_cause", "preflight_cause", "preflight_primary_cause",
+           "sampler_undetermined", "sampling_cause", "self_greedy_cause"]
 
 #: Unverified greedy tokens (self-greedy ``n_unverified``) from which rule 1u names relaxed verification.
 UNVERIFIED_MIN_TOKENS = 3
@@ -53,14 +54,52 @@ TAIL_MISSING_MAX_RATIO = 0.0
 TRUNCATION_SHAPE_RATIO = 0.9
 
 
-def self_greedy_cause(c: RuleContext) -> Cause:
+def _unverified_shown(d: Mapping[str, Any]) -> bool:
+    """Rule 1u's condition on self-greedy's details ``d``: at least UNVERIFIED_MIN_TOKENS unverified tokens, and at
+    least half of the clear contradictions."""
+    n_unv, n_clear = int(d.get("n_unverified") or 0), int(d.get("n_clear") or 0)
+    return n_unv >= UNVERIFIED_MIN_TOKENS and 2 * n_unv >= n_clear
+
+
+def divergence_after_unverified(c: RuleContext) -> str | None:
+    """Why logprob-divergence's rejection is rule 1u's, or None (issue 40).
+
+    When self-greedy rejects with rule 1u's condition (:func:`_unverified_shown`) and logprob-divergence rejects, but
+    its test on the positions before each response's first unverified token (``details["verified_prefix"]``,
+    :func:`auditor.check.run_detectors.verified_prefix`) ran on at least MIN_POSITIONS positions and does not reject
+    at alpha (raw p > alpha: no Holm discount, so explaining is the harder side), the divergence sits where the
+    responses go on from unverified tokens — contexts the honest floor never saw — and is the verification cause's
+    doing, not a model difference. A verified prefix that still diverges (p <= alpha) keeps rule 2: a quantized
+    engine that also skips verification is named for both.
+
+    Returns:
+        The plain clause ("its divergence sits after unverified tokens: ...") or None when the rule does not apply.
+    """
+    sg, lp = c.by.get(DetectorName.SELF_GREEDY), c.lp
+    if sg is None or lp is None or not (c.rejects(DetectorName.SELF_GREEDY) and c.lp_sig):
+        return None
+    vp = (lp.details or {}).get("verified_prefix") or {}
+    p, n = vp.get("p_value"), int(vp.get("n") or 0)
+    if not (_unverified_shown(sg.details or {}) and vp.get("ran") and p is not None and n >= MIN_POSITIONS
+            and float(p) > float(c.details["alpha"])):
+        return None
+    geo = vp.get("geometric_ratio")
+    return (f"its divergence sits after unverified tokens: on the {n} positions before each response's first "
+            f"unverified token the reported logprobs match the reference (logprob-divergence p={float(p):.3g}"
+            + (f", geometric-mean KL {float(geo):.2f}x the honest floor" if geo is not None else "")
+            + f"); the {int(vp.get('n_after_unverified') or 0)} positions at or after one continue from tokens the "
+            "model did not choose")
+
+
+def self_greedy_cause(c: RuleContext, *, divergence: str | None = None) -> Cause:
     """Rule 1: ``self-greedy`` rejects → DECODING_NONCOMPLIANT (``1-self-greedy``), or RELAXED_VERIFICATION when the
     contradictions are drafts never verified: tokens far below every top-1 (``1u-unverified-tokens``), localized in
-    the reasoning span (``1s-reasoning-span``) or inside the streamed steps (``1d-unverified-drafts``)."""
+    the reasoning span (``1s-reasoning-span``) or inside the streamed steps (``1d-unverified-drafts``).
+    ``divergence``: :func:`divergence_after_unverified`'s clause, appended to rule 1u's reason."""
     r = c.by[DetectorName.SELF_GREEDY]
     d = r.details or {}
     n_unv, n_clear = int(d.get("n_unverified") or 0), int(d.get("n_clear") or 0)
-    if n_unv >= UNVERIFIED_MIN_TOKENS and 2 * n_unv >= n_clear:
+    if _unverified_shown(d):
         pos = ", ".join(f"{u['prompt_id']}@{u['position']} ({u['gap']:.1f} nats)"
                         for u in list(d.get("unverified_positions") or [])[:4])
         return c.cause(
@@ -70,7 +109,8 @@ def self_greedy_cause(c: RuleContext) -> Cause:
             f"positions (e.g. {pos}): tokens no decoding parameter picks — drafts accepted without strict "
             f"verification (e.g. speculative decoding with greedy requests batched beside sampled ones) "
             f"(self-greedy p_adj={r.p_adjusted:.3g})" + predictability_clause(
-                c.speculation, chunks_are_steps=_steps_shown(d, float(c.details["alpha"])), only_flat=True),
+                c.speculation, chunks_are_steps=_steps_shown(d, float(c.details["alpha"])), only_flat=True)
+            + (f"; logprob-divergence rejects (p_adj={_lp_p_adj(c)}), but {divergence}" if divergence else ""),
             "1u-unverified-tokens", [DetectorName.SELF_GREEDY],
             f"{n_unv} unverified greedy tokens, self-greedy p_adj={r.p_adjusted:.3g}",
         )
@@ -108,6 +148,11 @@ def self_greedy_cause(c: RuleContext) -> Cause:
         f"before the pick) (self-greedy p_adj={r.p_adjusted:.3g})",
         "1-self-greedy", [DetectorName.SELF_GREEDY], f"greedy tokens are not its own top-1, self-greedy p_adj={r.p_adjusted:.3g}",
     )
+
+
+def _lp_p_adj(c: RuleContext) -> str:
+    lp = c.lp
+    return f"{lp.p_adjusted:.3g}" if lp is not None and lp.p_adjusted is not None else "?"
 
 
 def _steps_shown(d: Mapping[str, Any], alpha: float) -> bool:
