@@ -14,7 +14,7 @@ question — and what a decisive audit needs):
 :func:`answer_questions` reads only the verdict kind and its stored ``details``
 (``auditor.verdict.decide.decide_verdict``: ``rule``, ``secondary_causes``, ``detectors``, ``findings``,
 ``not_run``, ``power``, ``power_families``, ``provider_failures``, ``template_mismatch``,
-``tokenizer_mismatch``, ``not_tested``). Rules, in order:
+``tokenizer_mismatch``, ``not_tested``, ``verified_prefix``). Rules, in order:
 
 Both questions
     0. **not established** (after rule 1 of each) when QUANTIZATION_OR_RELAXED_VERIFICATION is the verdict
@@ -35,6 +35,10 @@ Precision
     3. **not tested** when no ``model``-family test (greedy-match, logprob-divergence) ran: no
        reference (``reference = "none"``), the reference comparisons set aside (another chat
        template), or the stored reasons why each did not run.
+    3u. when logprob-divergence's rejection is explained by unverified tokens (``details["verified_prefix"]``
+       ``explains_divergence``, rule 1u of ``auditor.verdict.decide``): the answer rests on logprob-divergence on
+       the positions before each response's first unverified token — **yes** with at least the positions its power
+       calculation needs (``details["power"]``), else **undecided** — and names the explained rejections.
     4. **yes** when the ``model`` family ran and is adequate (``details["power_families"]``, or
        for older audits derived from ``details["power"]``): evidence names each adequate test's
        positions, the positions it needed and its target effect (3% clear greedy mismatches /
@@ -462,6 +466,8 @@ def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
                 "template or an injected system prompt)"))
         return _answer("precision", "not tested",
                        "the model tests did not run (" + _why_not_run(d, MODEL_DETECTORS) + ")")
+    if _map(d.get("verified_prefix")).get("explains_divergence"):
+        return _verified_prefix_precision(d)
     fam = _family(d, "model", MODEL_DETECTORS)
     if fam is None:
         return _answer("precision", "undecided", "the model tests " + _no_power(d, MODEL_DETECTORS))
@@ -470,6 +476,31 @@ def _precision(verdict: str, d: Mapping[str, object]) -> QuestionAnswer:
                        )
     return _answer("precision", "undecided", "the model tests ran and found nothing, but had "
                    + _shortfall_text(d, MODEL_DETECTORS, fam))
+
+
+def _verified_prefix_precision(d: Mapping[str, object]) -> QuestionAnswer:
+    """Precision rule 3u: the model tests reject only where the verification cause explains them — logprob-divergence
+    after unverified tokens (``details["verified_prefix"]``, rule 1u of :mod:`auditor.verdict.decide`), the greedy tests
+    by the decode path — so the evidence on precision is logprob-divergence on the verified prefix: **yes** when it had
+    the positions logprob-divergence's power calculation needs, else **undecided** (positions had and needed)."""
+    vp = _map(d.get("verified_prefix"))
+    lp = str(DetectorName.LOGPROB_DIVERGENCE)
+    n, need = finite(vp.get("n")), finite(_map(_map(d.get("power")).get(lp)).get("required_positions"))
+    geo = finite(vp.get("geometric_ratio"))
+    where = (f"logprob-divergence on the {_n(n)} greedy positions before each response's first unverified token finds "
+             f"no difference (p = {fmt_p(vp.get('p_value'))}" + (f", geometric-mean KL {geo:.2f}x the honest floor"
+                                                                 if geo is not None else "") + ")")
+    explained = [f"{name} (Holm-adjusted p = {fmt_p(_map(f).get('p_adjusted'))}, explained by {_map(f).get('explained_by')})"
+                 for f in _list(d.get("findings"))
+                 if (name := str(_map(f).get("detector"))) in MODEL_DETECTORS and _map(f).get("explained_by")]
+    tail = ("; the model tests' rejections over all positions are the unverified tokens' doing, not a model difference: "
+            + ", ".join(explained)) if explained else ""
+    power = f"{_n(need)} needed for {_POWER} against {_target_meaning(lp)}"
+    if n is not None and need is not None and n >= need:
+        return _answer("precision", "yes", f"no model difference found where the tokens were verified: {where} "
+                       f"({power}){tail}")
+    return _answer("precision", "undecided", f"no model difference found where the tokens were verified, but too few "
+                   f"positions to clear the provider: {where} ({power}){tail}")
 
 
 def _verification(verdict: str, d: Mapping[str, object], precision: QuestionAnswer) -> QuestionAnswer:
