@@ -174,13 +174,15 @@ def _self_greedy_rows(batch: EvidenceBatch) -> tuple[np.ndarray, np.ndarray, np.
         & (batch.token_ids >= 0)
     )
     idx = np.flatnonzero(mask)
+    if idx.size == 0:  # e.g. no provider top_logprobs at all (a list width of 0)
+        return idx, np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0)
     ids = batch.provider_top_ids[idx]
     lps = batch.provider_top_logprobs[idx]
     tok = batch.token_ids[idx]
     lp1 = lps[:, 0]
     lp_tok = batch.provider_token_logprobs[idx].copy()
     # unknown emitted logprob and not listed: p(tok) <= min(p_last_listed, 1 - Σ listed)
-    last = np.where(np.isfinite(lps), lps, np.inf).min(1) if idx.size else np.zeros(0)
+    last = np.where(np.isfinite(lps), lps, np.inf).min(1)
     rest = np.clip(1.0 - np.exp(lps).sum(1), 1e-300, 1.0)
     bound = np.minimum(last, np.log(rest))
     lp_tok = np.where(np.isnan(lp_tok), bound, lp_tok)
