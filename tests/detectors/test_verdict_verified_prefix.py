@@ -89,8 +89,7 @@ def _stage_batch(diverge_after: float, seed: int = 0) -> tuple[EvidenceBatch, np
     prov = ref + np.where(late[:, None], rng.normal(size=(n, V)) * diverge_after, 0.0)
     unv = late & (pos == 2)
     ref[unv, 0] = prov[unv, 0] = -40.0
-    norm = lambda x: x - np.log(np.exp(x).sum(1, keepdims=True))  # noqa: E731
-    lp, pv = norm(ref), norm(prov)
+    lp, pv = (x - np.log(np.exp(x).sum(1, keepdims=True)) for x in (ref, prov))
     tok = np.where(unv, 0, pv.argmax(1))
     top = np.argsort(-pv, 1)[:, :5]
     batch = EvidenceBatch.from_arrays(
@@ -102,7 +101,7 @@ def _stage_batch(diverge_after: float, seed: int = 0) -> tuple[EvidenceBatch, np
 
 
 def test_positions_at_or_after_the_first_unverified_token_are_marked() -> None:
-    batch, late, floors = _stage_batch(0.0)
+    batch, late, _ = _stage_batch(0.0)
     assert self_greedy(batch).details["n_unverified"] == 10
     np.testing.assert_array_equal(after_first_unverified(batch, None), late)
     # another batch's rows are matched by response and position (here: the same rows reversed)
