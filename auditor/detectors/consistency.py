@@ -221,6 +221,8 @@ def after_first_unverified(batch: EvidenceBatch, floor: NoiseFloor | None, of: E
     """
     target = batch if of is None else of
     idx, _, contra, gap = _self_greedy_rows(batch)
+    if idx.size == 0:  # no greedy position with the provider's own top_logprobs (e.g. a sampling-only audit)
+        return np.zeros(len(target.token_ids), dtype=bool)
     band, r0 = honest_band_and_rate(floor)
     unverified, _ = _unverified(batch, idx, clear_mismatch_test(contra, gap, band, r0)["clear"], gap)
     first: dict[str, int] = {}

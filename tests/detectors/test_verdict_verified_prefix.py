@@ -109,6 +109,13 @@ def test_positions_at_or_after_the_first_unverified_token_are_marked() -> None:
     np.testing.assert_array_equal(after_first_unverified(batch, None, of=rev), late[::-1])
     clean = batch.subset(~late)
     assert not after_first_unverified(clean, None).any()
+    # a sampling-only batch has no greedy position to test: nothing marked, no error (calibration's verification suite)
+    sampled = EvidenceBatch.from_arrays(
+        prompt_ids=batch.prompt_ids, positions=batch.positions, token_ids=batch.token_ids,
+        temperatures=np.ones(len(batch.token_ids)), ref_full_logprobs=batch.ref_full_logprobs,
+        provider_top_ids=batch.provider_top_ids, provider_top_logprobs=batch.provider_top_logprobs,
+        provider_token_logprobs=batch.provider_token_logprobs)
+    assert not after_first_unverified(sampled, None).any()
 
 
 def test_the_stage_tests_the_verified_prefix_beside_the_whole() -> None:
