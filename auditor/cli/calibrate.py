@@ -213,7 +213,9 @@ def _refresh_card_effects(run: Any, model: str, say: Callable[[str], None]) -> N
                    f"{run.meta['budgets']}, {run.meta['audits']} audits, revision {run.meta['revision']})")
     except ValueError as exc:
         fail(f"--effects: {exc}")
-    lp = {k: v["effects"].get("logprob-divergence") for k, v in entry["classes"].items()}
+    from auditor.detectors import DetectorName
+
+    lp = {k: v["effects"].get(str(DetectorName.LOGPROB_DIVERGENCE)) for k, v in entry["classes"].items()}
     say(f"wrote the effects under card {c['name']} into {path} (logprob-divergence ratio to the card's floor: {lp})")
 
 
