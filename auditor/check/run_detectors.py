@@ -6,7 +6,7 @@ floor, keeps per detector the result with the largest p-value over the reference
 (intersection–union test: accuse only if inconsistent with every honest precision), and runs
 ``self-greedy`` once on the provider's own logprobs with the most lenient floor. logprob-divergence
 uses the temperature-0 positions, where its floor is measured; when some greedy responses carry unverified tokens
-(self-greedy's, :func:`auditor.detectors.consistency.after_first_unverified`) it is also run on the positions before
+(self-greedy's, :func:`auditor.detectors.consistency.first_unverified`, found once) it is also run on the positions before
 each response's first one, recorded as ``details["verified_prefix"]`` (:func:`verified_prefix`: a cause feature the
 verdict's rule 1u reads, not a member of the Holm family). :func:`detect` is the stage as the
 pipeline runs it: those detectors, then their evidence rows given token texts and context
@@ -43,7 +43,7 @@ def verified_prefix(greedy: EvidenceBatch, late: np.ndarray, floor: NoiseFloor |
     Args:
         greedy: the batch logprob-divergence ran on (temperature-0 positions, one reference).
         late: [N] bool over ``greedy``'s rows, True at or after its response's first unverified token
-            (:func:`auditor.detectors.consistency.after_first_unverified`).
+            (:func:`auditor.detectors.consistency.at_or_after`).
         floor: that reference's noise floor; seed: the detector's seed.
 
     Returns:
@@ -93,7 +93,7 @@ def run_reference_detectors(
         detectors_where,
         run_detectors,
     )
-    from auditor.detectors.consistency import after_first_unverified
+    from auditor.detectors.consistency import at_or_after, first_unverified
 
     # the logprob tests compare with a floor measured on greedy continuations: like with like (T = 0)
     logprob_names = [str(k) for k in detectors_where(mode=Mode.LOGPROB, needs_reference=True)]
@@ -102,6 +102,8 @@ def run_reference_detectors(
 
     sb = self_batch if self_batch is not None else (next(iter(batches.values())) if batches else None)
     lenient = floors.most_lenient() if floors is not None else None
+    # the unverified tokens self-greedy counts (its batch and floor): found once, placed on each reference's greedy rows
+    first = first_unverified(sb, lenient) if sb is not None else {}
     out: dict[str, DetectorResult] = {}
     per_ref: dict[str, dict[str, DetectorResult]] = {}
     for r, batch in batches.items():
@@ -109,9 +111,8 @@ def run_reference_detectors(
         res_all = run_detectors(batch, floor, names=other_names, seed=seed)
         greedy = batch.subset(batch.temperatures <= LOGPROB_TEST_MAX_TEMPERATURE)
         res_all += run_detectors(greedy, floor, names=logprob_names, seed=seed)
-        # the unverified tokens self-greedy counts (its batch and floor), placed on this reference's greedy rows
-        late = after_first_unverified(sb, lenient, of=greedy) if sb is not None else None
-        if late is not None and late.any():
+        late = at_or_after(first, greedy)
+        if late.any():
             res_all = [replace(x, details={**(x.details or {}), "verified_prefix": verified_prefix(
                 greedy, late, floor, seed=seed)}) if x.name == DetectorName.LOGPROB_DIVERGENCE and x.ran else x
                 for x in res_all]

@@ -46,6 +46,8 @@ of that few (null share: the chunk-final positions' share); the verdict (rule 1d
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 from scipy import stats
 
@@ -63,7 +65,7 @@ from .sampling import (
 )
 from .stats import RngLike
 
-__all__ = ["UNVERIFIED_GAP_NATS", "after_first_unverified", "self_argmax", "self_gof", "self_greedy", "self_tail", "step_counts"]
+__all__ = ["UNVERIFIED_GAP_NATS", "at_or_after", "first_unverified", "self_argmax", "self_gof", "self_greedy", "self_tail", "step_counts"]
 
 #: Nats below the top-1 (the provider's own, and the reference's when known) from which a greedy
 #: contradiction is an unverified token (a ratio of e^8 ≈ 3000: no penalty or near-tie moves a token so far).
@@ -203,36 +205,37 @@ def _unverified(batch: EvidenceBatch, idx: np.ndarray, clear: np.ndarray, gap: n
     return clear & (gap >= UNVERIFIED_GAP_NATS) & ~(ref_gap < UNVERIFIED_GAP_NATS), ref_gap
 
 
-def after_first_unverified(batch: EvidenceBatch, floor: NoiseFloor | None, of: EvidenceBatch | None = None) -> np.ndarray:
-    """Which positions lie at or after the first unverified greedy token of their response.
+def first_unverified(batch: EvidenceBatch, floor: NoiseFloor | None) -> dict[str, int]:
+    """Per response (``prompt_id``) the position of its first unverified greedy token; responses without one are
+    absent.
 
     The unverified tokens are self-greedy's (:func:`self_greedy` ``details["n_unverified"]``: same positions, band
-    and rule, found in ``batch`` with ``floor``); a response is a ``prompt_id``. After such a token a response goes on
-    from a context the honest engine would not have produced, so comparisons there see a degenerate context (issue 40).
+    and rule, found in ``batch`` with ``floor``). After such a token a response goes on from a context the honest
+    engine would not have produced, so comparisons there see a degenerate context (issue 40; :func:`at_or_after`).
 
     Args:
         batch: the batch self-greedy reads (provider top_logprobs; its reference, when present, for the reference gap).
         floor: the floor self-greedy uses (its near-tie band), or None.
-        of: the batch to mark (default ``batch``), matched by ``prompt_id`` and ``position``.
-
-    Returns:
-        [N] bool over ``of``'s rows: True where the position is >= the position of its response's first unverified
-        token; all False when there is none.
     """
-    target = batch if of is None else of
     idx, _, contra, gap = _self_greedy_rows(batch)
     if idx.size == 0:  # no greedy position with the provider's own top_logprobs (e.g. a sampling-only audit)
-        return np.zeros(len(target.token_ids), dtype=bool)
+        return {}
     band, r0 = honest_band_and_rate(floor)
     unverified, _ = _unverified(batch, idx, clear_mismatch_test(contra, gap, band, r0)["clear"], gap)
     first: dict[str, int] = {}
     for j in np.flatnonzero(unverified):
         pid, pos = str(batch.prompt_ids[idx[j]]), int(batch.positions[idx[j]])
         first[pid] = min(pos, first.get(pid, pos))
+    return first
+
+
+def at_or_after(first: Mapping[str, int], of: EvidenceBatch) -> np.ndarray:
+    """[N] bool over ``of``'s rows: True where the position is >= its response's first unverified token
+    (``first``, :func:`first_unverified`; matched by ``prompt_id`` and ``position``); all False when there is none."""
     if not first:
-        return np.zeros(len(target.token_ids), dtype=bool)
-    start = np.array([first.get(str(p), np.iinfo(np.int64).max) for p in target.prompt_ids], dtype=np.int64)
-    return np.asarray(target.positions, dtype=np.int64) >= start
+        return np.zeros(len(of.token_ids), dtype=bool)
+    start = np.array([first.get(str(p), np.iinfo(np.int64).max) for p in of.prompt_ids], dtype=np.int64)
+    return np.asarray(of.positions, dtype=np.int64) >= start
 
 
 def self_greedy(

@@ -13,7 +13,7 @@ import pytest
 from auditor.check.measured_floors import FloorSet
 from auditor.check.run_detectors import run_reference_detectors
 from auditor.detectors import EvidenceBatch, compute_noise_floor
-from auditor.detectors.consistency import after_first_unverified, self_greedy
+from auditor.detectors.consistency import at_or_after, first_unverified, self_greedy
 from auditor.verdict.decide import decide_verdict
 from auditor.verdict.kinds import VerdictKind
 from auditor.verdict.questions import answer_questions
@@ -103,19 +103,19 @@ def _stage_batch(diverge_after: float, seed: int = 0) -> tuple[EvidenceBatch, np
 def test_positions_at_or_after_the_first_unverified_token_are_marked() -> None:
     batch, late, _ = _stage_batch(0.0)
     assert self_greedy(batch).details["n_unverified"] == 10
-    np.testing.assert_array_equal(after_first_unverified(batch, None), late)
+    np.testing.assert_array_equal(at_or_after(first_unverified(batch, None), batch), late)
     # another batch's rows are matched by response and position (here: the same rows reversed)
     rev = batch.subset(np.arange(len(batch.token_ids))[::-1])
-    np.testing.assert_array_equal(after_first_unverified(batch, None, of=rev), late[::-1])
+    np.testing.assert_array_equal(at_or_after(first_unverified(batch, None), rev), late[::-1])
     clean = batch.subset(~late)
-    assert not after_first_unverified(clean, None).any()
+    assert not at_or_after(first_unverified(clean, None), clean).any()
     # a sampling-only batch has no greedy position to test: nothing marked, no error (calibration's verification suite)
     sampled = EvidenceBatch.from_arrays(
         prompt_ids=batch.prompt_ids, positions=batch.positions, token_ids=batch.token_ids,
         temperatures=np.ones(len(batch.token_ids)), ref_full_logprobs=batch.ref_full_logprobs,
         provider_top_ids=batch.provider_top_ids, provider_top_logprobs=batch.provider_top_logprobs,
         provider_token_logprobs=batch.provider_token_logprobs)
-    assert not after_first_unverified(sampled, None).any()
+    assert not at_or_after(first_unverified(sampled, None), sampled).any()
 
 
 def test_the_stage_tests_the_verified_prefix_beside_the_whole() -> None:
