@@ -439,7 +439,9 @@ def compute_floors(
         k: speculation depth of the honest variants, used every round (no adaptive depth).
         batch_size: teacher-forcing batch size.
         seed: ``torch.manual_seed`` of the measurement; prompt ``i`` decodes with seed ``seed + i``.
-        progress: ``progress(stage, done, total)`` callback.
+        progress: ``progress(stage, done, total)`` after each prompt decoded: one stage
+            ``"noise floor: VARIANT"`` per honest variant, ``done`` of its ``total = len(prompts)`` prompts
+            (each stage ends at ``done == total``).
         spill_dir: directory of the temporary row file (default: the system's temporary directory;
             :func:`get_floors` passes the floor cache directory, on disk rather than a tmpfs).
 
@@ -474,8 +476,6 @@ def compute_floors(
 
     torch.manual_seed(int(seed))
     t0 = time.perf_counter()
-    total = len(variants) * len(prompts)
-    done = 0
     per_ref: dict[str, list[NoiseFloor]] = {r: [] for r in refs}
     cross: dict[str, dict[str, float]] = {r: {} for r in refs}
     n_pos: dict[str, int] = {}
@@ -506,9 +506,8 @@ def compute_floors(
                     gs.extend([prompt_names[i]] * len(toks))
                     ps.extend(range(len(toks)))
                 del res, lp
-                done += 1
-                if progress is not None:
-                    progress(f"noise floor: {name}", done, total)
+                if progress is not None:  # counted per variant: each stage's bar ends at its own total
+                    progress(f"noise floor: {name}", i + 1, len(prompts))
             n_pos[name] = spill.rows
             # issue 41: a cast copy (e.g. the bf16 honest copy of a float32 reference) is dropped once
             # the last variant in its dtype has decoded, before scoring: scoring uses the references

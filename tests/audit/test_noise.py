@@ -66,7 +66,7 @@ def test_get_floors_measures_then_caches(tiny_lm, tmp_path) -> None:
     before, path = floor_is_cached({"float32": tiny_lm}, tmp_path, n_prompts=3, max_new_tokens=6)
     assert before is False and path.parent == tmp_path  # the audit says "measuring ... first audit only"
     fs = get_floors({"float32": tiny_lm}, n_prompts=3, max_new_tokens=6, cache_dir=tmp_path,
-                    progress=lambda stage, d, t: calls.append(stage))
+                    progress=lambda stage, d, t: calls.append((stage, d, t)))
     assert fs.meta["cached"] is False and list(fs.floors) == ["float32"]
     fl = fs.floors["float32"]
     assert set(fl.variants) == set(HONEST_BY_REFERENCE["float32"])
@@ -75,7 +75,14 @@ def test_get_floors_measures_then_caches(tiny_lm, tmp_path) -> None:
     # the float32 variant (same weights, another computation path) is nearly exact
     ck = fs.cross_kl["float32"]
     assert ck["honest-fp32"] < 1e-6 < ck["honest-noisy"] and ck["honest-bf16"] > 1e-6
-    assert {s.split(": ")[1] for s in calls} == set(HONEST_BY_REFERENCE["float32"])
+    assert {s.split(": ")[1] for s, _d, _t in calls} == set(HONEST_BY_REFERENCE["float32"])
+    # each variant's stage counts its own prompts, 1..n, and ends at its total: a stage's bar is not
+    # left part-way (it was, when done/total ran over all variants together)
+    per_stage: dict[str, list[tuple[int, int]]] = {}
+    for s, d, t in calls:
+        per_stage.setdefault(s, []).append((d, t))
+    assert all(dt == [(i + 1, fl.n_prompts) for i in range(fl.n_prompts)] for dt in per_stage.values()), per_stage
+    _assert_bars_finish(calls)
     assert floor_is_cached({"float32": tiny_lm}, tmp_path, n_prompts=3, max_new_tokens=6) == (True, path)
     assert fs.meta["path"] == str(path)
     again = get_floors({"float32": tiny_lm}, n_prompts=3, max_new_tokens=6, cache_dir=tmp_path)
@@ -84,6 +91,23 @@ def test_get_floors_measures_then_caches(tiny_lm, tmp_path) -> None:
     assert FloorSet.from_json(fs.to_json()).summary()["references"] == fs.summary()["references"]
     other = get_floors({"float32": tiny_lm}, n_prompts=2, max_new_tokens=6, cache_dir=tmp_path)
     assert other.key != fs.key and other.meta["cached"] is False  # the key covers the prompt set
+
+
+def _assert_bars_finish(calls: list[tuple[str, int, int]]) -> None:
+    """The audit's rich bars (``auditor.check.pipeline._Stage``) fed these progress calls: one bar per
+    stage, every one complete when its stage is done."""
+    import io
+
+    from rich.console import Console
+
+    from auditor.check.pipeline import _Stage
+
+    with _Stage(progress=True, console=Console(file=io.StringIO(), width=100)) as stage:
+        for call in calls:
+            stage.update(*call)
+        tasks = list(stage._bar.tasks)
+    assert len(tasks) == len({s for s, _d, _t in calls}) > 0
+    assert all(t.finished and t.completed == t.total for t in tasks), [(t.description, t.completed, t.total) for t in tasks]
 
 
 def test_floor_measurement_is_deterministic(tiny_lm, tmp_path, monkeypatch) -> None:
