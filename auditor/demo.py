@@ -233,7 +233,7 @@ def run_demo(
         cfg_path = tmp / "providers.toml"
         cfg_path.write_text(providers_toml(servers, reference), encoding="utf-8")
         for i, s in enumerate(servers, 1):
-            say(f"auditing demo-{s.profile} ({i} of {len(servers)}): sending the {suite} suite's probes, then scoring "
+            say(f"auditing demo-{s.profile} ({i} of {len(servers)}): sending the {suite or 'default'} suite's probes, then scoring "
                 "every returned token against the reference model and running the detectors ...")
             rep = run_check(f"demo-{s.profile}", suite=suite, budget_tokens=budget_tokens, db_url=db_url,
                             config_path=str(cfg_path), progress=True if progress else None, console=console)
@@ -260,33 +260,64 @@ def run_demo(
 
 
 def _deciding(rep: Any) -> str:
-    """The rejecting detectors with Holm-adjusted p (or the smallest one when none rejects)."""
+    """The rejecting detectors with Holm-adjusted p (or the smallest one when none rejects), one per line."""
     ran = [d for d in rep.detectors if d.get("ran") and d.get("p_adjusted") is not None]
     rej = [d for d in ran if d.get("rejects")]
     show = rej or sorted(ran, key=lambda d: d["p_adjusted"])[:1]
-    return ", ".join(f"{d['name']} p={d['p_adjusted']:.2g}" for d in show) or "—"
+    return "\n".join(f"{d['name']} p={d['p_adjusted']:.2g}" for d in show) or "—"
+
+
+def _breakable(verdict: str) -> str:
+    """A verdict name that a narrow column wraps after each ``_OR_`` instead of cutting it:
+    ``QUANTIZATION_OR_RELAXED_VERIFICATION`` → ``QUANTIZATION_OR_`` / ``RELAXED_VERIFICATION``
+    (each line at most 24 characters; the name reads whole when the lines are joined)."""
+    return verdict.replace("_OR_", "_OR_\n")
+
+
+#: Narrowest the deciding-tests column is squeezed to before the other cells fold too.
+_DECIDING_MIN_WIDTH = 16
 
 
 def render_demo_table(result: DemoResult, console: Any = None) -> None:
-    """Print the side-by-side table and how to open the dashboard."""
+    """Print the side-by-side table and how to open the dashboard.
+
+    Fits a 100-column terminal without cutting a cell (no ``…``): the run id sits under the
+    provider, tokens / USD / seconds share one column, each deciding test takes its own line (the
+    only column that wraps), and a long verdict (``..._OR_...``) breaks after ``_OR_``. On a console
+    too narrow even for that (80 columns), every cell folds instead of being cut.
+    """
+    from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
-    if not console.is_terminal and console.width < 140:
-        console = Console(width=140, file=console.file)
-    t = Table(title="auditor demo — simulated providers (profile hidden from the auditor)", title_justify="left")
-    for c, kw in (("provider", {"no_wrap": True}), ("expected", {}), ("verdict", {}), ("", {}),
-                  ("deciding tests (Holm-adjusted p)", {"ratio": 1}), ("tokens", {"justify": "right"}),
-                  ("USD", {"justify": "right"}), ("s", {"justify": "right"}), ("run", {"no_wrap": True})):
-        t.add_column(c, **kw)
+    headers = ("provider\nrun", "expected", "verdict", "deciding tests\n(Holm-adjusted p)", "tokens\nUSD\ntime")
+    rows = []
     for p, r in zip(result.profiles, result.reports, strict=True):
         ok = r.verdict == result.expected.get(p)
-        t.add_row(
-            f"demo-{p}", result.expected.get(p, "?"), r.verdict, "[green]✓[/green]" if ok else "[red]✗[/red]",
-            _deciding(r), str((r.tokens or {}).get("total", 0)), f"{r.cost_usd:.5f}",
-            f"{(r.wall_s or 0):.0f}", r.run_id,
-        )
+        rows.append((
+            f"demo-{p}\n[dim]{r.run_id}[/dim]", _breakable(result.expected.get(p, "?")),
+            _breakable(r.verdict) + (" [green]✓[/green]" if ok else " [red]✗[/red]"), _deciding(r),
+            f"{(r.tokens or {}).get('total', 0)}\n{r.cost_usd:.5f}\n{(r.wall_s or 0):.0f} s",
+        ))
+
+    def widest(i: int) -> int:
+        return max(Text.from_markup(line).cell_len for cell in (headers[i], *(row[i] for row in rows))
+                   for line in cell.split("\n"))
+
+    deciding = 3
+    gaps = 2 * (len(headers) - 1)  # collapse_padding: one space each side of a column, shared
+    whole = sum(widest(i) for i in range(len(headers)) if i != deciding) + gaps + _DECIDING_MIN_WIDTH <= console.width
+    t = Table(title="auditor demo — simulated providers (profile hidden from the auditor)", title_justify="left",
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for i, c in enumerate(headers):
+        kw: dict[str, Any] = {"no_wrap": True} if whole else {"overflow": "fold"}
+        if i == deciding:
+            kw = {"overflow": "fold"}
+        t.add_column(c, justify="right" if i == len(headers) - 1 else "left", **kw)
+    for row in rows:
+        t.add_row(*row)
     console.print(t)
     console.print(
         f"total {result.wall_s:.0f} s (simulators ready after {result.server_start_s:.0f} s). Runs stored in {result.db_url}.\n"

@@ -193,11 +193,9 @@ class _Stage:
 
     def __enter__(self) -> _Stage:
         if self.progress is True:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from auditor.check.run_progress import progress_bar
 
-            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=self.console or Console(stderr=True))
+            self._bar = progress_bar(self.console)
             self._bar.start()
         return self
 

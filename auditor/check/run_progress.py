@@ -2,7 +2,8 @@
 
 :class:`RunProgress` holds the counters :mod:`auditor.check.runner` updates after every finished probe;
 :class:`ProgressDisplay` shows them as a rich progress bar on the console, passes them to a caller's
-callback, or does nothing (``run_probes(progress=...)``).
+callback, or does nothing (``run_probes(progress=...)``). :func:`progress_bar` is the rich bar of
+every audit stage (probing here, noise floor and reference scoring in ``auditor.check.pipeline``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,42 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProgressDisplay", "RunProgress"]
+__all__ = ["ProgressDisplay", "RunProgress", "progress_bar"]
+
+
+def progress_bar(console: Any | None, *stats: str, remaining: bool = False) -> Any:
+    """A rich ``Progress`` on ``console`` (default: a stderr console): bold description, bar, done/total,
+    one text column per ``stats`` template (``{task.fields[...]}``), elapsed (and remaining) time.
+
+    Every column but the bar keeps its text whole (``no_wrap``): on a narrow terminal (80 columns) the
+    bar shrinks first, instead of rich cutting the description and the numbers to ``3…`` / ``0:0…``.
+    Descriptions should stay short (a provider or stage name) so that the bar keeps some width.
+
+    Returns:
+        ``rich.progress.Progress``, not started.
+    """
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.table import Column
+
+    def whole() -> Column:
+        return Column(no_wrap=True)
+
+    columns: list[ProgressColumn] = [TextColumn("[bold]{task.description}", table_column=whole()), BarColumn(),
+                                     MofNCompleteColumn(table_column=whole())]
+    columns += [TextColumn(t, table_column=whole()) for t in stats]
+    columns.append(TimeElapsedColumn(table_column=whole()))
+    if remaining:
+        columns.append(TimeRemainingColumn(table_column=whole()))
+    return Progress(*columns, console=console or Console(stderr=True), transient=False)
 
 
 @dataclass
@@ -29,7 +65,11 @@ class RunProgress:
 
 class ProgressDisplay:
     """The session's progress: a rich bar on the console (``progress=True``), a callback with the
-    :class:`RunProgress` (``progress`` callable), or nothing."""
+    :class:`RunProgress` (``progress`` callable), or nothing.
+
+    The bar is described by ``title`` alone (the provider's name: short, so an 80-column terminal
+    shows it whole); the run id is said once above it (``probing NAME: run RID, N of M probes to send``).
+    """
 
     def __init__(self, progress: bool | Callable[[RunProgress], None] | None, state: RunProgress, title: str,
                  console: Any | None) -> None:
@@ -37,27 +77,12 @@ class ProgressDisplay:
         self.callback = progress if callable(progress) else None
         self.bar: Any = None
         if progress is True:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.bar = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("ok {task.fields[ok]} · failed {task.fields[failed]} · retries {task.fields[retries]}"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=console or Console(stderr=True),
-                transient=False,
-            )
+            self.bar = progress_bar(
+                console, "ok {task.fields[ok]} · failed {task.fields[failed]} · retries {task.fields[retries]}",
+                remaining=True)
             self.bar.start()
+            self.bar.console.print(f"probing {title}: run {state.run_id}, {state.total - state.done} of {state.total} "
+                                   "probes to send", markup=False, highlight=False)
             self.task_id = self.bar.add_task(title, total=state.total, completed=state.done, ok=state.ok,
                                              failed=state.failed, retries=0)
 

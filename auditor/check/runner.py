@@ -595,7 +595,7 @@ async def run_probes_async(
     # responses (TTFT and chunk timing stay accurate) and SQLite sees a single writer. The client
     # awaits on_attempt before its next try or backoff, so attempts are stored in order.
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="auditor-db-writer")
-    display = ProgressDisplay(progress, state, f"{config.name} {rid}", console)
+    display = ProgressDisplay(progress, state, config.name, console)
 
     status = "failed"
     unreachable: str | None = None
