@@ -14,7 +14,8 @@
   is measured at most once per session (``auditor.check.measured_floors`` is deterministic, so every session on
   the same machine measures the same numbers). Models stay shared. For local development only,
   ``$SPEC_AUDITOR_TEST_NOISE_DIR`` names a persistent directory to use instead (so repeated targeted
-  runs measure the floor once); CI and ``make test`` never set it.
+  runs measure the floor once); CI and ``make test`` never set it. A measurement into it prints one
+  line when it starts and one when it ends, visible through pytest's output capture.
 - ``quant_dir`` (session, autouse): the same for the quantized-weight cache (``$SPEC_AUDITOR_QUANT_DIR``;
   ``$SPEC_AUDITOR_TEST_QUANT_DIR`` for a persistent local one).
 """
@@ -63,11 +64,19 @@ def _session_dir(tmp_path_factory, env: str, local_env: str, name: str) -> Itera
 
 
 @pytest.fixture(scope="session", autouse=True)
-def noise_dir(tmp_path_factory) -> Iterator[Path]:
-    """This session's noise-floor cache directory (``$SPEC_AUDITOR_NOISE_DIR``, see module docstring)."""
-    from auditor.check.measured_floors import ENV_NOISE_DIR
+def noise_dir(tmp_path_factory, pytestconfig) -> Iterator[Path]:
+    """This session's noise-floor cache directory (``$SPEC_AUDITOR_NOISE_DIR``, see module docstring).
 
-    yield from _session_dir(tmp_path_factory, ENV_NOISE_DIR, "SPEC_AUDITOR_TEST_NOISE_DIR", "noise-floors")
+    A floor measured into it (the first audit of a model this session, ~7 min for SmolLM2-135M) says
+    so on the terminal when it starts and ends, through output capture (``tests/floor_notice.py``)."""
+    from auditor.check import measured_floors
+    from tests.floor_notice import announcing
+
+    with pytest.MonkeyPatch.context() as mp:
+        for d in _session_dir(tmp_path_factory, measured_floors.ENV_NOISE_DIR, "SPEC_AUDITOR_TEST_NOISE_DIR",
+                              "noise-floors"):
+            mp.setattr(measured_floors, "compute_floors", announcing(measured_floors.compute_floors, pytestconfig, d))
+            yield d
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,0 +1,68 @@
+"""Say on the terminal when the test session measures a noise floor into its own cache (``noise_dir``).
+
+The first audit of a model in a test session measures that model's honest noise floor
+(``auditor.check.measured_floors.compute_floors``), about 7 minutes on 2 quiet CPU cores for the
+default SmolLM2-135M (README), inside whichever test audits first; pytest captures that test's output,
+so the session looked hung. :func:`announcing` wraps ``compute_floors`` so that such a measurement
+writes one line when it starts (what, how big, roughly how long) and one when it ends (seconds taken),
+through pytest's terminal reporter with output capture suspended (``sys.__stderr__`` would not do:
+pytest's default fd capture redirects file descriptor 2 too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+#: Prefix of the lines, so they read as the test session's, not a test's.
+PREFIX = "[noise floor]"
+
+
+def say(config: Any, message: str) -> None:
+    """Write ``message`` as one terminal line, visible whatever pytest is capturing (``config``: the
+    pytest Config; without a terminal reporter, e.g. ``-p no:terminal``, it goes to ``sys.__stderr__``)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    suspended = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
+    with suspended:
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"{PREFIX} {message}", bold=True)
+        else:
+            print(f"{PREFIX} {message}", file=sys.__stderr__, flush=True)
+
+
+def announcing(compute_floors: Callable[..., Any], config: Any, session_dir: Path) -> Callable[..., Any]:
+    """``compute_floors`` that says when it measures a floor into ``session_dir`` (the session's floor
+    cache, which ``get_floors`` passes as ``spill_dir``) and when it is done; other measurements (tests'
+    own small floors in their own folders) stay silent."""
+
+    @functools.wraps(compute_floors)
+    def wrapper(ref_lms: Any, *args: Any, **kwargs: Any) -> Any:
+        spill = kwargs.get("spill_dir")
+        if spill is None or Path(spill).resolve() != Path(session_dir).resolve():
+            return compute_floors(ref_lms, *args, **kwargs)
+        model = next(iter(ref_lms.values())).name
+        n_prompts = len(kwargs.get("prompts") or ())
+        tokens = kwargs.get("max_new_tokens", "?")
+        say(config, f"measuring the honest noise floor of {model} for this test session ({n_prompts} prompts × "
+                    f"{tokens} tokens, references {', '.join(ref_lms)}) into {session_dir}: about 7 min on 2 quiet "
+                    "CPU cores for SmolLM2-135M, longer on a busy machine; once per model and session, the test "
+                    "that triggered it prints nothing meanwhile")
+        t0 = time.perf_counter()
+        ok = False
+        try:
+            result = compute_floors(ref_lms, *args, **kwargs)
+            ok = True
+            return result
+        finally:
+            took = time.perf_counter() - t0
+            say(config, f"noise floor of {model} measured in {took:.0f} s; later audits in this session reuse it"
+                if ok else f"noise floor of {model}: the measurement failed after {took:.0f} s")
+
+    return wrapper

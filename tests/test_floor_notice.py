@@ -1,0 +1,103 @@
+"""The test session says when it measures a noise floor into its own cache (tests/floor_notice.py)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests import floor_notice
+
+
+class _Capture:
+    """Stand-in for pytest's CaptureManager: records whether capture is suspended."""
+
+    def __init__(self) -> None:
+        self.suspended = False
+
+    @contextlib.contextmanager
+    def global_and_fixture_disabled(self):
+        self.suspended = True
+        try:
+            yield
+        finally:
+            self.suspended = False
+
+
+class _Reporter:
+    """Stand-in for the terminal reporter: keeps each line with the capture state it was written in."""
+
+    def __init__(self, capman: _Capture) -> None:
+        self.capman = capman
+        self.lines: list[tuple[str, bool]] = []
+
+    def ensure_newline(self) -> None:
+        pass
+
+    def write_line(self, line: str, **markup: bool) -> None:
+        self.lines.append((line, self.capman.suspended))
+
+
+def _config():
+    capman = _Capture()
+    reporter = _Reporter(capman)
+    plugins = {"capturemanager": capman, "terminalreporter": reporter}
+    return SimpleNamespace(pluginmanager=SimpleNamespace(getplugin=plugins.get)), reporter
+
+
+def test_measurement_into_the_session_dir_is_announced_through_capture(tmp_path: Path) -> None:
+    config, reporter = _config()
+    seen = []
+
+    def compute(ref_lms, **kw):
+        seen.append(kw)
+        return "floors"
+
+    wrapped = floor_notice.announcing(compute, config, tmp_path)
+    lm = SimpleNamespace(name="smollm2-135m-instruct")
+    prompts = [[1, 2]] * 52
+    out = wrapped({"float32": lm, "bfloat16": lm}, prompt_names=["p"] * 52, prompts=prompts, max_new_tokens=32,
+                  spill_dir=tmp_path)
+    assert out == "floors" and len(seen) == 1  # the measurement itself is unchanged
+    assert [suspended for _line, suspended in reporter.lines] == [True, True]  # capture off while writing
+    start, end = (line for line, _s in reporter.lines)
+    for part in ("smollm2-135m-instruct", "52 prompts × 32 tokens", "float32, bfloat16", str(tmp_path), "min"):
+        assert part in start, (part, start)
+    assert "measured in" in end and "smollm2-135m-instruct" in end
+
+
+def test_other_measurements_stay_silent(tmp_path: Path) -> None:
+    config, reporter = _config()
+    wrapped = floor_notice.announcing(lambda ref_lms, **kw: "floors", config, tmp_path / "session")
+    lm = SimpleNamespace(name="tiny")
+    assert wrapped({"float32": lm}, prompt_names=[], prompts=[], spill_dir=tmp_path / "elsewhere") == "floors"
+    assert wrapped({"float32": lm}, prompt_names=[], prompts=[]) == "floors"
+    assert reporter.lines == []
+
+
+def test_a_failed_measurement_says_so(tmp_path: Path) -> None:
+    config, reporter = _config()
+
+    def compute(ref_lms, **kw):
+        raise MemoryError("no room")
+
+    wrapped = floor_notice.announcing(compute, config, tmp_path)
+    with pytest.raises(MemoryError):
+        wrapped({"float32": SimpleNamespace(name="m")}, prompts=[[1]], spill_dir=tmp_path)
+    assert len(reporter.lines) == 2 and "failed" in reporter.lines[1][0]
+
+
+def test_session_fixture_announces_floors_measured_into_its_dir(noise_dir: Path, tiny_lm, monkeypatch) -> None:
+    """The autouse ``noise_dir`` fixture wraps ``compute_floors``: ``get_floors`` into the session's
+    cache says so (a miniature floor, its own cache key), into another folder it does not."""
+    from auditor.check import measured_floors
+
+    said: list[str] = []
+    monkeypatch.setattr(floor_notice, "say", lambda config, message: said.append(message))
+    measured_floors.get_floors({"float32": tiny_lm}, n_prompts=2, max_new_tokens=3, cache_dir=noise_dir, force=True)
+    assert len(said) == 2 and tiny_lm.name in said[0] and "measured in" in said[1], said
+    said.clear()
+    measured_floors.get_floors({"float32": tiny_lm}, n_prompts=2, max_new_tokens=3, cache_dir=noise_dir / "x", force=True)
+    assert said == []
