@@ -35,6 +35,7 @@ __all__ = [
     "CalibrationRecord",
     "check_targets",
     "clopper_pearson",
+    "precision_named",
     "record_grid",
     "record_suite",
     "summarize_audits",
@@ -116,6 +117,9 @@ class CalibrationRecord:
         prompt_tokens: mean prompt (input) tokens per audit (for its price).
         reused_rate: share of audits that had to reuse sampling items (pool too small).
         pool: pool sizes; mix: probe-mix name; alpha; model, revision; design: ``fixed``.
+        precision_named: for a deviating profile that serves a known precision class below the card (its
+            rejections' reports should name it), whether they do (:func:`precision_named`); None otherwise, and in
+            records written before it was counted.
     """
 
     profile: str
@@ -147,6 +151,7 @@ class CalibrationRecord:
     revision: str
     design: str = "fixed"
     extra: dict = field(default_factory=dict)
+    precision_named: dict | None = None
 
     def to_dict(self) -> dict:
         """JSON-able dict (non-finite floats → None): one row of docs/calibration.json."""
@@ -204,9 +209,49 @@ def summarize_audits(
                 model=pool.model,
                 revision=pool.revision,
                 extra=extra,
+                precision_named=precision_named(os_),
             )
         )
     return recs
+
+
+def precision_named(outcomes: Sequence[AuditOutcome]) -> dict | None:
+    """Whether the rejections' reports name the precision class the profile serves (issue 36: "the report's precision
+    estimate names the right class in >= 90% of rejections").
+
+    A rejection counts as named when its report's precision estimate (``AuditOutcome.estimate``, the estimate's
+    ``best``) is the profile's precision class (``AuditOutcome.true_precision``,
+    ``auditor.verdict.precision_estimate.profile_precision``); a rejection whose report carries no estimate (a
+    verdict other than QUANTIZATION / QUANTIZATION_OR_SUBSTITUTION) counts as not named.
+
+    Args:
+        outcomes: the audits of one cell.
+
+    Returns:
+        None when the profile has no known precision class (honest, verification or decoding profiles, or a
+        class not below the card); else ``{"class", "named", "rejections", "estimated", "rate", "ci_low", "ci_high",
+        "instead", "nearest"}``: named / rejections with its Clopper–Pearson 95% interval (rate and interval None
+        without rejections), ``estimated`` the rejections whose report has an estimate, ``instead`` best precision
+        class → count over the rejections not named (``"none"`` for no estimate), ``nearest`` nearest class key →
+        count over the estimated rejections.
+    """
+    truth = next((o.true_precision for o in outcomes if o.true_precision is not None), None)
+    if truth is None:
+        return None
+    rej = [o for o in outcomes if o.verdict in _DEVIATIONS]
+    named = sum(o.estimate == truth for o in rej)
+    lo, hi = clopper_pearson(named, len(rej))
+    return {
+        "class": truth,
+        "named": int(named),
+        "rejections": len(rej),
+        "estimated": sum(o.estimate is not None for o in rej),
+        "rate": named / len(rej) if rej else None,
+        "ci_low": lo if rej else None,
+        "ci_high": hi if rej else None,
+        "instead": dict(Counter(o.estimate or "none" for o in rej if o.estimate != truth)),
+        "nearest": dict(Counter(o.estimate_class for o in rej if o.estimate_class is not None)),
+    }
 
 
 #: Power targets on the bundled model (issue 7, tightened and extended by issue 14; the ``think:`` reasoning-mode
