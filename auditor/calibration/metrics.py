@@ -317,7 +317,9 @@ def tokens_for_power(records: Sequence[dict], power: float = TARGET_POWER, *, un
 
 
 def check_targets(records: Sequence[dict]) -> list[dict]:
-    """Evaluate the issue-7 targets on fixed-budget records (one row per target, with ``met``)."""
+    """Evaluate the issue-7 targets on fixed-budget records (one row per target, with ``met``); records that count
+    whether the precision estimate named the profile's class (``precision_named``) add one row per profile and suite
+    (issue 36)."""
     fixed = [r for r in records if r.get("design", "fixed") == "fixed"]
     by: dict[str, list[dict]] = {}
     for r in fixed:
@@ -386,6 +388,14 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
                     "measured": _cause_text(ok, und, n_rej),
                     "met": ok / n_rej >= MIN_CAUSE_CORRECT,
                 })
+    for (p, mname), (named, n_rej, cls) in _precision_named_counts(fixed).items():
+        rows.append({  # issue 36: "the report's precision estimate names the right class in >= 90% of rejections"
+            "profile": p,
+            "suite": mname,
+            "target": f"precision estimate names {cls} in >= {MIN_CAUSE_CORRECT:.0%} of rejections, suite `{mname}`",
+            "measured": f"{named / n_rej:.3f} ({named}/{n_rej}) over every budget",
+            "met": named / n_rej >= MIN_CAUSE_CORRECT,
+        })
     for mname in mix_names:
         rej = [r for r in fixed if record_suite(r) == mname
                and not ((q := find_profile(r["profile"])) is not None and q.honest)]
@@ -424,6 +434,20 @@ def _cause_counts(records: Sequence[dict]) -> tuple[int, dict[str, int], int]:
             if r.get("expected_verdict") in pair and verdicts.get(v):
                 und[v] = und.get(v, 0) + int(verdicts[v])
     return ok, und, n
+
+
+def _precision_named_counts(records: Sequence[dict]) -> dict[tuple[str, str], tuple[int, int, str]]:
+    """(profile, suite) → (rejections whose report named the profile's precision class, rejections, that class) summed
+    over the budgets of ``records`` that carry ``precision_named`` (:func:`precision_named`) and have rejections."""
+    out: dict[tuple[str, str], tuple[int, int, str]] = {}
+    for r in records:
+        pn = r.get("precision_named") or {}
+        if not pn.get("rejections"):
+            continue
+        key = (str(r["profile"]), record_suite(r))
+        k, n, _ = out.get(key, (0, 0, ""))
+        out[key] = (k + int(pn["named"]), n + int(pn["rejections"]), str(pn["class"]))
+    return out
 
 
 def _span_named_counts(records: Sequence[dict]) -> tuple[int, int]:

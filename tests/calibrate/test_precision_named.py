@@ -118,3 +118,21 @@ def test_records_without_the_count_still_merge_and_render(tmp_path: Path) -> Non
     lo, hi = clopper_pearson(3, 4)
     assert f"class 75% [{100 * lo:.0f}%, {100 * hi:.0f}%] of 4" in md
     assert md.count("] of 4") == 1  # the old record's cell has no class share
+
+
+def test_targets_sum_the_named_share_per_profile_and_suite() -> None:
+    from auditor.calibration.metrics import check_targets
+
+    def rec(budget: int, named: int, rej: int, mix: str = "precision") -> dict:
+        return {"profile": "native-fp8-int4", "expected_verdict": "QUANTIZATION", "budget_tokens": budget, "audits": 30,
+                "mix": mix, "design": "fixed", "rejections": rej, "rejection_rate": rej / 30, "ci_low": 0.0,
+                "ci_high": 1.0, "cause_correct_rate": 1.0, "verdicts": {"QUANTIZATION": rej, "PASS": 30 - rej},
+                "precision_named": {"class": "4-bit weights", "named": named, "rejections": rej}}
+
+    rows = [r for r in check_targets([rec(300, 27, 30), rec(500, 26, 30), rec(500, 10, 10, "default"),
+                                      {**rec(100, 0, 0), "precision_named": None}])
+            if "precision estimate" in r["target"]]
+    by = {r["suite"]: r for r in rows}
+    assert set(by) == {"precision", "default"}
+    assert by["precision"]["measured"].startswith("0.883 (53/60)") and not by["precision"]["met"]
+    assert by["default"]["met"] and "4-bit weights" in by["default"]["target"]
