@@ -123,7 +123,8 @@ def profile_cells(
         say(
             f"{p} [{r.mix}] @ {r.budget_tokens}: rejection {r.rejection_rate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] "
             f"cause {r.cause_correct_rate if r.cause_correct_rate is None else round(r.cause_correct_rate, 3)} "
-            f"{r.verdicts}"
+            + (f"class {pn['named']}/{pn['rejections']} (instead {pn['instead']}) " if (pn := r.precision_named) else "")
+            + f"{r.verdicts}"
         )
     sr, t_seq = None, 0.0
     if sequential is not None:

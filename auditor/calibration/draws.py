@@ -22,6 +22,7 @@ from auditor.detectors import DetectorName, EvidenceBatch
 from auditor.verdict.decide import decide_verdict
 from auditor.verdict.kinds import Verdict
 from auditor.verdict.power import DEFAULT_POWER, power_effect
+from auditor.verdict.precision_estimate import estimate_precision, profile_precision
 from probes.suites import load_suite
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ __all__ = [
     "floor_references",
     "run_audits",
     "span_tokens",
+    "verdict_estimate",
 ]
 
 #: Completion-token budgets per audit and resampled audits per cell of the benchmark.
@@ -397,12 +399,37 @@ class AuditOutcome:
     #: places the evidence inside the reasoning span (:data:`SPAN_NAMED`); {} and False for plain pools
     spans: dict[str, int] = field(default_factory=dict)
     span_named: bool = False
+    #: the precision estimate the audit's report gives (``auditor.verdict.precision_estimate.estimate_precision``):
+    #: its ``best`` precision class ("4-bit weights or activations") and nearest class key (``int4``); None where the
+    #: report has none (a verdict outside ``ESTIMATED_VERDICTS``, logprob-divergence did not run)
+    estimate: str | None = None
+    estimate_class: str | None = None
+    #: the precision class the profile serves below the card (``profile_precision``), None where it has none
+    true_precision: str | None = None
 
 
-def _outcome(budget: int, draw: AuditDraw, v: Verdict, spans: dict[str, int] | None = None) -> AuditOutcome:
-    """The compact record of one audit's verdict (``spans``: its tokens per span in a reasoning-mode pool)."""
+def verdict_estimate(v: Verdict, alpha: float, card: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+    """(best precision class, nearest class key) of the precision estimate the report of verdict ``v`` gives, as
+    ``auditor.report.common`` computes it (the logprob-divergence result, the power record, the card's fields);
+    (None, None) without one."""
+    c = card or {}
+    dets = [{"name": r.name, "ran": r.ran, "statistic": r.statistic, "n": r.n, "details": r.details}
+            for r in v.results if r.name == DetectorName.LOGPROB_DIVERGENCE]
+    est = estimate_precision(str(v.verdict), dets, alpha=alpha, rules_out=v.details.get("rules_out") or None,
+                             card_bits=c.get("card_bits"), card_recipe=c.get("card_recipe"), model=c.get("model"))
+    return (None, None) if est is None else (est.best, est.best_class)
+
+
+def _outcome(budget: int, draw: AuditDraw, v: Verdict, spans: dict[str, int] | None = None, *, alpha: float = 0.05,
+             card: Mapping[str, Any] | None = None, true_precision: str | None = None) -> AuditOutcome:
+    """The compact record of one audit's verdict (``spans``: its tokens per span in a reasoning-mode pool; ``alpha``,
+    ``card``: the audit's, for its precision estimate; ``true_precision``: the profile's precision class)."""
     det = v.details.get("detectors", {})
+    best, best_class = verdict_estimate(v, alpha, card)
     return AuditOutcome(
+        estimate=best,
+        estimate_class=best_class,
+        true_precision=true_precision,
         spans=dict(spans or {}),
         span_named=bool(spans) and SPAN_NAMED in str(v.reason),
         budget=budget,
@@ -439,10 +466,15 @@ def run_audits(
     """Run ``audits`` resampled audits at each budget on one pool (``card``: :func:`audit_verdict`'s).
 
     Seeds: audit j at budget B draws with ``SeedSequence([seed, B, j])`` and seeds its detectors
-    with ``seed * 1_000_003 + j`` — reproducible and independent of the other budgets.
+    with ``seed * 1_000_003 + j`` — reproducible and independent of the other budgets. Each outcome carries its
+    report's precision estimate and the precision class the pool's profile serves below the card
+    (``auditor.verdict.precision_estimate.profile_precision``, found once per call).
     """
     mix = mix or default_mix()
     refs = floor_references(pool, floor)
+    c = card or {}
+    truth = profile_precision(pool.profile, card_bits=c.get("card_bits"), model=c.get("model"),
+                              recipe=c.get("card_recipe"))
     out: list[AuditOutcome] = []
     for B in budgets:
         t = time.perf_counter()
@@ -451,7 +483,8 @@ def run_audits(
             d = draw_audit(pool, int(B), mix, rng)
             batches = {r: evidence_for(pool, d, mix, r) for r in refs}
             v = audit_verdict(batches, floor, alpha=alpha, seed=seed * 1_000_003 + j, card=card)
-            out.append(_outcome(int(B), d, v, span_tokens(pool, d)))
+            out.append(_outcome(int(B), d, v, span_tokens(pool, d), alpha=alpha, card=card,
+                                true_precision=None if truth is None else truth[1]))
         if progress:
             progress(f"{pool.profile}: {audits} audits at {B} tokens in {time.perf_counter() - t:.0f}s")
     return out

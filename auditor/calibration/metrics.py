@@ -35,6 +35,7 @@ __all__ = [
     "CalibrationRecord",
     "check_targets",
     "clopper_pearson",
+    "precision_named",
     "record_grid",
     "record_suite",
     "summarize_audits",
@@ -116,6 +117,9 @@ class CalibrationRecord:
         prompt_tokens: mean prompt (input) tokens per audit (for its price).
         reused_rate: share of audits that had to reuse sampling items (pool too small).
         pool: pool sizes; mix: probe-mix name; alpha; model, revision; design: ``fixed``.
+        precision_named: for a deviating profile that serves a known precision class below the card (its
+            rejections' reports should name it), whether they do (:func:`precision_named`); None otherwise, and in
+            records written before it was counted.
     """
 
     profile: str
@@ -147,6 +151,7 @@ class CalibrationRecord:
     revision: str
     design: str = "fixed"
     extra: dict = field(default_factory=dict)
+    precision_named: dict | None = None
 
     def to_dict(self) -> dict:
         """JSON-able dict (non-finite floats → None): one row of docs/calibration.json."""
@@ -204,9 +209,49 @@ def summarize_audits(
                 model=pool.model,
                 revision=pool.revision,
                 extra=extra,
+                precision_named=precision_named(os_),
             )
         )
     return recs
+
+
+def precision_named(outcomes: Sequence[AuditOutcome]) -> dict | None:
+    """Whether the rejections' reports name the precision class the profile serves (issue 36: "the report's precision
+    estimate names the right class in >= 90% of rejections").
+
+    A rejection counts as named when its report's precision estimate (``AuditOutcome.estimate``, the estimate's
+    ``best``) is the profile's precision class (``AuditOutcome.true_precision``,
+    ``auditor.verdict.precision_estimate.profile_precision``); a rejection whose report carries no estimate (a
+    verdict other than QUANTIZATION / QUANTIZATION_OR_SUBSTITUTION) counts as not named.
+
+    Args:
+        outcomes: the audits of one cell.
+
+    Returns:
+        None when the profile has no known precision class (honest, verification or decoding profiles, or a
+        class not below the card); else ``{"class", "named", "rejections", "estimated", "rate", "ci_low", "ci_high",
+        "instead", "nearest"}``: named / rejections with its Clopper–Pearson 95% interval (rate and interval None
+        without rejections), ``estimated`` the rejections whose report has an estimate, ``instead`` best precision
+        class → count over the rejections not named (``"none"`` for no estimate), ``nearest`` nearest class key →
+        count over the estimated rejections.
+    """
+    truth = next((o.true_precision for o in outcomes if o.true_precision is not None), None)
+    if truth is None:
+        return None
+    rej = [o for o in outcomes if o.verdict in _DEVIATIONS]
+    named = sum(o.estimate == truth for o in rej)
+    lo, hi = clopper_pearson(named, len(rej))
+    return {
+        "class": truth,
+        "named": int(named),
+        "rejections": len(rej),
+        "estimated": sum(o.estimate is not None for o in rej),
+        "rate": named / len(rej) if rej else None,
+        "ci_low": lo if rej else None,
+        "ci_high": hi if rej else None,
+        "instead": dict(Counter(o.estimate or "none" for o in rej if o.estimate != truth)),
+        "nearest": dict(Counter(o.estimate_class for o in rej if o.estimate_class is not None)),
+    }
 
 
 #: Power targets on the bundled model (issue 7, tightened and extended by issue 14; the ``think:`` reasoning-mode
@@ -272,7 +317,9 @@ def tokens_for_power(records: Sequence[dict], power: float = TARGET_POWER, *, un
 
 
 def check_targets(records: Sequence[dict]) -> list[dict]:
-    """Evaluate the issue-7 targets on fixed-budget records (one row per target, with ``met``)."""
+    """Evaluate the issue-7 targets on fixed-budget records (one row per target, with ``met``); records that count
+    whether the precision estimate named the profile's class (``precision_named``) add one row per profile and suite
+    (issue 36)."""
     fixed = [r for r in records if r.get("design", "fixed") == "fixed"]
     by: dict[str, list[dict]] = {}
     for r in fixed:
@@ -341,6 +388,14 @@ def check_targets(records: Sequence[dict]) -> list[dict]:
                     "measured": _cause_text(ok, und, n_rej),
                     "met": ok / n_rej >= MIN_CAUSE_CORRECT,
                 })
+    for (p, mname), (named, n_rej, cls) in _precision_named_counts(fixed).items():
+        rows.append({  # issue 36: "the report's precision estimate names the right class in >= 90% of rejections"
+            "profile": p,
+            "suite": mname,
+            "target": f"precision estimate names {cls} in >= {MIN_CAUSE_CORRECT:.0%} of rejections, suite `{mname}`",
+            "measured": f"{named / n_rej:.3f} ({named}/{n_rej}) over every budget",
+            "met": named / n_rej >= MIN_CAUSE_CORRECT,
+        })
     for mname in mix_names:
         rej = [r for r in fixed if record_suite(r) == mname
                and not ((q := find_profile(r["profile"])) is not None and q.honest)]
@@ -379,6 +434,20 @@ def _cause_counts(records: Sequence[dict]) -> tuple[int, dict[str, int], int]:
             if r.get("expected_verdict") in pair and verdicts.get(v):
                 und[v] = und.get(v, 0) + int(verdicts[v])
     return ok, und, n
+
+
+def _precision_named_counts(records: Sequence[dict]) -> dict[tuple[str, str], tuple[int, int, str]]:
+    """(profile, suite) → (rejections whose report named the profile's precision class, rejections, that class) summed
+    over the budgets of ``records`` that carry ``precision_named`` (:func:`precision_named`) and have rejections."""
+    out: dict[tuple[str, str], tuple[int, int, str]] = {}
+    for r in records:
+        pn = r.get("precision_named") or {}
+        if not pn.get("rejections"):
+            continue
+        key = (str(r["profile"]), record_suite(r))
+        k, n, _ = out.get(key, (0, 0, ""))
+        out[key] = (k + int(pn["named"]), n + int(pn["rejections"]), str(pn["class"]))
+    return out
 
 
 def _span_named_counts(records: Sequence[dict]) -> tuple[int, int]:

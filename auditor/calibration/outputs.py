@@ -102,7 +102,10 @@ def render_markdown(run_list: Sequence[dict], meta: dict) -> str:
              "interval; *cause* = share of rejections that name the profile's cause (the undetermined pairs "
              "QUANTIZATION_OR_SUBSTITUTION, QUANTIZATION_OR_RELAXED_VERIFICATION and "
              "RELAXED_VERIFICATION_OR_DECODING_NONCOMPLIANT are not counted as right; the "
-             "targets table counts them apart from the wrong causes).\n")
+             "targets table counts them apart from the wrong causes); *class* = share of rejections whose report's "
+             "precision estimate names the precision class the profile serves (`precision_named` in calibration.json, "
+             "with the class named instead; profiles serving a known class below the card only), with its "
+             "Clopper–Pearson interval and the rejections it is out of.\n")
     L.append("## Rejection rate by profile and budget (completion tokens per audit)\n")
     mixes_meta = {m.get("name"): m for m in (meta.get("mixes") or [meta.get("mix") or {}])}
     for mname in mix_names:
@@ -158,10 +161,14 @@ def _reasoning_table(run_list: Sequence[dict]) -> list[str]:
 
 
 def _rate_cell(r: dict) -> str:
-    """One cell of :func:`_rate_table`: rejection rate [CI], cause-correct and INCONCLUSIVE rates."""
+    """One cell of :func:`_rate_table`: rejection rate [CI], cause-correct rate, precision-class-named rate [CI] of its
+    rejections (``precision_named``; records without it: none) and INCONCLUSIVE rate."""
     c = f"{_pct(r['rejection_rate'])} [{_pct(r['ci_low'])}, {_pct(r['ci_high'])}]"
     if r.get("cause_correct_rate") is not None:
         c += f", cause {_pct(r['cause_correct_rate'], 0)}"
+    pn = r.get("precision_named") or {}
+    if pn.get("rejections"):
+        c += f", class {_pct(pn['rate'], 0)} [{_pct(pn['ci_low'], 0)}, {_pct(pn['ci_high'], 0)}] of {pn['rejections']}"
     if r.get("inconclusive_rate"):
         c += f", inconcl. {_pct(r['inconclusive_rate'], 0)}"
     return c

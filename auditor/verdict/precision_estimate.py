@@ -86,6 +86,7 @@ __all__ = [
     "estimate_from_ratio",
     "estimate_precision",
     "estimate_rows",
+    "profile_precision",
 ]
 
 #: Verdicts whose report carries the estimate.
@@ -292,6 +293,33 @@ def card_classes(table: EffectSizes, card_bits: Mapping[str, int] | None = None,
         how = (f"effects calibrated on {table.model} against float32, not under this card: under its more lenient "
                "floor a step's ratio is smaller, so the estimate may name a smaller step")
     return ClassSet(tuple(out), f"{where}; {how}", measured is not None or is_float, measured is not None)
+
+
+def profile_precision(profile: str, table: EffectSizes | None = None, card_bits: Mapping[str, int] | None = None, *,
+                      model: str | None = None, recipe: str | None = None) -> tuple[str, str] | None:
+    """The precision class a simulator profile serves below a card: what an estimate of its audits should name.
+
+    The profile's class is the table's (``effect_sizes.json``, :attr:`auditor.verdict.rules_out.DeviationClass.profile`:
+    the profile whose audits measured it; under a card with measured effects, the card entry's, e.g.
+    ``native-fp8-int4`` for ``int4`` under the FP8 card), among the classes below the card
+    (:func:`auditor.verdict.rules_out.classes_for_card`); its precision class is the one :func:`card_classes` names
+    it by ("4-bit weights or activations"), the string an estimate's ``best`` is compared with.
+
+    Args:
+        profile: simulator profile name (``native-fp8-int4``, ``kv-fp8``).
+        table: the effect-size table (default :func:`auditor.verdict.rules_out.load_effect_sizes`).
+        card_bits, model, recipe: the card in use, as :func:`card_classes` (None: the float32 reference).
+
+    Returns:
+        (class key, precision class), or None when no precision class below the card is the profile's (an honest
+        profile, a verification or decoding profile, a step not below the card, or one whose effects the table has
+        not measured under this card).
+    """
+    table = table if table is not None else load_effect_sizes()
+    keys = {c.key for c in classes_for_card(table, card_bits, model=model, recipe=recipe).classes
+            if c.profile == profile and c.lowers}
+    cs = card_classes(table, card_bits, model=model, recipe=recipe)
+    return next(((key, group) for key, _, group, _, _ in cs.classes if key in keys), None)
 
 
 def _or(items: Sequence[str]) -> str:
