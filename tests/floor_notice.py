@@ -29,12 +29,19 @@ def say(config: Any, message: str) -> None:
     capman = config.pluginmanager.getplugin("capturemanager")
     reporter = config.pluginmanager.getplugin("terminalreporter")
     suspended = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
-    with suspended:
-        if reporter is not None:
-            reporter.ensure_newline()
-            reporter.write_line(f"{PREFIX} {message}", bold=True)
-        else:
-            print(f"{PREFIX} {message}", file=sys.__stderr__, flush=True)
+    # suspending and resuming pytest's capture sets sys.stdout / sys.stderr to pytest's own streams; a floor measured
+    # inside ``CliRunner().invoke`` had its runner's streams replaced, collected and closed ("I/O operation on closed
+    # file"): whatever holds them now gets them back
+    streams = (sys.stdin, sys.stdout, sys.stderr)
+    try:
+        with suspended:
+            if reporter is not None:
+                reporter.ensure_newline()
+                reporter.write_line(f"{PREFIX} {message}", bold=True)
+            else:
+                print(f"{PREFIX} {message}", file=sys.__stderr__, flush=True)
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = streams
 
 
 def announcing(compute_floors: Callable[..., Any], config: Any, session_dir: Path) -> Callable[..., Any]:

@@ -101,3 +101,24 @@ def test_session_fixture_announces_floors_measured_into_its_dir(noise_dir: Path,
     said.clear()
     measured_floors.get_floors({"float32": tiny_lm}, n_prompts=2, max_new_tokens=3, cache_dir=noise_dir / "x", force=True)
     assert said == []
+
+
+def test_a_notice_inside_a_cli_runner_keeps_the_runners_output(pytestconfig) -> None:
+    """A floor measured inside ``CliRunner().invoke`` (tests/audit/test_native_card.py measures one there): suspending
+    pytest's capture swapped ``sys.stdout`` away from the runner's stream, which was then collected and closed, and
+    the invocation ended in "ValueError: I/O operation on closed file"; the notice must leave the runner's streams."""
+    import typer
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+
+    @app.command()
+    def main() -> None:
+        print("before the notice")
+        floor_notice.say(pytestconfig, "a notice written while a CliRunner holds sys.stdout")
+        print("after the notice")
+
+    res = CliRunner().invoke(app, [])
+    assert res.exception is None, repr(res.exception)
+    assert res.exit_code == 0
+    assert "before the notice" in res.output and "after the notice" in res.output
