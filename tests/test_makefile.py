@@ -21,10 +21,18 @@ pytestmark = pytest.mark.skipif(MAKE is None, reason="no `make` on PATH")
 PIP = "-m pip install"
 
 
+# What a parent make exports to its recipes: under CI's ``make test`` these reach the ``make -n`` below, which
+# then runs as a sub-make ("make[1]: Entering directory ..." lines around the plan, the parent's variables).
+_PARENT_MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR")
+
+
 def _plan(cwd: Path, target: str, **var: str) -> list[str]:
-    """The commands ``make TARGET`` would run (``make -n``), with ``PY`` this interpreter."""
-    args = [str(MAKE), "-n", target, f"PY={sys.executable}", *(f"{k}={v}" for k, v in var.items())]
-    out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, check=True, timeout=60)
+    """The commands ``make TARGET`` would run (``make -n``), with ``PY`` this interpreter; the same whether
+    pytest runs alone or inside ``make test`` (the parent make's environment is dropped)."""
+    args = [str(MAKE), "-n", "--no-print-directory", target, f"PY={sys.executable}",
+            *(f"{k}={v}" for k, v in var.items())]
+    env = {k: v for k, v in os.environ.items() if k not in _PARENT_MAKE_ENV}
+    out = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, check=True, timeout=60)
     return out.stdout.splitlines()
 
 
