@@ -22,8 +22,11 @@ PIP = "-m pip install"
 
 
 # What a parent make exports to its recipes: under CI's ``make test`` these reach the ``make -n`` below, which
-# then runs as a sub-make ("make[1]: Entering directory ..." lines around the plan, the parent's variables).
-_PARENT_MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR")
+# then runs as a sub-make ("make[1]: Entering directory ..." lines around the plan, the parent's variables);
+# and the Makefile's own variables, which a ``make test PY=... INSTALL_STAMP=...`` puts in the environment
+# (GNU make exports command-line variables) where the Makefile's ``?=`` would take them.
+_PARENT_MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR",
+                    "PY", "PIP", "INSTALL_STAMP")
 
 
 def _plan(cwd: Path, target: str, **var: str) -> list[str]:
