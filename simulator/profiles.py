@@ -447,6 +447,17 @@ PROFILES: dict[str, Profile] = {
             verifier="unverified-mixed-batch",
             unverified_rate=0.10,
         ),
+        Profile(
+            "unverified-mixed-batch-int4",
+            "unverified-mixed-batch served from int4 weights (group-wise affine, group 64): a quantized engine that "
+            "also emits unverified greedy tokens; the weights are the cause to name first (its verified prefix "
+            "diverges), the unverified tokens a second finding.",
+            "quantized",
+            "QUANTIZATION",
+            weight_quant="int4",
+            verifier="unverified-mixed-batch",
+            unverified_rate=0.10,
+        ),
     ]
 }
 

@@ -44,6 +44,18 @@ def say(config: Any, message: str) -> None:
         sys.stdin, sys.stdout, sys.stderr = streams
 
 
+#: Bundled models whose floor takes minutes (README: ~7 min for SmolLM2-135M on 2 quiet cores); the tests' tiny
+#: random models (``tests/conftest.py``, hidden size 64) measure theirs in seconds.
+_MINUTES = {"smollm2": "about 7 min on 2 quiet CPU cores, longer on a busy machine",
+            "gemma": "several minutes on 2 quiet CPU cores, longer on a busy machine"}
+
+
+def rough_time(model: str) -> str:
+    """How long a floor of ``model`` (a model name, e.g. ``smollm2-135m-instruct+fp8``, ``tiny``) roughly takes."""
+    low = model.lower()
+    return next((t for key, t in _MINUTES.items() if key in low), "seconds for a tiny test model")
+
+
 def announcing(compute_floors: Callable[..., Any], config: Any, session_dir: Path) -> Callable[..., Any]:
     """``compute_floors`` that says when it measures a floor into ``session_dir`` (the session's floor
     cache, which ``get_floors`` passes as ``spill_dir``) and when it is done; other measurements (tests'
@@ -58,9 +70,9 @@ def announcing(compute_floors: Callable[..., Any], config: Any, session_dir: Pat
         n_prompts = len(kwargs.get("prompts") or ())
         tokens = kwargs.get("max_new_tokens", "?")
         say(config, f"measuring the honest noise floor of {model} for this test session ({n_prompts} prompts × "
-                    f"{tokens} tokens, references {', '.join(ref_lms)}) into {session_dir}: about 7 min on 2 quiet "
-                    "CPU cores for SmolLM2-135M, longer on a busy machine; once per model and session, the test "
-                    "that triggered it prints nothing meanwhile")
+                    f"{tokens} tokens, references {', '.join(ref_lms)}) into {session_dir}: {rough_time(model)}; "
+                    "once per model and floor size (prompts × tokens) in a session, the test that triggered it "
+                    "prints nothing meanwhile")
         t0 = time.perf_counter()
         ok = False
         try:

@@ -98,6 +98,7 @@ def test_session_fixture_announces_floors_measured_into_its_dir(noise_dir: Path,
     monkeypatch.setattr(floor_notice, "say", lambda config, message: said.append(message))
     measured_floors.get_floors({"float32": tiny_lm}, n_prompts=2, max_new_tokens=3, cache_dir=noise_dir, force=True)
     assert len(said) == 2 and tiny_lm.name in said[0] and "measured in" in said[1], said
+    assert "seconds for a tiny test model" in said[0] and "7 min" not in said[0], said[0]  # not SmolLM2's time
     said.clear()
     measured_floors.get_floors({"float32": tiny_lm}, n_prompts=2, max_new_tokens=3, cache_dir=noise_dir / "x", force=True)
     assert said == []
@@ -122,3 +123,11 @@ def test_a_notice_inside_a_cli_runner_keeps_the_runners_output(pytestconfig) -> 
     assert res.exception is None, repr(res.exception)
     assert res.exit_code == 0
     assert "before the notice" in res.output and "after the notice" in res.output
+
+
+def test_rough_time_is_the_models_own() -> None:
+    """The start line's time is the model's: minutes for the bundled models (their +fp8 / +int4 variants too),
+    seconds for the tests' tiny random models (a new user read SmolLM2's "~7 min" before a 15-s tiny floor)."""
+    assert "7 min" in floor_notice.rough_time("smollm2-135m-instruct+fp8")
+    assert "minutes" in floor_notice.rough_time("gemma-3-270m")
+    assert floor_notice.rough_time("tiny+int4") == "seconds for a tiny test model"

@@ -15,13 +15,17 @@ from typing import Any
 __all__ = ["ProgressDisplay", "RunProgress", "progress_bar"]
 
 
-def progress_bar(console: Any | None, *stats: str, remaining: bool = False) -> Any:
+def progress_bar(console: Any | None, *stats: str, remaining: bool = False, transient: bool = False,
+                 disable: bool = False) -> Any:
     """A rich ``Progress`` on ``console`` (default: a stderr console): bold description, bar, done/total,
     one text column per ``stats`` template (``{task.fields[...]}``), elapsed (and remaining) time.
 
     Every column but the bar keeps its text whole (``no_wrap``): on a narrow terminal (80 columns) the
     bar shrinks first, instead of rich cutting the description and the numbers to ``3…`` / ``0:0…``.
     Descriptions should stay short (a provider or stage name) so that the bar keeps some width.
+
+    ``transient``: the bar is erased when it stops (a command whose result table follows, ``auditor speed``);
+    ``disable``: nothing is drawn (``--no-progress``).
 
     Returns:
         ``rich.progress.Progress``, not started.
@@ -47,7 +51,7 @@ def progress_bar(console: Any | None, *stats: str, remaining: bool = False) -> A
     columns.append(TimeElapsedColumn(table_column=whole()))
     if remaining:
         columns.append(TimeRemainingColumn(table_column=whole()))
-    return Progress(*columns, console=console or Console(stderr=True), transient=False)
+    return Progress(*columns, console=console or Console(stderr=True), transient=transient, disable=disable)
 
 
 @dataclass

@@ -39,9 +39,9 @@ def speed_cmd(
 ) -> None:
     """Measure speed per workload and load; fingerprint speculation in each cell."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from auditor.check.run_progress import progress_bar
     from auditor.speed import SpeedError, measure_speed, plan_speed, store_speed
     from auditor.store import StoreError
     from probes.config import ConfigError
@@ -64,8 +64,7 @@ def speed_cmd(
         f"≤ ${plan.cost_usd_max:.4f} at {cfg.name}'s list prices", highlight=False)
     for n in plan.notes:
         err.print(f"note: {n}", highlight=False)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=err, disable=not progress, transient=True)
+    bar = progress_bar(err, transient=True, disable=not progress)
     with bar:
         task = bar.add_task("speed", total=plan.requests)
         report = measure_speed(plan, cfg, logprobs=logprobs, on_request=lambda r: bar.advance(task))
