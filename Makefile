@@ -21,11 +21,14 @@ install $(INSTALL_STAMP): pyproject.toml Makefile
 demo: $(INSTALL_STAMP)
 	$(PY) -m auditor demo
 
-# ruff and mypy first (issue 11): a lint or type error fails `make test` before the suite runs
+# ruff and mypy first (issue 11): a lint or type error fails `make test` before the suite runs. pytest runs in
+# TEST_WORKERS processes (pytest-xdist), each test file whole in one of them (--dist loadfile: a file's module
+# fixtures are built once); 2 = the cores of the machines CI and the README assume. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(INSTALL_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 bench: $(INSTALL_STAMP)
 	$(PY) benchmarks/spec_decode.py

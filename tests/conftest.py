@@ -52,6 +52,12 @@ def _session_dir(tmp_path_factory, env: str, local_env: str, name: str) -> Itera
     if shared:
         d = Path(shared)
         d.mkdir(parents=True, exist_ok=True)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        # ``make test`` runs pytest-xdist workers: one folder for the whole run (the workers' temporary folders
+        # share this parent), so a floor or quantized model one worker made is the others' too (tests/floor_notice.py
+        # has the second wait for the first instead of measuring the same floor beside it)
+        d = tmp_path_factory.getbasetemp().parent / name
+        d.mkdir(parents=True, exist_ok=True)
     else:
         d = tmp_path_factory.mktemp(name)
     old = os.environ.get(env)

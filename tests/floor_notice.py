@@ -12,10 +12,13 @@ pytest's default fd capture redirects file descriptor 2 too).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
+import hashlib
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,19 +72,55 @@ def announcing(compute_floors: Callable[..., Any], config: Any, session_dir: Pat
         model = next(iter(ref_lms.values())).name
         n_prompts = len(kwargs.get("prompts") or ())
         tokens = kwargs.get("max_new_tokens", "?")
-        say(config, f"measuring the honest noise floor of {model} for this test session ({n_prompts} prompts × "
-                    f"{tokens} tokens, references {', '.join(ref_lms)}) into {session_dir}: {rough_time(model)}; "
-                    "once per model and floor size (prompts × tokens) in a session, the test that triggered it "
-                    "prints nothing meanwhile")
-        t0 = time.perf_counter()
-        ok = False
-        try:
-            result = compute_floors(ref_lms, *args, **kwargs)
-            ok = True
+        if not os.environ.get("PYTEST_XDIST_WORKER"):
+            return _measure(compute_floors, config, session_dir, model, n_prompts, tokens, ref_lms, args, kwargs)
+        # the identity get_floors' own cache file has: model name and revision, references, prompts, tokens
+        revision = getattr(next(iter(ref_lms.values())), "revision", None)
+        key = hashlib.sha256(repr((model, revision, list(ref_lms), kwargs.get("prompt_names"), kwargs.get("prompts"),
+                                   tokens)).encode()).hexdigest()[:16]
+        with _exclusive(Path(session_dir) / f".floor-{key}.lock"):
+            # under pytest-xdist the session folder is every worker's (tests/conftest.py): the first worker to ask
+            # measures, a second one asking for the same floor waits for it and takes its result
+            done = Path(session_dir) / f".floor-{key}.json"
+            if done.is_file():
+                from auditor.check.measured_floors import FloorSet
+
+                return FloorSet.from_json(done.read_text(encoding="utf-8"))
+            result = _measure(compute_floors, config, session_dir, model, n_prompts, tokens, ref_lms, args, kwargs)
+            if hasattr(result, "to_json"):  # a stand-in result in this module's own tests has none
+                tmp = done.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(result.to_json(), encoding="utf-8")
+                tmp.replace(done)
             return result
-        finally:
-            took = time.perf_counter() - t0
-            say(config, f"noise floor of {model} measured in {took:.0f} s; later audits in this session reuse it"
-                if ok else f"noise floor of {model}: the measurement failed after {took:.0f} s")
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock`` (created if missing) for the block: one process at a time."""
+    with open(lock, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _measure(compute_floors: Callable[..., Any], config: Any, session_dir: Path, model: str, n_prompts: int,
+             tokens: Any, ref_lms: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Measure (``compute_floors``), saying so when it starts and when it ends."""
+    say(config, f"measuring the honest noise floor of {model} for this test session ({n_prompts} prompts × "
+                f"{tokens} tokens, references {', '.join(ref_lms)}) into {session_dir}: {rough_time(model)}; "
+                "once per model and floor size (prompts × tokens) in a session, the test that triggered it "
+                "prints nothing meanwhile")
+    t0 = time.perf_counter()
+    ok = False
+    try:
+        result = compute_floors(ref_lms, *args, **kwargs)
+        ok = True
+        return result
+    finally:
+        took = time.perf_counter() - t0
+        say(config, f"noise floor of {model} measured in {took:.0f} s; later audits in this session reuse it"
+            if ok else f"noise floor of {model}: the measurement failed after {took:.0f} s")

@@ -131,3 +131,25 @@ def test_rough_time_is_the_models_own() -> None:
     assert "7 min" in floor_notice.rough_time("smollm2-135m-instruct+fp8")
     assert "minutes" in floor_notice.rough_time("gemma-3-270m")
     assert floor_notice.rough_time("tiny+int4") == "seconds for a tiny test model"
+
+
+def test_xdist_workers_share_one_measurement(tmp_path: Path, monkeypatch) -> None:
+    """Under pytest-xdist (``make test``) the session folder is every worker's: a worker asking for a floor another
+    one has measured takes that result instead of measuring it again; a different floor is measured."""
+    from auditor.check.measured_floors import FloorSet
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    config, reporter = _config()
+    calls: list[int] = []
+
+    def compute(ref_lms, **kw):
+        calls.append(kw["max_new_tokens"])
+        return FloorSet(model="tiny", revision="abc", floors={}, meta={"n": len(calls)})
+
+    wrapped = floor_notice.announcing(compute, config, tmp_path)
+    lm = SimpleNamespace(name="tiny", revision="abc")
+    first = wrapped({"float32": lm}, prompt_names=["p"], prompts=[[1, 2]], max_new_tokens=3, spill_dir=tmp_path)
+    again = wrapped({"float32": lm}, prompt_names=["p"], prompts=[[1, 2]], max_new_tokens=3, spill_dir=tmp_path)
+    other = wrapped({"float32": lm}, prompt_names=["p"], prompts=[[1, 2]], max_new_tokens=4, spill_dir=tmp_path)
+    assert calls == [3, 4] and again.meta == first.meta == {"n": 1} and other.meta == {"n": 2}
+    assert len(reporter.lines) == 4  # start and end of the two measurements, nothing for the reuse

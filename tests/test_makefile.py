@@ -19,6 +19,8 @@ MAKE = shutil.which("make")
 pytestmark = pytest.mark.skipif(MAKE is None, reason="no `make` on PATH")
 
 PIP = "-m pip install"
+#: The suite's run in ``make test``: two pytest-xdist workers, each file whole in one of them.
+PYTEST_RUN = "-m pytest -n 2 --dist loadfile tests"
 
 
 # What a parent make exports to its recipes: under CI's ``make test`` these reach the ``make -n`` below, which
@@ -26,7 +28,7 @@ PIP = "-m pip install"
 # and the Makefile's own variables, which a ``make test PY=... INSTALL_STAMP=...`` puts in the environment
 # (GNU make exports command-line variables) where the Makefile's ``?=`` would take them.
 _PARENT_MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR",
-                    "PY", "PIP", "INSTALL_STAMP")
+                    "PY", "PIP", "INSTALL_STAMP", "TEST_WORKERS")
 
 
 def _plan(cwd: Path, target: str, **var: str) -> list[str]:
@@ -57,10 +59,10 @@ def test_fresh_clone_installs_before_the_tests(clone: Path) -> None:
     plan = _plan(clone, "test", INSTALL_STAMP="stamp")
     first_pip = next(i for i, c in enumerate(plan) if PIP in c)
     assert first_pip < next(i for i, c in enumerate(plan) if "-m ruff check" in c)
-    assert any("touch stamp" in c for c in plan) and plan[-1].endswith("-m pytest tests")
+    assert any("touch stamp" in c for c in plan) and plan[-1].endswith(PYTEST_RUN)
 
 
-@pytest.mark.parametrize("target, runs", [("test", "-m pytest tests"), ("demo", "-m auditor demo"),
+@pytest.mark.parametrize("target, runs", [("test", PYTEST_RUN), ("demo", "-m auditor demo"),
                                           ("bench", "benchmarks/spec_decode.py")])
 def test_installed_stamp_skips_the_install(clone: Path, target: str, runs: str) -> None:
     stamp = clone / "stamp"
@@ -94,3 +96,10 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "```\nmake test\n```" in readme
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
     assert "make test" in ci
+
+
+def test_test_workers_can_be_set(clone: Path) -> None:
+    """``make test TEST_WORKERS=N`` runs N workers; 0 is one process (pytest-xdist's own meaning of ``-n 0``)."""
+    stamp = clone / "stamp"
+    _touch(stamp, os.stat(clone / "Makefile").st_mtime + 60)
+    assert _plan(clone, "test", INSTALL_STAMP="stamp", TEST_WORKERS="0")[-1].endswith("-m pytest -n 0 --dist loadfile tests")
