@@ -55,6 +55,9 @@ _LOSSY_AT = {
     "decode-noncompliant": "greedy",
     "greedy-relaxed": "greedy",  # T=0 top-2-within-margin acceptance: depends on the drafts
     "synthetic-acceptance": "both",  # the drafter's tokens emitted unverified at every temperature (issue 35)
+    # greedy rounds that share a batch with sampled traffic keep their drafts unverified (issue 40); missing here
+    # until 7 Dec 2026, its pools were plain decoding, i.e. an honest provider's
+    "unverified-mixed-batch": "greedy",
 }
 #: Lossy only in reasoning mode (``think:PROFILE``): relaxed-think relaxes the greedy path inside <think> and
 #: verifies strictly everywhere else, so served as plain chat its law is plain decoding.

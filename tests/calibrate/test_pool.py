@@ -140,3 +140,24 @@ def test_rule_backends_reproduce_the_verifiers(tiny_lm, mini_cfg, get_pool):
     assert 0.03 < rate < 0.2, rate  # flip rate 0.10 over a few hundred positions
     # reported logprobs are the served model's own (the reference: fp32 weights)
     np.testing.assert_allclose(dn.prov_logprob[sel], dn.ref_token_lp["float32"][sel], atol=2e-4)
+
+
+def test_every_lossy_verifier_is_lossy_in_its_pool(tiny_lm, mini_cfg):
+    """A profile whose verifier is lossy is served through the engine (or the verifier's own rule) at the temperature
+    where it is lossy, never by plain decoding: `unverified-mixed-batch` was missing from that table until 7 Dec 2026,
+    so its pools were an honest provider's and its calibration cells measured 0% power. Its T=0 pool now holds
+    tokens that are not the served model's argmax (the unverified ones)."""
+    from auditor.calibration import backend_for, collect_pool
+    from simulator.profiles import list_profiles
+
+    for p in list_profiles():
+        if p.verifier in ("strict", "relaxed-think"):  # relaxed-think is lossy in reasoning mode only (test_reasoning_pools)
+            continue
+        assert {backend_for(p, t) for t in (0.0, 1.0)} != {"batched"}, p.name
+
+    cfg = type(mini_cfg)(**{**mini_cfg.__dict__, "t0_max_tokens": 40, "max_prompts": 8})
+    pool = collect_pool("unverified-mixed-batch", tiny_lm, cfg)
+    assert pool.meta["backend_t0"] == "engine" and pool.meta["backend_t1"] == "batched"
+    sel = np.concatenate([np.arange(pool.item_offsets[i], pool.item_offsets[i + 1]) for i in pool.items_at(0.0)])
+    not_argmax = pool.token_ids[sel] != pool.prov_top_ids[sel, 0]
+    assert 0 < not_argmax.sum() < 0.5 * sel.size, (int(not_argmax.sum()), sel.size)
