@@ -255,7 +255,7 @@ def precision_named(outcomes: Sequence[AuditOutcome]) -> dict | None:
 
 
 #: Power targets on the bundled model (issue 7, tightened and extended by issue 14; the ``think:`` reasoning-mode
-#: cells by issue 35 item 5): profile → (tokens, unit) where unit is ``tokens`` (audit budget), ``sampled``
+#: cells by issue 35 item 5; ``unverified-mixed-batch`` by issue 40): profile → (tokens, unit) where unit is ``tokens`` (audit budget), ``sampled``
 #: (temperature-1 tokens within the audit) or ``reasoning`` (reasoning-span tokens within the audit). Met when
 #: the best suite reaches TARGET_POWER within the limit.
 POWER_TARGETS: dict[str, tuple[int, str]] = {
@@ -272,6 +272,7 @@ POWER_TARGETS: dict[str, tuple[int, str]] = {
     "substituted": (100, "tokens"),
     "think:relaxed-think": (1000, "reasoning"),
     "think:synthetic-acceptance:3": (500, "tokens"),
+    "unverified-mixed-batch": (500, "tokens"),  # issue 40: unverified greedy tokens of a speculating engine
 }
 TARGET_POWER = 0.95
 #: Reasoning-mode cells whose rejections must also say "inside the reasoning span" (issue 35: the rule relaxes

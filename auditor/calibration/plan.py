@@ -34,6 +34,7 @@ PLAN_TARGETS: dict[str, tuple[str, ...]] = {
     "substituted": ("substituted",),
     "relaxed-think": (THINK_PREFIX + "relaxed-think",),
     "synthetic-acceptance": (THINK_PREFIX + "synthetic-acceptance:3",),
+    "unverified": ("unverified-mixed-batch",),
     "any": (),
     "reasoning": (),
 }
