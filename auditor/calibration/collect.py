@@ -55,8 +55,8 @@ _LOSSY_AT = {
     "decode-noncompliant": "greedy",
     "greedy-relaxed": "greedy",  # T=0 top-2-within-margin acceptance: depends on the drafts
     "synthetic-acceptance": "both",  # the drafter's tokens emitted unverified at every temperature (issue 35)
-    # greedy rounds that share a batch with sampled traffic keep their drafts unverified (issue 40); missing here
-    # until 7 Dec 2026, its pools were plain decoding, i.e. an honest provider's
+    # greedy rounds that share a batch with sampled traffic keep their drafts unverified (issue 40); without this
+    # entry its pools would be plain decoding, i.e. an honest provider's (tests/calibrate/test_pool.py)
     "unverified-mixed-batch": "greedy",
 }
 #: Lossy only in reasoning mode (``think:PROFILE``): relaxed-think relaxes the greedy path inside <think> and

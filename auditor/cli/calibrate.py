@@ -348,7 +348,7 @@ def _print_records(records: list[dict], meta: dict, *, as_json: bool) -> None:
 def plan_cmd(
     provider: str | None = typer.Option(None, "--provider", help="Provider name (providers.toml): its reference model and prices."),
     model: str | None = typer.Option(None, "--model", help="Reference model name (instead of --provider)."),
-    target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | relaxed-think | synthetic-acceptance | any (every calibrated deviation class served as plain chat) | reasoning (every one calibrated in reasoning mode, think:PROFILE: for a reasoning model)."),
+    target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | relaxed-think | synthetic-acceptance | unverified (unverified greedy tokens of a speculating engine) | any (every calibrated deviation class served as plain chat) | reasoning (every one calibrated in reasoning mode, think:PROFILE: for a reasoning model)."),
     power: float = typer.Option(0.95, "--power", min=0.01, max=0.999, help="Wanted power (rejection rate)."),
     config: str | None = typer.Option(None, "--config", help="providers.toml path."),
     db: DbOption = None,
