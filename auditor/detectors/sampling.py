@@ -53,6 +53,7 @@ from .stats import (
     as_rng,
     cramervonmises_uniform_statistics,
     garwood_ci,
+    improbable_draws,
     pit_bounds,
     poisson_binomial_scan_test,
     poisson_binomial_test,
@@ -627,7 +628,8 @@ def sampled_self_stats(batch: EvidenceBatch, idx: np.ndarray, rng: RngLike = 0) 
         None when fewer than MIN_POSITIONS of ``idx`` have such a list; else ``n_positions``, ``p_value`` (the
         aggregate p of :func:`gof_test`, valid under H0 "the tokens were sampled from the reported distribution"),
         ``statistic`` (median W²), ``mean_u`` (mean mid-PIT; < 0.5: the reported top tokens over-emitted),
-        ``frac_u_below_0.1``, ``frac_u_above_0.9``.
+        ``frac_u_below_0.1``, ``frac_u_above_0.9``, and ``improbable`` (:func:`.stats.improbable_draws` of the
+        tokens' own reported logprobs: drafts emitted unverified at -20 to -50 nats, vLLM 0.32's ngram path).
     """
     pv = provider_view(batch)
     keep = np.isin(pv.idx, np.asarray(idx, np.int64))
@@ -636,7 +638,8 @@ def sampled_self_stats(batch: EvidenceBatch, idx: np.ndarray, rng: RngLike = 0) 
     t = gof_test(SamplingView(pv.idx[keep], pv.top_probs[keep], pv.token_rank[keep], pv.source), rng)
     return {"n_positions": int(keep.sum()), "p_value": float(t["p_value"]), "statistic": float(t["statistic"]),
             "mean_u": float(t["u"].mean()), "frac_u_below_0.1": float(t["frac_low"]),
-            "frac_u_above_0.9": float(t["frac_high"])}
+            "frac_u_above_0.9": float(t["frac_high"]),
+            "improbable": improbable_draws(batch.provider_token_logprobs[pv.idx[keep]])}
 
 
 def sampling_argmax(

@@ -27,6 +27,7 @@ __all__ = [
     "cramervonmises_uniform_statistics",
     "garwood_ci",
     "holm",
+    "improbable_draws",
     "mean_variance_under",
     "norm_sf",
     "pit_bounds",
@@ -165,6 +166,41 @@ def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     adj = np.minimum(np.maximum.accumulate(scaled), 1.0)
     out[order] = adj
     return out
+
+
+#: :func:`improbable_draws`: a drawn token is *improbable* when the distribution it was drawn from gives it at most
+#: this log-probability (nats; e^-20 ≈ 2.1e-9).
+IMPROBABLE_LOGPROB = -20.0
+#: :func:`improbable_draws`'s vocabulary bound: at least the vocabulary of any model the product audits (Gemma 3:
+#: 262,144 tokens; Llama 3: 128,256; Qwen: 151,936; DeepSeek-V3: 129,280; gpt-oss: 201,088; Kimi K2: 163,840).
+MAX_VOCAB = 262_144
+
+
+def improbable_draws(token_logprobs: np.ndarray, *, threshold: float = IMPROBABLE_LOGPROB,
+                     vocab: int = MAX_VOCAB) -> dict[str, float | int]:
+    """How many drawn tokens the reported distribution gives at most ``threshold`` nats, and how unlikely that
+    many is if each token was drawn from the distribution its logprob was reported from.
+
+    A token x drawn from a distribution p has p(x) <= ε with probability Σ_{y: p(y) <= ε} p(y) <= V·ε (at most V
+    tokens each with at most ε), whatever p is: a quantized or another model that samples from what it reports is
+    bound by it exactly as the declared model is, and a truncating sampler (top-k / top-p) only lowers it. Given
+    the past, each position is such a Bernoulli with probability at most q = V·ε, so the count K is stochastically
+    dominated by Binomial(n, q): p = P(Binomial(n, q) >= K) is a valid p-value without a reference or a floor.
+
+    Args:
+        token_logprobs: [n] float64, the reported logprob (nats) of each drawn token at temperature 1; NaN
+            entries (not reported) are dropped.
+        threshold: ε in nats (default :data:`IMPROBABLE_LOGPROB`). vocab: V (default :data:`MAX_VOCAB`).
+
+    Returns:
+        {"count": K, "positions": n, "bound_per_position": q, "p_value": p} (p = 1 when K = 0).
+    """
+    lp = np.asarray(token_logprobs, np.float64)
+    lp = lp[~np.isnan(lp)]
+    k, n = int(np.count_nonzero(lp <= threshold)), int(lp.size)
+    q = min(1.0, float(vocab) * math.exp(threshold))
+    p = float(binom_sf(k - 1, n, q)) if k > 0 else 1.0
+    return {"count": k, "positions": n, "bound_per_position": q, "p_value": p}
 
 
 def wilson_ci(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:

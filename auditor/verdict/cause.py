@@ -48,10 +48,10 @@ from auditor.detectors.speculation import accepted_by_predictability, predictabi
 from auditor.util import finite
 
 __all__ = ["DECIDES_SAMPLER", "DECISIVE_EMISSION_MARGIN", "DECISIVE_WITHOUT_LOGPROBS", "SAMPLED_FLIP_MAX_SIGMA", "SAMPLED_FLIP_TEST_LEVEL",
-           "SAMPLED_SELF_TEST_LEVEL", "EmissionCause", "FlipCause",
+           "SAMPLED_IMPROBABLE_TEST_LEVEL", "SAMPLED_SELF_TEST_LEVEL", "EmissionCause", "FlipCause",
            "blind_near_tie_note", "emission_cause", "explained_by_decode_path",
            "failure_summary", "flip_cause", "flip_rate_interval", "implication", "milder_cause_clause",
-           "near_tie_blind", "near_tie_reason", "no_speculation_seen", "p_adjusted_text", "predictability_clause", "sampled_flip_cause", "sampled_self_contradiction", "sampled_self_text", "set_aside",
+           "near_tie_blind", "near_tie_reason", "no_speculation_seen", "own_short", "p_adjusted_text", "predictability_clause", "sampled_flip_cause", "sampled_self_contradiction", "sampled_self_text", "set_aside",
            "speculation_clause", "template_note"]
 
 #: The greedy-vs-reference detectors whose findings the provider's decode path (self-greedy) can explain.
@@ -229,28 +229,64 @@ def sampled_flip_cause(gof: DetectorResult | None, threshold: float) -> FlipCaus
 #: so a weight cause is taken from rule 4d in at most 1% of such audits; below it the samples contradict the
 #: distribution the provider computes: its sampler or verifier emits tokens that distribution did not pick.
 SAMPLED_SELF_TEST_LEVEL = 0.01
+#: Level of rule 4d's second self-consistency test: more sampled tokens at <= -20 nats of the provider's own
+#: reported distribution than any sampler drawing from it can emit (``details["sampled_self"]["improbable"]``,
+#: ``auditor.detectors.stats.improbable_draws``, a bound valid for every served model). With the PIT test's level
+#: a weight cause is lost to rule 4d in at most 1.1% of the audits of a model that samples from what it reports.
+#: Found on a real engine: vLLM 0.32 with ngram speculation, one request at a time, emits 5% of its temperature-1
+#: tokens at -20 to -50 nats of its own (and the reference's) distribution, too few per audit for the PIT's
+#: mean to move (docs/real-engines.md); the verification suite named it QUANTIZATION in 99 of 444 rejections.
+SAMPLED_IMPROBABLE_TEST_LEVEL = 0.001
 
 
 def sampled_self_contradiction(gof: DetectorResult | None) -> Mapping[str, Any] | None:
     """Rule 4d's self-consistency evidence: ``sampling-gof``'s ``details["sampled_self"]`` (the sampled tokens
     tested against the provider's own reported top_logprobs, ``auditor.detectors.sampling.sampled_self_stats``)
-    when its p-value is at most SAMPLED_SELF_TEST_LEVEL; None when it is larger, absent (no provider
-    top_logprobs, older results, or a gof p-value above ``auditor.detectors.sampling.CAUSE_FEATURE_MAX_P``) or
-    ``sampling-gof`` did not run."""
+    when its PIT p-value is at most SAMPLED_SELF_TEST_LEVEL or its improbable-token p-value at most
+    SAMPLED_IMPROBABLE_TEST_LEVEL; None when neither is, when it is absent (no provider top_logprobs, older
+    results, or a gof p-value above ``auditor.detectors.sampling.CAUSE_FEATURE_MAX_P``) or ``sampling-gof`` did
+    not run."""
     own = (gof.details or {}).get("sampled_self") if gof is not None and gof.ran else None
     if not isinstance(own, Mapping):
         return None
+    return own if _pit_contradicts(own) or _improbable_contradicts(own) else None
+
+
+def _pit_contradicts(own: Mapping[str, Any]) -> bool:
     p = own.get("p_value")
-    return own if p is not None and math.isfinite(float(p)) and float(p) <= SAMPLED_SELF_TEST_LEVEL else None
+    return p is not None and math.isfinite(float(p)) and float(p) <= SAMPLED_SELF_TEST_LEVEL
+
+
+def _improbable_contradicts(own: Mapping[str, Any]) -> bool:
+    imp = own.get("improbable")
+    p = imp.get("p_value") if isinstance(imp, Mapping) else None
+    return p is not None and math.isfinite(float(p)) and float(p) <= SAMPLED_IMPROBABLE_TEST_LEVEL
+
+
+def own_short(own: Mapping[str, Any]) -> str:
+    """The short form of :func:`sampled_self_contradiction`'s evidence ``own`` (a cause's one-line summary)."""
+    parts = [f"PIT p={float(own['p_value']):.2g}"]
+    if _improbable_contradicts(own):
+        imp = own["improbable"]
+        parts.append(f"{int(imp['count'])} tokens <= -20 nats, p={float(imp['p_value']):.2g}")
+    return ", ".join(parts)
 
 
 def sampled_self_text(own: Mapping[str, Any]) -> str:
     """The clause a rule-4d reason quotes for :func:`sampled_self_contradiction`'s evidence ``own``."""
-    return (f"nor do they follow the provider's own reported top_logprobs (randomized PIT at "
-            f"{int(own.get('n_positions') or 0)} sampled positions, p={float(own['p_value']):.2g} <= "
-            f"{SAMPLED_SELF_TEST_LEVEL:g}, mean PIT {float(own.get('mean_u', math.nan)):.3f}): a quantized or another "
-            f"model samples from the distribution it computes and reports, so these tokens come from the sampler or "
-            f"the verifier (e.g. drafts emitted without verification), not from the weights")
+    found = []
+    if _pit_contradicts(own):
+        found.append(f"randomized PIT at {int(own.get('n_positions') or 0)} sampled positions, "
+                     f"p={float(own['p_value']):.2g} <= {SAMPLED_SELF_TEST_LEVEL:g}, mean PIT "
+                     f"{float(own.get('mean_u', math.nan)):.3f}")
+    if _improbable_contradicts(own):
+        imp = own["improbable"]
+        found.append(f"{int(imp['count'])} of {int(imp['positions'])} sampled tokens at <= -20 nats of that "
+                     f"distribution, where a sampler drawing from it emits at most {float(imp['bound_per_position']):.1g}"
+                     f" per token, p={float(imp['p_value']):.2g} <= {SAMPLED_IMPROBABLE_TEST_LEVEL:g}")
+    return (f"nor do they follow the provider's own reported top_logprobs ({'; '.join(found)}): a quantized or "
+            f"another model samples from the distribution it computes and reports, so these tokens come from the "
+            f"sampler or the verifier (e.g. drafts emitted without verification), not from the weights")
 
 
 #: Rules 4b/4c (issue 37 item 8): the emission models name a mechanism only when one family's best law explains the

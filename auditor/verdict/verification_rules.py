@@ -25,6 +25,7 @@ from auditor.verdict.cause import (
     emission_cause,
     near_tie_blind,
     near_tie_reason,
+    own_short,
     p_adjusted_text,
     predictability_clause,
     sampled_self_contradiction,
@@ -247,7 +248,7 @@ def sampling_cause(c: RuleContext, *, reference: bool, record_shape: bool = Fals
             return sampler_undetermined(c, what, rej, speculation_clause(c.speculation))
         return c.cause(VerdictKind.RELAXED_VERIFICATION, what, "4d-relaxed", rej,
                        p_adjusted_text(by, gof_names + tail_names)
-                       + (f", own-distribution PIT p={float(own['p_value']):.2g}" if own is not None else ""))
+                       + (f", own-distribution {own_short(own)}" if own is not None else ""))
     return sampled_model_cause(c, rej, p_adjusted_text(by, gof_names + tail_names))
 
 
