@@ -18,7 +18,10 @@ partial-character case showed up), writes the bare provider entry, lets ``audito
 --write`` complete it, and runs ``auditor check`` as a user would. ``SPEC_AUDITOR_VLLM_REPEAT``
 (default 1; the acceptance asks 5) repeats each honest audit on a freshly started server. Reports
 land in ``$SPEC_AUDITOR_REAL_ENGINE_OUT/vllm`` with ``runs.jsonl`` (verdict, exit code, Holm-adjusted
-p-values, wall time, peak RSS of the audit and of the server).
+p-values, wall time, peak RSS of the audit and of the server). The audits measure the test session's own noise
+floor once (~15 min here) unless ``SPEC_AUDITOR_TEST_NOISE_DIR`` names a folder holding it (tests/conftest.py).
+``test_vllm_fp32_is_a_trusted_reference`` points ``[references] kind = "vllm"`` at a real fp32 server (issue 40,
+item 4); tests/real_engine/vllm_record.py records honest servers for the calibration (item 5).
 """
 
 from __future__ import annotations
