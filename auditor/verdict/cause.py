@@ -252,15 +252,18 @@ def sampled_self_contradiction(gof: DetectorResult | None) -> Mapping[str, Any] 
     return own if _pit_contradicts(own) or _improbable_contradicts(own) else None
 
 
+def _at_most(p: object, level: float) -> bool:
+    """A recorded p-value (None or NaN when absent) at most ``level``."""
+    return p is not None and math.isfinite(float(p)) and float(p) <= level  # type: ignore[arg-type]
+
+
 def _pit_contradicts(own: Mapping[str, Any]) -> bool:
-    p = own.get("p_value")
-    return p is not None and math.isfinite(float(p)) and float(p) <= SAMPLED_SELF_TEST_LEVEL
+    return _at_most(own.get("p_value"), SAMPLED_SELF_TEST_LEVEL)
 
 
 def _improbable_contradicts(own: Mapping[str, Any]) -> bool:
     imp = own.get("improbable")
-    p = imp.get("p_value") if isinstance(imp, Mapping) else None
-    return p is not None and math.isfinite(float(p)) and float(p) <= SAMPLED_IMPROBABLE_TEST_LEVEL
+    return isinstance(imp, Mapping) and _at_most(imp.get("p_value"), SAMPLED_IMPROBABLE_TEST_LEVEL)
 
 
 def own_short(own: Mapping[str, Any]) -> str:
