@@ -131,3 +131,10 @@ def committed_calibration_path() -> Path:
     """``docs/calibration.json`` of this checkout: the committed benchmark results that ``auditor plan``
     and the dashboard's Calibration page fall back to when the database holds none."""
     return Path(__file__).resolve().parents[1] / "docs" / "calibration.json"
+
+
+def committed_card_calibration_paths() -> list[Path]:
+    """``docs/cards/*/calibration.json`` of this checkout, sorted: the committed calibrations run under a model card
+    (``auditor calibrate --card NAME``; their records' ``model`` is the card's model, e.g.
+    ``smollm2-135m-instruct+fp8``), which ``auditor plan`` reads for a model that the float32 file does not cover."""
+    return sorted((Path(__file__).resolve().parents[1] / "docs" / "cards").glob("*/calibration.json"))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import delete
 
 from auditor.store import CalibrationResult, open_store, queries
-from auditor.util import committed_calibration_path
+from auditor.util import committed_calibration_path, committed_card_calibration_paths
 
 if TYPE_CHECKING:
     from auditor.calibration.benchmark import CalibrationRun
@@ -59,8 +59,10 @@ def store_results(run: CalibrationRun, db_url: str | None = None) -> int:
 
 def load_calibration(db_url: str | None = None, *, path: Path | None = None, model: str | None = None) -> tuple[list[dict], str]:
     """Calibration records for ``auditor plan``: from the database when it holds rows for the
-    model, else from ``path`` or the committed ``docs/calibration.json`` (all of its rows when
-    none is for the model, so the caller can say which models are covered).
+    model, else from ``path``, else from the committed ``docs/calibration.json`` or, for a model it does not
+    cover, the first committed card calibration that does (``docs/cards/*/calibration.json``, whose ``model`` is a
+    card's model such as ``smollm2-135m-instruct+fp8``); all rows of the first file when none is for the model,
+    so the caller can say which models are covered.
 
     Returns:
         (records as dicts with at least profile, budget_tokens, rejection_rate, ci_low, ci_high,
@@ -91,9 +93,14 @@ def load_calibration(db_url: str | None = None, *, path: Path | None = None, mod
         except Exception:
             rows = []
     if not rows:
-        p = path or committed_calibration_path()
-        if p.is_file():
+        # a given file, else the committed float32 file, then the committed card calibrations (docs/cards/*): the
+        # first that holds rows for the model; none does: all rows of the first, so the caller says what is covered
+        files = [path] if path is not None else [committed_calibration_path(), *committed_card_calibration_paths()]
+        for p in (f for f in files if f.is_file()):
             allrows = json.loads(p.read_text(encoding="utf-8"))
-            rows = [r for r in allrows if model is None or r.get("model") == model] or allrows
-            src = str(p)
+            mine = [r for r in allrows if model is None or r.get("model") == model]
+            if mine or not rows:
+                rows, src = mine or allrows, str(p)
+            if mine:
+                break
     return rows, src

@@ -346,7 +346,7 @@ def _print_records(records: list[dict], meta: dict, *, as_json: bool) -> None:
 
 
 def plan_cmd(
-    provider: str | None = typer.Option(None, "--provider", help="Provider name (providers.toml): its reference model and prices."),
+    provider: str | None = typer.Option(None, "--provider", help="Provider name (providers.toml): its reference model (under a model card, the card's model: its cells in docs/cards/) and prices."),
     model: str | None = typer.Option(None, "--model", help="Reference model name (instead of --provider)."),
     target: str = typer.Option("any", "--target", help="int8 | int4 | fp8 | relaxed | typical | substituted | relaxed-think | synthetic-acceptance | unverified (unverified greedy tokens of a speculating engine) | any (every calibrated deviation class served as plain chat) | reasoning (every one calibrated in reasoning mode, think:PROFILE: for a reasoning model)."),
     power: float = typer.Option(0.95, "--power", min=0.01, max=0.999, help="Wanted power (rejection rate)."),
@@ -367,14 +367,17 @@ def plan_cmd(
     pricing = None
     caps = None
     if provider is not None:
-        from probes.config import ConfigError
+        from probes.config import ConfigError, provider_card
         from probes.providers_file import get_provider
 
         try:
             pc = get_provider(provider, config)
+            card = provider_card(pc)
         except ConfigError as exc:
             fail(str(exc))
-        model = pc.reference
+        # under a card the audit's floor and effects are the card's: plan from the cells calibrated under it
+        # (`auditor calibrate --card NAME` records the card's model), where they exist
+        model = card.model if card is not None and card.model else pc.reference
         pricing = pc.pricing
         caps = pc.capabilities
     if calibration is not None and not calibration.is_file():

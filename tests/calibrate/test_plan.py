@@ -195,3 +195,28 @@ def test_plan_any_covers_every_calibrated_class_of_the_shipped_calibration():
     reasoning = make_plan(rows, model=model, target="reasoning", power=0.95)
     assert reasoning["reached"], reasoning["message"]
     assert {r["profile"] for r in reasoning["rows"]} == thinking
+
+
+def test_plan_for_a_provider_under_a_card_uses_the_cells_calibrated_under_it(tmp_path):
+    """Issue 36 item 5: a provider whose card is SmolLM2's FP8 card is planned from docs/cards/smollm2-fp8 (its
+    floor and effects are the card's), not from the float32 cells; a provider without a card from docs/calibration.json.
+    Before, the plan always read the reference model's float32 cells."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    cfg = tmp_path / "providers.toml"
+    cfg.write_text('[providers.native]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
+                   'reference = "smollm2-135m-instruct+fp8"\n\n'
+                   '[providers.plain]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\nreference = "smollm2-135m-instruct"\n')
+    db = f"sqlite:///{tmp_path / 'empty.db'}"
+    runner = CliRunner()
+    plans = {}
+    for name in ("native", "plain"):
+        r = runner.invoke(app, ["plan", "--provider", name, "--config", str(cfg), "--target", "any", "--json", "--db", db])
+        assert r.exit_code in (0, 2), r.output
+        plans[name] = json.loads(r.output)
+    assert Path(plans["native"]["source"]) == docs / "cards" / "smollm2-fp8" / "calibration.json", plans["native"]["source"]
+    assert {r["profile"] for r in plans["native"]["rows"]} >= {"native-fp8-int4", "native-fp8-kv-fp8"}
+    assert plans["native"]["reached"], plans["native"]["message"]
+    assert Path(plans["plain"]["source"]) == docs / "calibration.json"
+    assert "native-fp8-int4" not in {r["profile"] for r in plans["plain"]["rows"]}

@@ -21,7 +21,9 @@ land in ``$SPEC_AUDITOR_REAL_ENGINE_OUT/vllm`` with ``runs.jsonl`` (verdict, exi
 p-values, wall time, peak RSS of the audit and of the server). The audits measure the test session's own noise
 floor once (~15 min here) unless ``SPEC_AUDITOR_TEST_NOISE_DIR`` names a folder holding it (tests/conftest.py).
 ``test_vllm_fp32_is_a_trusted_reference`` points ``[references] kind = "vllm"`` at a real fp32 server (issue 40,
-item 4); tests/real_engine/vllm_record.py records honest servers for the calibration (item 5).
+item 4); tests/real_engine/vllm_record.py records honest servers for the calibration (item 5);
+``test_vllm_rejection_step_is_lossless_in_isolation`` calls the engine's own rejection sampler with ngram drafts
+(tests/real_engine/vllm_sampler_check.py, no server).
 """
 
 from __future__ import annotations
@@ -124,6 +126,28 @@ def test_ngram_one_at_a_time_passes_and_speculates(vllm_out, tmp_path):
     report = json.loads(speed.stdout[speed.stdout.index("{"):])
     (vllm_out / "speed-ngram.json").write_text(json.dumps(report, indent=1))
     assert report["speculation"]["detected"] is True, report["speculation"]
+
+
+def test_vllm_rejection_step_is_lossless_in_isolation(vllm_out):
+    """vLLM's own rejection sampler (the CPU build's C++ kernels), called directly with ngram drafts: a -28-nat
+    draft is never accepted, no emitted token lies at <= -20 nats, a -1-nat draft is accepted at its probability
+    (two-sided binomial test at 0.001), with and without a per-request seed. So the improbable tokens the ngram
+    server emits at temperature 1 one request at a time (docs/real-engines.md) come from upstream of this step."""
+    import subprocess
+
+    from scipy.stats import binomtest
+
+    from tests.real_engine.vllm_server import vllm_python
+
+    script = Path(__file__).with_name("vllm_sampler_check.py")
+    done = subprocess.run([str(vllm_python()), str(script), "--trials", "300"], capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads(done.stdout.strip().splitlines()[-1])
+    (vllm_out / "rejection-step.json").write_text(json.dumps(res, indent=1))
+    for mode, r in res.items():
+        assert r["draft_logprob"] < -25 and r["improbable_accepted"] == 0 and r["improbable_emitted"] == 0, (mode, r)
+        assert binomtest(r["likely_accepted"], r["trials"], r["likely_p"]).pvalue > 0.001, (mode, r)
 
 
 def test_ngram_beside_other_customers_traffic_is_not_strict(vllm_out):
