@@ -153,11 +153,13 @@ def test_vllm_rejection_step_is_lossless_in_isolation(vllm_out):
 def test_ngram_beside_other_customers_traffic_is_not_strict(vllm_out):
     """ngram speculation while other customers' temperature-1 requests share the batch: greedy
     answers carry draft tokens the target rejects. The right answer is "strict verification? no";
-    never a cause that blames the weights."""
+    never a cause that blames the weights, and precision never "no". Precision may be "undecided": the divergence
+    test runs on the positions before each answer's first unverified token, which can be too few to clear the
+    provider (docs/real-engines.md: 100 positions where 246 were needed, 7 Dec 2026)."""
     (run,) = _audits("ngram", ("default",), vllm_out, traffic=2)
     assert not WEIGHT_CAUSES & set(_causes(run)), (_causes(run), run.report)
     assert run.answers.get("verification") == "no", (run.answers, _causes(run), run.report)
-    assert run.answers.get("precision") == "yes", (run.answers, run.report)
+    assert run.answers.get("precision") in ("yes", "undecided"), (run.answers, run.report)
 
 
 def test_fp8_kv_cache_is_quantization(vllm_out):
