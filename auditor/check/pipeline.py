@@ -172,7 +172,8 @@ class CheckOptions:
 FIRST_FLOOR_NOTE = (
     "measuring the honest noise floor of {model}: how much honest serving varies (float32 vs bf16 vs fp16 "
     "kernels), which every model test compares the provider against. First audit of this model on this "
-    "machine only: about 7 minutes on 2 CPU cores for SmolLM2-135M, longer for larger models; cached in "
+    "machine only: about 7 minutes on 2 quiet CPU cores for SmolLM2-135M (18-28 minutes measured on busy machines), "
+    "longer for larger models; cached in "
     "{path}, later audits reuse it.")
 
 
