@@ -137,4 +137,4 @@ def committed_card_calibration_paths() -> list[Path]:
     """``docs/cards/*/calibration.json`` of this checkout, sorted: the committed calibrations run under a model card
     (``auditor calibrate --card NAME``; their records' ``model`` is the card's model, e.g.
     ``smollm2-135m-instruct+fp8``), which ``auditor plan`` reads for a model that the float32 file does not cover."""
-    return sorted((Path(__file__).resolve().parents[1] / "docs" / "cards").glob("*/calibration.json"))
+    return sorted((committed_calibration_path().parent / "cards").glob("*/calibration.json"))

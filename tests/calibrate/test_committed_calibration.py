@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from auditor.calibration.effects import EFFECT_SIZES_PATH
 from auditor.util import committed_calibration_path, committed_card_calibration_paths
 
 MAX_FALSE_ACCUSATION = 0.05
@@ -33,8 +34,7 @@ def test_no_honest_cell_above_the_line(path: Path) -> None:
 
 
 def test_every_card_calibration_has_its_effects() -> None:
-    effects = json.loads((Path(__file__).resolve().parents[2] / "auditor" / "calibration" / "effect_sizes.json")
-                         .read_text(encoding="utf-8")).get("cards", {})
+    effects = json.loads(EFFECT_SIZES_PATH.read_text(encoding="utf-8")).get("cards", {})
     assert committed_card_calibration_paths(), "no committed card calibration (docs/cards/*/calibration.json)"
     for path in committed_card_calibration_paths():
         models = {r["model"] for r in json.loads(path.read_text(encoding="utf-8"))}
