@@ -47,8 +47,7 @@ from scipy.special import gammaln
 from .base import MIN_POSITIONS, DetectorName, DetectorResult, EvidenceBatch, not_run
 from .greedy import greedy_gaps, honest_band_and_rate
 from .noise_floor import DEFAULT_MARGIN_BAND, NoiseFloor
-from .sampling import cauchy_combination
-from .stats import RngLike
+from .stats import RngLike, cauchy_combination
 
 __all__ = [
     "MIN_REQUESTS",

@@ -51,10 +51,12 @@ from .noise_floor import NoiseFloor
 from .stats import (
     RngLike,
     as_rng,
+    cauchy_combination,
     cramervonmises_uniform_statistics,
     garwood_ci,
     improbable_draws,
     pit_bounds,
+    poisson_binomial_mid_p,
     poisson_binomial_scan_test,
     poisson_binomial_test,
 )
@@ -68,11 +70,9 @@ __all__ = [
     "SamplingView",
     "argmax_scan_thresholds",
     "argmax_test",
-    "cauchy_combination",
     "combined_sampling_test",
     "declared_law",
     "gof_test",
-    "poisson_binomial_mid_p",
     "provider_view",
     "reference_view",
     "sampled_flip_stats",
@@ -686,63 +686,6 @@ def sampling_tail(
 
 
 # --------------------------------------------------------------------------- combined (issue 14)
-def cauchy_combination(p_values: np.ndarray | list[float], weights: np.ndarray | list[float] | None = None) -> tuple[float, float]:
-    """Cauchy combination test (Liu & Xie 2020, JASA 115:393, "Cauchy combination test: a powerful
-    test with analytic p-value calculation under arbitrary dependency structures").
-
-    T = Σ w_i tan((0.5 − p_i) π) with Σ w_i = 1; p = 0.5 − arctan(T) / π. Under H0 with each p_i
-    Uniform(0, 1), the tail of T is standard Cauchy whatever the dependence among the p_i
-    (exactly for independent p_i, asymptotically in the tail — small α — for dependent ones).
-
-    Args:
-        p_values: [m] p-values in [0, 1] (m >= 1); 0 and 1 are clipped to [1e-300, 1 − 1e-16].
-        weights: [m] non-negative weights (None = equal); normalised to sum 1.
-
-    Returns:
-        (statistic T, combined p-value in [0, 1]).
-
-    Raises:
-        ValueError: empty input, p-values outside [0, 1], or weights of another length / all zero.
-    """
-    p = np.asarray(p_values, dtype=np.float64).reshape(-1)
-    if p.size == 0 or np.any(~np.isfinite(p)) or np.any((p < 0) | (p > 1)):
-        raise ValueError(f"p_values must be a non-empty array of numbers in [0, 1], got {p.tolist()}")
-    w = np.ones_like(p) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
-    if w.shape != p.shape or np.any(w < 0) or float(w.sum()) <= 0:
-        raise ValueError(f"weights must be {p.size} non-negative numbers, not all zero (got {w.tolist()})")
-    w = w / w.sum()
-    p = np.clip(p, 1e-300, 1.0 - 1e-16)
-    # for tiny p, tan((0.5 − p)π) = 1/tan(pπ) ≈ 1/(pπ) keeps precision
-    t_i = np.where(p < 1e-15, 1.0 / (p * np.pi), np.tan((0.5 - p) * np.pi))
-    t = float((w * t_i).sum())
-    pc = float(stats.cauchy.sf(t))
-    return t, min(1.0, max(0.0, pc))
-
-
-def poisson_binomial_mid_p(p: np.ndarray, observed: int, alternative: str) -> float:
-    """Lancaster's mid-p of a Poisson-binomial count: P(S' > s) + ½ P(S' = s) ("greater"), or
-    P(S' < s) + ½ P(S' = s) ("less"). Mean ½ and variance slightly under 1/12 under H0 — less
-    conservative than the exact tail, not exactly uniform (Lancaster 1961; Agresti 2002 §1.4.5).
-
-    Args:
-        p: [n] per-trial success probabilities under H0; observed: the count S; alternative:
-            "greater" | "less".
-
-    Raises:
-        ValueError: unknown alternative.
-    """
-    if alternative not in ("greater", "less"):
-        raise ValueError(f"alternative must be 'greater' or 'less', got {alternative!r}")
-    from .stats import poisson_binomial_pmf
-
-    pmf = poisson_binomial_pmf(np.clip(np.asarray(p, dtype=np.float64).reshape(-1), 0.0, 1.0))
-    s = int(observed)
-    at = float(pmf[s]) if 0 <= s < pmf.size else 0.0
-    above = float(pmf[s + 1:].sum()) if s >= 0 else 1.0
-    below = float(pmf[:max(s, 0)].sum()) if s <= pmf.size else 1.0
-    return min(1.0, (above if alternative == "greater" else below) + 0.5 * at)
-
-
 def combined_sampling_test(
     view: SamplingView,
     rng: RngLike = 0,

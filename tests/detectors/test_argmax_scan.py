@@ -7,8 +7,8 @@ import pytest
 from scipy import stats
 
 from auditor.detectors.emission import SINGLE_THRESHOLD_GRID
-from auditor.detectors.sampling import ARGMAX_TEST_MIN_P, argmax_scan_thresholds, poisson_binomial_mid_p
-from auditor.detectors.stats import poisson_binomial_scan_test, poisson_binomial_test
+from auditor.detectors.sampling import ARGMAX_TEST_MIN_P, argmax_scan_thresholds
+from auditor.detectors.stats import poisson_binomial_mid_p, poisson_binomial_scan_test, poisson_binomial_test
 
 TS = argmax_scan_thresholds(ARGMAX_TEST_MIN_P)
 

@@ -15,13 +15,11 @@ from scipy import stats
 from auditor.detectors.sampling import (
     SamplingView,
     argmax_test,
-    cauchy_combination,
     combined_sampling_test,
     gof_test,
-    poisson_binomial_mid_p,
     tail_test,
 )
-from auditor.detectors.stats import holm
+from auditor.detectors.stats import cauchy_combination, holm, poisson_binomial_mid_p
 
 K, V = 20, 200
 
